@@ -1,0 +1,164 @@
+"""Analytic layer profiles: FLOPs over achieved TFLOP/s, with a roofline efficiency model.
+
+For one micro-batch of T = b*s tokens through one layer on one GPU of a tp group:
+
+* every GEMM (m x k) @ (k x n) takes
+      max( 2mnk / (peak * GEMM_EFFICIENCY * phi),  bf16 bytes moved / (bandwidth * MEMORY_EFFICIENCY) )
+  with phi = d / (d + GEMM_DIM_HALF), d = min(m, n, k): small matrices (a thin tp shard, a
+  small hidden size) run further from peak; the backward runs each GEMM twice (data
+  gradient and weight gradient);
+* the attention core (QK^T, softmax, AV; FlashAttention-style) takes
+  4 b s^2 h/t / (peak * ATTENTION_EFFICIENCY) forward and ATTENTION_BWD_FACTOR times that backward;
+* element-wise work (norms, residuals, activation, dropout, bias) is memory-bound:
+  bytes / (bandwidth * MEMORY_EFFICIENCY), twice the bytes backward;
+* every kernel costs KERNEL_LAUNCH_S.
+
+The constants are engineering estimates (see CONSTANTS), to be calibrated against
+measured profiles (`milp-plan profile`); the times exclude tensor-parallel collectives,
+which the cost model adds.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from milp_plan.cluster import GPU
+from milp_plan.model import Model
+from milp_plan.profile import Profile
+
+CONSTANTS = {
+    "GEMM_EFFICIENCY": (0.70, "large bf16 GEMMs reach ~70-80% of dense peak in cuBLAS on A100/H100 "
+                              "(Megatron-LM reports 52% end-to-end MFU for GPT-3 175B on A100, which "
+                              "includes communication and bubbles)"),
+    "GEMM_DIM_HALF": (128.0, "matrix dimension at which a GEMM reaches half its large-size efficiency; "
+                             "tensor-core tiles are 64-256 wide"),
+    "ATTENTION_EFFICIENCY": (0.45, "FlashAttention-2 forward reaches ~50-70% of peak on A100, less on H100 "
+                                   "(FlashAttention-2 paper, Dao 2023); causal masking wastes about half"),
+    "ATTENTION_BWD_FACTOR": (2.5, "FlashAttention backward recomputes the scores: ~2.5x the forward time"),
+    "MEMORY_EFFICIENCY": (0.80, "element-wise kernels reach ~80% of peak memory bandwidth"),
+    "KERNEL_LAUNCH_S": (4e-6, "per-kernel launch and tail overhead, a few microseconds"),
+}
+GEMM_EFFICIENCY = CONSTANTS["GEMM_EFFICIENCY"][0]
+GEMM_DIM_HALF = CONSTANTS["GEMM_DIM_HALF"][0]
+ATTENTION_EFFICIENCY = CONSTANTS["ATTENTION_EFFICIENCY"][0]
+ATTENTION_BWD_FACTOR = CONSTANTS["ATTENTION_BWD_FACTOR"][0]
+MEMORY_EFFICIENCY = CONSTANTS["MEMORY_EFFICIENCY"][0]
+KERNEL_LAUNCH_S = CONSTANTS["KERNEL_LAUNCH_S"][0]
+
+TPS = (1, 2, 4, 8)
+MICRO_BATCHES = tuple(range(1, 17))
+
+
+def _gemm_s(gpu: GPU, m: float, n: float, k: float) -> float:
+    d = min(m, n, k)
+    phi = d / (d + GEMM_DIM_HALF)
+    compute = 2.0 * m * n * k / (gpu.peak_tflops * 1e12 * GEMM_EFFICIENCY * phi)
+    memory = 2.0 * (m * k + k * n + m * n) / (gpu.memory_gb_per_s * 1e9 * MEMORY_EFFICIENCY)
+    return max(compute, memory) + KERNEL_LAUNCH_S
+
+
+def _mem_s(gpu: GPU, n_bytes: float, kernels: int) -> float:
+    return n_bytes / (gpu.memory_gb_per_s * 1e9 * MEMORY_EFFICIENCY) + kernels * KERNEL_LAUNCH_S
+
+
+def _attention_gemms(model: Model, tokens: float, t: int) -> list[tuple[float, float, float]]:
+    h, kv = model.hidden_size, model.kv_size
+    return [(tokens, (h + 2 * kv) / t, h), (tokens, h, h / t)]  # QKV projection, output projection
+
+
+def _mlp_gemms(model: Model, tokens: float, t: int) -> list[tuple[float, float, float]]:
+    h, f = model.hidden_size, model.ffn_hidden_size
+    up = 2 * f if model.mlp == "swiglu" else f
+    return [(tokens, up / t, h), (tokens, h, f / t)]
+
+
+def layer_cost_s(model: Model, gpu: GPU, kind: str, tp: int, mbs: int, seq: int) -> tuple[float, float, float]:
+    """(forward s, backward s, attention-core forward s) for one micro-batch through one layer."""
+    tokens = float(mbs * seq)
+    h, f, v = model.hidden_size, model.ffn_hidden_size, model.vocab_size
+    if kind == "embedding":
+        fwd = _mem_s(gpu, tokens * h * 2 * 3, 3)            # gather, (+positions), dropout
+        return fwd, 2.0 * fwd, 0.0
+    if kind == "head":
+        gemm = _gemm_s(gpu, tokens, v / tp, h)
+        ce = _mem_s(gpu, tokens * v / tp * 4 * 3, 3)         # fp32 softmax cross-entropy passes
+        norm = _mem_s(gpu, tokens * h * 2 * 2, 1)
+        return gemm + ce + norm, 2.0 * gemm + ce + 2.0 * norm, 0.0
+    n_attn = 2 if kind == "decoder_block" else 1
+    n_norm = 3 if kind == "decoder_block" else 2
+    gemms = _attention_gemms(model, tokens, tp) * n_attn + _mlp_gemms(model, tokens, tp)
+    gemm_fwd = sum(_gemm_s(gpu, *g) for g in gemms)
+    core = n_attn * 4.0 * mbs * seq * seq * h / tp / (gpu.peak_tflops * 1e12 * ATTENTION_EFFICIENCY)
+    core += n_attn * KERNEL_LAUNCH_S
+    # element-wise bytes: norms (read+write), residual adds (2 reads + write), dropout, activation on f/t
+    elem_bytes = 2.0 * tokens * (n_norm * 2 * h + 2 * 3 * h + (3 * h if model.dropout else 0) + 2 * f / tp)
+    elem = _mem_s(gpu, elem_bytes, 2 * n_norm + 4)
+    fwd = gemm_fwd + core + elem
+    bwd = 2.0 * gemm_fwd + ATTENTION_BWD_FACTOR * core + 2.0 * elem
+    return fwd, bwd, core
+
+
+def valid_tps(model: Model, tps: Iterable[int]) -> list[int]:
+    """tp sizes the model admits: heads divisible by tp, query groups a multiple or divisor of tp."""
+    g = model.num_query_groups
+    return [t for t in tps if model.num_attention_heads % t == 0 and (g % t == 0 or t % g == 0)]
+
+
+def generate_table(model: Model, gpus: Iterable[GPU], tps: Iterable[int] = TPS,
+                   micro_batches: Iterable[int] = MICRO_BATCHES, seq_lengths: Iterable[int] | None = None) -> pd.DataFrame:
+    rows = []
+    seqs = list(seq_lengths) if seq_lengths is not None else [model.seq_length]
+    for gpu in gpus:
+        for tp in valid_tps(model, tps):
+            for seq in seqs:
+                for mbs in micro_batches:
+                    for kind in model.kinds():
+                        fwd, bwd, core = layer_cost_s(model, gpu, kind, tp, mbs, seq)
+                        rows.append((model.name, gpu.name, tp, mbs, seq, kind, fwd * 1e3, bwd * 1e3, core * 1e3))
+    return pd.DataFrame(rows, columns=["model", "gpu", "tp", "micro_batch_size", "seq_length", "kind",
+                                       "fwd_ms", "bwd_ms", "attn_core_fwd_ms"])
+
+
+def provenance(model: Model) -> dict:
+    return {
+        "format": "native",
+        "origin": "analytic",
+        "model": model.name,
+        "generator": "milp_plan.analytic (FLOPs over achieved TFLOP/s, roofline efficiency model)",
+        "constants": {k: v[0] for k, v in CONSTANTS.items()},
+        "tp_comm_included": False,
+        "note": "derived, not measured; regenerate with `python -m milp_plan.analytic`",
+    }
+
+
+def generate_profile(model: Model, gpus: Iterable[GPU], **kw) -> Profile:
+    table = generate_table(model, gpus, **kw)
+    table["tp_comm_included"] = False
+    return Profile(table, [provenance(model)])
+
+
+def shipped_profile_path(model_name: str) -> Path:
+    from milp_plan.resources import shipped_dir
+    return shipped_dir("profiles") / f"analytic-{model_name}.csv"
+
+
+def write_shipped_profiles() -> list[Path]:
+    """Regenerate profiles/analytic-<model>.csv for every catalog model on every catalog GPU."""
+    from milp_plan.cluster import gpu_catalog
+    from milp_plan.model import model_catalog
+    from milp_plan.profile import write_native
+    out = []
+    for model in model_catalog().values():
+        path = shipped_profile_path(model.name)
+        write_native(path, generate_table(model, gpu_catalog().values()), provenance(model))
+        out.append(path)
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover - maintenance entry point
+    for p in write_shipped_profiles():
+        print(p)
+    _ = _dt  # date deliberately not written: regenerated files must be byte-identical

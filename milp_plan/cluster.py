@@ -1,0 +1,240 @@
+"""GPU catalog and clusters: node types, nodes and devices.
+
+A cluster file (YAML) lists node types; each type has a GPU (a catalog key, or an
+inline `gpu: {name, memory_gib, peak_tflops, memory_gb_per_s}`), a node count,
+per-GPU intra-node bandwidth, per-node inter-node bandwidth and a price per node-hour.
+"""
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from milp_plan.errors import InputError
+from milp_plan.fileio import check_fields, load_yaml, number, sha256_text
+from milp_plan.resources import catalog_file, shipped_dir
+
+DEFAULT_CLUSTER = "default"
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU model. Units in the names."""
+
+    name: str
+    memory_gib: float
+    peak_tflops: float          # dense bf16 (fp16 where no bf16), TFLOP/s
+    memory_gb_per_s: float      # 10^9 bytes/s
+    source: str = ""
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_catalog() -> dict[str, GPU]:
+    path = catalog_file("gpus.yaml")
+    data = load_yaml(path, "GPU catalog")
+    return {name: _gpu_from_mapping(name, spec, str(path), f"gpu '{name}'") for name, spec in data.items()}
+
+
+def _gpu_from_mapping(name: str, spec: Mapping[str, Any], source: str, where: str) -> GPU:
+    check_fields(spec, source=source, where=where, required=["memory_gib", "peak_tflops", "memory_gb_per_s"],
+                 optional=["source", "name"])
+    return GPU(
+        name=name,
+        memory_gib=number(spec, "memory_gib", source=source, where=where),
+        peak_tflops=number(spec, "peak_tflops", source=source, where=where),
+        memory_gb_per_s=number(spec, "memory_gb_per_s", source=source, where=where),
+        source=str(spec.get("source", "")),
+    )
+
+
+def lookup_gpu(name: str, *, source: str = "", where: str = "") -> GPU:
+    catalog = gpu_catalog()
+    if name in catalog:
+        return catalog[name]
+    lowered = {k.lower(): k for k in catalog}
+    if str(name).lower() in lowered:
+        return catalog[lowered[str(name).lower()]]
+    raise InputError(f"{where}: unknown GPU '{name}'; use one of {', '.join(catalog)} "
+                     "or define it inline as gpu: {name, memory_gib, peak_tflops, memory_gb_per_s}",
+                     source=source or None)
+
+
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def valid_host(host: str) -> bool:
+    """An IP literal or an RFC 1123 host name (letters, digits, hyphens; dot-separated labels)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    if not host or len(host) > 253:
+        return False
+    return all(_LABEL.match(label) for label in host.split("."))
+
+
+@dataclass(frozen=True)
+class NodeType:
+    name: str
+    gpu: GPU
+    gpus_per_node: int
+    count: int
+    intra_node_gb_per_s: float  # per GPU, inside a node
+    inter_node_gb_per_s: float  # per node, to the network
+    usd_per_hour: float         # one node for one hour
+    hosts: tuple[str, ...] = ()
+    billing: str = "node"       # "node": a node with any GPU used is paid whole; "gpu": pay per GPU used
+
+    @property
+    def memory_gib(self) -> float:
+        return self.gpu.memory_gib
+
+    @property
+    def usd_per_gpu_hour(self) -> float:
+        return self.usd_per_hour / self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int          # global node index, in file order
+    type: NodeType
+    host: str | None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    node_types: tuple[NodeType, ...]
+    source: str = ""
+    description: str = ""
+
+    @functools.cached_property
+    def nodes(self) -> tuple[Node, ...]:
+        out, i = [], 0
+        for nt in self.node_types:
+            for k in range(nt.count):
+                out.append(Node(i, nt, nt.hosts[k] if nt.hosts else None))
+                i += 1
+        return tuple(out)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(nt.count * nt.gpus_per_node for nt in self.node_types)
+
+    def node_type(self, name: str) -> NodeType:
+        for nt in self.node_types:
+            if nt.name == name:
+                return nt
+        raise KeyError(name)
+
+    def gpu_types(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for nt in self.node_types:
+            if nt.gpu.name not in seen:
+                seen.append(nt.gpu.name)
+        return tuple(seen)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain mapping that `cluster_from_mapping` reads back to an equal Cluster."""
+        types = []
+        for nt in self.node_types:
+            d: dict[str, Any] = {
+                "name": nt.name,
+                "gpu": {"name": nt.gpu.name, "memory_gib": nt.gpu.memory_gib, "peak_tflops": nt.gpu.peak_tflops,
+                        "memory_gb_per_s": nt.gpu.memory_gb_per_s},
+                "gpus_per_node": nt.gpus_per_node, "count": nt.count,
+                "intra_node_gb_per_s": nt.intra_node_gb_per_s, "inter_node_gb_per_s": nt.inter_node_gb_per_s,
+                "usd_per_hour": nt.usd_per_hour, "billing": nt.billing,
+            }
+            if nt.hosts:
+                d["hosts"] = list(nt.hosts)
+            types.append(d)
+        return {"name": self.name, "description": self.description, "node_types": types}
+
+    def content_hash(self) -> str:
+        import json
+        return sha256_text(json.dumps(self.to_dict(), sort_keys=True))
+
+
+_NODE_REQUIRED = ["name", "gpu", "gpus_per_node", "count", "intra_node_gb_per_s", "inter_node_gb_per_s",
+                  "usd_per_hour"]
+_NODE_OPTIONAL = ["gpu_memory_gib", "hosts", "billing", "description"]
+
+
+def _node_type(spec: Any, i: int, source: str) -> NodeType:
+    where = f"node_types[{i}]"
+    if isinstance(spec, Mapping) and "name" in spec:
+        where = f"node type '{spec['name']}'"
+    check_fields(spec, source=source, where=where, required=_NODE_REQUIRED, optional=_NODE_OPTIONAL)
+    gpu_spec = spec["gpu"]
+    if isinstance(gpu_spec, Mapping):
+        gname = str(gpu_spec.get("name", f"{spec['name']}-gpu"))
+        gpu = _gpu_from_mapping(gname, {k: v for k, v in gpu_spec.items()}, source, f"{where}: gpu")
+    else:
+        gpu = lookup_gpu(str(gpu_spec), source=source, where=f"{where}: field 'gpu'")
+    if spec.get("gpu_memory_gib") is not None:
+        mem = number(spec, "gpu_memory_gib", source=source, where=where)
+        gpu = GPU(gpu.name, mem, gpu.peak_tflops, gpu.memory_gb_per_s, gpu.source)
+    gpn = number(spec, "gpus_per_node", source=source, where=where, integer=True)
+    count = number(spec, "count", source=source, where=where, integer=True)
+    hosts = spec.get("hosts") or ()
+    if hosts:
+        if not isinstance(hosts, list) or len(hosts) != count:
+            raise InputError(f"{where}: field 'hosts' must list exactly count={count} host names, "
+                             f"got {len(hosts) if isinstance(hosts, list) else hosts!r}", source=source)
+        for h in hosts:
+            if not isinstance(h, str) or not valid_host(h):
+                raise InputError(f"{where}: field 'hosts': {h!r} is not an IP address or RFC 1123 host name "
+                                 "(letters, digits, hyphens and dots only)", source=source)
+    billing = spec.get("billing", "node")
+    if billing not in ("node", "gpu"):
+        raise InputError(f"{where}: field 'billing' must be 'node' or 'gpu', got {billing!r}", source=source)
+    return NodeType(
+        name=str(spec["name"]), gpu=gpu, gpus_per_node=gpn, count=count,
+        intra_node_gb_per_s=number(spec, "intra_node_gb_per_s", source=source, where=where),
+        inter_node_gb_per_s=number(spec, "inter_node_gb_per_s", source=source, where=where),
+        usd_per_hour=number(spec, "usd_per_hour", source=source, where=where, allow_zero=True),
+        hosts=tuple(hosts), billing=billing,
+    )
+
+
+def cluster_from_mapping(data: Any, source: str) -> Cluster:
+    check_fields(data, source=source, where="cluster", required=["name", "node_types"], optional=["description"])
+    types = data["node_types"]
+    if not isinstance(types, list) or not types:
+        raise InputError("cluster: field 'node_types' must be a non-empty list", source=source)
+    nts = tuple(_node_type(spec, i, source) for i, spec in enumerate(types))
+    names = [nt.name for nt in nts]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise InputError(f"cluster: node type names must be unique; '{sorted(dup)[0]}' appears twice", source=source)
+    hosts = [h for nt in nts for h in nt.hosts]
+    if len(set(hosts)) != len(hosts):
+        raise InputError("cluster: every host must appear once across node types", source=source)
+    return Cluster(str(data["name"]), nts, source=source, description=str(data.get("description") or ""))
+
+
+def shipped_clusters() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(shipped_dir("clusters").glob("*.yaml"))}
+
+
+def load_cluster(spec: str | Path | None) -> Cluster:
+    """A shipped cluster name, a YAML path, or `metis:CLUSTER.json,HOSTFILE` (a Metis cluster)."""
+    if spec is None:
+        spec = DEFAULT_CLUSTER
+    text = str(spec)
+    if text.startswith("metis:") or text.endswith(".json"):
+        from milp_plan.importers.metis import load_metis_cluster
+        return load_metis_cluster(text.removeprefix("metis:"))
+    shipped = shipped_clusters()
+    path = Path(text)
+    if not path.exists() and text in shipped:
+        path = shipped[text]
+    elif not path.exists():
+        raise InputError(f"cluster file not found; give a path or one of the shipped clusters: "
+                         f"{', '.join(shipped)}", source=text)
+    return cluster_from_mapping(load_yaml(path, "cluster file"), str(path))

@@ -1,0 +1,328 @@
+"""The cost model: the single source of every coefficient.
+
+Formulations, heuristics, the checker and the simulator read these functions; no
+formula below may be written a second time anywhere else. Units are in the names:
+seconds (`_s`), bytes, GB/s (10^9 bytes/s), US dollars.
+
+Equations (per GPU of a stage, one micro-batch of b samples of s tokens, tp = t):
+
+compute     f_s = sum over the stage's layers of fwd(kind) + tp_comm_fwd(kind)
+            b_s = sum of bwd(kind) + tp_comm_bwd(kind) + recompute overhead
+recompute   full, r layers:  + r x (fwd(block) + tp_comm_fwd(block))
+            selective:       + n x attention-core forward of a block
+tp comm     per block: 2 all-reduces (3 in a T5 decoder block) of s*b*h*2 bytes forward
+            and as many backward (with sequence parallelism: all-gather + reduce-scatter,
+            the same volume); ring all-reduce over intra-node links:
+            2 (t-1)/t x bytes / intra_node_gb_per_s; the embedding adds one forward.
+p2p         bytes = s*b*h*2 / (t if sequence parallel else 1) per GPU per hop and direction;
+            same node: bytes / intra_node_gb_per_s; across nodes: the node's network link
+            is shared by the stage's GPUs sending at once:
+            bytes / (min inter_node_gb_per_s of the two nodes / senders per node)
+dp          gradients reduced in fp32 (Megatron accumulates bf16 gradients in fp32 main
+            grads): B = 4 x params per GPU. Inside one node: ring 2 (d-1)/d x B / intra.
+            Across n nodes with k replicas per node, hierarchical: intra reduce-scatter +
+            all-gather 2 (k-1)/k x B / intra, plus inter-node ring 2 (n-1)/n x B x t / inter
+            (the t tp-groups of the node share its link). The distributed optimizer
+            reduce-scatters fp32 gradients and all-gathers bf16 parameters: (4 + 2)/8 of
+            the all-reduce volume.
+optimizer   Adam touches OPTIMIZER_BYTES_PER_PARAM bytes per parameter it updates,
+            memory-bound: params x 30 / (memory bandwidth x MEMORY_EFFICIENCY).
+memory      weights 2 bytes, fp32 main gradients 4, Adam (fp32 master, m, v) 12 bytes per
+            parameter on the GPU (params / t); with the distributed optimizer the 12 bytes
+            are divided by d (Megatron-LM docs/distrib_optimizer: 18 -> 6 + 12/d).
+            Activations: in-flight micro-batches x per-micro-batch activations of the
+            stage's layers (model.layer_activation_bytes), plus, when layers are fully
+            recomputed, one layer's full activations while it is recomputed.
+in flight   1F1B, ZB-H1: min(pp - s, m); GPipe: m; interleaved with v chunks:
+            min(2 (pp - s - 1) + (v - 1) pp + 1, m v) chunks of 1/v of the stage's layers
+            (Korthikanti et al.: pp (1 + (pp-1)/(pp v)) on the first stage).
+step time   with t_s = f_s + b_s per micro-batch and m micro-batches (Narayanan et al. 2021):
+            compute = m x max_s t_s,  bubble = (sum_s t_s - max_s t_s) / v_eff,
+            p2p = sum over hops of (forward + backward transfer),
+            dp = max_s dp_s (not overlapped), optimizer = max_s opt_s (a global grad-norm
+            barrier precedes the step);  v_eff = vpp for interleaved, 1 otherwise; ZB-H1
+            scales the bubble by (f + b - w)/(f + b) with w = W_FRACTION_OF_BWD x b.
+cost        $/h = sum over used nodes of usd_per_hour (billing "node": any used GPU rents the
+            node) or usd_per_hour / gpus_per_node per used GPU (billing "gpu");
+            $/step = $/h x step time / 3600.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from milp_plan.analytic import MEMORY_EFFICIENCY
+from milp_plan.cluster import Node, NodeType
+from milp_plan.instance import Instance
+from milp_plan.plan import Plan, Prediction, Stage, StagePrediction
+from milp_plan.units import GIB
+
+WEIGHT_BYTES = 2.0          # bf16 parameters
+GRAD_BYTES = 4.0            # fp32 main gradients
+OPTIMIZER_BYTES = 12.0      # fp32 master weights + Adam m and v
+OPTIMIZER_BYTES_PER_PARAM = 30.0  # read grad 4, r/w master 8, m 8, v 8, write bf16 param 2
+ACT_BYTES = 2.0             # bf16 activations on the wire
+W_FRACTION_OF_BWD = 0.5     # ZB-H1: weight-gradient share of the backward pass
+SECONDS_PER_HOUR = 3600.0
+
+
+# ---- compute -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayerTimes:
+    """One micro-batch through one layer on one GPU, tp collectives included (seconds)."""
+
+    fwd_s: float
+    bwd_s: float
+    attn_core_fwd_s: float
+
+
+def ring_allreduce_s(n_bytes: float, group: int, gb_per_s: float) -> float:
+    """Ring all-reduce: 2 (g-1)/g x bytes / bandwidth."""
+    if group <= 1 or n_bytes <= 0:
+        return 0.0
+    return 2.0 * (group - 1) / group * n_bytes / (gb_per_s * 1e9)
+
+
+def tp_comm_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str) -> tuple[float, float]:
+    """(forward, backward) tensor-parallel collective time of one layer of `kind`."""
+    if tp <= 1:
+        return 0.0, 0.0
+    msg = inst.job.seq_length * mbs * inst.model.hidden_size * ACT_BYTES
+    one = ring_allreduce_s(msg, tp, node_type.intra_node_gb_per_s)
+    n = {"block": 2, "encoder_block": 2, "decoder_block": 3, "embedding": 1, "head": 0}[kind]
+    return n * one, (0 if kind == "embedding" else n) * one
+
+
+def _flops_ratio(inst: Instance, kind: str):
+    def ratio(seq_from: int, seq_to: int) -> float:
+        m = inst.model
+        return (m.forward_flops_per_token(kind, seq_to) * seq_to) / (m.forward_flops_per_token(kind, seq_from) * seq_from)
+    return ratio
+
+
+def layer_times(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str) -> LayerTimes:
+    """Profile times (filled by the profile's rules when not profiled) plus tp collectives
+    when the profile does not include them."""
+    m = inst.model
+    c = inst.profile.cost(m.name, node_type.gpu.name, tp, mbs, inst.job.seq_length, kind,
+                          flops_ratio=_flops_ratio(inst, kind))
+    comm_f, comm_b = (0.0, 0.0) if c.tp_comm_included else tp_comm_s(inst, node_type, tp, mbs, kind)
+    if c.attn_core_fwd_ms is not None:
+        core = c.attn_core_fwd_ms / 1e3
+    else:  # estimate by the FLOP share of the attention core
+        total = m.forward_flops_per_token(kind, inst.job.seq_length)
+        core = c.fwd_ms / 1e3 * (m.attention_core_flops_per_token(kind, inst.job.seq_length) / total if total else 0)
+    return LayerTimes(c.fwd_ms / 1e3 + comm_f, c.bwd_ms / 1e3 + comm_b, core)
+
+
+def recompute_overhead_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kinds: Sequence[str],
+                         recompute: str, recompute_layers: int) -> float:
+    """Extra backward time: full = forward of the first `recompute_layers` blocks again
+    (Megatron's block method recomputes the first r layers of a stage); selective =
+    the attention core of every block."""
+    if recompute == "full":
+        return sum(layer_times(inst, node_type, tp, mbs, k).fwd_s for k in kinds[:recompute_layers])
+    if recompute == "selective":
+        return sum(layer_times(inst, node_type, tp, mbs, k).attn_core_fwd_s for k in kinds)
+    return 0.0
+
+
+def stage_kinds(inst: Instance, first_layer: int, num_layers: int) -> list[str]:
+    return [inst.model.block_kind(i) for i in range(first_layer, first_layer + num_layers)]
+
+
+def stage_compute_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kinds: Sequence[str],
+                    has_embedding: bool, has_head: bool, recompute: str = "none",
+                    recompute_layers: int = 0) -> tuple[float, float]:
+    """(f_s, b_s): forward and backward seconds of one micro-batch through a stage."""
+    parts = list(kinds) + (["embedding"] if has_embedding else []) + (["head"] if has_head else [])
+    times = [layer_times(inst, node_type, tp, mbs, k) for k in parts]
+    fwd = sum(t.fwd_s for t in times)
+    bwd = sum(t.bwd_s for t in times)
+    bwd += recompute_overhead_s(inst, node_type, tp, mbs, kinds, recompute, recompute_layers)
+    return fwd, bwd
+
+
+# ---- communication --------------------------------------------------------------------
+def p2p_bytes(inst: Instance, mbs: int, tp: int, sequence_parallel: bool) -> float:
+    """Bytes one GPU sends per micro-batch per hop and direction."""
+    full = inst.job.seq_length * mbs * inst.model.hidden_size * ACT_BYTES
+    return full / tp if (sequence_parallel and tp > 1) else full
+
+
+def p2p_s(inst: Instance, n_bytes: float, src: NodeType, dst: NodeType, same_node: bool,
+          senders_per_node: int) -> float:
+    """One transfer between consecutive stages (one direction)."""
+    if same_node:
+        return n_bytes / (min(src.intra_node_gb_per_s, dst.intra_node_gb_per_s) * 1e9)
+    share = min(src.inter_node_gb_per_s, dst.inter_node_gb_per_s) / max(1, senders_per_node)
+    return n_bytes / (share * 1e9)
+
+
+def dp_allreduce_s(grad_bytes: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
+                   intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool) -> float:
+    """Data-parallel gradient reduction of one stage (hierarchical when it spans nodes)."""
+    if dp <= 1:
+        return 0.0
+    volume = grad_bytes * ((GRAD_BYTES + WEIGHT_BYTES) / (2 * GRAD_BYTES) if distributed_optimizer else 1.0)
+    if num_nodes <= 1:
+        return ring_allreduce_s(volume, dp, intra_gb_per_s)
+    k = replicas_per_node
+    intra = ring_allreduce_s(volume, k, intra_gb_per_s)
+    inter = 2.0 * (num_nodes - 1) / num_nodes * volume * tp / (inter_gb_per_s * 1e9)
+    return intra + inter
+
+
+# ---- parameters and memory ----------------------------------------------------------
+def stage_params(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_head: bool,
+                 single_stage: bool = False) -> float:
+    """Parameters a stage holds (before tp sharding). A tied output projection is counted
+    on both the first and the last stage unless one stage holds both."""
+    m = inst.model
+    p = float(sum(m.layer_params(k) for k in kinds))
+    if has_embedding:
+        p += m.layer_params("embedding")
+    if has_head:
+        p += m.layer_params("head")
+        if single_stage and m.tied_embeddings:
+            p -= m.vocab_size * m.hidden_size
+    return p
+
+
+def model_state_bytes(params_per_gpu: float, dp: int, distributed_optimizer: bool) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per GPU."""
+    opt = OPTIMIZER_BYTES * params_per_gpu / (dp if distributed_optimizer else 1)
+    return WEIGHT_BYTES * params_per_gpu, GRAD_BYTES * params_per_gpu, opt
+
+
+def inflight_microbatches(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:
+    """Micro-batches whose activations a stage holds at its peak (in whole-stage units)."""
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "interleaved" and vpp > 1:
+        chunks = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
+        return chunks / vpp
+    return float(min(pp - stage, m))
+
+
+def stage_activation_bytes(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_head: bool, tp: int,
+                           mbs: int, sequence_parallel: bool, recompute: str, recompute_layers: int,
+                           inflight: float) -> float:
+    m, job = inst.model, inst.job
+    kw = dict(micro_batch=mbs, tp=tp, seq_length=job.seq_length, sequence_parallel=sequence_parallel,
+              flash_attention=job.flash_attention)
+    per_mb = 0.0
+    for i, k in enumerate(kinds):
+        mode = "full" if (recompute == "full" and i < recompute_layers) else ("selective" if recompute == "selective" else "none")
+        per_mb += m.layer_activation_bytes(k, recompute=mode, **kw)
+    if has_embedding:
+        per_mb += m.layer_activation_bytes("embedding", **kw)
+    if has_head:
+        per_mb += m.layer_activation_bytes("head", **kw)
+    working = 0.0
+    if recompute == "full" and recompute_layers > 0:
+        working = max(m.layer_activation_bytes(k, **kw) for k in kinds[:recompute_layers])
+    return inflight * per_mb + working
+
+
+def usable_memory_bytes(inst: Instance, node_type: NodeType) -> float:
+    return node_type.memory_gib * GIB * (1.0 - inst.job.memory_headroom)
+
+
+def optimizer_s(params_updated: float, node_type: NodeType) -> float:
+    return params_updated * OPTIMIZER_BYTES_PER_PARAM / (node_type.gpu.memory_gb_per_s * 1e9 * MEMORY_EFFICIENCY)
+
+
+# ---- pipeline time -----------------------------------------------------------------
+def pipeline_time_s(fwd_s: Sequence[float], bwd_s: Sequence[float], m: int, schedule: str,
+                    vpp: int = 1) -> tuple[float, float]:
+    """(compute, bubble) of the closed form, given per-stage f_s, b_s per micro-batch."""
+    t = [f + b for f, b in zip(fwd_s, bwd_s)]
+    t_max = max(t)
+    bubble = sum(t) - t_max
+    if schedule == "interleaved" and vpp > 1:
+        bubble /= vpp
+    elif schedule == "zb-h1":
+        bubble = sum(f + b - W_FRACTION_OF_BWD * b for f, b in zip(fwd_s, bwd_s)) - \
+            max(f + b - W_FRACTION_OF_BWD * b for f, b in zip(fwd_s, bwd_s))
+    return m * t_max, bubble
+
+
+# ---- cost ---------------------------------------------------------------------------
+def usd_per_hour(nodes: Iterable[Node], gpus_used_per_node: dict[int, int]) -> float:
+    total = 0.0
+    for node in nodes:
+        used = gpus_used_per_node.get(node.index, 0)
+        if used == 0:
+            continue
+        nt = node.type
+        total += nt.usd_per_hour if nt.billing == "node" else nt.usd_per_gpu_hour * used
+    return total
+
+
+def usd_per_step(usd_hour: float, step_time_s: float) -> float:
+    return usd_hour * step_time_s / SECONDS_PER_HOUR
+
+
+# ---- whole plan ---------------------------------------------------------------------
+def _stage_nodes(inst: Instance, stage: Stage) -> list[Node]:
+    nodes = inst.cluster.nodes
+    return [nodes[i] for i in sorted({d.node for d in stage.devices})]
+
+
+def _stage_node_type(inst: Instance, stage: Stage) -> NodeType:
+    """The slowest-linked node type the stage's devices sit on (all share one GPU type)."""
+    types = [n.type for n in _stage_nodes(inst, stage)]
+    return min(types, key=lambda nt: (nt.intra_node_gb_per_s, nt.inter_node_gb_per_s))
+
+
+def evaluate(inst: Instance, plan: Plan) -> Prediction:
+    """Predicted step time, breakdown, memory per stage and cost of a plan, from the plan alone.
+
+    Assumes the plan is structurally valid (run `check.check_structure` first)."""
+    pp, m = plan.pp, plan.num_microbatches
+    nodes = inst.cluster.nodes
+    fwd, bwd, preds, dp_times, opt_times = [], [], [], [], []
+    for i, st in enumerate(plan.stages):
+        nt = _stage_node_type(inst, st)
+        kinds = stage_kinds(inst, st.first_layer, st.num_layers)
+        first, last = i == 0, i == pp - 1
+        f, b = stage_compute_s(inst, nt, st.tp, st.micro_batch_size, kinds, first, last, st.recompute,
+                               st.recompute_layers)
+        fwd.append(f)
+        bwd.append(b)
+        params = stage_params(inst, kinds, first, last, single_stage=pp == 1) / st.tp
+        w, g, o = model_state_bytes(params, st.dp, plan.distributed_optimizer)
+        inflight = inflight_microbatches(plan.schedule, pp, i, m, plan.vpp)
+        act = stage_activation_bytes(inst, kinds, first, last, st.tp, st.micro_batch_size, plan.sequence_parallel,
+                                     st.recompute, st.recompute_layers, inflight)
+        cap = usable_memory_bytes(inst, nt)
+        preds.append(StagePrediction(f * 1e3, b * 1e3, w / GIB, g / GIB, o / GIB, act / GIB,
+                                     (w + g + o + act) / GIB, cap / GIB, inflight))
+        stage_nodes = {d.node for d in st.devices}
+        per_node = max(sum(1 for d in st.devices if d.node == n) for n in stage_nodes)
+        dp_times.append(dp_allreduce_s(GRAD_BYTES * params, st.dp, st.tp, max(1, per_node // st.tp),
+                                       len(stage_nodes), nt.intra_node_gb_per_s,
+                                       min(n.type.inter_node_gb_per_s for n in _stage_nodes(inst, st)),
+                                       plan.distributed_optimizer))
+        opt_times.append(optimizer_s(params / (st.dp if plan.distributed_optimizer else 1), nt))
+    compute, bubble = pipeline_time_s(fwd, bwd, m, plan.schedule, plan.vpp)
+    p2p = 0.0
+    for i in range(pp - 1):
+        a, b = plan.stages[i], plan.stages[i + 1]
+        same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
+        senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
+        hop = p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel),
+                    nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
+        p2p += 2.0 * hop
+    dp = max(dp_times)
+    opt = max(opt_times)
+    step = compute + bubble + p2p + dp + opt
+    used: dict[int, int] = {}
+    for st in plan.stages:
+        for d in st.devices:
+            used[d.node] = used.get(d.node, 0) + 1
+    usd_h = usd_per_hour(nodes, used)
+    tokens = plan.global_batch_size * inst.job.seq_length
+    return Prediction(step, compute, bubble, p2p, dp, opt, usd_h, usd_per_step(usd_h, step), tokens / step,
+                      tuple(preds))

@@ -1,0 +1,40 @@
+"""Errors a user can act on, and the exit codes the CLI maps them to.
+
+* ``InputError``  -> exit 2: the input is wrong; the message names file, field and fix.
+* ``Infeasible``  -> exit 1: the input is valid but no plan satisfies it.
+"""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_NO_PLAN = 1
+EXIT_BAD_INPUT = 2
+
+
+class MilpPlanError(Exception):
+    """Base of every error milp-plan raises on purpose."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class InputError(MilpPlanError, ValueError):
+    """Bad input: one line naming the file, the field and the fix."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+        self.source = source
+        self.field = field
+        parts = []
+        if source:
+            parts.append(str(source))
+        if field:
+            parts.append(f"field '{field}'")
+        prefix = ": ".join(parts)
+        text = f"{prefix}: {message}" if prefix else message
+        super().__init__(" ".join(text.split()))  # one line, always
+
+
+class Infeasible(MilpPlanError):
+    """No plan satisfies the constraints; the message explains with numbers."""
+
+    exit_code = EXIT_NO_PLAN

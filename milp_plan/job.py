@@ -1,0 +1,88 @@
+"""The training job and the objective: what to plan for."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from milp_plan.errors import InputError
+from milp_plan.units import Money
+
+OBJECTIVES = ("min-time", "min-cost", "pareto")
+MODES = ("megatron", "free")
+
+DEFAULT_MODEL = "gpt3-6.7b"
+DEFAULT_GLOBAL_BATCH = 256
+
+
+@dataclass(frozen=True)
+class Job:
+    """Training settings that are inputs, not decisions.
+
+    memory_headroom: fraction of each GPU's memory kept free for the CUDA context,
+    NCCL buffers and allocator fragmentation (0.1 = plan against 90% of capacity).
+    flash_attention: the s^2 attention activations are never stored (Megatron-Core with
+    Transformer Engine or FlashAttention); False gives Korthikanti et al.'s formulas.
+    """
+
+    global_batch_size: int
+    seq_length: int
+    precision: str = "bf16"
+    optimizer: str = "adam"
+    flash_attention: bool = True
+    memory_headroom: float = 0.10
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size <= 0:
+            raise InputError(f"global batch size must be > 0, got {self.global_batch_size}", field="global_batch_size")
+        if self.seq_length <= 0:
+            raise InputError(f"sequence length must be > 0, got {self.seq_length}", field="seq_length")
+        if self.precision not in ("bf16", "fp16"):
+            raise InputError(f"precision must be bf16 or fp16, got {self.precision!r}", field="precision")
+        if self.optimizer != "adam":
+            raise InputError(f"only the adam optimizer is modelled, got {self.optimizer!r}", field="optimizer")
+        if not 0.0 <= self.memory_headroom < 1.0:
+            raise InputError(f"memory headroom must be a fraction in [0, 1), got {self.memory_headroom}",
+                             field="memory_headroom")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Job":
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What to optimise and under which limits.
+
+    min-time: minimise seconds per step, optionally under a budget ($/h or $/step).
+    min-cost: minimise dollars per step under a step-time limit.
+    pareto:   the exact front of step time against dollars per step.
+    """
+
+    kind: str = "min-time"
+    time_limit_s: float | None = None
+    budget: Money | None = None
+    mode: str = "megatron"
+
+    def __post_init__(self) -> None:
+        if self.kind not in OBJECTIVES:
+            raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.kind!r}", field="objective")
+        if self.mode not in MODES:
+            raise InputError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}", field="mode")
+        if self.kind == "min-cost" and self.time_limit_s is None:
+            raise InputError("min-cost needs a step-time limit; add --time-limit 1.2s/step", field="time-limit")
+        if self.time_limit_s is not None and self.time_limit_s <= 0:
+            raise InputError(f"time limit must be > 0, got {self.time_limit_s}", field="time-limit")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "time_limit_s": self.time_limit_s, "mode": self.mode,
+                "budget": None if self.budget is None else {"usd": self.budget.usd, "per": self.budget.per}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Objective":
+        b = data.get("budget")
+        return cls(kind=data.get("kind", "min-time"), time_limit_s=data.get("time_limit_s"),
+                   budget=None if b is None else Money(float(b["usd"]), str(b["per"])),
+                   mode=data.get("mode", "megatron"))

@@ -1,0 +1,201 @@
+"""Plan: solver-free data describing one way to train, and its plan.json format.
+
+A stage is one pipeline rank: tp x dp GPUs of one GPU type, ordered tp fastest then
+dp (Megatron's rank order inside a stage), holding blocks
+[first_layer, first_layer + num_layers). With an interleaved schedule (vpp > 1) the
+stage's layers are split into vpp equal chunks; chunk j of stage s is virtual stage
+j*pp + s in model order (see `layer_chunks`). Embedding goes with stage 0, head with the
+last stage.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from milp_plan.errors import InputError
+from milp_plan.fileio import read_text, write_atomic
+
+SCHEMA_VERSION = "1"
+SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
+STATUSES = ("optimal", "feasible", "infeasible", "timeout", "evaluated")
+
+
+@dataclass(frozen=True)
+class Device:
+    node: int        # global node index (cluster order)
+    local_gpu: int   # GPU index inside the node
+
+
+@dataclass(frozen=True)
+class Stage:
+    gpu: str                       # GPU type name
+    devices: tuple[Device, ...]    # tp x dp devices, tp fastest
+    first_layer: int
+    num_layers: int
+    tp: int
+    dp: int
+    micro_batch_size: int          # samples per dp replica per micro-batch
+    recompute: str = "none"        # none | selective | full
+    recompute_layers: int = 0      # full: layers of this stage recomputed (0..num_layers)
+
+
+@dataclass(frozen=True)
+class StagePrediction:
+    fwd_ms: float                  # per micro-batch, whole stage (incl. tp collectives)
+    bwd_ms: float                  # incl. recompute
+    weights_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    peak_memory_gib: float
+    capacity_gib: float            # usable: GPU memory x (1 - memory headroom)
+    inflight_microbatches: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time_s: float
+    compute_s: float               # m x bottleneck stage (fwd + bwd) per micro-batch
+    bubble_s: float                # pipeline fill and drain
+    p2p_s: float                   # point-to-point transfers on the critical path
+    dp_allreduce_s: float          # data-parallel gradient reduction, not overlapped
+    optimizer_s: float
+    usd_per_hour: float
+    usd_per_step: float
+    tokens_per_s: float
+    stages: tuple[StagePrediction, ...]
+
+
+@dataclass(frozen=True)
+class SolverRecord:
+    backend: str
+    status: str                    # optimal | feasible | infeasible | timeout | evaluated
+    objective: float | None
+    best_bound: float | None
+    gap: float | None
+    wall_time_s: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: tuple[Stage, ...]
+    global_batch_size: int
+    num_microbatches: int
+    schedule: str = "1f1b"
+    vpp: int = 1                   # virtual stages per rank (interleaved only)
+    distributed_optimizer: bool = False
+    sequence_parallel: bool = False
+    mode: str = "megatron"
+    predicted: Prediction | None = None
+    solver: SolverRecord | None = None
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(len(s.devices) for s in self.stages)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Megatron's --micro-batch-size (per dp replica) when uniform, else the first stage's."""
+        return self.stages[0].micro_batch_size
+
+    def uniform(self, attr: str) -> bool:
+        return len({getattr(s, attr) for s in self.stages}) == 1
+
+    def layer_chunks(self, stage: int) -> list[tuple[int, int]]:
+        """(first_layer, num_layers) of each model chunk of `stage`, in model order."""
+        if self.vpp <= 1:
+            s = self.stages[stage]
+            return [(s.first_layer, s.num_layers)]
+        sizes = [s.num_layers // self.vpp for s in self.stages]
+        out, start = {}, 0
+        for j in range(self.vpp):
+            for i in range(self.pp):
+                out[(i, j)] = (start, sizes[i])
+                start += sizes[i]
+        return [out[(stage, j)] for j in range(self.vpp)]
+
+    def megatron_incompatibilities(self) -> list[str]:
+        reasons = []
+        for attr, what in (("tp", "tensor-parallel size"), ("dp", "data-parallel size"),
+                           ("micro_batch_size", "micro-batch size"), ("recompute", "recompute granularity"),
+                           ("recompute_layers", "number of recomputed layers")):
+            if not self.uniform(attr):
+                reasons.append(f"{what} differs between stages ({', '.join(str(getattr(s, attr)) for s in self.stages)})")
+        if self.schedule == "zb-h1":
+            reasons.append("ZB-H1 needs the zero-bubble fork of Megatron-LM")
+        return reasons
+
+    # ---- JSON ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "schema_version": SCHEMA_VERSION,
+            "mode": self.mode,
+            "global_batch_size": self.global_batch_size,
+            "micro_batch_size": self.micro_batch_size,
+            "num_microbatches": self.num_microbatches,
+            "schedule": self.schedule,
+            "vpp": self.vpp,
+            "distributed_optimizer": self.distributed_optimizer,
+            "sequence_parallel": self.sequence_parallel,
+            "stages": [dict(asdict(s), devices=[asdict(d) for d in s.devices]) for s in self.stages],
+            "megatron_compatible": not self.megatron_incompatibilities(),
+            "needs_per_stage_runtime": self.megatron_incompatibilities(),
+            "predicted": None if self.predicted is None else asdict(self.predicted),
+            "solver": None if self.solver is None else asdict(self.solver),
+            "inputs": dict(self.inputs),
+        }
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+    def with_(self, **changes: Any) -> "Plan":
+        return replace(self, **changes)
+
+
+def schema() -> dict[str, Any]:
+    return json.loads((Path(__file__).parent / "plan.schema.json").read_text())
+
+
+def plan_from_dict(d: Mapping[str, Any], source: str = "plan") -> Plan:
+    import jsonschema
+    if not isinstance(d, Mapping) or "schema_version" not in d:
+        raise InputError("not a milp-plan plan (no schema_version); make one with `milp-plan solve`", source=source)
+    if str(d["schema_version"]) != SCHEMA_VERSION:
+        raise InputError(f"plan schema_version {d['schema_version']!r} is not supported (this milp-plan reads "
+                         f"{SCHEMA_VERSION!r}); re-solve with this version", source=source, field="schema_version")
+    try:
+        jsonschema.validate(d, schema())
+    except jsonschema.ValidationError as exc:
+        path = ".".join(str(p) for p in exc.absolute_path) or "(top level)"
+        raise InputError(f"{exc.message}", source=source, field=path) from None
+    stages = tuple(Stage(**{**s, "devices": tuple(Device(**dv) for dv in s["devices"])}) for s in d["stages"])
+    pred = d.get("predicted")
+    if pred is not None:
+        pred = Prediction(**{**pred, "stages": tuple(StagePrediction(**sp) for sp in pred["stages"])})
+    solver = d.get("solver")
+    return Plan(stages=stages, global_batch_size=d["global_batch_size"], num_microbatches=d["num_microbatches"],
+                schedule=d["schedule"], vpp=d["vpp"], distributed_optimizer=d["distributed_optimizer"],
+                sequence_parallel=d["sequence_parallel"], mode=d["mode"], predicted=pred,
+                solver=None if solver is None else SolverRecord(**solver), inputs=d.get("inputs") or {})
+
+
+def read_plan(path: str | Path) -> Plan:
+    text = read_text(path, "plan file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", source=str(path)) from None
+    return plan_from_dict(data, str(path))
+
+
+def write_plan(path: str | Path, plan: Plan) -> None:
+    write_atomic(path, plan.to_json())

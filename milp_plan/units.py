@@ -1,0 +1,118 @@
+"""Parsing of quantities with units, and the one place floats become integer ticks.
+
+Accepted spellings (case-insensitive, spaces ignored):
+
+* durations: ``1.2s``, ``1200ms``, ``1.2s/step``, ``1200ms/step``, ``90us``, ``2min``
+* money rates: ``40$/h``, ``40usd/h``, ``$40/h``, ``0.02$/step``
+* memory: ``80GiB``, ``80GB`` (10^9 bytes), ``512MiB``, ``1TiB``
+* bandwidth: ``25GB/s``, ``200Gbit/s``, ``100Gbps``
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from milp_plan.errors import InputError
+
+_NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+
+_TIME_UNITS_S = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0}
+_MEM_UNITS_BYTES = {
+    "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_BW_UNITS_GB_PER_S = {"gb/s": 1.0, "gbyte/s": 1.0, "gbit/s": 0.125, "gbps": 0.125, "gb/sec": 1.0, "tb/s": 1000.0}
+
+GIB = 2**30
+TICKS_PER_SECOND = 1_000_000  # solver integer time unit: one microsecond
+
+
+def _clean(text: str) -> str:
+    return str(text).strip().replace(" ", "").lower()
+
+
+def _split(text: str, what: str, example: str) -> tuple[float, str]:
+    m = re.fullmatch(_NUM + r"(.*)", _clean(text).lstrip("$"))
+    if not m:
+        raise InputError(f"cannot read {what} '{text}'; write it like '{example}'")
+    return float(m.group(1)), m.group(2)
+
+
+def parse_duration_s(text: str, *, field: str = "time") -> float:
+    """'1.2s/step' | '1200ms' -> seconds (float)."""
+    value, unit = _split(text, f"{field}", "1.2s/step")
+    unit = unit.removesuffix("/step")
+    if unit not in _TIME_UNITS_S:
+        raise InputError(f"unknown time unit '{unit}' in '{text}'; use s, ms, us or min (e.g. 1.2s/step)",
+                         field=field)
+    return value * _TIME_UNITS_S[unit]
+
+
+@dataclass(frozen=True)
+class Money:
+    """A money amount per hour or per step, in US dollars."""
+
+    usd: float
+    per: str  # "h" or "step"
+
+
+def parse_money(text: str, *, field: str = "budget") -> Money:
+    """'40$/h' -> Money(40, 'h');  '0.02$/step' -> Money(0.02, 'step')."""
+    raw = _clean(text)
+    dollar_first = raw.startswith("$")
+    value, unit = _split(raw, field, "40$/h or 0.02$/step")
+    unit = unit.replace("usd", "$")
+    if not dollar_first and not unit.startswith("$"):
+        raise InputError(f"'{text}' has no currency; write it like '40$/h' or '0.02$/step'", field=field)
+    unit = unit.lstrip("$")
+    per = {"/h": "h", "/hour": "h", "/hr": "h", "/step": "step"}.get(unit)
+    if per is None:
+        raise InputError(f"'{text}' must be per hour or per step, like '40$/h' or '0.02$/step'", field=field)
+    if value < 0:
+        raise InputError(f"'{text}' must not be negative", field=field)
+    return Money(value, per)
+
+
+def parse_memory_bytes(text: str | int | float, *, field: str = "memory") -> float:
+    """'80GiB' -> bytes. A bare number is taken as GiB."""
+    if isinstance(text, (int, float)):
+        return float(text) * GIB
+    value, unit = _split(text, field, "80GiB")
+    if unit == "":
+        return value * GIB
+    if unit not in _MEM_UNITS_BYTES:
+        raise InputError(f"unknown memory unit '{unit}' in '{text}'; use GiB, GB, MiB or TiB", field=field)
+    return value * _MEM_UNITS_BYTES[unit]
+
+
+def parse_bandwidth_gb_per_s(text: str | int | float, *, field: str = "bandwidth") -> float:
+    """'25GB/s' | '200Gbit/s' -> GB/s (10^9 bytes per second). A bare number is GB/s."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    value, unit = _split(text, field, "25GB/s")
+    if unit == "":
+        return value
+    if unit not in _BW_UNITS_GB_PER_S:
+        raise InputError(f"unknown bandwidth unit '{unit}' in '{text}'; use GB/s or Gbit/s", field=field)
+    return value * _BW_UNITS_GB_PER_S[unit]
+
+
+def seconds_to_ticks(seconds: float) -> int:
+    """The single float -> integer conversion for solvers: rounds to the nearest microsecond."""
+    return int(round(seconds * TICKS_PER_SECOND))
+
+
+def ticks_to_seconds(ticks: int | float) -> float:
+    return float(ticks) / TICKS_PER_SECOND
+
+
+def format_duration(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def format_gib(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:.2f} GiB"
