@@ -276,13 +276,27 @@ def _stage_node_type(inst: Instance, stage: Stage) -> NodeType:
     return min(types, key=lambda nt: (nt.intra_node_gb_per_s, nt.inter_node_gb_per_s))
 
 
-def evaluate(inst: Instance, plan: Plan) -> Prediction:
-    """Predicted step time, breakdown, memory per stage and cost of a plan, from the plan alone.
+@dataclass(frozen=True)
+class PlanCosts:
+    """Every per-stage coefficient of a plan, in seconds per micro-batch where it applies.
+
+    hop_s[i] is one transfer (one direction) between stage i and i + 1."""
+
+    fwd_s: tuple[float, ...]
+    bwd_s: tuple[float, ...]
+    hop_s: tuple[float, ...]
+    dp_s: tuple[float, ...]
+    opt_s: tuple[float, ...]
+    stages: tuple[StagePrediction, ...]
+
+
+def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
+    """The cost model applied to each stage and hop of a plan.
 
     Assumes the plan is structurally valid (run `check.check_structure` first)."""
     pp, m = plan.pp, plan.num_microbatches
     nodes = inst.cluster.nodes
-    fwd, bwd, preds, dp_times, opt_times = [], [], [], [], []
+    fwd, bwd, preds, dp_times, opt_times, hops = [], [], [], [], [], []
     for i, st in enumerate(plan.stages):
         nt = _stage_node_type(inst, st)
         kinds = stage_kinds(inst, st.first_layer, st.num_layers)
@@ -306,23 +320,30 @@ def evaluate(inst: Instance, plan: Plan) -> Prediction:
                                        min(n.type.inter_node_gb_per_s for n in _stage_nodes(inst, st)),
                                        plan.distributed_optimizer))
         opt_times.append(optimizer_s(params / (st.dp if plan.distributed_optimizer else 1), nt))
-    compute, bubble = pipeline_time_s(fwd, bwd, m, plan.schedule, plan.vpp)
-    p2p = 0.0
     for i in range(pp - 1):
         a, b = plan.stages[i], plan.stages[i + 1]
         same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
         senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
-        hop = p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel),
-                    nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
-        p2p += 2.0 * hop
-    dp = max(dp_times)
-    opt = max(opt_times)
-    step = compute + bubble + p2p + dp + opt
+        hops.append(p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel),
+                          nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders))
+    return PlanCosts(tuple(fwd), tuple(bwd), tuple(hops), tuple(dp_times), tuple(opt_times), tuple(preds))
+
+
+def plan_usd_per_hour(inst: Instance, plan: Plan) -> float:
     used: dict[int, int] = {}
     for st in plan.stages:
         for d in st.devices:
             used[d.node] = used.get(d.node, 0) + 1
-    usd_h = usd_per_hour(nodes, used)
+    return usd_per_hour(inst.cluster.nodes, used)
+
+
+def evaluate(inst: Instance, plan: Plan) -> Prediction:
+    """Predicted step time (closed form), breakdown, memory per stage and cost, from the plan alone."""
+    c = plan_costs(inst, plan)
+    compute, bubble = pipeline_time_s(c.fwd_s, c.bwd_s, plan.num_microbatches, plan.schedule, plan.vpp)
+    p2p = 2.0 * sum(c.hop_s)
+    dp, opt = max(c.dp_s), max(c.opt_s)
+    step = compute + bubble + p2p + dp + opt
+    usd_h = plan_usd_per_hour(inst, plan)
     tokens = plan.global_batch_size * inst.job.seq_length
-    return Prediction(step, compute, bubble, p2p, dp, opt, usd_h, usd_per_step(usd_h, step), tokens / step,
-                      tuple(preds))
+    return Prediction(step, compute, bubble, p2p, dp, opt, usd_h, usd_per_step(usd_h, step), tokens / step, c.stages)
