@@ -40,8 +40,8 @@ step time   with t_s = f_s + b_s per micro-batch and m micro-batches (Narayanan 
             compute = m x max_s t_s,  bubble = (sum_s t_s - max_s t_s) / v_eff,
             p2p = sum over hops of (forward + backward transfer),
             dp = max_s dp_s (not overlapped), optimizer = max_s opt_s (a global grad-norm
-            barrier precedes the step);  v_eff = vpp for interleaved, 1 otherwise; ZB-H1
-            scales the bubble by (f + b - w)/(f + b) with w = W_FRACTION_OF_BWD x b.
+            barrier precedes the step);  v_eff = vpp for interleaved, 1 otherwise; ZB-H1:
+            see pipeline_time_s.
 cost        $/h = sum over used nodes of usd_per_hour (billing "node": any used GPU rents the
             node) or usd_per_hour / gpus_per_node per used GPU (billing "gpu");
             $/step = $/h x step time / 3600.
@@ -236,16 +236,24 @@ def optimizer_s(params_updated: float, node_type: NodeType) -> float:
 # ---- pipeline time -----------------------------------------------------------------
 def pipeline_time_s(fwd_s: Sequence[float], bwd_s: Sequence[float], m: int, schedule: str,
                     vpp: int = 1) -> tuple[float, float]:
-    """(compute, bubble) of the closed form, given per-stage f_s, b_s per micro-batch."""
+    """(compute, bubble) of the closed form, given per-stage f_s, b_s per micro-batch.
+
+    With t_s = f_s + b_s and z = max_s t_s:
+      1F1B, GPipe:   T = m z + (sum_s t_s - z)                      [= (m-1) z + sum_s t_s]
+      interleaved:   T = m z + (sum_s t_s - z) / vpp
+      ZB-H1:         T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = W_FRACTION_OF_BWD b_s,
+                     t'_s = t_s - 2 w_s; at equal stages this is m t + (p-1)(F + B - W), the
+                     published ZB-H1 time. Every maximum enters with a positive coefficient,
+                     so the exact MILP needs only z >= t_s and w >= w_s.
+    """
     t = [f + b for f, b in zip(fwd_s, bwd_s)]
-    t_max = max(t)
-    bubble = sum(t) - t_max
+    z = max(t)
     if schedule == "interleaved" and vpp > 1:
-        bubble /= vpp
-    elif schedule == "zb-h1":
-        bubble = sum(f + b - W_FRACTION_OF_BWD * b for f, b in zip(fwd_s, bwd_s)) - \
-            max(f + b - W_FRACTION_OF_BWD * b for f, b in zip(fwd_s, bwd_s))
-    return m * t_max, bubble
+        return m * z, (sum(t) - z) / vpp
+    if schedule == "zb-h1":
+        w = [W_FRACTION_OF_BWD * b for b in bwd_s]
+        return m * z, sum(ti - 2 * wi for ti, wi in zip(t, w)) + 2 * max(w) - z
+    return m * z, sum(t) - z
 
 
 # ---- cost ---------------------------------------------------------------------------

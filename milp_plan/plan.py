@@ -124,9 +124,11 @@ class Plan:
 
     def megatron_incompatibilities(self) -> list[str]:
         reasons = []
-        for attr, what in (("tp", "tensor-parallel size"), ("dp", "data-parallel size"),
-                           ("micro_batch_size", "micro-batch size"), ("recompute", "recompute granularity"),
-                           ("recompute_layers", "number of recomputed layers")):
+        attrs = [("tp", "tensor-parallel size"), ("dp", "data-parallel size"),
+                 ("micro_batch_size", "micro-batch size"), ("recompute", "recompute granularity")]
+        if not all(s.recompute == "full" and s.recompute_layers == s.num_layers for s in self.stages):
+            attrs.append(("recompute_layers", "number of recomputed layers"))  # else: uniform method, all layers
+        for attr, what in attrs:
             if not self.uniform(attr):
                 reasons.append(f"{what} differs between stages ({', '.join(str(getattr(s, attr)) for s in self.stages)})")
         if self.schedule == "zb-h1":
