@@ -74,7 +74,8 @@ def _detect_format(path: Path) -> str:
                      "name it with --profile-format native|metis|fasop", source=str(path))
 
 
-def load_profiles(path: str | Path, fmt: str, model: Model) -> Profile:
+def load_profiles(path: str | Path, fmt: str, model: Model, seq_length: int | None = None) -> Profile:
+    """seq_length: the job's, recorded on imported (Metis, FASOP) rows, whose files have none."""
     p = Path(path)
     fmt = _detect_format(p) if fmt == "auto" else fmt
     if fmt == "native":
@@ -93,10 +94,10 @@ def load_profiles(path: str | Path, fmt: str, model: Model) -> Profile:
         return Profile(mine.reset_index(drop=True), profile.provenance)
     if fmt == "metis":
         from milp_plan.importers.metis import load_metis_profiles
-        return load_metis_profiles(p, model)
+        return load_metis_profiles(p, model, seq_length)
     if fmt == "fasop":
         from milp_plan.importers.fasop import load_fasop_profiles
-        return load_fasop_profiles(p, model)
+        return load_fasop_profiles(p, model, seq_length)
     raise InputError(f"unknown profile format {fmt!r}; use auto, native, metis or fasop", field="profile-format")
 
 
@@ -126,14 +127,17 @@ def build_instance(spec: InstanceSpec | None = None, objective: Objective | None
     cluster_gpus = {nt.gpu.name: nt.gpu for nt in cluster.node_types}
     gpu_map: dict[str, str] = {}
     if spec.profiles:
-        profile = load_profiles(spec.profiles, spec.profile_format, model)
+        profile = load_profiles(spec.profiles, spec.profile_format, model, job.seq_length)
+        profile_gpus = profile.gpus()
         gpu_map = match_gpu_names(profile.gpus(), cluster_gpus, dict(spec.profile_gpu_map), spec.profiles)
         profile = Profile(profile.table[profile.table.gpu.isin(gpu_map)].reset_index(drop=True),
                           profile.provenance).renamed_gpus(gpu_map)
         for g in cluster_gpus:
             if g not in profile.gpus():
                 raise InputError(f"profiles have no data for GPU '{g}' of cluster '{cluster.name}' (they have "
-                                 f"{', '.join(sorted(gpu_map) or ['none'])}); map one with --profile-gpu-map "
+                                 f"{', '.join(profile_gpus) or 'none'}; matched "
+                                 f"{', '.join(f'{a}->{b}' for a, b in sorted(gpu_map.items())) or 'none'}); "
+                                 f"map one with --profile-gpu-map "
                                  f"NAME={g} or profile that GPU", source=spec.profiles)
             for kind in model.kinds():
                 if not profile.covers(model.name, g, kind):

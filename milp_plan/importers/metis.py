@@ -1,0 +1,302 @@
+"""Metis (ATC'24) inputs: a cluster JSON + hostfile, and a profile directory.
+
+Cluster (`--cluster metis:CLUSTER.json,HOSTFILE`, or `--cluster CLUSTER.json` with a file
+named `hostfile` or `hostfile.txt` beside it):
+
+* CLUSTER.json maps each host (IP or name) to `instance_type` (GPU name),
+  `inter_bandwidth`, `intra_bandwidth` and `memory` (GPU memory, GB).
+* HOSTFILE has one `<host> slots=<n>` (or `<host> <n>`) line per node; `#` starts a
+  comment. Only the hostfile's hosts are nodes, in hostfile order; the JSON must
+  describe each of them (extra JSON hosts are ignored, but must still be valid hosts).
+
+Conversions (the notice in the cluster description says which were applied):
+
+* Bandwidth: Metis' example writes bytes/s. A value > 1e6 is read as bytes/s and
+  divided by 1e9 (GB/s = 10^9 bytes/s); a value <= 1e4 is read as GB/s unchanged; a
+  value in between is ambiguous and rejected. `intra_bandwidth` becomes the per-GPU
+  intra-node bandwidth, `inter_bandwidth` the per-node network bandwidth.
+* GPU: `instance_type` maps to a catalog GPU by exact name (case-insensitive), else by
+  a unique prefix (`A10` -> A10, `V100` -> V100-32GB), else by a prefix whose catalog
+  memory equals `memory` (`A100` + 80 -> A100-80GB). `memory` then replaces the
+  catalog memory (like `gpu_memory_gib` in a YAML cluster).
+* Price: Metis has none, so every node type costs 0 $/h; cost objectives need a YAML
+  cluster with `usd_per_hour`.
+* Hosts with the same GPU, memory, bandwidths and slots form one node type named
+  `<gpu>-x<slots>` (a `-2`, `-3` suffix when the name repeats).
+
+Profiles (`DeviceType.<GPU>_tp<T>_bs<B>.json`, one iteration with micro = global batch
+= B): `model.num_layers` counts embedding and head as layers; per layer slot,
+`execution_time.layer_compute_total_ms[]` is forward + backward in ms. Each native row
+takes the mean over the slots of its kind (see `slots`) and splits it 1:2,
+
+    fwd_ms = t / 3,   bwd_ms = 2 t / 3      (backward ~ 2 x forward FLOPs),
+
+with micro_batch_size = B, tp = T, gpu = <GPU> as written in the file name (the
+instance maps it to a cluster GPU) and seq_length = the job's sequence length (Metis
+files do not record one). `model.parameters.parameters_per_layer_bytes[]` becomes
+`param_bytes` per kind. `execution_memory.layer_memory_total_mb[]` mixes activations,
+gradients and optimizer state, so it is not imported (the cost model computes memory
+from the model); its sum, `forward_backward_time_ms`, `optimizer_time_ms` and
+`batch_generator_time_ms` are kept per file in the provenance. Times are measured with
+tp, so `tp_comm_included` is true.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any, Mapping
+
+from milp_plan.cluster import GPU, Cluster, NodeType, gpu_catalog, valid_host
+from milp_plan.errors import InputError
+from milp_plan.fileio import check_fields, number, read_text
+from milp_plan.importers import slots
+from milp_plan.model import Model
+from milp_plan.profile import Profile
+
+HOSTFILE_NAMES = ("hostfile", "hostfile.txt")
+BYTES_PER_S_ABOVE = 1e6   # a bandwidth above this is bytes/s
+GB_PER_S_UP_TO = 1e4      # a bandwidth up to this is GB/s
+_HOST_FIELDS = ["instance_type", "inter_bandwidth", "intra_bandwidth", "memory"]
+_PROFILE_NAME = re.compile(r"^DeviceType\.(?P<gpu>.+?)_tp(?P<tp>\d+)_bs(?P<bs>\d+)\.json$")
+
+
+def load_json(path: Path, what: str) -> Any:
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}; fix the syntax",
+                         source=str(path)) from None
+
+
+# ---- cluster -------------------------------------------------------------------------
+def split_spec(spec: str) -> tuple[Path, Path]:
+    """'CLUSTER.json,HOSTFILE' -> both paths; 'CLUSTER.json' -> the hostfile found beside it."""
+    parts = [p.strip() for p in spec.split(",")]
+    if len(parts) == 2 and all(parts):
+        return Path(parts[0]), Path(parts[1])
+    if len(parts) != 1 or not parts[0]:
+        raise InputError("a Metis cluster is metis:CLUSTER.json,HOSTFILE (two paths, one comma)", source=spec)
+    cluster = Path(parts[0])
+    for name in HOSTFILE_NAMES:
+        if (cluster.parent / name).is_file():
+            return cluster, cluster.parent / name
+    raise InputError(f"no hostfile beside this Metis cluster JSON (looked for {', '.join(HOSTFILE_NAMES)}); "
+                     "give it as --cluster metis:CLUSTER.json,HOSTFILE", source=str(cluster))
+
+
+def parse_hostfile(path: Path) -> list[tuple[str, int]]:
+    """(host, slots) per node in file order, from `<host> slots=<n>` or `<host> <n>` lines."""
+    out: list[tuple[str, int]] = []
+    for lineno, raw in enumerate(read_text(path, "Metis hostfile").splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, slots_n = _hostfile_line(line.split(), path, lineno)
+        if host in (h for h, _ in out):
+            raise InputError(f"line {lineno}: host '{host}' appears twice; list each node once", source=str(path))
+        out.append((host, slots_n))
+    if not out:
+        raise InputError("hostfile lists no hosts; write one '<host> slots=<n>' line per node", source=str(path))
+    return out
+
+
+def _hostfile_line(tokens: list[str], path: Path, lineno: int) -> tuple[str, int]:
+    form = "write '<host> slots=<n>' or '<host> <n>'"
+    if not valid_host(tokens[0]):
+        raise InputError(f"line {lineno}: {tokens[0]!r} is not an IP address or RFC 1123 host name "
+                         f"(letters, digits, hyphens and dots only); {form}", source=str(path))
+    count = tokens[1].removeprefix("slots=") if len(tokens) == 2 else ""
+    if not count.isdigit() or int(count) <= 0:
+        raise InputError(f"line {lineno}: {' '.join(tokens)!r} has no GPU count > 0; {form}", source=str(path))
+    return tokens[0], int(count)
+
+
+def bandwidth_gb_per_s(value: float, source: str, where: str, field: str) -> tuple[float, str]:
+    """GB/s and the unit it was read in: > 1e6 -> bytes/s / 1e9; <= 1e4 -> GB/s; between: error."""
+    if value > BYTES_PER_S_ABOVE:
+        return value / 1e9, "bytes/s"
+    if value <= GB_PER_S_UP_TO:
+        return value, "GB/s"
+    raise InputError(f"{where}: field '{field}' = {value:g} is ambiguous (bytes/s are > 1e6, GB/s are <= 1e4); "
+                     "write bytes/s as Metis does, or GB/s", source=source)
+
+
+def match_catalog_gpu(instance_type: str, memory_gb: float, source: str, where: str) -> GPU:
+    """Exact (case-insensitive) catalog name, else unique prefix, else the prefix match with this memory."""
+    catalog = gpu_catalog()
+    name = instance_type.lower()
+    exact = [g for k, g in catalog.items() if k.lower() == name]
+    prefix = [g for k, g in catalog.items() if k.lower().startswith(name)]
+    by_memory = [g for g in prefix if abs(g.memory_gib - memory_gb) < 0.5]
+    for found in (exact, prefix, by_memory):
+        if len(found) == 1:
+            g = found[0]
+            return GPU(g.name, memory_gb, g.peak_tflops, g.memory_gb_per_s, g.source)
+    hint = f"it matches {', '.join(g.name for g in prefix)} and memory {memory_gb:g} picks none" if prefix else \
+        "no catalog GPU has this name"
+    raise InputError(f"{where}: unknown GPU instance_type '{instance_type}' ({hint}); set instance_type to one of "
+                     f"{', '.join(catalog)}, or write a YAML cluster with an inline gpu", source=source)
+
+
+def _host_record(host: str, spec: Any, source: str) -> tuple[tuple, dict[str, str]]:
+    """(group key, units used) for one host of the cluster JSON."""
+    where = f"host '{host}'"
+    check_fields(spec, source=source, where=where, required=_HOST_FIELDS)
+    itype = spec["instance_type"]
+    if not isinstance(itype, str) or not itype.strip():
+        raise InputError(f"{where}: field 'instance_type' must be a GPU name like A100", source=source)
+    memory = number(spec, "memory", source=source, where=where)
+    gpu = match_catalog_gpu(itype.strip(), memory, source, where)
+    intra, u_intra = bandwidth_gb_per_s(number(spec, "intra_bandwidth", source=source, where=where),
+                                        source, where, "intra_bandwidth")
+    inter, u_inter = bandwidth_gb_per_s(number(spec, "inter_bandwidth", source=source, where=where),
+                                        source, where, "inter_bandwidth")
+    return (gpu, intra, inter), {"intra_bandwidth": u_intra, "inter_bandwidth": u_inter}
+
+
+def _read_hosts(path: Path) -> dict[str, Any]:
+    data = load_json(path, "Metis cluster JSON")
+    if not isinstance(data, Mapping) or not data:
+        raise InputError("a Metis cluster JSON maps each host to {instance_type, inter_bandwidth, "
+                         "intra_bandwidth, memory}", source=str(path))
+    for host in data:
+        if not valid_host(host):
+            raise InputError(f"host {host!r} is not an IP address or RFC 1123 host name (letters, digits, hyphens "
+                             "and dots only); rename it", source=str(path))
+    return dict(data)
+
+
+def _group_nodes(nodes: list[tuple[str, int]], hosts: dict[str, Any], json_path: Path,
+                 host_path: Path) -> tuple[tuple[NodeType, ...], dict[str, set[str]]]:
+    groups: dict[tuple, list[str]] = {}
+    units: dict[str, set[str]] = {}
+    for host, n in nodes:
+        if host not in hosts:
+            raise InputError(f"host '{host}' is not in {json_path}; add it there with "
+                             f"{', '.join(_HOST_FIELDS)}", source=str(host_path))
+        (gpu, intra, inter), used = _host_record(host, hosts[host], str(json_path))
+        for field, unit in used.items():
+            units.setdefault(field, set()).add(unit)
+        groups.setdefault((gpu, intra, inter, n), []).append(host)
+    types, seen = [], Counter()
+    for (gpu, intra, inter, n), members in groups.items():
+        base = f"{gpu.name.lower()}-x{n}"
+        seen[base] += 1
+        name = base if seen[base] == 1 else f"{base}-{seen[base]}"
+        types.append(NodeType(name, gpu, n, len(members), intra, inter, 0.0, tuple(members)))
+    return tuple(types), units
+
+
+def _notice(units: dict[str, set[str]]) -> str:
+    said = {"bytes/s": "bytes/s (divided by 1e9)", "GB/s": "GB/s"}
+    parts = [f"{field} read as " + " and ".join(said[u] for u in sorted(units[field], reverse=True))
+             for field in ("intra_bandwidth", "inter_bandwidth") if units.get(field)]
+    return ("Metis cluster; " + ", ".join(parts) + "; Metis has no prices: usd_per_hour 0 "
+            "(use a YAML cluster with usd_per_hour for cost objectives)")
+
+
+def load_metis_cluster(spec: str) -> Cluster:
+    """A Cluster from `CLUSTER.json,HOSTFILE` (or `CLUSTER.json` with a hostfile beside it)."""
+    json_path, host_path = split_spec(spec)
+    hosts = _read_hosts(json_path)
+    types, units = _group_nodes(parse_hostfile(host_path), hosts, json_path, host_path)
+    return Cluster(f"metis-{json_path.stem}", types, source=f"metis:{json_path},{host_path}",
+                   description=_notice(units))
+
+
+# ---- profiles ------------------------------------------------------------------------
+def _field(data: Any, dotted: str, source: str) -> Any:
+    cur = data
+    for key in dotted.split("."):
+        if not isinstance(cur, Mapping) or key not in cur:
+            raise InputError(f"missing field '{dotted}'; a Metis profile needs model.num_layers and "
+                             "execution_time.layer_compute_total_ms", source=source)
+        cur = cur[key]
+    return cur
+
+
+def _optional(data: Any, dotted: str) -> Any:
+    try:
+        return _field(data, dotted, "")
+    except InputError:
+        return None
+
+
+def _metis_file(path: Path, model: Model) -> tuple[dict[str, float], dict[str, float] | None, dict[str, Any]]:
+    """Per kind: fwd+bwd ms, param bytes (or None); and the file's summary for the provenance."""
+    src = str(path)
+    data = load_json(path, "Metis profile")
+    n = _field(data, "model.num_layers", src)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 3:
+        raise InputError(f"field 'model.num_layers' must be a whole number >= 3 (embedding + blocks + head), "
+                         f"got {n!r}", source=src)
+    times = slots.check_numbers(_field(data, "execution_time.layer_compute_total_ms", src), src,
+                                "execution_time.layer_compute_total_ms")
+    if len(times) != n:
+        raise InputError(f"execution_time.layer_compute_total_ms has {len(times)} entries but model.num_layers is "
+                         f"{n}; they must match", source=src)
+    slots.check_slot_count(n, model, src, "model.num_layers",
+                           f"profile {model.name} with Metis, or pass --model with {n - 2} layers")
+    params = _optional(data, "model.parameters.parameters_per_layer_bytes")
+    if params is not None:
+        params = slots.check_numbers(params, src, "model.parameters.parameters_per_layer_bytes")
+        if len(params) != n:
+            raise InputError(f"model.parameters.parameters_per_layer_bytes has {len(params)} entries, not "
+                             f"model.num_layers = {n}", source=src)
+    summary: dict[str, Any] = {"name": path.name, "layer_compute_sum_ms": sum(times)}
+    for key in ("execution_time.forward_backward_time_ms", "execution_time.optimizer_time_ms",
+                "execution_time.batch_generator_time_ms"):
+        value = _optional(data, key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            summary[key.split(".")[1]] = value
+    memory = _optional(data, "execution_memory.layer_memory_total_mb")
+    if memory is not None:
+        summary["layer_memory_total_mb_sum"] = sum(slots.check_numbers(
+            memory, src, "execution_memory.layer_memory_total_mb"))
+    return slots.mean_by_kind(times, model), params and slots.mean_by_kind(params, model), summary
+
+
+def metis_files(directory: Path) -> list[tuple[Path, str, int, int]]:
+    """(path, gpu, tp, batch size) of every DeviceType.*.json file, sorted by name."""
+    out = []
+    for path in sorted(directory.glob("DeviceType.*.json")):
+        m = _PROFILE_NAME.match(path.name)
+        if not m or int(m["tp"]) <= 0 or int(m["bs"]) <= 0:
+            raise InputError("a Metis profile is named DeviceType.<GPU>_tp<T>_bs<B>.json with T, B > 0; "
+                             "rename it", source=str(path))
+        out.append((path, m["gpu"], int(m["tp"]), int(m["bs"])))
+    if not out:
+        raise InputError("no Metis profile (DeviceType.<GPU>_tp<T>_bs<B>.json) in this directory",
+                         source=str(directory))
+    return out
+
+
+def load_metis_profiles(directory: Path, model: Model, seq_length: int | None = None) -> Profile:
+    """Native rows from a Metis profile directory; seq_length defaults to the model's."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError("Metis profile directory not found; check the path", source=str(directory))
+    seq = seq_length or model.seq_length
+    rows, summaries, has_params = [], [], True
+    files = metis_files(directory)
+    for path, gpu, tp, bs in files:
+        fb, params, summary = _metis_file(path, model)
+        has_params = has_params and params is not None
+        summaries.append(summary)
+        for kind, t in fb.items():
+            rows.append((model.name, gpu, tp, bs, seq, kind, t / 3.0, 2.0 * t / 3.0, params and params[kind]))
+    table = slots.table(rows, ["param_bytes"])
+    if not has_params:
+        table = table.drop(columns="param_bytes")
+    provenance = {
+        "format": "metis", "file": str(directory), "origin": "measured (Metis profiler)",
+        "sha256": slots.combined_sha256(p for p, *_ in files),
+        "conversions": "fwd_ms = layer_compute_total_ms / 3, bwd_ms = 2 x layer_compute_total_ms / 3 "
+                       "(mean over the slots of a kind; slot 0 embedding, last slot head); "
+                       f"micro_batch_size = bs; seq_length = {seq} (not in Metis files)",
+        "tp_comm_included": True, "files": summaries,
+    }
+    return Profile(table, [provenance])
