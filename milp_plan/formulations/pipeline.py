@@ -1,0 +1,303 @@
+"""The per-stage model for one Config (formulations/pipeline.md is its math).
+
+Written once against a small backend interface (`Backend`: new_bool, new_int, add,
+minimize), so CP-SAT, HiGHS and CBC solve the very same integer model. Times are integer
+ticks (units.seconds_to_ticks), memory integer KiB (coefficients rounded up, capacity
+down: the model is never optimistic about memory), money integer 1e-4 $/h.
+
+Variables (symbols as in the math):
+  y[s,k]    stage s runs on node type k                      (bool)
+  n[s,k]    layers of stage s if it runs on type k, else 0   (int)
+  r         recomputed layers per stage (full recompute)     (int, >= 1)
+  rr[s,k]   r if stage s runs on type k, else 0              (int)
+  u[k,b]    node type k holds exactly b stages               (bool, one-hot in b)
+  st[s,k]   a block of type k starts at stage s              (bool)
+  x[s,k,j]  stage s on type k and stage s+1 on type j != k   (bool)
+  z         max_s t_s (ticks);  bmax = max_s b_s (ZB-H1);  d = max_s dp_s;  o = max_s opt_s
+  W[k,b]    step time if u[k,b] else 0 (ticks; min-cost and $/step budgets)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from milp_plan.costmodel import W_FRACTION_OF_BWD
+from milp_plan.formulations.coefficients import Affine, Coefficients
+from milp_plan.units import TICKS_PER_SECOND
+
+KIB = 1024.0
+MONEY_SCALE = 1e4  # 1e-4 $/h
+
+
+class Backend(Protocol):
+    def new_bool(self, name: str) -> Any: ...
+    def new_int(self, lo: int, hi: int, name: str) -> Any: ...
+    def add(self, constraint: Any) -> None: ...
+    def sum(self, terms: list) -> Any: ...
+    def minimize(self, expr: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Objective and side constraints, in model units."""
+
+    objective: str = "min-time"          # min-time | min-cost
+    time_limit_s: float | None = None
+    budget_usd_per_hour: float | None = None
+    budget_usd_per_step: float | None = None
+
+
+def ticks(seconds: float) -> int:
+    return int(round(seconds * TICKS_PER_SECOND))
+
+
+def kib_up(n_bytes: float) -> int:
+    return int(math.ceil(n_bytes / KIB - 1e-9))
+
+
+@dataclass
+class Vars:
+    y: dict = field(default_factory=dict)
+    n: dict = field(default_factory=dict)
+    rr: dict = field(default_factory=dict)
+    u: dict = field(default_factory=dict)
+    st: dict = field(default_factory=dict)
+    x: dict = field(default_factory=dict)
+    W: dict = field(default_factory=dict)
+    t: list = field(default_factory=list)   # stage time expressions (ticks)
+    b: list = field(default_factory=list)   # stage backward expressions (ticks)
+    r: Any = None
+    z: Any = None
+    bmax: Any = None
+    d: Any = None
+    o: Any = None
+    step: Any = None                        # step time expression, ticks x scale
+    scale: int = 1                          # step = scale x T (interleaved keeps integers)
+    usd_h: Any = None                       # 1e-4 $/h
+    objective: Any = None
+
+
+class PipelineModel:
+    """Builds the model into a backend; one method per constraint family."""
+
+    def __init__(self, coef: Coefficients, limits: Limits, backend: Backend, cutoff: float | None = None):
+        """cutoff: only plans with objective below this value (seconds or $/step) are wanted;
+        the driver passes its incumbent so a Config that cannot beat it is refuted fast."""
+        self.c, self.lim, self.be, self.cutoff = coef, limits, backend, cutoff
+        self.cfg = coef.cfg
+        self.S = range(coef.cfg.pp)
+        self.K = coef.usable_types()
+        self.L = coef.inst.model.num_layers
+        self.v = Vars()
+        self.t_hi = self._time_upper_bound()
+
+    # ---- helpers ---------------------------------------------------------------------
+    def _aff_ticks(self, aff: Affine, s: int, k: int, factor: float = 1.0):
+        v = self.v
+        expr = [ticks(factor * aff.a) * v.n[s, k], ticks(factor * aff.c) * v.y[s, k]]
+        if self.c.full:
+            expr.append(ticks(factor * aff.rho) * v.rr[s, k])
+        return self.be.sum(expr)
+
+    def _time_upper_bound(self) -> int:
+        c, L = self.c, self.L
+        worst = 0.0
+        for k in self.K:
+            for s in (0, self.cfg.pp - 1):
+                t, _ = c.time(k, s)
+                worst = max(worst, t(L, L if c.full else 0))
+        t_hi = ticks(worst) + 1
+        return t_hi
+
+    # ---- constraint families -----------------------------------------------------------
+    def add_stage_type(self) -> None:
+        """Every stage runs on exactly one node type."""
+        be, v = self.be, self.v
+        for s in self.S:
+            for k in self.K:
+                v.y[s, k] = be.new_bool(f"y[{s},{k}]")
+            be.add(be.sum([v.y[s, k] for k in self.K]) == 1)
+
+    def add_layer_cover(self) -> None:
+        """Layers sum to L; every stage holds >= 1 layer (>= vpp and a multiple of vpp when interleaved)."""
+        be, v, vpp = self.be, self.v, self.cfg.vpp
+        for s in self.S:
+            for k in self.K:
+                if vpp > 1:
+                    q = be.new_int(0, self.L // vpp, f"q[{s},{k}]")
+                    v.n[s, k] = be.new_int(0, self.L, f"n[{s},{k}]")
+                    be.add(v.n[s, k] == vpp * q)
+                else:
+                    v.n[s, k] = be.new_int(0, self.L, f"n[{s},{k}]")
+                be.add(v.n[s, k] <= self.L * v.y[s, k])
+            be.add(be.sum([v.n[s, k] for k in self.K]) >= vpp)
+        be.add(be.sum([v.n[s, k] for s in self.S for k in self.K]) == self.L)
+
+    def add_recompute(self) -> None:
+        """Full recompute: 1 <= r <= n_s for every stage; rr[s,k] = r y[s,k] (exact linearisation)."""
+        if not self.c.full:
+            return
+        be, v, L = self.be, self.v, self.L
+        v.r = be.new_int(1, L, "r")
+        for s in self.S:
+            be.add(v.r <= be.sum([v.n[s, k] for k in self.K]))
+            for k in self.K:
+                v.rr[s, k] = be.new_int(0, L, f"rr[{s},{k}]")
+                be.add(v.rr[s, k] <= L * v.y[s, k])
+                be.add(v.rr[s, k] <= v.r)
+                be.add(v.rr[s, k] >= v.r - L * (1 - v.y[s, k]))
+
+    def add_contiguity(self) -> None:
+        """Stages of one node type form one contiguous block."""
+        be, v = self.be, self.v
+        for k in self.K:
+            for s in self.S:
+                v.st[s, k] = be.new_bool(f"st[{s},{k}]")
+                be.add(v.st[s, k] >= v.y[s, k] - (v.y[s - 1, k] if s else 0))
+            be.add(be.sum([v.st[s, k] for s in self.S]) <= 1)
+
+    def add_device_count(self) -> None:
+        """u[k,b] one-hot: node type k holds b stages, at most what fits on its nodes."""
+        be, v = self.be, self.v
+        for k in self.K:
+            cap = min(self.cfg.pp, self.c.place[k].max_stages)
+            for b in range(cap + 1):
+                v.u[k, b] = be.new_bool(f"u[{k},{b}]")
+            be.add(be.sum([v.u[k, b] for b in range(cap + 1)]) == 1)
+            be.add(be.sum([v.y[s, k] for s in self.S]) == be.sum([b * v.u[k, b] for b in range(cap + 1)]))
+
+    def add_memory_capacity(self) -> None:
+        """Per GPU: a n + rho r + c <= usable capacity of node type k (KiB, rounded safe)."""
+        be, v = self.be, self.v
+        for s in self.S:
+            for k in self.K:
+                mem = self.c.memory(k, s)
+                terms = [kib_up(mem.a) * v.n[s, k], kib_up(mem.c) * v.y[s, k]]
+                if self.c.full:
+                    terms.append(kib_up(mem.rho) * v.rr[s, k])
+                be.add(be.sum(terms) <= int(self.c.capacity(k) // KIB))
+
+    def add_stage_time(self) -> None:
+        """t_s = sum_k (a n + rho r + c y) ticks; z >= t_s (and bmax >= b_s for ZB-H1)."""
+        be, v = self.be, self.v
+        v.z = be.new_int(0, self.t_hi, "z")
+        zb = self.cfg.schedule == "zb-h1"
+        if zb:
+            v.bmax = be.new_int(0, self.t_hi, "bmax")
+        for s in self.S:
+            t = be.sum([self._aff_ticks(self.c.time(k, s)[0], s, k) for k in self.K])
+            v.t.append(t)
+            be.add(v.z >= t)
+            if zb:
+                b = be.sum([self._aff_ticks(self.c.time(k, s)[1], s, k, 2 * W_FRACTION_OF_BWD) for k in self.K])
+                v.b.append(b)
+                be.add(v.bmax >= b)
+
+    def _hops(self):
+        """One-direction transfer time over every hop: inside blocks by block size, plus block boundaries."""
+        be, v = self.be, self.v
+        terms = []
+        for k in self.K:
+            for b in range(2, min(self.cfg.pp, self.c.place[k].max_stages) + 1):
+                terms.append(ticks(self.c.block_hops(k, b)) * v.u[k, b])
+        for s in list(self.S)[:-1]:
+            for k in self.K:
+                for j in self.K:
+                    if j == k:
+                        continue
+                    v.x[s, k, j] = be.new_bool(f"x[{s},{k},{j}]")
+                    be.add(v.x[s, k, j] >= v.y[s, k] + v.y[s + 1, j] - 1)
+                    terms.append(ticks(self.c.hop_inter(k, j)) * v.x[s, k, j])
+        return be.sum(terms) if terms else 0
+
+    def add_dp_optimizer(self) -> None:
+        """d >= dp_s and o >= opt_s for every stage (both maxima enter T positively)."""
+        be, v = self.be, self.v
+        v.d = be.new_int(0, 10 * self.t_hi, "d")
+        v.o = be.new_int(0, 10 * self.t_hi, "o")
+        for s in self.S:
+            for k in self.K:
+                be.add(v.d >= self._aff_ticks(self.c.dp_time(k, s), s, k))
+                be.add(v.o >= self._aff_ticks(self.c.opt_time(k, s), s, k))
+
+    def add_step_time(self) -> None:
+        """T (scaled): the closed form of costmodel.pipeline_time_s plus 2 x hops, d and o."""
+        be, v, cfg = self.be, self.v, self.cfg
+        m = self.c.m
+        hops = self._hops()
+        if cfg.schedule == "interleaved" and cfg.vpp > 1:
+            v.scale = cfg.vpp  # vpp T = (m vpp - 1) z + sum t + vpp (2 hops + d + o)
+            v.step = be.sum([(m * cfg.vpp - 1) * v.z, be.sum(v.t), cfg.vpp * 2 * hops, cfg.vpp * v.d, cfg.vpp * v.o])
+        elif cfg.schedule == "zb-h1":  # (m-1) z + sum (t - 2w) + 2 wmax, with 2w folded into b
+            v.step = be.sum([(m - 1) * v.z, be.sum(v.t), -1 * be.sum(v.b), v.bmax, 2 * hops, v.d, v.o])
+        else:
+            v.step = be.sum([(m - 1) * v.z, be.sum(v.t), 2 * hops, v.d, v.o])
+        if self.lim.time_limit_s is not None:
+            be.add(v.step <= v.scale * ticks(self.lim.time_limit_s))
+
+    def add_cost(self) -> None:
+        """$/h from block sizes; W[k,b] = T u[k,b] (binary x bounded integer, exact) for $/step."""
+        be, v, lim = self.be, self.v, self.lim
+        price = {(k, b): int(round(self.c.usd_per_hour(k, b) * MONEY_SCALE)) for (k, b) in v.u}
+        v.usd_h = be.sum([price[kb] * v.u[kb] for kb in v.u])
+        if lim.budget_usd_per_hour is not None:
+            be.add(v.usd_h <= int(math.floor(lim.budget_usd_per_hour * MONEY_SCALE)))
+        if lim.objective == "min-cost" or lim.budget_usd_per_step is not None:
+            hi = self._step_upper_bound()
+            for (k, b), var in v.u.items():
+                if b == 0 or price[k, b] == 0:
+                    continue
+                w = be.new_int(0, hi, f"W[{k},{b}]")
+                be.add(w <= hi * var)
+                be.add(w >= v.step - hi * (1 - var))
+                v.W[k, b] = (price[k, b], w)
+            if lim.budget_usd_per_step is not None:
+                # sum price W / (3600 scale ticks/s MONEY_SCALE) <= budget
+                rhs = lim.budget_usd_per_step * 3600 * v.scale * TICKS_PER_SECOND * MONEY_SCALE
+                be.add(be.sum([p * w for p, w in v.W.values()]) <= int(math.floor(rhs)))
+
+    def _step_upper_bound(self) -> int:
+        cfg = self.cfg
+        return v_scale(cfg) * (self.c.m + cfg.pp + 4) * 12 * self.t_hi
+
+    def set_objective(self) -> None:
+        be, v = self.be, self.v
+        if self.lim.objective == "min-cost":
+            v.objective = be.sum([p * w for p, w in v.W.values()]) if v.W else 0
+        else:
+            v.objective = v.step
+        if self.cutoff is not None and not isinstance(v.objective, int):
+            be.add(v.objective <= int(math.floor(self.cutoff * self._objective_scale())))
+        be.minimize(v.objective)
+
+    def _objective_scale(self) -> float:
+        if self.lim.objective == "min-cost":
+            return 3600 * self.v.scale * TICKS_PER_SECOND * MONEY_SCALE
+        return self.v.scale * TICKS_PER_SECOND
+
+    def build(self) -> Vars:
+        for family in (self.add_stage_type, self.add_layer_cover, self.add_recompute, self.add_contiguity,
+                       self.add_device_count, self.add_memory_capacity, self.add_stage_time, self.add_dp_optimizer,
+                       self.add_step_time, self.add_cost, self.set_objective):
+            family()
+        return self.v
+
+    # ---- reading a solution --------------------------------------------------------------
+    def objective_in_units(self, raw: float) -> float:
+        """Model objective -> seconds (min-time) or $/step (min-cost)."""
+        return raw / self._objective_scale()
+
+    def extract(self, value) -> tuple[list[int], list[int], int]:
+        """(node type per stage, layers per stage, recomputed layers) from a value(var) function."""
+        types, layers = [], []
+        for s in self.S:
+            k = max(self.K, key=lambda kk: value(self.v.y[s, kk]))
+            types.append(k)
+            layers.append(int(round(value(self.v.n[s, k]))))
+        r = int(round(value(self.v.r))) if self.v.r is not None else 0
+        return types, layers, r
+
+
+def v_scale(cfg) -> int:
+    return cfg.vpp if (cfg.schedule == "interleaved" and cfg.vpp > 1) else 1

@@ -1,0 +1,142 @@
+"""The global choices the planner enumerates around the per-stage models, and --fix.
+
+A `Config` fixes everything that is uniform across stages in Megatron-compatible mode:
+tp, dp, micro-batch size (per dp replica), pipeline depth pp, recompute granularity,
+schedule with its virtual-stage count, sequence parallelism and the distributed
+optimizer. The per-stage models (CP-SAT, MILP) then decide each stage's node type and
+layer count (and, with full recompute, the number r of recomputed layers per stage).
+
+Dominance, used to keep the space small unless --fix says otherwise: in the cost model
+sequence parallelism never costs time and saves memory and p2p bytes, so it is on
+whenever tp > 1; the distributed optimizer never costs time and saves memory and
+communication, so it is on whenever dp > 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+from milp_plan.analytic import valid_tps
+from milp_plan.errors import InputError
+from milp_plan.instance import Instance
+
+TPS = (1, 2, 4, 8)
+MAX_MICRO_BATCH = 16
+VPPS = (2, 4)
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    tp: int
+    dp: int
+    mbs: int
+    pp: int
+    recompute: str        # none | selective | full
+    schedule: str = "1f1b"
+    vpp: int = 1
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+
+    @property
+    def group(self) -> int:
+        """GPUs per stage."""
+        return self.tp * self.dp
+
+    def num_microbatches(self, gbs: int) -> int:
+        return gbs // (self.mbs * self.dp)
+
+    def label(self) -> str:
+        sched = self.schedule + (f"/v{self.vpp}" if self.vpp > 1 else "")
+        return (f"tp={self.tp} dp={self.dp} pp={self.pp} mbs={self.mbs} recompute={self.recompute} {sched}"
+                f"{' sp' if self.sequence_parallel else ''}{' distopt' if self.distributed_optimizer else ''}")
+
+
+FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt"}
+
+
+def parse_fix(text: str | None) -> dict[str, object]:
+    """'tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved' -> dict."""
+    if not text:
+        return {}
+    out: dict[str, object] = {}
+    for item in text.split(","):
+        if "=" not in item:
+            raise InputError(f"'{item}' is not KEY=VALUE; write e.g. tp=8,pp=4", field="fix")
+        k, v = (x.strip() for x in item.split("=", 1))
+        if k not in FIX_KEYS:
+            raise InputError(f"unknown key '{k}'; use {', '.join(sorted(FIX_KEYS))}", field="fix")
+        if k in ("tp", "pp", "dp", "mbs", "vpp"):
+            if not v.isdigit() or int(v) < 1:
+                raise InputError(f"{k} must be a whole number >= 1, got '{v}'", field="fix")
+            out[k] = int(v)
+        elif k in ("sp", "distopt"):
+            if v not in ("on", "off", "true", "false", "1", "0"):
+                raise InputError(f"{k} must be on or off, got '{v}'", field="fix")
+            out[k] = v in ("on", "true", "1")
+        elif k == "recompute":
+            if v not in ("none", "selective", "full"):
+                raise InputError(f"recompute must be none, selective or full, got '{v}'", field="fix")
+            out[k] = v
+        elif k == "schedule":
+            if v not in ("1f1b", "interleaved", "gpipe", "zb-h1"):
+                raise InputError(f"schedule must be 1f1b, interleaved, gpipe or zb-h1, got '{v}'", field="fix")
+            out[k] = v
+    if out.get("vpp", 1) > 1 and out.setdefault("schedule", "interleaved") != "interleaved":
+        raise InputError("vpp > 1 needs schedule=interleaved", field="fix")
+    return out
+
+
+def _stage_fits_nodes(inst: Instance, group: int) -> bool:
+    """A stage of `group` GPUs packs into some node type: group divides the node or a multiple of it."""
+    return any(nt.gpus_per_node % group == 0 or group % nt.gpus_per_node == 0 for nt in inst.cluster.node_types)
+
+
+def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
+                      schedules: tuple[str, ...] = ("1f1b", "interleaved")) -> Iterator[Config]:
+    """Every global choice that passes the divisibility rules (checker's rules, in advance)."""
+    fix = fix or {}
+    m, job = inst.model, inst.job
+    gbs, L, total = job.global_batch_size, m.num_layers, inst.cluster.num_gpus
+    max_gpn = max(nt.gpus_per_node for nt in inst.cluster.node_types)
+    for tp in valid_tps(m, [fix["tp"]] if "tp" in fix else TPS):
+        if tp > max_gpn:
+            continue
+        for dp in ([fix["dp"]] if "dp" in fix else range(1, total // tp + 1)):
+            if gbs % dp or not _stage_fits_nodes(inst, tp * dp):
+                continue
+            mbs_opts = [fix["mbs"]] if "mbs" in fix else range(1, min(MAX_MICRO_BATCH, gbs // dp) + 1)
+            for mbs in mbs_opts:
+                if gbs % (mbs * dp):
+                    continue
+                n_mb = gbs // (mbs * dp)
+                for pp in ([fix["pp"]] if "pp" in fix else range(1, min(L, total // (tp * dp)) + 1)):
+                    if pp * tp * dp > total or pp > L:
+                        continue
+                    for rec in ([fix["recompute"]] if "recompute" in fix else ("none", "selective", "full")):
+                        for sched, vpp in _schedules(fix, schedules, pp, n_mb, L):
+                            sp = bool(fix.get("sp", True)) and tp > 1
+                            distopt = bool(fix.get("distopt", True)) and dp > 1
+                            yield Config(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
+
+
+def _schedules(fix, schedules, pp, n_mb, L):
+    if "schedule" in fix:
+        s = fix["schedule"]
+        if s == "interleaved":
+            for v in ([fix["vpp"]] if "vpp" in fix else VPPS):
+                if pp >= 2 and n_mb % pp == 0 and v >= 2 and L >= pp * v:
+                    yield s, v
+        else:
+            yield s, 1
+        return
+    for s in schedules:
+        if s == "interleaved":
+            for v in VPPS:
+                if pp >= 2 and n_mb % pp == 0 and L >= pp * v:
+                    yield s, v
+        else:
+            yield s, 1
+
+
+def with_changes(cfg: Config, **kw) -> Config:
+    return replace(cfg, **kw)

@@ -1,0 +1,149 @@
+"""Backend adapters: the same PipelineModel built into CP-SAT (OR-Tools) or a PuLP MILP
+(HiGHS through highspy, CBC through PuLP's bundled binary), and run with a time limit,
+a seed and optional hints. Each run returns a BackendRun with the status mapped to
+optimal | feasible | infeasible | timeout.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+BACKENDS = ("cpsat", "highs", "cbc")
+
+
+@dataclass
+class BackendRun:
+    status: str                      # optimal | feasible | infeasible | timeout
+    objective: float | None          # raw model units
+    bound: float | None              # raw model units
+    value: Callable[[Any], float] | None
+    wall_time_s: float
+
+
+class CpsatBackend:
+    name = "cpsat"
+
+    def __init__(self) -> None:
+        from ortools.sat.python import cp_model
+        self.cp = cp_model
+        self.model = cp_model.CpModel()
+
+    def new_bool(self, name: str):
+        return self.model.new_bool_var(name)
+
+    def new_int(self, lo: int, hi: int, name: str):
+        return self.model.new_int_var(int(lo), int(hi), name)
+
+    def add(self, ct) -> None:
+        self.model.add(ct)
+
+    def sum(self, terms: list):
+        return self.cp.LinearExpr.sum(list(terms))
+
+    def minimize(self, expr) -> None:
+        self.model.minimize(expr)
+
+    def hint(self, var, value: int) -> None:
+        self.model.add_hint(var, int(value))
+
+    def solve(self, time_limit_s: float, seed: int, workers: int = 1,
+              on_progress: Callable[[float, float], None] | None = None) -> BackendRun:
+        solver = self.cp.CpSolver()
+        p = solver.parameters
+        p.max_time_in_seconds = max(0.01, time_limit_s)
+        p.random_seed = seed
+        p.num_workers = workers
+        if workers > 1:
+            p.interleave_search = True
+        cb = None
+        if on_progress is not None:
+            class _CB(self.cp.CpSolverSolutionCallback):
+                def on_solution_callback(inner) -> None:  # noqa: N805
+                    on_progress(inner.objective_value, inner.best_objective_bound)
+            cb = _CB()
+        t0 = time.perf_counter()
+        status = solver.solve(self.model, cb) if cb else solver.solve(self.model)
+        wall = time.perf_counter() - t0
+        cp = self.cp
+        if status == cp.OPTIMAL:
+            return BackendRun("optimal", solver.objective_value, solver.objective_value, solver.value, wall)
+        if status == cp.FEASIBLE:
+            return BackendRun("feasible", solver.objective_value, solver.best_objective_bound, solver.value, wall)
+        if status == cp.INFEASIBLE:
+            return BackendRun("infeasible", None, None, None, wall)
+        return BackendRun("timeout", None, None, None, wall)
+
+
+class PulpBackend:
+    """PuLP model solved by HiGHS (highspy) or CBC."""
+
+    def __init__(self, solver: str) -> None:
+        import pulp
+        self.pulp = pulp
+        self.name = solver
+        self.prob = pulp.LpProblem("milp_plan", pulp.LpMinimize)
+        self._names: set[str] = set()
+
+    def _name(self, name: str) -> str:
+        clean = re.sub(r"[^A-Za-z0-9]", "_", name)
+        while clean in self._names:
+            clean += "_"
+        self._names.add(clean)
+        return clean
+
+    def new_bool(self, name: str):
+        return self.pulp.LpVariable(self._name(name), cat="Binary")
+
+    def new_int(self, lo: int, hi: int, name: str):
+        return self.pulp.LpVariable(self._name(name), int(lo), int(hi), cat="Integer")
+
+    def add(self, ct) -> None:
+        self.prob += ct
+
+    def sum(self, terms: list):
+        return self.pulp.lpSum(terms)
+
+    def minimize(self, expr) -> None:
+        self.prob.setObjective(expr)
+
+    def hint(self, var, value: int) -> None:
+        var.setInitialValue(int(value))
+
+    def solve(self, time_limit_s: float, seed: int, workers: int = 1,
+              on_progress: Callable[[float, float], None] | None = None) -> BackendRun:
+        pulp = self.pulp
+        limit = max(0.05, time_limit_s)
+        if self.name == "highs":
+            solver = pulp.HiGHS(msg=False, timeLimit=limit, gapRel=0.0, threads=workers, random_seed=seed)
+        else:
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, gapRel=0.0, threads=workers,
+                                       options=[f"randomSeed {seed}", f"randomCbcSeed {seed}"])
+        t0 = time.perf_counter()
+        self.prob.solve(solver)
+        wall = time.perf_counter() - t0
+        st = self.prob.sol_status
+        value = (lambda v: 0.0 if isinstance(v, (int, float)) else (v.value() or 0.0))
+        obj = self.pulp.value(self.prob.objective)
+        if st == pulp.LpSolutionOptimal:
+            return BackendRun("optimal", obj, obj, value, wall)
+        if st == pulp.LpSolutionIntegerFeasible:
+            bound = None
+            if self.name == "highs":
+                try:
+                    bound = float(self.prob.solverModel.getInfo().mip_dual_bound)
+                except Exception:  # pragma: no cover - depends on highspy internals
+                    bound = None
+            return BackendRun("feasible", obj, bound, value, wall)
+        if st == pulp.LpSolutionInfeasible or self.prob.status == pulp.LpStatusInfeasible:
+            return BackendRun("infeasible", None, None, None, wall)
+        return BackendRun("timeout", None, None, None, wall)
+
+
+def make_backend(name: str):
+    if name == "cpsat":
+        return CpsatBackend()
+    if name in ("highs", "cbc"):
+        return PulpBackend(name)
+    raise ValueError(name)

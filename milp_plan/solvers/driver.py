@@ -1,0 +1,205 @@
+"""The exact planner: enumerate the global choices, bound them, solve the per-stage model.
+
+Decomposition (exact): every plan belongs to exactly one Config (space.py). For each
+Config a valid lower bound on the objective is computed from the cost model alone;
+Configs are solved in increasing bound order and the search stops when the next bound
+is no better than the incumbent. The overall best bound is the minimum of the
+incumbent and the bounds of every Config not solved to optimality, so the reported gap
+is honest even when the time limit cuts the search short.
+
+Lower bound of a Config (seconds): with S = L min_k a_k + min_k c_first + min_k c_last
+the least possible sum of stage times, the largest stage time z is at least S / pp, and
+at least the smallest z for which the pp best stage slots the cluster offers can hold
+the L layers when a stage of type k holds at most min(floor(z / a_k), memory room)
+layers, at least one (vpp when interleaved; `_bottleneck_bound`). Then
+T >= w_z z + w_sum S + dp and optimizer of the largest stage (weights of
+costmodel.pipeline_time_s). No slot assignment holding L layers within memory: the
+Config has no plan.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from milp_plan import check
+from milp_plan.errors import InputError
+from milp_plan.formulations.build import build_plan
+from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.pipeline import Limits, PipelineModel
+from milp_plan.formulations.space import Config, enumerate_configs
+from milp_plan.instance import Instance
+from milp_plan.plan import Plan, SolverRecord
+from milp_plan.solvers.backends import BACKENDS, make_backend
+
+REL_EPS = 1e-9
+
+
+@dataclass
+class Progress:
+    elapsed_s: float
+    incumbent: float | None
+    bound: float | None
+    done: int
+    total: int
+
+
+@dataclass
+class SolveResult:
+    status: str                  # optimal | feasible | infeasible | timeout
+    objective: float | None      # seconds per step (min-time) or $ per step (min-cost)
+    best_bound: float | None
+    gap: float | None
+    wall_time_s: float
+    seed: int
+    backend: str
+    plan: Plan | None
+    configs_total: int = 0
+    configs_solved: int = 0
+    configs_pruned: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def objective_of(plan: Plan, limits: Limits) -> float:
+    """The objective recomputed from the plan alone (the checker's numbers, not the solver's)."""
+    return plan.predicted.usd_per_step if limits.objective == "min-cost" else plan.predicted.step_time_s
+
+
+def _layer_room(coef: Coefficients, k: int, s: int) -> int:
+    """Most layers stage position s can hold on node type k within memory."""
+    L = coef.inst.model.num_layers
+    mem = coef.memory(k, s)
+    r = 1 if coef.full else 0
+    room = coef.capacity(k) - mem.c - mem.rho * r
+    if room < mem.a * max(1, r) or room < 0:
+        return 0
+    return L if mem.a <= 0 else min(L, int(room // mem.a))
+
+
+def _bottleneck_bound(slots: list[tuple[float, int]], pp: int, L: int, unit: int) -> float | None:
+    """Smallest z such that pp stage slots (a, most layers) hold L layers with each stage
+    holding a multiple of `unit` >= unit layers and at most floor(z / a): a valid lower
+    bound on max_s a_s n_s. None when even unbounded z cannot place L layers."""
+    if len(slots) < pp:
+        return None
+    def fits(z: float) -> bool:
+        caps = sorted((min(int(z // a) if a > 0 else room, room) // unit * unit for a, room in slots), reverse=True)
+        top = caps[:pp]
+        return top[-1] >= unit and sum(top) >= L
+    cands = sorted({a * j for a, _ in slots for j in range(unit, L + 1, unit)})
+    if not cands or not fits(cands[-1]):
+        return None
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(cands[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return cands[lo]
+
+
+def config_lower_bound(coef: Coefficients, limits: Limits) -> float | None:
+    """Valid lower bound on the objective of any plan of this Config, or None when none fits."""
+    cfg, L = coef.cfg, coef.inst.model.num_layers
+    K = coef.usable_types()
+    if not K or sum(min(cfg.pp, coef.place[k].max_stages) for k in K) < cfg.pp:
+        return None
+    t = {k: [coef.time(k, s)[0] for s in (0, cfg.pp - 1)] for k in K}
+    rooms = {k: max(_layer_room(coef, k, s) for s in range(cfg.pp)) for k in K}
+    slots = [(t[k][0].a, rooms[k]) for k in K for _ in range(min(cfg.pp, coef.place[k].max_stages)) if rooms[k]]
+    z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
+    if z is None:
+        return None
+    a = min(t[k][0].a for k in K)
+    rho = min(t[k][0].rho for k in K) if coef.full else 0.0
+    if cfg.pp == 1:
+        ends = min(t[k][0].c for k in K)
+    else:
+        ends = min(t[k][0].c for k in K) + min(t[k][1].c for k in K)
+    S = L * a + ends + (cfg.pp * rho if coef.full else 0.0)
+    z = max(z, S / cfg.pp)
+    if cfg.schedule == "zb-h1":
+        T = (coef.m - 1) * z
+    else:
+        T = coef.z_weight() * z + coef.sum_weight() * S
+    biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
+    T += min(coef.dp_time(k, 0).a for k in K) * biggest + min(coef.opt_time(k, 0).a for k in K) * biggest
+    if limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6):
+        return None
+    gpu_usd = min(coef.types[k].usd_per_gpu_hour for k in K) * cfg.pp * cfg.group
+    if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
+        return None
+    if limits.budget_usd_per_step is not None and gpu_usd * T / 3600 > limits.budget_usd_per_step * (1 + 1e-9):
+        return None
+    return gpu_usd * T / 3600 if limits.objective == "min-cost" else T
+
+
+def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
+          time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
+          progress: Callable[[Progress], None] | None = None) -> SolveResult:
+    if backend not in BACKENDS:
+        raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
+    if mode != "megatron":
+        raise InputError("the exact formulations cover --mode megatron; free mode is not implemented yet", field="mode")
+    t0 = time.perf_counter()
+    configs = list(enumerate_configs(inst, fix))
+    if not configs:
+        raise InputError("no tp/dp/pp/micro-batch combination passes the divisibility rules"
+                         + (" with --fix" if fix else "") + "; check --fix and --global-batch", field="fix")
+    bounded: list[tuple[float, Config, Coefficients]] = []
+    time_cache: dict = {}
+    for cfg in configs:
+        coef = Coefficients(inst, cfg, time_cache)
+        lb = config_lower_bound(coef, limits)
+        if lb is not None:
+            bounded.append((lb, cfg, coef))
+    bounded.sort(key=lambda x: (x[0], x[1]))
+    best: Plan | None = None
+    best_obj = math.inf
+    open_bounds: list[float] = []
+    solved = pruned = 0
+    for i, (lb, cfg, coef) in enumerate(bounded):
+        if lb >= best_obj * (1 - REL_EPS):
+            pruned = len(bounded) - i
+            break
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0:
+            open_bounds += [b for b, _, _ in bounded[i:]]
+            break
+        be = make_backend(backend)
+        model = PipelineModel(coef, limits, be, cutoff=best_obj if best is not None else None)
+        model.build()
+        run = be.solve(left, seed, workers)
+        solved += 1
+        if run.status in ("optimal", "feasible"):
+            types, layers, r = model.extract(run.value)
+            plan = build_plan(inst, cfg, types, layers, r, None, mode)
+            violations = check.check_plan(inst, plan)
+            if violations:  # the checker is the source of truth: a model/checker mismatch is a bug to report
+                raise RuntimeError(f"{backend} returned a plan the checker rejects for {cfg.label()}: "
+                                   + "; ".join(map(str, violations)))
+            obj = objective_of(plan, limits)
+            if obj < best_obj * (1 - REL_EPS):
+                best, best_obj = plan, obj
+            if run.status == "feasible":
+                bound = model.objective_in_units(run.bound) if run.bound is not None else lb
+                open_bounds.append(max(lb, bound))
+        elif run.status == "timeout":
+            open_bounds.append(lb)
+        # "infeasible" under the cutoff: no plan of this Config beats the incumbent
+        if progress:
+            progress(Progress(time.perf_counter() - t0, None if best is None else best_obj,
+                              min([best_obj] + open_bounds + [b for b, _, _ in bounded[i + 1:i + 2]]),
+                              i + 1, len(bounded)))
+    wall = time.perf_counter() - t0
+    bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
+    if best is None:
+        status = "timeout" if open_bounds else "infeasible"
+        return SolveResult(status, None, bound, None, wall, seed, backend, None, len(configs), solved, pruned)
+    gap = 0.0 if bound is None else max(0.0, (best_obj - bound) / max(abs(best_obj), 1e-12))
+    status = "optimal" if not open_bounds or gap <= 1e-9 else "feasible"
+    record = SolverRecord(backend, status, best_obj, bound, gap, None, seed)
+    return SolveResult(status, best_obj, bound, gap, wall, seed, backend, best.with_(solver=record),
+                       len(configs), solved, pruned)
