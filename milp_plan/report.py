@@ -95,3 +95,54 @@ def render_instance(r: dict[str, Any]) -> str:
     if p["gpu_map"]:
         out.append("GPU name mapping (profile -> cluster): " + ", ".join(f"{a} -> {b}" for a, b in p["gpu_map"].items()))
     return "\n".join(out)
+
+
+def _devices(plan, inst) -> list[str]:
+    """Compact device lists: host[0-7] per node."""
+    out = []
+    nodes = inst.cluster.nodes if inst is not None else None
+    for st in plan.stages:
+        by_node: dict[int, list[int]] = {}
+        for d in st.devices:
+            by_node.setdefault(d.node, []).append(d.local_gpu)
+        parts = []
+        for node, gpus in by_node.items():
+            name = (nodes[node].host if nodes and nodes[node].host else f"node{node}")
+            gpus = sorted(gpus)
+            rng = f"{gpus[0]}-{gpus[-1]}" if gpus == list(range(gpus[0], gpus[-1] + 1)) and len(gpus) > 1 else \
+                ",".join(map(str, gpus))
+            parts.append(f"{name}[{rng}]")
+        out.append(" ".join(parts))
+    return out
+
+
+def render_plan(plan, inst=None, result=None) -> str:
+    from milp_plan.units import format_duration
+    p = plan.predicted
+    rows = []
+    for i, (st, sp, devs) in enumerate(zip(plan.stages, p.stages, _devices(plan, inst))):
+        chunks = plan.layer_chunks(i)
+        layers = " ".join(f"{a}-{a + n - 1}" if n > 1 else f"{a}" for a, n in chunks)
+        rec = st.recompute if st.recompute != "full" else f"full x{st.recompute_layers}"
+        rows.append([i, st.gpu, devs, f"{st.num_layers} ({layers})", f"{st.tp}/{st.dp}", st.micro_batch_size, rec,
+                     f"{sp.fwd_ms + sp.bwd_ms:.1f}", f"{sp.peak_memory_gib:.1f} / {sp.capacity_gib:.1f}"])
+    sched = plan.schedule + (f" (vpp {plan.vpp})" if plan.vpp > 1 else "")
+    out = [f"Plan: {plan.pp} stages on {plan.num_gpus} GPUs, {sched}, {plan.num_microbatches} micro-batches of "
+           f"{plan.micro_batch_size} per replica (global batch {plan.global_batch_size})"
+           + (", sequence parallel" if plan.sequence_parallel else "")
+           + (", distributed optimizer" if plan.distributed_optimizer else ""), ""]
+    out.append(table(["stage", "GPU", "devices", "layers", "tp/dp", "mbs", "recompute", "f+b ms", "mem GiB / usable"],
+                     rows, right=[True, False, False, False, True, True, False, True, True]))
+    out += ["", f"Step time {format_duration(p.step_time_s)}: compute {format_duration(p.compute_s)}, bubble "
+            f"{format_duration(p.bubble_s)}, p2p {format_duration(p.p2p_s)}, dp all-reduce "
+            f"{format_duration(p.dp_allreduce_s)}, optimizer {format_duration(p.optimizer_s)}",
+            f"Throughput {p.tokens_per_s:,.0f} tokens/s; cost {p.usd_per_hour:.2f} $/h, {p.usd_per_step:.4f} $/step"]
+    reasons = plan.megatron_incompatibilities()
+    out.append("Runs on stock Megatron-LM" if not reasons else "Needs a per-stage runtime: " + "; ".join(reasons))
+    if result is not None:
+        bound = "-" if result.best_bound is None else f"{result.best_bound:.6g}"
+        gap = "-" if result.gap is None else f"{result.gap:.2%}"
+        out.append(f"Solver {result.backend}: {result.status}, objective {result.objective:.6g}, bound {bound}, gap "
+                   f"{gap}, {result.wall_time_s:.2f} s, seed {result.seed} ({result.configs_solved} of "
+                   f"{result.configs_total} configurations solved, {result.configs_pruned} pruned by bounds)")
+    return "\n".join(out)
