@@ -1,0 +1,387 @@
+"""Build the operation DAG of one training step and simulate it.
+
+`PipelineSpec` holds everything the simulator needs, in seconds and bytes; for a plan
+it comes from the cost model alone (`spec_from_plan`), for closed-form tests it can be
+written by hand. The step it simulates, with G = pp x vpp virtual stages:
+
+* compute  F(g, i), B(g, i) on rank g mod pp, each chunk taking f_s / vpp and b_s / vpp
+           (ZB-H1: B split into I = (1 - W_FRACTION_OF_BWD) b and W = W_FRACTION_OF_BWD b);
+           each rank runs its actions in the schedule's order (schedules.py).
+* p2p      F(g, i) -> transfer -> F(g+1, i) and B(g+1, i) -> transfer -> B(g, i) (I for ZB),
+           each transfer hop_s[h] on link h in its direction (a serial, first-come
+           first-served resource); with interleaving, the hop from the last rank to rank 0
+           (wrap_hop_s) joins chunk j to chunk j + 1.
+* dp       the gradient reduction of rank r, dp_s[r] on r's data-parallel channel:
+           not overlapped, after the rank's last backward; overlapped, per bucket (one per
+           layer of a chunk) as soon as that part of the chunk's last backward is done.
+* optimizer opt_s[r] on rank r, after a barrier that waits for every rank's reduction
+           (the global gradient-norm clip), so the step ends at
+           max_r end(reduction_r) + max_r opt_s[r].
+* memory   per rank, activations of one micro-batch through chunk c (act_bytes[r][c]) are
+           allocated at F and freed at the backward that consumes them (B; W for ZB-H1,
+           since the weight gradient still reads them); full recompute adds
+           working_bytes[r][c] while the chunk's backward (I for ZB-H1) runs. Peak per GPU
+           = static_bytes[r] + peak activations.
+"""
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from milp_plan import costmodel
+from milp_plan.errors import InputError
+from milp_plan.instance import Instance
+from milp_plan.plan import Plan
+from milp_plan.sim.engine import OpGraph, Timing, run_graph
+from milp_plan.sim.schedules import Action, device_orders
+from milp_plan.units import GIB
+
+COMPUTE_KINDS = ("F", "B", "I", "W")
+KIND_TRANSFER_FWD, KIND_TRANSFER_BWD, KIND_DP, KIND_BARRIER, KIND_OPT = "send-fwd", "send-bwd", "dp", "barrier", "optimizer"
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Per-rank costs of one step; lists are indexed by rank (pipeline stage) 0..pp-1.
+
+    fwd_s, bwd_s: one micro-batch through the whole stage (all its chunks), seconds.
+    hop_s[h]: one transfer between rank h and h + 1 (one direction); wrap_hop_s: rank pp-1
+    to rank 0 (interleaved only). act_bytes[r][c], working_bytes[r][c]: per chunk c."""
+
+    schedule: str
+    num_microbatches: int
+    fwd_s: tuple[float, ...]
+    bwd_s: tuple[float, ...]
+    hop_s: tuple[float, ...] = ()
+    vpp: int = 1
+    wrap_hop_s: float = 0.0
+    dp_s: tuple[float, ...] = ()
+    opt_s: tuple[float, ...] = ()
+    w_fraction: float = costmodel.W_FRACTION_OF_BWD
+    dp_overlap: bool = False
+    static_bytes: tuple[float, ...] = ()
+    act_bytes: tuple[tuple[float, ...], ...] = ()
+    working_bytes: tuple[tuple[float, ...], ...] = ()
+    buckets: tuple[tuple[int, ...], ...] = ()    # gradient buckets per chunk (overlapped dp)
+
+    @property
+    def pp(self) -> int:
+        return len(self.fwd_s)
+
+    def per_rank(self, values: tuple, default) -> list:
+        return list(values) if values else [default] * self.pp
+
+    def per_chunk(self, values: tuple, default) -> list[list]:
+        return [list(v) for v in values] if values else [[default] * self.vpp for _ in range(self.pp)]
+
+    def validate(self) -> None:
+        pp = self.pp
+        if pp < 1 or len(self.bwd_s) != pp:
+            raise InputError(f"need as many backward times as forward times (>= 1), got {len(self.fwd_s)} and "
+                             f"{len(self.bwd_s)}", field="bwd_s")
+        if self.hop_s and len(self.hop_s) != pp - 1:
+            raise InputError(f"need pp - 1 = {pp - 1} hop times, got {len(self.hop_s)}", field="hop_s")
+        for name in ("dp_s", "opt_s", "static_bytes", "act_bytes", "working_bytes", "buckets"):
+            v = getattr(self, name)
+            if v and len(v) != pp:
+                raise InputError(f"need one value per stage ({pp}), got {len(v)}", field=name)
+        for name in ("act_bytes", "working_bytes", "buckets"):
+            if any(len(row) != self.vpp for row in getattr(self, name)):
+                raise InputError(f"need one value per chunk ({self.vpp}) for every stage", field=name)
+        if not 0.0 <= self.w_fraction <= 1.0:
+            raise InputError(f"must lie in [0, 1], got {self.w_fraction}", field="w_fraction")
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    name: str        # e.g. "F3" (chunk 0) or "1B7" (chunk 1)
+    kind: str        # F B I W send-fwd send-bwd dp barrier optimizer
+    stage: int       # pipeline rank the operation belongs to (sender for transfers)
+    chunk: int
+    microbatch: int  # -1 where it does not apply
+    track: str       # trace track: "stage r", "link r->r+1", "link r+1->r", "dp r", "barrier"
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    spec: PipelineSpec
+    step_time_s: float                   # end of the optimizer step (makespan)
+    pipeline_time_s: float               # end of the last F/B/I/W
+    busy_s: tuple[float, ...]            # per rank: F/B/I/W seconds
+    span_s: tuple[float, ...]            # per rank: last compute end - first compute start
+    bubble_fraction: tuple[float, ...]   # per rank: 1 - busy / pipeline_time
+    dp_end_s: tuple[float, ...]          # per rank: end of its gradient reduction
+    peak_activation_bytes: tuple[float, ...]
+    peak_inflight: tuple[float, ...]     # micro-batches (whole-stage units: a chunk counts 1/vpp)
+    peak_memory_bytes: tuple[float, ...]  # per GPU: static + peak activations
+    timing: Timing
+    describe: Callable[[int], tuple]     # op id -> (name, kind, stage, chunk, micro-batch, track)
+
+    @property
+    def peak_memory_gib(self) -> tuple[float, ...]:
+        return tuple(b / GIB for b in self.peak_memory_bytes)
+
+    def records(self) -> list[OpRecord]:
+        """Every operation with its times, in operation-id order."""
+        st, en = self.timing.start_s, self.timing.end_s
+        return [OpRecord(*self.describe(o), st[o], en[o]) for o in range(len(st))]
+
+
+# ---- graph ------------------------------------------------------------------------------
+class _Builder:
+    """Lays out operation ids and resources for one spec (see the module docstring).
+
+    Ids: compute (k, g, i) = (k G + g) m + i for kind k of `kinds`; then the forward
+    transfers g -> g+1 of micro-batch i at X + g m + i, the backward transfers g+1 -> g at
+    X + (G-1) m + g m + i; then bucket pieces, reductions, barrier and optimizer steps,
+    whose descriptions are kept in `extra`. Resources: ranks [0, pp), forward links
+    [pp, 2pp), backward links [2pp, 3pp) (link pp-1 is the wrap-around hop), data-parallel
+    channels [3pp, 4pp), the barrier 4pp."""
+
+    def __init__(self, spec: PipelineSpec):
+        self.spec, self.pp, self.v, self.m = spec, spec.pp, spec.vpp, spec.num_microbatches
+        self.G = self.pp * self.v
+        self.kinds = ("F", "I", "W") if spec.schedule == "zb-h1" else ("F", "B")
+        self.bkind = "I" if spec.schedule == "zb-h1" else "B"      # sends the input gradient
+        self.gkind = "W" if spec.schedule == "zb-h1" else "B"      # produces the weight gradient
+        self.g = OpGraph(4 * self.pp + 1)
+        self.x0 = len(self.kinds) * self.G * self.m
+        self.extra: dict[int, tuple] = {}
+        self.dp_ops: list[int] = []
+
+    def cid(self, kind: str, vstage: int, mb: int) -> int:
+        return (self.kinds.index(kind) * self.G + vstage) * self.m + mb
+
+    def meta(self, o: int) -> tuple:
+        """(name, kind, stage, chunk, micro-batch, track) of operation o."""
+        if o in self.extra:
+            return self.extra[o]
+        pp, m, G = self.pp, self.m, self.G
+        if o < self.x0:
+            k, rest = divmod(o, G * m)
+            gs, i = divmod(rest, m)
+            r, c, kind = gs % pp, gs // pp, self.kinds[k]
+            return (f"{kind}{i}" if self.v == 1 else f"{c}{kind}{i}", kind, r, c, i, f"stage {r}")
+        back, rest = divmod(o - self.x0, (G - 1) * m)
+        gs, i = divmod(rest, m)
+        a, b = (gs + 1, gs) if back else (gs, gs + 1)
+        return (f"x{a}>{b}:{i}", KIND_TRANSFER_BWD if back else KIND_TRANSFER_FWD, a % pp, a // pp, i,
+                f"link {a % pp}->{b % pp}")
+
+    def op(self, dur: float, res: int, meta: tuple) -> int:
+        o = self.g.add_op(max(0.0, dur), res)
+        self.extra[o] = meta
+        return o
+
+    def compute_ops(self) -> None:
+        s, v = self.spec, self.v
+        for kind in self.kinds:
+            for gs in range(self.G):
+                r = gs % self.pp
+                b = s.bwd_s[r] / v
+                dur = {"F": s.fwd_s[r] / v, "B": b, "I": (1 - s.w_fraction) * b, "W": s.w_fraction * b}[kind]
+                self.g.add_ops(self.m, max(0.0, dur), r)
+
+    def hop(self, gs: int) -> float:
+        h = gs % self.pp
+        return self.spec.wrap_hop_s if h == self.pp - 1 else (self.spec.hop_s[h] if self.spec.hop_s else 0.0)
+
+    def transfer_ops(self) -> None:
+        pp, m, G, succ = self.pp, self.m, self.G, self.g.succ
+        for back in (False, True):
+            for gs in range(G - 1):
+                x = self.g.add_ops(m, max(0.0, self.hop(gs)), (2 if back else 1) * pp + gs % pp)
+                src = self.cid(self.bkind, gs + 1, 0) if back else self.cid("F", gs, 0)
+                dst = self.cid(self.bkind, gs, 0) if back else self.cid("F", gs + 1, 0)
+                for i in range(m):
+                    succ[src + i].append(x + i)
+                    succ[x + i].append(dst + i)
+        f_last, b_last = self.cid("F", G - 1, 0), self.cid(self.bkind, G - 1, 0)
+        for i in range(m):  # the loss: the last virtual stage's backward follows its own forward
+            succ[f_last + i].append(b_last + i)
+        if "W" in self.kinds:
+            i0, w0 = self.cid("I", 0, 0), self.cid("W", 0, 0)
+            for o in range(G * m):
+                succ[i0 + o].append(w0 + o)
+
+    def split_op(self, o: int, pieces: int) -> list[int]:
+        """Split compute op o into `pieces` equal parts (the caller chains them on the rank):
+        o becomes the first part (it keeps what it waits for), the last part inherits what
+        waits for o."""
+        dur = self.g.duration_s[o] / pieces
+        self.g.duration_s[o] = dur
+        name, kind, r, c, i, track = self.meta(o)
+        parts = [o] + [self.op(dur, r, (f"{name}.{k}", kind, r, c, i, track)) for k in range(1, pieces)]
+        succ = self.g.succ
+        succ[parts[-1]], succ[o] = succ[o], succ[parts[-1]]
+        return parts
+
+    def chains(self, orders: Sequence[Sequence[Action]]) -> list[list[int]]:
+        """Device-order edges; with overlapped dp, each chunk's last weight-gradient op is
+        split into its buckets, each bucket's reduction following its part."""
+        s, out, succ = self.spec, [], self.g.succ
+        buckets = s.per_chunk(s.buckets, 1)
+        dp = s.per_rank(s.dp_s, 0.0)
+        base = {kind: k * self.G * self.m for k, kind in enumerate(self.kinds)}
+        for r, order in enumerate(orders):
+            ids = [base[a.kind] + (a.chunk * self.pp + r) * self.m + a.mb for a in order]
+            if s.dp_overlap:
+                ids = self.overlap_buckets(r, order, ids, buckets[r], dp[r])
+            for a, b in zip(ids, ids[1:]):
+                succ[a].append(b)
+            out.append(ids)
+        return out
+
+    def overlap_buckets(self, r: int, order: Sequence[Action], ids: list[int], buckets: list[int],
+                        dp_s: float) -> list[int]:
+        new: list[int] = []
+        for a, o in zip(order, ids):
+            if a.kind != self.gkind or a.mb != self.m - 1:
+                new.append(o)
+                continue
+            parts = self.split_op(o, max(1, buckets[a.chunk]))
+            for k, p in enumerate(parts):
+                red = self.op(dp_s / self.v / len(parts), 3 * self.pp + r,
+                              (f"dp{a.chunk}.{k}", KIND_DP, r, a.chunk, -1, f"dp {r}"))
+                self.g.add_edge(p, red)
+                self.dp_ops.append(red)
+            new += parts
+        return new
+
+    def step_end_ops(self, chains: list[list[int]]) -> None:
+        s, pp = self.spec, self.pp
+        dp, opt = s.per_rank(s.dp_s, 0.0), s.per_rank(s.opt_s, 0.0)
+        if not s.dp_overlap:
+            for r in range(pp):
+                red = self.op(dp[r], 3 * pp + r, ("dp", KIND_DP, r, 0, -1, f"dp {r}"))
+                self.g.add_edge(chains[r][-1], red)
+                self.dp_ops.append(red)
+        barrier = self.op(0.0, 4 * pp, ("barrier", KIND_BARRIER, -1, 0, -1, "barrier"))
+        for red in self.dp_ops:
+            self.g.add_edge(red, barrier)
+        for r in range(pp):
+            o = self.op(opt[r], r, ("opt", KIND_OPT, r, 0, -1, f"stage {r}"))
+            self.g.add_edge(barrier, o)
+            self.g.add_edge(chains[r][-1], o)
+
+    def build(self, orders: Sequence[Sequence[Action]]) -> list[list[int]]:
+        self.compute_ops()
+        self.transfer_ops()
+        chains = self.chains(orders)
+        self.step_end_ops(chains)
+        return chains
+
+
+# ---- memory -----------------------------------------------------------------------------
+def memory_walk(spec: PipelineSpec, rank: int, order: Sequence[Action]) -> tuple[float, float]:
+    """(peak activation bytes, peak in-flight micro-batches) of one rank along its order.
+
+    A rank runs its actions serially, so the order alone fixes its memory timeline."""
+    act = spec.per_chunk(spec.act_bytes, 0.0)[rank]
+    work = spec.per_chunk(spec.working_bytes, 0.0)[rank]
+    free_kind = "W" if spec.schedule == "zb-h1" else "B"
+    cur = peak = inflight = peak_inflight = 0.0
+    for a in order:
+        if a.kind == "F":
+            cur += act[a.chunk]
+            inflight += 1.0 / spec.vpp
+            peak, peak_inflight = max(peak, cur), max(peak_inflight, inflight)
+        if a.kind in ("B", "I"):
+            peak = max(peak, cur + work[a.chunk])
+        if a.kind == free_kind:
+            cur -= act[a.chunk]
+            inflight -= 1.0 / spec.vpp
+    return peak, peak_inflight
+
+
+# ---- simulate ---------------------------------------------------------------------------
+@contextmanager
+def _no_cyclic_gc():
+    """Pause the cyclic garbage collector while 10^5-10^6 small lists are built (the graph
+    holds no cycles; a quarter of the run time otherwise); restore its previous state."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def simulate_pipeline(spec: PipelineSpec) -> SimResult:
+    """Simulate one training step of `spec` event by event."""
+    spec.validate()
+    with _no_cyclic_gc():
+        orders = device_orders(spec.schedule, spec.pp, spec.num_microbatches, spec.vpp)
+        b = _Builder(spec)
+        chains = b.build(orders)
+        t = run_graph(b.g)
+    pp = spec.pp
+    busy, span = [], []
+    dur = b.g.duration_s
+    for ids in chains:  # a chain runs serially in order: its first op starts first, its last ends last
+        busy.append(sum(map(dur.__getitem__, ids)))
+        span.append(t.end_s[ids[-1]] - t.start_s[ids[0]])
+    pipe_end = max(t.end_s[ids[-1]] for ids in chains)
+    dp_end = [0.0] * pp
+    for o in b.dp_ops:
+        dp_end[b.extra[o][2]] = max(dp_end[b.extra[o][2]], t.end_s[o])
+    mem = [memory_walk(spec, r, orders[r]) for r in range(pp)]
+    static = spec.per_rank(spec.static_bytes, 0.0)
+    return SimResult(spec, t.makespan_s, pipe_end, tuple(busy), tuple(span),
+                     tuple(1.0 - x / pipe_end if pipe_end > 0 else 0.0 for x in busy), tuple(dp_end),
+                     tuple(m[0] for m in mem), tuple(m[1] for m in mem),
+                     tuple(s + m[0] for s, m in zip(static, mem)), t, b.meta)
+
+
+# ---- from a plan ------------------------------------------------------------------------
+def _wrap_hop_s(inst: Instance, plan: Plan) -> float:
+    """Last rank -> rank 0 transfer (interleaved), priced like costmodel.plan_costs prices hops."""
+    a, b = plan.stages[-1], plan.stages[0]
+    nodes = inst.cluster.nodes
+    same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
+    senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
+    return costmodel.p2p_s(inst, costmodel.p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel),
+                           nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
+
+
+def _chunk_memory(inst: Instance, plan: Plan, rank: int) -> tuple[list[float], list[float]]:
+    """(activation bytes of one micro-batch, full-recompute working bytes) per chunk of `rank`.
+
+    Chunk c holds the stage's layers c*n/v .. (c+1)*n/v (plan.layer_chunks); the embedding
+    goes with chunk 0 of rank 0, the head with the last chunk of the last rank; full
+    recompute of r layers covers the stage's first r layers in chunk order."""
+    st, pp, v = plan.stages[rank], plan.pp, plan.vpp
+    acts, works, done = [], [], 0
+    for c, (first, n) in enumerate(plan.layer_chunks(rank)):
+        kinds = costmodel.stage_kinds(inst, first, n)
+        r = min(max(st.recompute_layers - done, 0), n) if st.recompute == "full" else 0
+        done += n
+        args = (inst, kinds, rank == 0 and c == 0, rank == pp - 1 and c == v - 1, st.tp, st.micro_batch_size,
+                plan.sequence_parallel, st.recompute if (st.recompute != "full" or r > 0) else "none", r)
+        work = costmodel.stage_activation_bytes(*args, inflight=0.0)
+        acts.append(costmodel.stage_activation_bytes(*args, inflight=1.0) - work)
+        works.append(work)
+    return acts, works
+
+
+def spec_from_plan(inst: Instance, plan: Plan, dp_overlap: bool = False) -> PipelineSpec:
+    """Every cost of `plan` from the cost model (plan_costs, p2p_s, stage_activation_bytes)."""
+    c = costmodel.plan_costs(inst, plan)
+    mem = [_chunk_memory(inst, plan, r) for r in range(plan.pp)]
+    static = tuple((sp.weights_gib + sp.gradients_gib + sp.optimizer_gib) * GIB for sp in c.stages)
+    return PipelineSpec(
+        schedule=plan.schedule, num_microbatches=plan.num_microbatches, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
+        hop_s=c.hop_s, vpp=plan.vpp, wrap_hop_s=_wrap_hop_s(inst, plan) if plan.vpp > 1 else 0.0,
+        dp_s=c.dp_s, opt_s=c.opt_s, dp_overlap=dp_overlap, static_bytes=static,
+        act_bytes=tuple(tuple(a) for a, _ in mem), working_bytes=tuple(tuple(w) for _, w in mem),
+        buckets=tuple(tuple(n for _, n in plan.layer_chunks(r)) for r in range(plan.pp)))
+
+
+def simulate_plan(inst: Instance, plan: Plan, dp_overlap: bool = False) -> SimResult:
+    """Simulate `plan` (run check.check_structure first: the simulator trusts the structure)."""
+    return simulate_pipeline(spec_from_plan(inst, plan, dp_overlap))

@@ -1,0 +1,227 @@
+"""`milp-plan verify`: re-check a plan, simulate it, compare prediction with simulation.
+
+For plan.json: rebuild the instance it records, run every checker rule, simulate the
+step event by event (milp_plan.sim) and compare the predicted step time and the
+predicted peak memory per GPU of every stage with the simulated ones:
+
+    relative difference = (simulated - predicted) / predicted
+
+The plan passes when no rule is violated and every |difference| <= tolerance. The
+prediction compared is the one the plan records; with `schedule` (another schedule than
+the plan's) it is the cost model's closed form for that schedule. A hand-edited plan whose
+recorded prediction no longer matches the cost model is reported as stale (rule
+"prediction") and is still simulated: the simulation always describes the plan as it is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from milp_plan import check, costmodel
+from milp_plan.errors import InputError
+from milp_plan.instance import Instance, instance_from_inputs
+from milp_plan.plan import SCHEDULES, Plan, Prediction, read_plan
+from milp_plan.report import table
+from milp_plan.sim import SimResult, simulate_plan
+from milp_plan.sim.schedules import device_orders
+
+DEFAULT_TOLERANCE = 0.02
+
+
+def parse_tolerance(text: str | float) -> float:
+    """'2%' -> 0.02; a fraction '0.02' is accepted as is."""
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise InputError(f"'{text}' is not a tolerance; write a percentage like 2% or a fraction like 0.02",
+                         field="tolerance") from None
+    if not raw.endswith("%") and value >= 1.0:
+        raise InputError(f"'{text}' is ambiguous; write a percentage like 2% or a fraction like 0.02",
+                         field="tolerance")
+    if not 0.0 <= value < 1.0:
+        raise InputError(f"must lie in [0%, 100%), got {text}", field="tolerance")
+    return value
+
+
+@dataclass(frozen=True)
+class Comparison:
+    what: str                  # "step time" or "stage s peak memory"
+    unit: str                  # "s" or "GiB"
+    predicted: float
+    simulated: float
+    tolerance: float
+
+    @property
+    def rel_diff(self) -> float:
+        return (self.simulated - self.predicted) / self.predicted if self.predicted else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.rel_diff) <= self.tolerance + 1e-12
+
+
+@dataclass
+class VerifyReport:
+    plan_path: str
+    schedule: str
+    vpp: int
+    schedule_changed: bool
+    tolerance: float
+    violations: list[check.Violation]
+    notes: list[str] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+    fresh_step_time_s: float | None = None     # cost model now, when it differs from the recorded one
+    result: SimResult | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.result is not None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and self.simulated and all(c.ok for c in self.comparisons)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+
+# ---- building the report ------------------------------------------------------------------
+def target_plan(plan: Plan, schedule: str | None, vpp: int | None) -> Plan:
+    """The plan to simulate: the plan itself, or the same stages under another schedule."""
+    if schedule is None and vpp is None:
+        return plan
+    schedule = schedule or plan.schedule
+    if schedule not in SCHEDULES:
+        raise InputError(f"unknown schedule {schedule!r}; use {', '.join(SCHEDULES)}", field="schedule")
+    if schedule != "interleaved":
+        if vpp not in (None, 1):
+            raise InputError(f"--vpp {vpp} needs --schedule interleaved", field="vpp")
+        vpp = 1
+    else:
+        vpp = vpp or (plan.vpp if plan.vpp > 1 else 2)
+        device_orders("interleaved", plan.pp, plan.num_microbatches, vpp)  # Megatron's rules, as InputError
+        bad = [i for i, s in enumerate(plan.stages) if s.num_layers % vpp]
+        if bad:
+            raise InputError(f"stage {bad[0]} holds {plan.stages[bad[0]].num_layers} layers, not divisible by "
+                             f"vpp {vpp}; choose a vpp that divides every stage's layer count", field="vpp")
+    return plan.with_(schedule=schedule, vpp=vpp, predicted=None)
+
+
+def _compare(report: VerifyReport, inst: Instance, plan: Plan, predicted: Prediction, result: SimResult) -> None:
+    tol = report.tolerance
+    report.comparisons.append(Comparison("step time", "s", predicted.step_time_s, result.step_time_s, tol))
+    stages = predicted.stages
+    if len(stages) != plan.pp:
+        report.notes.append(f"the recorded prediction has {len(stages)} stages, the plan {plan.pp}: memory is "
+                            "compared with the cost model's prediction")
+        stages = costmodel.evaluate(inst, plan).stages
+    for s, (sp, sim) in enumerate(zip(stages, result.peak_memory_gib)):
+        report.comparisons.append(Comparison(f"stage {s} peak memory", "GiB", sp.peak_memory_gib, sim, tol))
+
+
+def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule: str | None = None,
+                vpp: int | None = None, dp_overlap: bool = False) -> VerifyReport:
+    """Check, simulate and compare one plan file (see the module docstring)."""
+    plan = read_plan(path)
+    if not plan.inputs:
+        raise InputError("the plan records no inputs (cluster, model, job); it must come from `milp-plan solve` "
+                         "or carry an 'inputs' record", source=str(path), field="inputs")
+    inst = instance_from_inputs(plan.inputs, str(path))
+    target = target_plan(plan, schedule, vpp)
+    changed = target is not plan
+    report = VerifyReport(str(path), target.schedule, target.vpp, changed, tolerance,
+                          check.check_plan(inst, target))
+    report.notes += [f"instance: {n}" for n in inst.notices]
+    if check.check_structure(inst, target):
+        report.notes.append("not simulated: the plan's structure is invalid (see the violations)")
+        return report
+    fresh = costmodel.evaluate(inst, target)
+    if changed:
+        predicted = fresh
+        report.notes.append(f"schedule changed to {target.schedule}" + (f" (vpp {target.vpp})" if target.vpp > 1
+                            else "") + ": compared with the cost model's closed form for it")
+    elif plan.predicted is None:
+        predicted = fresh
+        report.notes.append("the plan records no prediction: compared with the cost model's closed form")
+    else:
+        predicted = plan.predicted
+        if any(v.rule == "prediction" for v in report.violations):
+            report.fresh_step_time_s = fresh.step_time_s
+            report.notes.append(f"stale prediction: the plan records {predicted.step_time_s:.6g} s/step but now "
+                                f"evaluates to {fresh.step_time_s:.6g} s/step (edited by hand?); compared with the "
+                                "recorded prediction, simulated as the plan is now")
+    if dp_overlap:
+        report.notes.append("gradient reduction overlapped with the last backward (the closed form does not "
+                            "overlap it)")
+    report.result = simulate_plan(inst, target, dp_overlap=dp_overlap)
+    _compare(report, inst, target, predicted, report.result)
+    return report
+
+
+# ---- rendering ------------------------------------------------------------------------------
+def report_dict(r: VerifyReport) -> dict[str, Any]:
+    res = r.result
+    out: dict[str, Any] = {
+        "plan": r.plan_path, "schedule": r.schedule, "vpp": r.vpp, "schedule_changed": r.schedule_changed,
+        "tolerance": r.tolerance, "ok": r.ok, "exit_code": r.exit_code,
+        "violations": [{"rule": v.rule, "message": v.message} for v in r.violations],
+        "notes": list(r.notes),
+        "comparisons": [{"what": c.what, "unit": c.unit, "predicted": c.predicted, "simulated": c.simulated,
+                         "rel_diff": c.rel_diff, "ok": c.ok} for c in r.comparisons],
+        "fresh_step_time_s": r.fresh_step_time_s,
+        "simulation": None,
+    }
+    if res is not None:
+        out["simulation"] = {
+            "step_time_s": res.step_time_s, "pipeline_time_s": res.pipeline_time_s,
+            "stages": [{"stage": s, "busy_s": res.busy_s[s], "span_s": res.span_s[s],
+                        "bubble_fraction": res.bubble_fraction[s], "dp_end_s": res.dp_end_s[s],
+                        "peak_inflight_microbatches": res.peak_inflight[s],
+                        "peak_activation_gib": res.peak_activation_bytes[s] / 2**30,
+                        "peak_memory_gib": res.peak_memory_gib[s]} for s in range(res.spec.pp)],
+        }
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.2f}%"
+
+
+def render_report(r: VerifyReport) -> str:
+    sched = r.schedule + (f" (vpp {r.vpp})" if r.vpp > 1 else "")
+    lines = [f"Plan {r.plan_path}: schedule {sched}" + (" [changed by --schedule]" if r.schedule_changed else "")]
+    if r.violations:
+        lines.append(f"Checks: {len(r.violations)} violation(s)")
+        lines += [f"  {v}" for v in r.violations]
+    else:
+        lines.append("Checks: all rules pass")
+    lines += [f"note: {n}" for n in r.notes]
+    if r.comparisons:
+        rows = [[c.what, f"{c.predicted:.6g} {c.unit}", f"{c.simulated:.6g} {c.unit}", _pct(c.rel_diff),
+                 "ok" if c.ok else f"OFF by {_pct(c.rel_diff)}"] for c in r.comparisons]
+        lines += ["", table(["quantity", "predicted", "simulated", "difference", f"within {100 * r.tolerance:g}%"],
+                            rows, right=[False, True, True, True, False])]
+    if r.result is not None:
+        res = r.result
+        rows = [[f"stage {s}", res.busy_s[s], f"{100 * res.bubble_fraction[s]:.1f}%", res.peak_inflight[s]]
+                for s in range(res.spec.pp)]
+        lines += ["", f"Simulated step {res.step_time_s:.6g} s (pipeline {res.pipeline_time_s:.6g} s, then gradient "
+                  "reduction and optimizer step)",
+                  table(["stage", "busy s", "bubble", "peak in-flight micro-batches"], rows)]
+    lines += ["", "PASS" if r.ok else "FAIL: " + _failures(r)]
+    return "\n".join(lines)
+
+
+def _failures(r: VerifyReport) -> str:
+    bits = []
+    if r.violations:
+        bits.append(f"{len(r.violations)} rule violation(s) ({', '.join(sorted({v.rule for v in r.violations}))})")
+    if not r.simulated:
+        bits.append("not simulated")
+    off = [c for c in r.comparisons if not c.ok]
+    if off:
+        bits.append("; ".join(f"{c.what} {_pct(c.rel_diff)}" for c in off) + f" beyond {100 * r.tolerance:g}%")
+    return "; ".join(bits)
