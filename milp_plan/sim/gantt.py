@@ -16,7 +16,7 @@ from milp_plan.fileio import write_atomic
 from milp_plan.sim.pipeline import KIND_DP, KIND_OPT, SimResult
 
 COLOURS = {"F": "#4c72b0", "B": "#55a868", "I": "#55a868", "W": "#dd8452", KIND_OPT: "#8c8c8c", KIND_DP: "#c44e52"}
-LABEL_LIMIT = 400   # at most this many compute boxes get a micro-batch label
+LABEL_LIMIT = 200   # at most this many compute boxes get a micro-batch label
 
 
 def _pyplot():
@@ -56,10 +56,10 @@ def gantt_png(result: SimResult) -> bytes:
     spec = result.spec
     vpp = f", vpp {spec.vpp}" if spec.vpp > 1 else ""
     ax.set_title(f"{spec.schedule}{vpp}: pp {pp}, {spec.num_microbatches} micro-batches, "
-                 f"step {result.step_time_s:.4g} s")
+                 f"step {result.step_time_s:.4g} s", loc="left", fontsize=10)
     kinds = sorted({k for _, k in bars}, key=list(COLOURS).index)
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in kinds], labels=kinds,
-              loc="upper right", fontsize=7, ncol=len(kinds))
+              loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncol=len(kinds), frameon=False)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
