@@ -422,13 +422,31 @@ def check_torchrun(mcore, inst, plan, d, calls) -> None:
     assert {a.master_addr for a in parsed} == {inst.cluster.nodes[plan.stages[0].devices[0].node].host}
 
 
-def test_every_plan_against_megatron_core_and_torchrun(emitted, mcore, monkeypatch):
+@pytest.fixture(scope="session")
+def solved(stub_torchrun, tmp_path_factory):
+    """A plan from `milp-plan solve` (gpt3-1.3b on the default cluster, tp 2, pp 4, full recompute;
+    today: A100 and A10 stages with 10/10/3/1 layers), launched and its node scripts run."""
+    tmp = tmp_path_factory.mktemp("solved")
+    subprocess.run([sys.executable, "-c", "from milp_plan.cli import main; main()", "solve", "--model", "gpt3-1.3b",
+                    "--fix", "tp=2,pp=4,recompute=full", "--out", str(tmp / "plan.json")], check=True,
+                   capture_output=True, timeout=120)
+    write_launch(tmp / "plan.json", LaunchOptions(tmp / "launch"))
+    from milp_plan.instance import instance_from_inputs
+    from milp_plan.plan import read_plan
+    plan = read_plan(tmp / "plan.json")
+    hosts = sorted({row["host"] for row in csv.DictReader((tmp / "launch" / "rank_table.csv").open())})
+    return (instance_from_inputs(plan.inputs, "plan"), plan, tmp / "launch",
+            run_node_scripts(tmp / "launch", stub_torchrun, hosts, tmp))
+
+
+def test_every_plan_against_megatron_core_and_torchrun(emitted, solved, mcore, monkeypatch):
     """One test, so that one xdist worker pays for importing megatron-core and torch (~8 s)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # config_from_args would set it
-    for name in COMPATIBLE:
+    cases = {**emitted, "solved by milp-plan solve": solved}
+    for name, case in cases.items():
         for check_fn in (check_config, check_groups, check_torchrun):
             try:
-                check_fn(mcore, *emitted[name])
+                check_fn(mcore, *case)
             except AssertionError as exc:
                 raise AssertionError(f"plan '{name}', {check_fn.__name__}: {exc}") from exc
 
@@ -565,7 +583,7 @@ def test_renderer_validates_hosts_itself(host, all_plans, tmp_path):
     nts = list(inst.cluster.node_types)
     nts[0] = dataclasses.replace(nts[0], hosts=(host, "a100-1"))
     with pytest.raises(InputError):
-        render_launch(plan, inst, Cluster("bad", tuple(nts)), LaunchOptions(tmp_path / "o"))
+        render_launch(plan, Cluster("bad", tuple(nts)), LaunchOptions(tmp_path / "o"))
 
 
 def test_hostile_names_reach_comments_sanitised(tmp_path, capsys, stub_torchrun):

@@ -181,7 +181,7 @@ def slurm_components(plan: Plan, cluster: Cluster, layout: RankLayout,
     return comps
 
 
-def render_megatron(plan: Plan, inst: Instance, cluster: Cluster, options: LaunchOptions,
+def render_megatron(plan: Plan, cluster: Cluster, options: LaunchOptions,
                     manifest: dict[str, Any]) -> dict[str, tuple[str, bool]]:
     """Every file of a Megatron launch directory: name -> (text, executable)."""
     require_hosts(plan, cluster)
@@ -234,9 +234,10 @@ def per_stage_json(plan: Plan, cluster: Cluster, reasons: list[str]) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-def render_launch(plan: Plan, inst: Instance, cluster: Cluster, options: LaunchOptions,
+def render_launch(plan: Plan, cluster: Cluster, options: LaunchOptions,
                   plan_file: str = "plan.json", plan_sha256: str = "") -> tuple[dict[str, tuple[str, bool]], dict]:
-    """All files of the launch directory, in memory, and the manifest (launch.json's content)."""
+    """All files of the launch directory, in memory, and the manifest (launch.json's content).
+    The model and job come from plan.inputs; `cluster` supplies the hosts."""
     if options.scheduler not in SCHEDULERS:
         raise InputError(f"unknown scheduler {options.scheduler!r}; use torchrun or slurm", field="scheduler")
     if not 1 <= options.master_port <= 65535:
@@ -248,7 +249,7 @@ def render_launch(plan: Plan, inst: Instance, cluster: Cluster, options: LaunchO
         files = {"per_stage.json": (per_stage_json(plan, cluster, reasons), False)}
         manifest["megatron"] = {"version": megatron.MEGATRON_VERSION, "compatible": False, "reasons": reasons}
     else:
-        files = render_megatron(plan, inst, cluster, options, manifest)
+        files = render_megatron(plan, cluster, options, manifest)
     manifest["files"] = sorted([*files, "launch.json"])
     files["launch.json"] = (json.dumps(manifest, indent=2) + "\n", False)
     return files, manifest
@@ -276,7 +277,7 @@ def write_launch(plan_path: str | Path, options: LaunchOptions) -> LaunchResult:
     inst = plan_instance(plan, source)
     cluster = hosts_cluster(inst.cluster, options.hosts_cluster)
     check_launchable(inst, plan, source)
-    files, manifest = render_launch(plan, inst, cluster, options, Path(plan_path).name, sha256_file(plan_path))
+    files, manifest = render_launch(plan, cluster, options, Path(plan_path).name, sha256_file(plan_path))
     out = Path(options.out)
     write_files(out, files, options.force)
     mega = manifest["megatron"]
