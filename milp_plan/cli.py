@@ -297,9 +297,14 @@ def main() -> None:
         sys.exit(130)
     except typer.Abort:
         sys.exit(130)
-    except Exception as exc:  # usage errors of the command-line parser
+    except Exception as exc:  # usage errors of the command-line parser: one line too
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
+            if hasattr(exc, "format_message") and type(exc).__name__ != "NoArgsIsHelpError":
+                ctx = getattr(exc, "ctx", None)
+                hint = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+                typer.echo("error: " + " ".join(exc.format_message().split()).rstrip(".") + hint, err=True)
+            else:
+                exc.show()  # no arguments: the help text
             sys.exit(EXIT_BAD_INPUT)
         raise
 
