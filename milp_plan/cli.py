@@ -180,6 +180,10 @@ def profile(
     gpu_name: Annotated[Optional[str], typer.Option(
         "--gpu-name", help="GPU name the rows carry. Default: the device's catalog name ('cpu' on the CPU).")] = None,
     cpu_threads: Annotated[Optional[int], typer.Option("--cpu-threads", help="torch threads on the CPU.")] = None,
+    statistic: Annotated[str, typer.Option(
+        "--statistic", help="median | min of the repeats (min is steadier on a shared CPU).")] = "median",
+    clock: Annotated[str, typer.Option(
+        "--clock", help="CPU only: wall | cpu (process CPU time, one thread; immune to other jobs).")] = "wall",
     check_blocks: Annotated[Optional[int], typer.Option(
         "--check-blocks", help="Also time embedding + N blocks + head as one model (first tp, micro-batch, "
                                "seq) and print how well the per-layer sum predicts it.")] = None,
@@ -192,7 +196,7 @@ def profile(
     req = profiler.ProfileRequest(
         m, profiler.int_list(tp, "tp"), profiler.int_list(micro_batch, "micro-batch"),
         profiler.int_list(seq_len, "seq-len") if seq_len else (), device or profiler.default_device(), dtype,
-        repeats, warmup, gpu_name, cpu_threads)
+        repeats, warmup, gpu_name, cpu_threads, statistic, clock)
     path, prof, warnings = profiler.run_profile(req, out, resume)
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)

@@ -4,7 +4,7 @@ Native format: a CSV whose first lines are `# key: value` provenance (YAML), the
 table with the columns
 
     model, gpu, tp, micro_batch_size, seq_length, kind, fwd_ms, bwd_ms
-    [, attn_core_fwd_ms, act_bytes, fwd_ms_spread, bwd_ms_spread]
+    [, attn_core_fwd_ms, act_bytes, fwd_ms_spread, bwd_ms_spread, param_bytes, bwd_full_recompute_ms]
 
 `kind` is embedding, block, encoder_block, decoder_block or head; times are one
 micro-batch through one layer on one GPU of a tp group, in milliseconds. Provenance
@@ -13,14 +13,17 @@ micro-batch through one layer on one GPU of a tp group, in milliseconds. Provena
 
 Filling missing points (each fill is recorded and reported with the points used):
 
-1. another micro-batch size at the same (gpu, tp, seq, kind): linear interpolation in
-   the micro-batch size between the nearest profiled sizes below and above; outside the
-   profiled range, linear extrapolation through the two nearest sizes, never below
-   proportional scaling of the nearest point by b/b0 x 0.5; with one size, proportional
-   scaling t(b) = t(b0) * b / b0;
+1. another micro-batch size at the same (gpu, tp, seq, kind): with >= 3 profiled sizes,
+   the fitted latency model of milp_plan.latency over all of them,
+   t = max(a, b0 + c x tokens) (least squares on the relative error, a roofline floor);
+   with 2 sizes, linear interpolation in the micro-batch size between them, outside
+   their range linear extrapolation through them, never below proportional scaling of
+   the nearest point by b/b0 x 0.5; with one size, proportional scaling t(b) = t(b0) * b / b0;
 2. another tp: the nearest profiled tp, scaled by tp0/tp (an ideal split of the work);
-3. another sequence length: the nearest profiled length, scaled by the ratio of
-   per-micro-batch FLOPs (model.forward_flops_per_token x tokens).
+3. another sequence length: when that tp has points at >= 2 sequence lengths (>= 3 points
+   in all), the fitted latency model over all of them, t = max(a, b0 + c x T + d x T x s)
+   with T = b x s tokens (d only for block kinds); otherwise the nearest profiled length,
+   scaled by the ratio of per-micro-batch FLOPs (model.forward_flops_per_token x tokens).
 """
 from __future__ import annotations
 
@@ -32,12 +35,14 @@ from typing import Any, Iterable
 import pandas as pd
 import yaml
 
+from milp_plan import latency
 from milp_plan.errors import InputError
 from milp_plan.fileio import read_text, sha256_file, write_atomic
 
 KEY = ["model", "gpu", "tp", "micro_batch_size", "seq_length", "kind"]
 REQUIRED = KEY + ["fwd_ms", "bwd_ms"]
-OPTIONAL = ["attn_core_fwd_ms", "act_bytes", "fwd_ms_spread", "bwd_ms_spread", "param_bytes"]
+OPTIONAL = ["attn_core_fwd_ms", "act_bytes", "fwd_ms_spread", "bwd_ms_spread", "param_bytes",
+            "bwd_full_recompute_ms"]
 KINDS = ("embedding", "block", "encoder_block", "decoder_block", "head")
 
 
@@ -112,13 +117,14 @@ class Profile:
         tps = sorted({t for (t, s) in by_tp_seq if s == s0})
         t0 = min(tps, key=lambda t: (abs(t - tp), t))
         by_mbs = by_tp_seq[(t0, s0)]
-        base, how = _fill_mbs(by_mbs, mbs)
+        fitted = _fill_seq_fit(by_tp_seq, t0, mbs, seq, kind) if s0 != seq else None
+        base, how = fitted or _fill_mbs(by_mbs, mbs, s0, kind)
         scale = 1.0
         notes = [how]
         if t0 != tp:
             scale *= t0 / tp
             notes.append(f"scaled from tp={t0} by {t0}/{tp}")
-        if s0 != seq:
+        if s0 != seq and fitted is None:
             factor = flops_ratio(s0, seq) if flops_ratio else seq / s0
             scale *= factor
             notes.append(f"scaled from seq={s0} by FLOPs ratio {factor:.3f}")
@@ -154,10 +160,12 @@ def _opt(row: Any, name: str) -> float | None:
     return None if pd.isna(v) else float(v)
 
 
-def _fill_mbs(by_mbs: dict[int, LayerCost], mbs: int) -> tuple[LayerCost, str]:
+def _fill_mbs(by_mbs: dict[int, LayerCost], mbs: int, seq: int, kind: str) -> tuple[LayerCost, str]:
     if mbs in by_mbs:
         return by_mbs[mbs], ""
     sizes = sorted(by_mbs)
+    if len(sizes) >= latency.MIN_POINTS:
+        return _fill_fit({(b, seq): by_mbs[b] for b in sizes}, mbs, seq, kind)
     lo = [b for b in sizes if b < mbs]
     hi = [b for b in sizes if b > mbs]
     if len(sizes) == 1:
@@ -174,6 +182,33 @@ def _fill_mbs(by_mbs: dict[int, LayerCost], mbs: int) -> tuple[LayerCost, str]:
         a, b = lo[-2], lo[-1]
         how = f"extrapolated above from micro_batch {a} and {b}"
     return _lerp(by_mbs[a], by_mbs[b], a, b, mbs), how
+
+
+def _fill_seq_fit(by_tp_seq: dict[tuple[int, int], dict[int, LayerCost]], tp: int, mbs: int, seq: int,
+                  kind: str) -> tuple[LayerCost, str] | None:
+    """Rule 3 with the fitted model: every point of `tp` when they span >= 2 lengths."""
+    points = {(b, s): c for (t, s), by in by_tp_seq.items() if t == tp for b, c in by.items()}
+    if len({s for (_, s) in points}) < 2 or len(points) < latency.MIN_POINTS:
+        return None
+    return _fill_fit(points, mbs, seq, kind)
+
+
+def _fill_fit(points: dict[tuple[int, int], LayerCost], mbs: int, seq: int, kind: str) -> tuple[LayerCost, str]:
+    """The latency model fitted to points {(micro_batch, seq): cost}, evaluated at (mbs, seq)."""
+    keys = sorted(points)
+    tokens, seqs = [b * s for b, s in keys], [s for _, s in keys]
+    attention = kind in latency.ATTENTION_KINDS
+
+    def one(name: str) -> float | None:
+        vals = [getattr(points[k], name) for k in keys]
+        return None if any(v is None for v in vals) else latency.fit(tokens, seqs, vals, attention).predict(
+            mbs * seq, seq)
+    cost = LayerCost(one("fwd_ms"), one("bwd_ms"), one("attn_core_fwd_ms"), None, points[keys[0]].tp_comm_included)
+    by_seq: dict[int, list[str]] = {}
+    for b, s in keys:
+        by_seq.setdefault(s, []).append(str(b))
+    used = "; ".join(f"micro_batch {','.join(bs)} at seq {s}" for s, bs in by_seq.items())
+    return cost, f"fitted latency model (milp_plan.latency) over {used}"
 
 
 def _lerp(ca: LayerCost, cb: LayerCost, a: int, b: int, x: int, proportional: bool = False) -> LayerCost:
