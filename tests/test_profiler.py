@@ -175,20 +175,25 @@ def test_resume_skips_finished_points(tmp_path, monkeypatch):
 
 def test_per_layer_sum_predicts_the_whole_model(tmp_path, capsys):
     # embedding + 4 blocks + head chained as one model against the sum of the profiled layers,
-    # on the same CPU. Loose bound for a shared CPU; the measured error is printed (pytest -s):
-    # with the CPU clock and the minimum, |error| <= 3.3% in 10 runs at load 4 on 2 cores (with
-    # the wall clock and the median, up to 40%).
+    # on the same CPU. This machine is a shared 2-core VM whose speed drifts by 20-40% for
+    # seconds at a time while other jobs run, so each trial profiles and measures back to back,
+    # and the median error of three trials must stay within a loose 35%. Measured (5 runs
+    # each, CPU clock): |error| 1-25% with the minimum, 5-21% with the median; the errors are
+    # printed (pytest -s).
     spec = dict(name="whole", arch="gpt", num_layers=4, hidden_size=256, ffn_hidden_size=1024,
                 num_attention_heads=4, vocab_size=1024, seq_length=128)
     m = load_model(model_file(tmp_path, spec))
-    req = request(m, micro_batches=(2,), repeats=10, warmup=3)
-    _, prof, _ = profiler.run_profile(req, tmp_path, progress=False)
-    chk = profiler.whole_model_check(req, prof, "cpu", 1, 2, 128)
-    assert chk.kinds == ("embedding", "block", "block", "block", "block", "head")
-    with capsys.disabled():
-        print(f"\nwhole-model check: measured {chk.measured_ms:.2f} ms, per-layer sum {chk.predicted_ms:.2f} ms, "
-              f"error {100 * chk.rel_error:+.1f}%")
-    assert abs(chk.rel_error) < 0.35
+    req = request(m, micro_batches=(2,), repeats=6, warmup=2)
+    errors = []
+    for trial in range(3):
+        _, prof, _ = profiler.run_profile(req, tmp_path / str(trial), progress=False)
+        chk = profiler.whole_model_check(req, prof, "cpu", 1, 2, 128)
+        assert chk.kinds == ("embedding", "block", "block", "block", "block", "head")
+        errors.append(chk.rel_error)
+        with capsys.disabled():
+            print(f"\nwhole-model check: measured {chk.measured_ms:.2f} ms, per-layer sum {chk.predicted_ms:.2f} ms, "
+                  f"error {100 * chk.rel_error:+.1f}%")
+    assert sorted(abs(e) for e in errors)[1] < 0.35, errors
 
 
 def test_cli_profile_then_inspect(tmp_path, monkeypatch, capsys):
