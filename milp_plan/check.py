@@ -128,6 +128,9 @@ def check_recompute(inst: Instance, plan: Plan) -> list[Violation]:
         if st.recompute == "full" and not 1 <= st.recompute_layers <= st.num_layers:
             out.append(Violation("recompute", f"stage {i}: full recompute of {st.recompute_layers} layers, must be "
                                               f"1..{st.num_layers}"))
+        if st.recompute == "full" and plan.vpp > 1 and st.recompute_layers % plan.vpp:
+            out.append(Violation("recompute", f"stage {i}: {st.recompute_layers} recomputed layers are not a multiple "
+                                              f"of vpp {plan.vpp} (Megatron recomputes the same count per chunk)"))
         if st.recompute != "full" and st.recompute_layers != 0:
             out.append(Violation("recompute", f"stage {i}: recompute_layers={st.recompute_layers} needs "
                                               "recompute 'full'"))

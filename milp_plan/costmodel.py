@@ -196,18 +196,33 @@ def model_state_bytes(params_per_gpu: float, dp: int, distributed_optimizer: boo
 
 
 def inflight_microbatches(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:
-    """Micro-batches whose activations a stage holds at its peak (in whole-stage units)."""
+    """Micro-batches whose activations a stage holds at its peak (in whole-stage units).
+
+    ZB-H1 holds min(pp, m) on every stage: a micro-batch's activations stay until its
+    deferred weight-gradient pass (PyTorch's ZB1P order, checked by the simulator)."""
     if schedule == "gpipe":
         return float(m)
+    if schedule == "zb-h1":
+        return float(min(pp, m))
     if schedule == "interleaved" and vpp > 1:
         chunks = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
         return chunks / vpp
     return float(min(pp - stage, m))
 
 
+def end_inflight(schedule: str, pp: int, m: int, vpp: int, inflight: float) -> tuple[float, float]:
+    """(embedding, head) in-flight micro-batches. Interleaved: the embedding lives only in
+    chunk 0 of stage 0, held min(2 pp - 1, m) times; the head only in the last chunk of
+    the last stage, whose backward follows its forward at once (held once)."""
+    if schedule == "interleaved" and vpp > 1:
+        return float(min(2 * pp - 1, m)), 1.0
+    return inflight, inflight
+
+
 def stage_activation_bytes(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_head: bool, tp: int,
                            mbs: int, sequence_parallel: bool, recompute: str, recompute_layers: int,
-                           inflight: float) -> float:
+                           inflight: float, emb_inflight: float | None = None,
+                           head_inflight: float | None = None) -> float:
     m, job = inst.model, inst.job
     kw = dict(micro_batch=mbs, tp=tp, seq_length=job.seq_length, sequence_parallel=sequence_parallel,
               flash_attention=job.flash_attention)
@@ -215,14 +230,30 @@ def stage_activation_bytes(inst: Instance, kinds: Sequence[str], has_embedding: 
     for i, k in enumerate(kinds):
         mode = "full" if (recompute == "full" and i < recompute_layers) else ("selective" if recompute == "selective" else "none")
         per_mb += m.layer_activation_bytes(k, recompute=mode, **kw)
+    ends = 0.0
     if has_embedding:
-        per_mb += m.layer_activation_bytes("embedding", **kw)
+        ends += (inflight if emb_inflight is None else emb_inflight) * m.layer_activation_bytes("embedding", **kw)
     if has_head:
-        per_mb += m.layer_activation_bytes("head", **kw)
+        ends += (inflight if head_inflight is None else head_inflight) * m.layer_activation_bytes("head", **kw)
     working = 0.0
     if recompute == "full" and recompute_layers > 0:
         working = max(m.layer_activation_bytes(k, **kw) for k in kinds[:recompute_layers])
-    return inflight * per_mb + working
+    return inflight * per_mb + ends + working
+
+
+def stage_memory_bytes(inst: Instance, *, schedule: str, pp: int, stage: int, m: int, vpp: int,
+                       kinds: Sequence[str], tp: int, dp: int, mbs: int, sequence_parallel: bool,
+                       distributed_optimizer: bool, recompute: str, recompute_layers: int
+                       ) -> tuple[float, float, float, float, float]:
+    """(weights, gradients, optimizer, activations, in-flight) bytes per GPU of stage `stage`."""
+    first, last = stage == 0, stage == pp - 1
+    params = stage_params(inst, kinds, first, last, single_stage=pp == 1) / tp
+    w, g, o = model_state_bytes(params, dp, distributed_optimizer)
+    inflight = inflight_microbatches(schedule, pp, stage, m, vpp)
+    emb, head = end_inflight(schedule, pp, m, vpp, inflight)
+    act = stage_activation_bytes(inst, kinds, first, last, tp, mbs, sequence_parallel, recompute,
+                                 recompute_layers, inflight, emb, head)
+    return w, g, o, act, inflight
 
 
 def usable_memory_bytes(inst: Instance, node_type: NodeType) -> float:
@@ -234,26 +265,68 @@ def optimizer_s(params_updated: float, node_type: NodeType) -> float:
 
 
 # ---- pipeline time -----------------------------------------------------------------
+def steady_period_s(t: Sequence[float], hop: Sequence[float]) -> float:
+    """z: time per micro-batch in the steady state of 1F1B-like schedules.
+
+    A stage holds at most pp - s micro-batches, so a run of consecutive stages a..b
+    (with the 2 transfers on each inner hop) is a cycle:
+        z = max over a <= b of (sum_{a..b} t_s + 2 sum_{a..b-1} h_s) / (b - a + 1).
+    Window a = b gives max_s t_s; with no communication z = max_s t_s exactly."""
+    best, pp = 0.0, len(t)
+    for a in range(pp):
+        acc = 0.0
+        for b in range(a, pp):
+            acc += t[b] + (2.0 * hop[b - 1] if b > a else 0.0)
+            best = max(best, acc / (b - a + 1))
+    return best
+
+
 def pipeline_time_s(fwd_s: Sequence[float], bwd_s: Sequence[float], m: int, schedule: str,
-                    vpp: int = 1) -> tuple[float, float]:
+                    vpp: int = 1, hop_s: Sequence[float] | None = None) -> tuple[float, float]:
     """(compute, bubble) of the closed form, given per-stage f_s, b_s per micro-batch.
 
-    With t_s = f_s + b_s and z = max_s t_s:
+    With t_s = f_s + b_s and z the steady period (steady_period_s; max_s t_s without hops):
       1F1B, GPipe:   T = m z + (sum_s t_s - z)                      [= (m-1) z + sum_s t_s]
-      interleaved:   T = m z + (sum_s t_s - z) / vpp
+      interleaved:   T = m z + (sum_s t_s - z) / vpp,   z = max_s t_s
       ZB-H1:         T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = W_FRACTION_OF_BWD b_s,
                      t'_s = t_s - 2 w_s; at equal stages this is m t + (p-1)(F + B - W), the
                      published ZB-H1 time. Every maximum enters with a positive coefficient,
-                     so the exact MILP needs only z >= t_s and w >= w_s.
+                     so the exact MILP needs only z >= (window averages) and w >= w_s.
     """
     t = [f + b for f, b in zip(fwd_s, bwd_s)]
-    z = max(t)
+    hops = list(hop_s) if hop_s is not None else [0.0] * (len(t) - 1)
     if schedule == "interleaved" and vpp > 1:
+        z = max(t)
         return m * z, (sum(t) - z) / vpp
+    z = steady_period_s(t, hops)
     if schedule == "zb-h1":
         w = [W_FRACTION_OF_BWD * b for b in bwd_s]
         return m * z, sum(ti - 2 * wi for ti, wi in zip(t, w)) + 2 * max(w) - z
     return m * z, sum(t) - z
+
+
+def p2p_time_s(hop_s: Sequence[float], wrap_hop_s: float, schedule: str, vpp: int = 1) -> float:
+    """Transfers on the critical path: 2 sum h (1F1B, GPipe); 4 sum h (ZB-H1);
+    2 (vpp sum h + (vpp - 1) h_wrap) (interleaved: fill and drain cross every chunk boundary)."""
+    if schedule == "interleaved" and vpp > 1:
+        return 2.0 * (vpp * sum(hop_s) + (vpp - 1) * wrap_hop_s)
+    if schedule == "zb-h1":
+        return 4.0 * sum(hop_s)
+    return 2.0 * sum(hop_s)
+
+
+def dp_tail_s(dp_s: Sequence[float], bwd_s: Sequence[float], hop_s: Sequence[float], schedule: str,
+              vpp: int = 1) -> float:
+    """Gradient reduction not hidden by the pipeline drain: stage s finishes its last
+    backward sum_{k<s} (b_k / v + h_k) before stage 0 does, so
+        dp = max_s (dp_s - sum_{k<s} (b_k / v + h_k))   (>= dp_0 >= 0)."""
+    v = vpp if (schedule == "interleaved" and vpp > 1) else 1
+    best, slack = 0.0, 0.0
+    for s, d in enumerate(dp_s):
+        if s:
+            slack += bwd_s[s - 1] / v + hop_s[s - 1]
+        best = max(best, d - slack)
+    return best
 
 
 # ---- cost ---------------------------------------------------------------------------
@@ -293,6 +366,7 @@ class PlanCosts:
     fwd_s: tuple[float, ...]
     bwd_s: tuple[float, ...]
     hop_s: tuple[float, ...]
+    wrap_hop_s: float          # last stage -> stage 0 (interleaved), one direction
     dp_s: tuple[float, ...]
     opt_s: tuple[float, ...]
     stages: tuple[StagePrediction, ...]
@@ -314,10 +388,11 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
         fwd.append(f)
         bwd.append(b)
         params = stage_params(inst, kinds, first, last, single_stage=pp == 1) / st.tp
-        w, g, o = model_state_bytes(params, st.dp, plan.distributed_optimizer)
-        inflight = inflight_microbatches(plan.schedule, pp, i, m, plan.vpp)
-        act = stage_activation_bytes(inst, kinds, first, last, st.tp, st.micro_batch_size, plan.sequence_parallel,
-                                     st.recompute, st.recompute_layers, inflight)
+        w, g, o, act, inflight = stage_memory_bytes(
+            inst, schedule=plan.schedule, pp=pp, stage=i, m=m, vpp=plan.vpp, kinds=kinds, tp=st.tp, dp=st.dp,
+            mbs=st.micro_batch_size, sequence_parallel=plan.sequence_parallel,
+            distributed_optimizer=plan.distributed_optimizer, recompute=st.recompute,
+            recompute_layers=st.recompute_layers)
         cap = usable_memory_bytes(inst, nt)
         preds.append(StagePrediction(f * 1e3, b * 1e3, w / GIB, g / GIB, o / GIB, act / GIB,
                                      (w + g + o + act) / GIB, cap / GIB, inflight))
@@ -328,13 +403,18 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
                                        min(n.type.inter_node_gb_per_s for n in _stage_nodes(inst, st)),
                                        plan.distributed_optimizer))
         opt_times.append(optimizer_s(params / (st.dp if plan.distributed_optimizer else 1), nt))
-    for i in range(pp - 1):
-        a, b = plan.stages[i], plan.stages[i + 1]
-        same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
-        senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
-        hops.append(p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel),
-                          nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders))
-    return PlanCosts(tuple(fwd), tuple(bwd), tuple(hops), tuple(dp_times), tuple(opt_times), tuple(preds))
+    hops = [hop_between(inst, plan, plan.stages[i], plan.stages[i + 1]) for i in range(pp - 1)]
+    wrap = hop_between(inst, plan, plan.stages[-1], plan.stages[0]) if pp > 1 else 0.0
+    return PlanCosts(tuple(fwd), tuple(bwd), tuple(hops), wrap, tuple(dp_times), tuple(opt_times), tuple(preds))
+
+
+def hop_between(inst: Instance, plan: Plan, a: Stage, b: Stage) -> float:
+    """One transfer from stage a to stage b: same node or not, senders = a's GPUs on its busiest node."""
+    nodes = inst.cluster.nodes
+    same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
+    senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
+    return p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel),
+                 nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
 
 
 def plan_usd_per_hour(inst: Instance, plan: Plan) -> float:
@@ -348,9 +428,10 @@ def plan_usd_per_hour(inst: Instance, plan: Plan) -> float:
 def evaluate(inst: Instance, plan: Plan) -> Prediction:
     """Predicted step time (closed form), breakdown, memory per stage and cost, from the plan alone."""
     c = plan_costs(inst, plan)
-    compute, bubble = pipeline_time_s(c.fwd_s, c.bwd_s, plan.num_microbatches, plan.schedule, plan.vpp)
-    p2p = 2.0 * sum(c.hop_s)
-    dp, opt = max(c.dp_s), max(c.opt_s)
+    compute, bubble = pipeline_time_s(c.fwd_s, c.bwd_s, plan.num_microbatches, plan.schedule, plan.vpp, c.hop_s)
+    p2p = p2p_time_s(c.hop_s, c.wrap_hop_s, plan.schedule, plan.vpp)
+    dp = dp_tail_s(c.dp_s, c.bwd_s, c.hop_s, plan.schedule, plan.vpp)
+    opt = max(c.opt_s)
     step = compute + bubble + p2p + dp + opt
     usd_h = plan_usd_per_hour(inst, plan)
     tokens = plan.global_batch_size * inst.job.seq_length

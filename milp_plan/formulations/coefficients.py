@@ -109,14 +109,13 @@ class Coefficients:
 
     def memory(self, k: int, s: int) -> Affine:
         """Bytes per GPU of stage position s on node type k."""
-        cfg, (first, last) = self.cfg, self._ends(s)
-        inflight = cm.inflight_microbatches(cfg.schedule, cfg.pp, s, self.m, cfg.vpp)
+        cfg = self.cfg
 
         def mem(n: int, r: int) -> float:
-            w, g, o = cm.model_state_bytes(self._params(n, first, last), cfg.dp, cfg.distributed_optimizer)
-            act = cm.stage_activation_bytes(self.inst, [self.kind] * n, first, last, cfg.tp, cfg.mbs,
-                                            cfg.sequence_parallel, cfg.recompute, r, inflight)
-            return w + g + o + act
+            return sum(cm.stage_memory_bytes(
+                self.inst, schedule=cfg.schedule, pp=cfg.pp, stage=s, m=self.m, vpp=cfg.vpp, kinds=[self.kind] * n,
+                tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs, sequence_parallel=cfg.sequence_parallel,
+                distributed_optimizer=cfg.distributed_optimizer, recompute=cfg.recompute, recompute_layers=r)[:4])
         return _affine(mem, self.full)
 
     def capacity(self, k: int) -> float:
@@ -152,15 +151,6 @@ class Coefficients:
 
     def hop_inter(self, k: int, k2: int) -> float:
         return cm.p2p_s(self.inst, self.hop_bytes, self.types[k], self.types[k2], False, self.senders(k))
-
-    def block_hops(self, k: int, size: int) -> float:
-        """One-direction transfer time summed over the hops inside a block of `size` stages
-        of node type k placed canonically (stages_per_node per node, in order)."""
-        if size <= 1:
-            return 0.0
-        pl = self.place[k]
-        inter = (size - 1) // pl.stages_per_node if pl.stages_per_node else size - 1
-        return (size - 1 - inter) * self.hop_intra(k) + inter * self.hop_inter(k, k)
 
     # ---- money --------------------------------------------------------------------------
     def usd_per_hour(self, k: int, stages: int) -> float:

@@ -12,8 +12,14 @@ Variables (symbols as in the math):
   rr[s,k]   r if stage s runs on type k, else 0              (int)
   u[k,b]    node type k holds exactly b stages               (bool, one-hot in b)
   st[s,k]   a block of type k starts at stage s              (bool)
-  x[s,k,j]  stage s on type k and stage s+1 on type j != k   (bool)
-  z         max_s t_s (ticks);  bmax = max_s b_s (ZB-H1);  d = max_s dp_s;  o = max_s opt_s
+  e[s,k]    stages s and s+1 both on type k                  (bool, exact AND)
+  g[s,k]    ... and a node boundary lies between them        (bool, exact AND)
+  x[s,k,j]  stage s on type k and stage s+1 on type j != k   (bool, exact AND)
+  h[s]      one-direction transfer time of hop s (ticks, exact expression of e, g, x)
+  Q[s]      sum_{j<s} (t_j + 2 h_j): prefix sums for the steady-period windows
+  z         steady period (ticks): (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b
+            (max_s t_s for interleaved); bmax = max_s 2 w_s (ZB-H1);
+  D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  o = max_s opt_s
   W[k,b]    step time if u[k,b] else 0 (ticks; min-cost and $/step budgets)
 """
 from __future__ import annotations
@@ -66,11 +72,16 @@ class Vars:
     x: dict = field(default_factory=dict)
     W: dict = field(default_factory=dict)
     t: list = field(default_factory=list)   # stage time expressions (ticks)
-    b: list = field(default_factory=list)   # stage backward expressions (ticks)
+    b: list = field(default_factory=list)   # 2 w_s expressions (ticks, ZB-H1)
+    bwd: list = field(default_factory=list)  # stage backward expressions (ticks)
+    h: list = field(default_factory=list)   # hop time expressions (ticks)
+    e: dict = field(default_factory=dict)
+    g: dict = field(default_factory=dict)
+    wrap: Any = 0                           # last -> first transfer (interleaved)
     r: Any = None
     z: Any = None
     bmax: Any = None
-    d: Any = None
+    D: Any = None
     o: Any = None
     step: Any = None                        # step time expression, ticks x scale
     scale: int = 1                          # step = scale x T (interleaved keeps integers)
@@ -140,6 +151,9 @@ class PipelineModel:
             return
         be, v, L = self.be, self.v, self.L
         v.r = be.new_int(1, L, "r")
+        if self.cfg.vpp > 1:  # Megatron recomputes r / vpp layers of every chunk
+            rq = be.new_int(1, L // self.cfg.vpp, "r/vpp")
+            be.add(v.r == self.cfg.vpp * rq)
         for s in self.S:
             be.add(v.r <= be.sum([v.n[s, k] for k in self.K]))
             for k in self.K:
@@ -188,51 +202,106 @@ class PipelineModel:
         for s in self.S:
             t = be.sum([self._aff_ticks(self.c.time(k, s)[0], s, k) for k in self.K])
             v.t.append(t)
+            v.bwd.append(be.sum([self._aff_ticks(self.c.time(k, s)[1], s, k) for k in self.K]))
             be.add(v.z >= t)
             if zb:
                 b = be.sum([self._aff_ticks(self.c.time(k, s)[1], s, k, 2 * W_FRACTION_OF_BWD) for k in self.K])
                 v.b.append(b)
                 be.add(v.bmax >= b)
 
-    def _hops(self):
-        """One-direction transfer time over every hop: inside blocks by block size, plus block boundaries."""
-        be, v = self.be, self.v
-        terms = []
-        for k in self.K:
-            for b in range(2, min(self.cfg.pp, self.c.place[k].max_stages) + 1):
-                terms.append(ticks(self.c.block_hops(k, b)) * v.u[k, b])
+    def _and(self, name: str, *bools):
+        """An exact AND of booleans: w <= each, w >= sum - (n - 1)."""
+        be = self.be
+        w = be.new_bool(name)
+        for x in bools:
+            be.add(w <= x)
+        be.add(w >= be.sum(list(bools)) - (len(bools) - 1))
+        return w
+
+    def add_hops(self) -> None:
+        """h[s] exactly: same type -> intra-node unless a node boundary lies between the two
+        stages (canonical placement: a block of type k starts on a fresh node and puts
+        q_k = stages_per_node stages on each); different types -> inter-node."""
+        be, v, c = self.be, self.v, self.c
         for s in list(self.S)[:-1]:
+            terms = []
+            for k in self.K:
+                v.e[s, k] = self._and(f"e[{s},{k}]", v.y[s, k], v.y[s + 1, k])
+                q = c.place[k].stages_per_node
+                if q >= 2:
+                    starts = [v.st[b, k] for b in range(s + 1) if (s + 1 - b) % q == 0]
+                    boundary = be.sum(starts) if starts else 0
+                    if starts:
+                        v.g[s, k] = be.new_bool(f"g[{s},{k}]")
+                        be.add(v.g[s, k] <= v.e[s, k])
+                        be.add(v.g[s, k] <= boundary)
+                        be.add(v.g[s, k] >= v.e[s, k] + boundary - 1)
+                        terms += [ticks(c.hop_intra(k)) * v.e[s, k],
+                                  (ticks(c.hop_inter(k, k)) - ticks(c.hop_intra(k))) * v.g[s, k]]
+                    else:
+                        terms.append(ticks(c.hop_intra(k)) * v.e[s, k])
+                else:
+                    terms.append(ticks(c.hop_inter(k, k)) * v.e[s, k])
+                for j in self.K:
+                    if j != k:
+                        v.x[s, k, j] = self._and(f"x[{s},{k},{j}]", v.y[s, k], v.y[s + 1, j])
+                        terms.append(ticks(c.hop_inter(k, j)) * v.x[s, k, j])
+            v.h.append(be.sum(terms))
+        if self.cfg.schedule == "interleaved" and self.cfg.vpp > 1 and self.cfg.pp > 1:
+            last, terms = self.cfg.pp - 1, []
             for k in self.K:
                 for j in self.K:
-                    if j == k:
-                        continue
-                    v.x[s, k, j] = be.new_bool(f"x[{s},{k},{j}]")
-                    be.add(v.x[s, k, j] >= v.y[s, k] + v.y[s + 1, j] - 1)
-                    terms.append(ticks(self.c.hop_inter(k, j)) * v.x[s, k, j])
-        return be.sum(terms) if terms else 0
+                    w = self._and(f"wrap[{k},{j}]", v.y[last, k], v.y[0, j])
+                    one_node = j == k and 0 < self.cfg.pp <= c.place[k].stages_per_node
+                    cost = c.hop_intra(k) if one_node else c.hop_inter(k, j)
+                    terms.append(ticks(cost) * w)
+            v.wrap = be.sum(terms)
+
+    def add_steady_period(self) -> None:
+        """(b - a + 1) z >= sum_{a..b} t + 2 sum_{a..b-1} h  (costmodel.steady_period_s)."""
+        if self.cfg.schedule == "interleaved" and self.cfg.vpp > 1:
+            return  # z >= t_s (add_stage_time) is the interleaved closed form
+        be, v, pp = self.be, self.v, self.cfg.pp
+        if pp < 2:
+            return
+        hi = 4 * pp * self.t_hi
+        Q = [0]
+        for s in range(pp - 1):
+            q = be.new_int(0, hi, f"Q[{s + 1}]")
+            be.add(q == (Q[-1] if s else 0) + v.t[s] + 2 * v.h[s])
+            Q.append(q)
+        for a in range(pp):
+            for b in range(a + 1, pp):
+                be.add((b - a + 1) * v.z >= Q[b] - (Q[a] if a else 0) + v.t[b])
 
     def add_dp_optimizer(self) -> None:
-        """d >= dp_s and o >= opt_s for every stage (both maxima enter T positively)."""
+        """D >= scale (dp_s - sum_{k<s} (b_k / v + h_k)) and o >= opt_s for every stage
+        (costmodel.dp_tail_s; D is scale x the reduction tail)."""
         be, v = self.be, self.v
-        v.d = be.new_int(0, 10 * self.t_hi, "d")
+        sc = v_scale(self.cfg)
+        v.D = be.new_int(0, 10 * sc * self.t_hi, "D")
         v.o = be.new_int(0, 10 * self.t_hi, "o")
         for s in self.S:
+            slack = [v.bwd[k] + sc * v.h[k] for k in range(s)]
             for k in self.K:
-                be.add(v.d >= self._aff_ticks(self.c.dp_time(k, s), s, k))
+                dp = self._aff_ticks(self.c.dp_time(k, s), s, k)
+                be.add(v.D >= be.sum([sc * dp, -1 * be.sum(slack)]) if slack else v.D >= sc * dp)
                 be.add(v.o >= self._aff_ticks(self.c.opt_time(k, s), s, k))
 
     def add_step_time(self) -> None:
-        """T (scaled): the closed form of costmodel.pipeline_time_s plus 2 x hops, d and o."""
+        """T (scaled): costmodel.pipeline_time_s + p2p_time_s + dp_tail_s + max optimizer."""
         be, v, cfg = self.be, self.v, self.cfg
         m = self.c.m
-        hops = self._hops()
+        hops = be.sum(v.h) if v.h else 0
         if cfg.schedule == "interleaved" and cfg.vpp > 1:
-            v.scale = cfg.vpp  # vpp T = (m vpp - 1) z + sum t + vpp (2 hops + d + o)
-            v.step = be.sum([(m * cfg.vpp - 1) * v.z, be.sum(v.t), cfg.vpp * 2 * hops, cfg.vpp * v.d, cfg.vpp * v.o])
-        elif cfg.schedule == "zb-h1":  # (m-1) z + sum (t - 2w) + 2 wmax, with 2w folded into b
-            v.step = be.sum([(m - 1) * v.z, be.sum(v.t), -1 * be.sum(v.b), v.bmax, 2 * hops, v.d, v.o])
+            vp = cfg.vpp
+            v.scale = vp  # vpp T = (m vpp - 1) z + sum t + vpp (2 (vpp sum h + (vpp-1) wrap) + o) + D
+            v.step = be.sum([(m * vp - 1) * v.z, be.sum(v.t), 2 * vp * vp * hops, 2 * vp * (vp - 1) * v.wrap,
+                             v.D, vp * v.o])
+        elif cfg.schedule == "zb-h1":  # (m-1) z + sum (t - 2w) + 2 wmax + 4 sum h, with 2w folded into b
+            v.step = be.sum([(m - 1) * v.z, be.sum(v.t), -1 * be.sum(v.b), v.bmax, 4 * hops, v.D, v.o])
         else:
-            v.step = be.sum([(m - 1) * v.z, be.sum(v.t), 2 * hops, v.d, v.o])
+            v.step = be.sum([(m - 1) * v.z, be.sum(v.t), 2 * hops, v.D, v.o])
         if self.lim.time_limit_s is not None:
             be.add(v.step <= v.scale * ticks(self.lim.time_limit_s))
 
@@ -278,8 +347,9 @@ class PipelineModel:
 
     def build(self) -> Vars:
         for family in (self.add_stage_type, self.add_layer_cover, self.add_recompute, self.add_contiguity,
-                       self.add_device_count, self.add_memory_capacity, self.add_stage_time, self.add_dp_optimizer,
-                       self.add_step_time, self.add_cost, self.set_objective):
+                       self.add_device_count, self.add_memory_capacity, self.add_stage_time, self.add_hops,
+                       self.add_steady_period, self.add_dp_optimizer, self.add_step_time, self.add_cost,
+                       self.set_objective):
             family()
         return self.v
 

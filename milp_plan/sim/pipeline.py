@@ -339,28 +339,18 @@ def simulate_pipeline(spec: PipelineSpec) -> SimResult:
 
 
 # ---- from a plan ------------------------------------------------------------------------
-def _wrap_hop_s(inst: Instance, plan: Plan) -> float:
-    """Last rank -> rank 0 transfer (interleaved), priced like costmodel.plan_costs prices hops."""
-    a, b = plan.stages[-1], plan.stages[0]
-    nodes = inst.cluster.nodes
-    same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
-    senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
-    return costmodel.p2p_s(inst, costmodel.p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel),
-                           nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
-
-
 def _chunk_memory(inst: Instance, plan: Plan, rank: int) -> tuple[list[float], list[float]]:
     """(activation bytes of one micro-batch, full-recompute working bytes) per chunk of `rank`.
 
     Chunk c holds the stage's layers c*n/v .. (c+1)*n/v (plan.layer_chunks); the embedding
     goes with chunk 0 of rank 0, the head with the last chunk of the last rank; full
-    recompute of r layers covers the stage's first r layers in chunk order."""
+    recompute of r layers recomputes r / v layers of every chunk (Megatron's block method
+    counts per virtual chunk; the checker requires v | r)."""
     st, pp, v = plan.stages[rank], plan.pp, plan.vpp
-    acts, works, done = [], [], 0
+    acts, works = [], []
     for c, (first, n) in enumerate(plan.layer_chunks(rank)):
         kinds = costmodel.stage_kinds(inst, first, n)
-        r = min(max(st.recompute_layers - done, 0), n) if st.recompute == "full" else 0
-        done += n
+        r = min(st.recompute_layers // v, n) if st.recompute == "full" else 0
         args = (inst, kinds, rank == 0 and c == 0, rank == pp - 1 and c == v - 1, st.tp, st.micro_batch_size,
                 plan.sequence_parallel, st.recompute if (st.recompute != "full" or r > 0) else "none", r)
         work = costmodel.stage_activation_bytes(*args, inflight=0.0)
@@ -376,7 +366,7 @@ def spec_from_plan(inst: Instance, plan: Plan, dp_overlap: bool = False) -> Pipe
     static = tuple((sp.weights_gib + sp.gradients_gib + sp.optimizer_gib) * GIB for sp in c.stages)
     return PipelineSpec(
         schedule=plan.schedule, num_microbatches=plan.num_microbatches, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
-        hop_s=c.hop_s, vpp=plan.vpp, wrap_hop_s=_wrap_hop_s(inst, plan) if plan.vpp > 1 else 0.0,
+        hop_s=c.hop_s, vpp=plan.vpp, wrap_hop_s=c.wrap_hop_s if plan.vpp > 1 else 0.0,
         dp_s=c.dp_s, opt_s=c.opt_s, dp_overlap=dp_overlap, static_bytes=static,
         act_bytes=tuple(tuple(a) for a, _ in mem), working_bytes=tuple(tuple(w) for _, w in mem),
         buckets=tuple(tuple(n for _, n in plan.layer_chunks(r)) for r in range(plan.pp)))

@@ -12,8 +12,8 @@ the least possible sum of stage times, the largest stage time z is at least S / 
 at least the smallest z for which the pp best stage slots the cluster offers can hold
 the L layers when a stage of type k holds at most min(floor(z / a_k), memory room)
 layers, at least one (vpp when interleaved; `_bottleneck_bound`). Then
-T >= w_z z + w_sum S + dp and optimizer of the largest stage (weights of
-costmodel.pipeline_time_s). No slot assignment holding L layers within memory: the
+T >= w_z z + w_sum S + stage 0's reduction + the largest stage's optimizer step
+(weights of costmodel.pipeline_time_s; hops only add). No slot assignment holding L layers within memory: the
 Config has no plan.
 """
 from __future__ import annotations
@@ -125,7 +125,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits) -> float | None:
     else:
         T = coef.z_weight() * z + coef.sum_weight() * S
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
-    T += min(coef.dp_time(k, 0).a for k in K) * biggest + min(coef.opt_time(k, 0).a for k in K) * biggest
+    # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
+    T += min(coef.dp_time(k, 0)(cfg.vpp) for k in K) + min(coef.opt_time(k, 0).a for k in K) * biggest
     if limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6):
         return None
     gpu_usd = min(coef.types[k].usd_per_gpu_hour for k in K) * cfg.pp * cfg.group

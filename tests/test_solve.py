@@ -1,0 +1,192 @@
+"""Exact planning: hand-derived optima on every backend, and brute-force cross-checks.
+
+Every test that solves also checks the plan with the solver-independent checker and
+recomputes its objective from the plan alone (costmodel.evaluate via objective_of).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from milp_plan import check
+from milp_plan.errors import InputError
+from milp_plan.formulations.pipeline import Limits
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.solvers import bruteforce
+from milp_plan.solvers.driver import objective_of, solve
+
+BACKENDS = ("cpsat", "highs", "cbc")
+HUGE_BW = 1e9  # GB/s: communication ~0, so the hand derivation is pure compute
+
+
+def write_instance(tmp: Path, *, layers=4, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0), prices=(8.0, 2.0),
+                   gpn=2, counts=(1, 1)) -> InstanceSpec:
+    """Two node types of `gpn` GPUs: 'fast' (A100-80GB) and 'slow' (A10); a tiny GPT whose
+    block costs fwd/bwd ms as given at tp 1, micro-batch 1; embedding and head cost nothing."""
+    (tmp / "cluster.yaml").write_text(f"""
+name: hand
+node_types:
+  - {{name: fast, gpu: A100-80GB, gpus_per_node: {gpn}, count: {counts[0]}, intra_node_gb_per_s: {HUGE_BW},
+      inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[0]}}}
+  - {{name: slow, gpu: A10, gpus_per_node: {gpn}, count: {counts[1]}, intra_node_gb_per_s: {HUGE_BW},
+      inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[1]}}}
+""")
+    (tmp / "model.yaml").write_text(f"""
+name: hand-gpt
+arch: gpt
+num_layers: {layers}
+hidden_size: 64
+ffn_hidden_size: 256
+num_attention_heads: 4
+vocab_size: 128
+seq_length: 32
+""")
+    prof = tmp / "profiles"
+    prof.mkdir(exist_ok=True)
+    rows = ["# format: native", "# origin: hand-written test profile",
+            "model,gpu,tp,micro_batch_size,seq_length,kind,fwd_ms,bwd_ms,attn_core_fwd_ms"]
+    for gpu, (f, b) in (("A100-80GB", fast_ms), ("A10", slow_ms)):
+        rows += [f"hand-gpt,{gpu},1,1,32,embedding,0,0,0", f"hand-gpt,{gpu},1,1,32,block,{f},{b},0",
+                 f"hand-gpt,{gpu},1,1,32,head,0,0,0"]
+    (prof / "hand.csv").write_text("\n".join(rows) + "\n")
+    return InstanceSpec(cluster=str(tmp / "cluster.yaml"), model=str(tmp / "model.yaml"), profiles=str(prof),
+                        global_batch_size=4)
+
+
+FIX = {"tp": 1, "dp": 1, "mbs": 1, "recompute": "none", "schedule": "1f1b"}
+
+
+def solve_checked(inst, limits, backend, fix=FIX):
+    res = bruteforce.solve(inst, limits, fix=fix) if backend == "brute-force" else \
+        solve(inst, limits, backend=backend, fix=fix, time_limit_s=30)
+    assert res.status == "optimal", res.status
+    assert check.check_plan(inst, res.plan) == []
+    assert objective_of(res.plan, limits) == pytest.approx(res.objective, rel=1e-12)
+    return res
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ("brute-force",))
+def test_hand_derived_min_time(tmp_path, backend):
+    # L = 4 layers, m = 4 micro-batches (global batch 4, mbs 1, dp 1), t = f + b per layer:
+    # fast 3 ms, slow 6 ms; 1F1B: T = (m - 1) max_s t_s + sum_s t_s.
+    #   pp=1 fast [4]:            3*12 + 12 = 48
+    #   pp=2 fast,fast [2,2]:     3*6  + 12 = 30   <- optimum
+    #   pp=2 fast,slow [3,1]:     3*9  + 15 = 42
+    #   pp=3 fast,fast,slow [2,1,1]: 3*6 + 15 = 33
+    #   pp=4 f,f,s,s [1,1,1,1]:   3*6  + 18 = 36
+    inst = build_instance(write_instance(tmp_path))
+    res = solve_checked(inst, Limits(), backend)
+    assert res.objective == pytest.approx(0.030, abs=2e-5)
+    assert [(s.gpu, s.num_layers) for s in res.plan.stages] == [("A100-80GB", 2), ("A100-80GB", 2)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ("brute-force",))
+def test_hand_derived_min_cost_under_time_limit(tmp_path, backend):
+    # Same instance, fast node 8 $/h, slow node 2 $/h (a node with any used GPU is paid whole).
+    # Under 65 ms/step: slow,slow [2,2] takes 3*12 + 24 = 60 ms at 2 $/h -> 2 * 0.060 / 3600 $/step,
+    # cheaper than any plan touching the fast node (>= 8 $/h x 30 ms = 0.24/3600).
+    inst = build_instance(write_instance(tmp_path))
+    res = solve_checked(inst, Limits("min-cost", time_limit_s=0.065), backend)
+    assert res.objective == pytest.approx(2 * 0.060 / 3600, rel=1e-3)
+    assert {s.gpu for s in res.plan.stages} == {"A10"}
+    assert res.plan.predicted.step_time_s <= 0.065
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ("brute-force",))
+def test_hand_derived_budget_per_hour(tmp_path, backend):
+    # Budget 5 $/h excludes the fast node: best slow-only plan is pp=2 [2,2], 60 ms (pp=1: 3*24+24 = 96).
+    inst = build_instance(write_instance(tmp_path))
+    res = solve_checked(inst, Limits(budget_usd_per_hour=5.0), backend)
+    assert res.objective == pytest.approx(0.060, abs=2e-5)
+    assert res.plan.predicted.usd_per_hour == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_infeasible_time_limit(tmp_path, backend):
+    # Nothing beats 30 ms, so a 20 ms limit has no plan.
+    inst = build_instance(write_instance(tmp_path))
+    res = solve(inst, Limits("min-cost", time_limit_s=0.020), backend=backend, fix=FIX)
+    assert res.status == "infeasible" and res.plan is None
+
+
+def test_brute_force_refuses_large_instances():
+    inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-13b"))
+    with pytest.raises(InputError, match="brute force would enumerate"):
+        bruteforce.solve(inst, Limits())
+
+
+# ---- random small instances: every backend agrees with brute force ----------------------
+
+@st.composite
+def small_instances(draw):
+    layers = draw(st.integers(2, 6))
+    f = draw(st.sampled_from([0.5, 1.0, 1.5, 2.0]))
+    slow = draw(st.sampled_from([1.0, 1.5, 2.5]))  # slow / fast speed ratio
+    gpn = draw(st.sampled_from([1, 2]))
+    counts = (draw(st.integers(1, 2)), draw(st.integers(0, 2)) or 1)
+    prices = (draw(st.sampled_from([4.0, 8.0])), draw(st.sampled_from([1.0, 2.0, 6.0])))
+    gbs = draw(st.sampled_from([2, 4, 8]))
+    objective = draw(st.sampled_from(["min-time", "min-cost", "budget-h", "budget-step"]))
+    return dict(layers=layers, fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow), gpn=gpn, counts=counts,
+                prices=prices), gbs, objective
+
+
+def limits_for(objective: str, fastest: float) -> Limits:
+    if objective == "min-cost":
+        return Limits("min-cost", time_limit_s=fastest * 1.6)
+    if objective == "budget-h":
+        return Limits(budget_usd_per_hour=6.0)
+    if objective == "budget-step":
+        return Limits(budget_usd_per_step=6.0 * fastest * 1.5 / 3600)
+    return Limits()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(small_instances())
+def test_backends_agree_with_brute_force(tmp_path_factory, case):
+    kw, gbs, objective = case
+    tmp = tmp_path_factory.mktemp("inst")
+    spec = write_instance(tmp, **kw)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs}))
+    fastest = bruteforce.solve(inst, Limits(), fix={"mbs": 1}).objective
+    limits = limits_for(objective, fastest)
+    ref = bruteforce.solve(inst, limits, fix={"mbs": 1})
+    for backend in BACKENDS:
+        res = solve(inst, limits, backend=backend, fix={"mbs": 1}, time_limit_s=60)
+        assert res.status == ref.status
+        if ref.plan is None:
+            continue
+        assert check.check_plan(inst, res.plan) == []
+        # equal up to integer-tick rounding (1 us per coefficient)
+        assert objective_of(res.plan, limits) == pytest.approx(ref.objective, rel=1e-4, abs=1e-9)
+
+
+def test_cli_solve_default_is_deterministic(tmp_path):
+    """`milp-plan solve` with no arguments prints a plan; the same inputs and seed give identical bytes."""
+    exe = Path(sys.executable).parent / "milp-plan"
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"plan{i}.json"
+        r = subprocess.run([str(exe), "solve", "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "Step time" in r.stdout and "optimal" in r.stdout
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    plan = json.loads(outs[0])
+    assert plan["solver"]["status"] == "optimal" and plan["solver"]["gap"] == 0.0
+
+
+def test_cli_infeasible_exit_1_with_diagnosis(tmp_path):
+    exe = Path(sys.executable).parent / "milp-plan"
+    out = tmp_path / "plan.json"
+    out.write_text("previous")
+    r = subprocess.run([str(exe), "solve", "--objective", "min-cost", "--time-limit", "10ms/step", "--out", str(out)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 1
+    assert "fastest plan takes" in r.stderr and "Traceback" not in r.stderr
+    assert out.read_text() == "previous"  # a failed run overwrites nothing
