@@ -13,7 +13,7 @@ import typer
 
 from milp_plan.errors import EXIT_BAD_INPUT, InputError, MilpPlanError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Plan parallel Transformer training on heterogeneous, rented GPU clusters.")
 
 # ---- options shared by the commands that build an instance ------------------------------

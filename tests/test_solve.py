@@ -137,12 +137,14 @@ def small_instances(draw):
 
 
 def limits_for(objective: str, fastest: float) -> Limits:
+    # Limits sit off round numbers: a plan exactly on a limit may fall either side of it
+    # after integer-tick rounding, which is the tolerance the models document.
     if objective == "min-cost":
-        return Limits("min-cost", time_limit_s=fastest * 1.6)
+        return Limits("min-cost", time_limit_s=fastest * 1.613)
     if objective == "budget-h":
-        return Limits(budget_usd_per_hour=6.0)
+        return Limits(budget_usd_per_hour=6.37)
     if objective == "budget-step":
-        return Limits(budget_usd_per_step=6.0 * fastest * 1.5 / 3600)
+        return Limits(budget_usd_per_step=6.37 * fastest * 1.47 / 3600)
     return Limits()
 
 

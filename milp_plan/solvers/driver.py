@@ -84,7 +84,9 @@ def _bottleneck_bound(slots: list[tuple[float, int]], pp: int, L: int, unit: int
     if len(slots) < pp:
         return None
     def fits(z: float) -> bool:
-        caps = sorted((min(int(z // a) if a > 0 else room, room) // unit * unit for a, room in slots), reverse=True)
+        # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
+        caps = sorted((min(int(z / a + 1e-9) if a > 0 else room, room) // unit * unit for a, room in slots),
+                      reverse=True)
         top = caps[:pp]
         return top[-1] >= unit and sum(top) >= L
     cands = sorted({a * j for a, _ in slots for j in range(unit, L + 1, unit)})
