@@ -25,9 +25,10 @@ HUGE_BW = 1e9  # GB/s: communication ~0, so the hand derivation is pure compute
 
 
 def write_instance(tmp: Path, *, layers=4, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0), prices=(8.0, 2.0),
-                   gpn=2, counts=(1, 1)) -> InstanceSpec:
-    """Two node types of `gpn` GPUs: 'fast' (A100-80GB) and 'slow' (A10); a tiny GPT whose
-    block costs fwd/bwd ms as given at tp 1, micro-batch 1; embedding and head cost nothing."""
+                   gpn=2, counts=(1, 1), third: bool = False) -> InstanceSpec:
+    """Two node types of `gpn` GPUs: 'fast' (A100-80GB) and 'slow' (A10), and with `third` a
+    single 'mid' node of L40S; a tiny GPT whose block costs fwd/bwd ms as given at tp 1,
+    micro-batch 1 (other points by the profile's fill rules); embedding and head cost nothing."""
     (tmp / "cluster.yaml").write_text(f"""
 name: hand
 node_types:
@@ -35,7 +36,9 @@ node_types:
       inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[0]}}}
   - {{name: slow, gpu: A10, gpus_per_node: {gpn}, count: {counts[1]}, intra_node_gb_per_s: {HUGE_BW},
       inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[1]}}}
-""")
+""" + (f"""  - {{name: mid, gpu: L40S, gpus_per_node: {gpn}, count: 1, intra_node_gb_per_s: 50,
+      inter_node_gb_per_s: 5, usd_per_hour: 3.0}}
+""" if third else ""))
     (tmp / "model.yaml").write_text(f"""
 name: hand-gpt
 arch: gpt
@@ -50,7 +53,8 @@ seq_length: 32
     prof.mkdir(exist_ok=True)
     rows = ["# format: native", "# origin: hand-written test profile",
             "model,gpu,tp,micro_batch_size,seq_length,kind,fwd_ms,bwd_ms,attn_core_fwd_ms"]
-    for gpu, (f, b) in (("A100-80GB", fast_ms), ("A10", slow_ms)):
+    mid = ((fast_ms[0] + slow_ms[0]) / 2, (fast_ms[1] + slow_ms[1]) / 2)
+    for gpu, (f, b) in (("A100-80GB", fast_ms), ("A10", slow_ms), ("L40S", mid)):
         rows += [f"hand-gpt,{gpu},1,1,32,embedding,0,0,0", f"hand-gpt,{gpu},1,1,32,block,{f},{b},0",
                  f"hand-gpt,{gpu},1,1,32,head,0,0,0"]
     (prof / "hand.csv").write_text("\n".join(rows) + "\n")
@@ -124,16 +128,19 @@ def test_brute_force_refuses_large_instances():
 
 @st.composite
 def small_instances(draw):
-    layers = draw(st.integers(2, 6))
+    """Up to 3 node types (the third: L40S), 1-4 GPUs per node, up to 8 layers, free tp/dp/mbs/pp,
+    recompute and schedule: every global choice the planner enumerates."""
+    layers = draw(st.integers(2, 8))
     f = draw(st.sampled_from([0.5, 1.0, 1.5, 2.0]))
     slow = draw(st.sampled_from([1.0, 1.5, 2.5]))  # slow / fast speed ratio
-    gpn = draw(st.sampled_from([1, 2]))
-    counts = (draw(st.integers(1, 2)), draw(st.integers(0, 2)) or 1)
+    gpn = draw(st.sampled_from([1, 2, 4]))
+    counts = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     prices = (draw(st.sampled_from([4.0, 8.0])), draw(st.sampled_from([1.0, 2.0, 6.0])))
+    third = draw(st.booleans())
     gbs = draw(st.sampled_from([2, 4, 8]))
     objective = draw(st.sampled_from(["min-time", "min-cost", "budget-h", "budget-step"]))
     return dict(layers=layers, fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow), gpn=gpn, counts=counts,
-                prices=prices), gbs, objective
+                prices=prices, third=third), gbs, objective
 
 
 def limits_for(objective: str, fastest: float) -> Limits:
@@ -148,18 +155,18 @@ def limits_for(objective: str, fastest: float) -> Limits:
     return Limits()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(small_instances())
 def test_backends_agree_with_brute_force(tmp_path_factory, case):
     kw, gbs, objective = case
     tmp = tmp_path_factory.mktemp("inst")
     spec = write_instance(tmp, **kw)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs}))
-    fastest = bruteforce.solve(inst, Limits(), fix={"mbs": 1}).objective
+    fastest = bruteforce.solve(inst, Limits()).objective
     limits = limits_for(objective, fastest)
-    ref = bruteforce.solve(inst, limits, fix={"mbs": 1})
+    ref = bruteforce.solve(inst, limits)
     for backend in BACKENDS:
-        res = solve(inst, limits, backend=backend, fix={"mbs": 1}, time_limit_s=60)
+        res = solve(inst, limits, backend=backend, time_limit_s=60)
         assert res.status == ref.status
         if ref.plan is None:
             continue
