@@ -116,7 +116,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                                         seq_len, memory_headroom), obj)
     if objective == "pareto":
         from milp_plan.pareto import run_pareto
-        run_pareto(inst, req, out=out, plot=plot, json_out=json_out)
+        run_pareto(inst, req, out="pareto.json" if out == "plan.json" else out, plot=plot, json_out=json_out)
         return
     if not json_out:
         echo_notices(inst)

@@ -57,12 +57,19 @@ class Model:
     position: str = "learned"  # learned | rope | relative
     source: str = "catalog"
 
+    def __hash__(self) -> int:  # cached: the per-layer functions below are memoised on (self, args)
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
+
     # ---- structure -------------------------------------------------------------
-    @property
+    @functools.cached_property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    @property
+    @functools.cached_property
     def kv_size(self) -> int:
         return self.num_query_groups * self.head_dim
 
@@ -98,6 +105,7 @@ class Model:
             return 3 * h * f + ((2 * f + h) if self.bias else 0)
         return 2 * h * f + ((f + h) if self.bias else 0)
 
+    @functools.lru_cache(maxsize=None)
     def layer_params(self, kind: str) -> int:
         """Parameters of one layer of `kind`. The head counts its vocab projection even when
         tied, because with pipeline parallelism the last stage holds its own copy."""
@@ -186,6 +194,7 @@ class Model:
         inner = (6 if self.mlp == "swiglu" else 4) * s * b * f / t  # fc1 out + activation out (+ gate)
         return 2 * s * b * h * rep + inner + mask * s * b * h * rep
 
+    @functools.lru_cache(maxsize=None)
     def layer_activation_bytes(self, kind: str, *, micro_batch: int, tp: int = 1, seq_length: int | None = None,
                                sequence_parallel: bool = False, recompute: str = "none",
                                flash_attention: bool = False) -> float:

@@ -37,7 +37,9 @@ def limits_for(inst: Instance) -> Limits:
     return Limits("min-cost" if o.kind == "min-cost" else "min-time", o.time_limit_s, per_h, per_step)
 
 
-def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progress=None) -> SolveResult:
+def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progress=None,
+        prepared=None) -> SolveResult:
+    """One exact solve; `prepared` (driver.prepare) reuses configs and coefficients across solves."""
     if req.solver not in SOLVERS:
         raise InputError(f"unknown solver '{req.solver}'; use {', '.join(SOLVERS)}", field="solver")
     if req.max_solve_time_s <= 0:
@@ -49,7 +51,7 @@ def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progres
         return brute(inst, limits, fix=fix, mode=inst.objective.mode)
     backend = "cpsat" if req.solver == "auto" else req.solver
     return exact_solve(inst, limits, backend=backend, fix=fix, time_limit_s=req.max_solve_time_s, seed=req.seed,
-                       workers=req.workers, mode=inst.objective.mode, progress=progress)
+                       workers=req.workers, mode=inst.objective.mode, progress=progress, prepared=prepared)
 
 
 def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveResult) -> str:

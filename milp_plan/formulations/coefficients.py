@@ -69,11 +69,14 @@ def placement(nt: NodeType, group: int) -> Placement | None:
 class Coefficients:
     """Every coefficient of the per-stage models for one Config."""
 
-    def __init__(self, inst: Instance, cfg: Config, time_cache: dict | None = None):
-        """`time_cache` may be shared between Configs: stage times depend only on
-        (node type, ends, tp, micro-batch, recompute)."""
+    def __init__(self, inst: Instance, cfg: Config, shared: dict | None = None):
+        """`shared` may be passed to every Config of one instance: it memoises the
+        coefficients that depend on only part of a Config (stage times on node type,
+        ends, tp, micro-batch and recompute; reduction and optimizer on tp, dp and the
+        distributed optimizer)."""
         self.inst, self.cfg = inst, cfg
-        self._time_cache = {} if time_cache is None else time_cache
+        self._shared = {} if shared is None else shared
+        self._local: dict = {}
         self.kind = inst.model.block_kind(0)
         if any(inst.model.block_kind(i) != self.kind for i in range(inst.model.num_layers)):
             from milp_plan.errors import InputError
@@ -93,22 +96,31 @@ class Coefficients:
         return self._time(k, *self._ends(s))
 
     def _time(self, k: int, first: bool, last: bool) -> tuple[Affine, Affine]:
-        key = (k, first, last, self.cfg.tp, self.cfg.mbs, self.cfg.recompute)
-        if key not in self._time_cache:
+        key = ("time", k, first, last, self.cfg.tp, self.cfg.mbs, self.cfg.recompute)
+        if key not in self._shared:
             nt, cfg = self.types[k], self.cfg
 
             def f_b(n: int, r: int) -> tuple[float, float]:
                 return cm.stage_compute_s(self.inst, nt, cfg.tp, cfg.mbs, [self.kind] * n, first, last,
                                           cfg.recompute, r)
-            self._time_cache[key] = (_affine(lambda n, r: sum(f_b(n, r)), self.full),
-                                     _affine(lambda n, r: f_b(n, r)[1], self.full))
-        return self._time_cache[key]
+            self._shared[key] = (_affine(lambda n, r: sum(f_b(n, r)), self.full),
+                                 _affine(lambda n, r: f_b(n, r)[1], self.full))
+        return self._shared[key]
+
+    def _memo(self, cache: dict, key: tuple, make):
+        value = cache.get(key)
+        if value is None:
+            value = cache[key] = make()
+        return value
 
     def _params(self, n: int, first: bool, last: bool) -> float:
         return cm.stage_params(self.inst, [self.kind] * n, first, last, single_stage=self.cfg.pp == 1) / self.cfg.tp
 
     def memory(self, k: int, s: int) -> Affine:
         """Bytes per GPU of stage position s on node type k."""
+        return self._memo(self._local, ("mem", k, s), lambda: self._memory(k, s))
+
+    def _memory(self, k: int, s: int) -> Affine:
         cfg = self.cfg
 
         def mem(n: int, r: int) -> float:
@@ -121,7 +133,14 @@ class Coefficients:
     def capacity(self, k: int) -> float:
         return cm.usable_memory_bytes(self.inst, self.types[k])
 
+    def _state_key(self, what: str, k: int, s: int) -> tuple:
+        cfg = self.cfg
+        return (what, k, *self._ends(s), cfg.pp == 1, cfg.tp, cfg.dp, cfg.distributed_optimizer)
+
     def dp_time(self, k: int, s: int) -> Affine:
+        return self._memo(self._shared, self._state_key("dp", k, s), lambda: self._dp_time(k, s))
+
+    def _dp_time(self, k: int, s: int) -> Affine:
         cfg, (first, last), nt, pl = self.cfg, self._ends(s), self.types[k], self.place[k]
         nodes = 1 if pl.stages_per_node else pl.nodes_per_stage
         per_node = cfg.group if pl.stages_per_node else nt.gpus_per_node
@@ -133,6 +152,9 @@ class Coefficients:
         return _affine(dp, False)
 
     def opt_time(self, k: int, s: int) -> Affine:
+        return self._memo(self._shared, self._state_key("opt", k, s), lambda: self._opt_time(k, s))
+
+    def _opt_time(self, k: int, s: int) -> Affine:
         cfg, (first, last), nt = self.cfg, self._ends(s), self.types[k]
         div = cfg.dp if cfg.distributed_optimizer else 1
         return _affine(lambda n, r: cm.optimizer_s(self._params(n, first, last) / div, nt), False)

@@ -13,7 +13,9 @@ at least the smallest z for which the pp best stage slots the cluster offers can
 the L layers when a stage of type k holds at most min(floor(z / a_k), memory room)
 layers, at least one (vpp when interleaved; `_bottleneck_bound`). Then
 T >= w_z z + w_sum S + stage 0's reduction + the largest stage's optimizer step
-(weights of costmodel.pipeline_time_s; hops only add). No slot assignment holding L layers within memory: the
+(weights of costmodel.pipeline_time_s; hops only add). Dollars per step: at least the
+cheapest per-GPU price x GPUs x T, and at least g w_z L min_k(p_k a_k) + (the rest of T)
+x the cheapest price, since z >= L / sum_s (1 / a_s) (the cheapest price per unit of work). No slot assignment holding L layers within memory: the
 Config has no plan.
 """
 from __future__ import annotations
@@ -102,14 +104,20 @@ def _bottleneck_bound(slots: list[tuple[float, int]], pp: int, L: int, unit: int
     return cands[lo]
 
 
-def config_lower_bound(coef: Coefficients, limits: Limits) -> float | None:
-    """Valid lower bound on the objective of any plan of this Config, or None when none fits."""
+def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) -> float | None:
+    """Valid lower bound on the objective of any plan of this Config, or None when none fits.
+
+    memory=False skips the memory rooms (every slot may hold all L layers): a weaker,
+    cheaper bound the driver uses to order and cut the search."""
     cfg, L = coef.cfg, coef.inst.model.num_layers
     K = coef.usable_types()
     if not K or sum(min(cfg.pp, coef.place[k].max_stages) for k in K) < cfg.pp:
         return None
     t = {k: [coef.time(k, s)[0] for s in (0, cfg.pp - 1)] for k in K}
-    rooms = {k: max(_layer_room(coef, k, s) for s in range(cfg.pp)) for k in K}
+    # memory falls with the position among middle stages (fewer micro-batches in flight), so
+    # the most room any position offers is at the first, the last or the last middle stage
+    positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
+    rooms = {k: max(_layer_room(coef, k, s) for s in positions) if memory else L for k in K}
     slots = [(t[k][0].a, rooms[k]) for k in K for _ in range(min(cfg.pp, coef.place[k].max_stages)) if rooms[k]]
     z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
     if z is None:
@@ -131,33 +139,54 @@ def config_lower_bound(coef: Coefficients, limits: Limits) -> float | None:
     T += min(coef.dp_time(k, 0)(cfg.vpp) for k in K) + min(coef.opt_time(k, 0).a for k in K) * biggest
     if limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6):
         return None
-    gpu_usd = min(coef.types[k].usd_per_gpu_hour for k in K) * cfg.pp * cfg.group
+    usable = [k for k in K if rooms[k]]
+    price = {k: coef.types[k].usd_per_gpu_hour for k in usable}
+    gpu_usd = min(price.values()) * cfg.pp * cfg.group
+    # $ x s per step >= g (sum_s p_s) T and (sum_s p_s) w_z z >= w_z L min_k(p_k a_k), because
+    # z >= L / sum_s (1 / a_s): the cheapest price per unit of work bounds every plan
+    w_z = (coef.m - 1) if cfg.schedule == "zb-h1" else coef.z_weight()
+    work = cfg.group * w_z * L * min(price[k] * t[k][0].a for k in usable)
+    usd_step = max(gpu_usd * T, work + gpu_usd * (T - w_z * z)) / 3600
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
         return None
-    if limits.budget_usd_per_step is not None and gpu_usd * T / 3600 > limits.budget_usd_per_step * (1 + 1e-9):
+    if limits.budget_usd_per_step is not None and usd_step > limits.budget_usd_per_step * (1 + 1e-9):
         return None
-    return gpu_usd * T / 3600 if limits.objective == "min-cost" else T
+    return usd_step if limits.objective == "min-cost" else T
+
+
+@dataclass
+class Prepared:
+    """The Configs of an instance with their coefficients, reusable across solves
+    (a Pareto sweep solves the same instance under many limits)."""
+
+    configs: list[Config]
+    coefs: list[Coefficients]
+
+
+def prepare(inst: Instance, fix: dict | None = None) -> Prepared:
+    configs = list(enumerate_configs(inst, fix))
+    if not configs:
+        raise InputError("no tp/dp/pp/micro-batch combination passes the divisibility rules"
+                         + (" with --fix" if fix else "") + "; check --fix and --global-batch", field="fix")
+    shared: dict = {}
+    return Prepared(configs, [Coefficients(inst, cfg, shared) for cfg in configs])
 
 
 def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
           time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
-          progress: Callable[[Progress], None] | None = None) -> SolveResult:
+          progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None) -> SolveResult:
     if backend not in BACKENDS:
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
     if mode != "megatron":
         raise InputError("the exact formulations cover --mode megatron; free mode is not implemented yet", field="mode")
     t0 = time.perf_counter()
-    configs = list(enumerate_configs(inst, fix))
-    if not configs:
-        raise InputError("no tp/dp/pp/micro-batch combination passes the divisibility rules"
-                         + (" with --fix" if fix else "") + "; check --fix and --global-batch", field="fix")
+    prepared = prepared or prepare(inst, fix)
+    configs = prepared.configs
     bounded: list[tuple[float, Config, Coefficients]] = []
-    time_cache: dict = {}
-    for cfg in configs:
-        coef = Coefficients(inst, cfg, time_cache)
-        lb = config_lower_bound(coef, limits)
+    for coef in prepared.coefs:
+        lb = config_lower_bound(coef, limits, memory=False)
         if lb is not None:
-            bounded.append((lb, cfg, coef))
+            bounded.append((lb, coef.cfg, coef))
     bounded.sort(key=lambda x: (x[0], x[1]))
     best: Plan | None = None
     best_obj = math.inf
@@ -171,6 +200,10 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         if left <= 0:
             open_bounds += [b for b, _, _ in bounded[i:]]
             break
+        full_lb = config_lower_bound(coef, limits, memory=True)
+        if full_lb is None or full_lb >= best_obj * (1 - REL_EPS):
+            continue  # no plan fits in memory, or none can beat the incumbent
+        lb = full_lb
         be = make_backend(backend)
         model = PipelineModel(coef, limits, be, cutoff=best_obj if best is not None else None)
         model.build()

@@ -1,0 +1,140 @@
+"""`--objective pareto`: the exact front of step time against dollars per step.
+
+Epsilon-constraint sweep with lexicographic solves, each one exact (solvers/driver.py):
+
+1. T_i = min step time subject to $/step < C_{i-1} (no limit for i = 1);
+2. C_i = min $/step subject to step time <= T_i, so the point is not weakly dominated;
+3. repeat with the budget just below C_i until no plan remains.
+
+Every point is a proven optimum of both solves, so no plan dominates it, and no
+non-dominated plan lies between two consecutive points. Points whose costs differ by less
+than COST_REL_STEP (relative) are not told apart: the models round times to integer
+microsecond ticks per coefficient, which moves a plan's modelled cost by up to ~1e-5.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+
+import typer
+
+from milp_plan.errors import Infeasible, InputError
+from milp_plan.fileio import write_atomic
+from milp_plan.formulations.pipeline import Limits
+from milp_plan.instance import Instance
+from milp_plan.plan import Plan
+from milp_plan.report import table
+
+COST_REL_STEP = 1e-4
+TIME_REL_SLACK = 1e-6
+MAX_POINTS = 200
+
+
+@dataclass
+class Front:
+    points: list[Plan]
+    complete: bool          # False when a solve hit --max-solve-time
+    wall_time_s: float
+
+
+def pareto_front(inst: Instance, req) -> Front:
+    from milp_plan import solve as solving
+    from milp_plan.formulations.space import parse_fix
+    from milp_plan.solvers.driver import prepare
+    import time
+    t0 = time.perf_counter()
+    prepared = None if req.solver == "brute-force" else prepare(inst, parse_fix(req.fix))
+    points: list[Plan] = []
+    budget: float | None = None
+    complete = True
+    while len(points) < MAX_POINTS:
+        fastest = solving.run(inst, req, Limits("min-time", budget_usd_per_step=budget), prepared=prepared)
+        if fastest.plan is None:
+            complete = fastest.status == "infeasible"
+            break
+        t = fastest.plan.predicted.step_time_s
+        cheapest = solving.run(inst, req, Limits("min-cost", time_limit_s=t * (1 + TIME_REL_SLACK),
+                                                 budget_usd_per_step=budget), prepared=prepared)
+        plan = cheapest.plan or fastest.plan
+        complete &= fastest.status == "optimal" and cheapest.status in ("optimal", "infeasible")
+        points.append(plan)
+        budget = plan.predicted.usd_per_step * (1 - COST_REL_STEP)
+    return Front(points, complete, time.perf_counter() - t0)
+
+
+def front_rows(front: Front) -> list[dict]:
+    rows = []
+    for p in front.points:
+        pr = p.predicted
+        rows.append({
+            "step_time_s": pr.step_time_s, "usd_per_step": pr.usd_per_step, "usd_per_hour": pr.usd_per_hour,
+            "tokens_per_s": pr.tokens_per_s, "gpus": p.num_gpus, "pp": p.pp, "tp": p.stages[0].tp,
+            "dp": p.stages[0].dp, "micro_batch_size": p.micro_batch_size, "schedule": p.schedule, "vpp": p.vpp,
+            "recompute": p.stages[0].recompute,
+            "stages": " ".join(f"{s.gpu}:{s.num_layers}" for s in p.stages),
+        })
+    return rows
+
+
+def run_pareto(inst: Instance, req, *, out: str, plot: str | None, json_out: bool) -> None:
+    if inst.objective.time_limit_s is not None or inst.objective.budget is not None:
+        raise InputError("pareto explores every trade-off; drop --time-limit and --budget", field="objective")
+    if plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise InputError('--plot needs matplotlib: pip install "milp-plan[plot]"', field="plot") from None
+    front = pareto_front(inst, req)
+    if not front.points:
+        raise Infeasible("no plan fits the cluster at all (see `milp-plan solve` for the diagnosis)")
+    rows = front_rows(front)
+    doc = {"objective": "pareto", "complete": front.complete, "points": rows,
+           "plans": [p.to_dict() for p in front.points]}
+    json_path = out if out.endswith(".json") else out + ".json"
+    csv_path = json_path[:-5] + ".csv"
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
+    write_atomic(csv_path, buf.getvalue())
+    if plot:
+        write_atomic(plot, front_png(rows))
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    typer.echo(f"Pareto front: {len(rows)} non-dominated plans"
+               + ("" if front.complete else " (incomplete: a solve hit --max-solve-time)")
+               + f", {front.wall_time_s:.1f} s")
+    typer.echo(table(["step s", "$/step", "$/h", "tokens/s", "GPUs", "tp/dp/pp", "mbs", "schedule", "stages"],
+                     [[f"{r['step_time_s']:.3f}", f"{r['usd_per_step']:.4f}", f"{r['usd_per_hour']:.2f}",
+                       f"{r['tokens_per_s']:,.0f}", r["gpus"], f"{r['tp']}/{r['dp']}/{r['pp']}",
+                       r["micro_batch_size"], r["schedule"] + (f"/v{r['vpp']}" if r["vpp"] > 1 else ""),
+                       r["stages"]] for r in rows],
+                     right=[True, True, True, True, True, True, True, False, False]))
+    typer.echo(f"Wrote {json_path}, {csv_path}" + (f", {plot}" if plot else ""))
+
+
+def front_png(rows: list[dict]) -> bytes:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    xs = [r["step_time_s"] for r in rows]
+    ys = [r["usd_per_step"] for r in rows]
+    ax.step(xs, ys, where="post", color="0.6", linewidth=1)
+    ax.scatter(xs, ys, zorder=3)
+    for r in rows:
+        ax.annotate(f"{r['gpus']} GPUs", (r["step_time_s"], r["usd_per_step"]), textcoords="offset points",
+                    xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("step time (s)")
+    ax.set_ylabel("cost ($/step)")
+    ax.set_title("Pareto front: step time vs cost")
+    ax.grid(True, alpha=0.3)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
