@@ -79,19 +79,29 @@ def _layer_room(coef: Coefficients, k: int, s: int) -> int:
     return L if mem.a <= 0 else min(L, int(room // mem.a))
 
 
-def _bottleneck_bound(slots: list[tuple[float, int]], pp: int, L: int, unit: int) -> float | None:
-    """Smallest z such that pp stage slots (a, most layers) hold L layers with each stage
-    holding a multiple of `unit` >= unit layers and at most floor(z / a): a valid lower
-    bound on max_s a_s n_s. None when even unbounded z cannot place L layers."""
-    if len(slots) < pp:
+def _bottleneck_bound(slots: list[tuple[float, int, int]], pp: int, L: int, unit: int) -> float | None:
+    """Smallest z such that pp stage slots hold L layers, each stage a multiple of `unit`,
+    at least `unit`, and at most min(floor(z / a), room) on a slot (a, room). `slots` lists
+    (a, room, how many such slots). A valid lower bound on max_s a_s n_s; None when even
+    unbounded z cannot place L layers."""
+    if sum(c for _, _, c in slots) < pp:
         return None
+
     def fits(z: float) -> bool:
         # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
-        caps = sorted((min(int(z / a + 1e-9) if a > 0 else room, room) // unit * unit for a, room in slots),
+        caps = sorted(((min(int(z / a + 1e-9) if a > 0 else room, room) // unit * unit, c) for a, room, c in slots),
                       reverse=True)
-        top = caps[:pp]
-        return top[-1] >= unit and sum(top) >= L
-    cands = sorted({a * j for a, _ in slots for j in range(unit, L + 1, unit)})
+        left, total = pp, 0
+        for cap, c in caps:
+            take = min(c, left)
+            if take and cap < unit:
+                return False
+            total += take * cap
+            left -= take
+            if not left:
+                break
+        return total >= L
+    cands = sorted({a * j for a, _, _ in slots for j in range(unit, L + 1, unit)})
     if not cands or not fits(cands[-1]):
         return None
     lo, hi = 0, len(cands) - 1
@@ -118,7 +128,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     # the most room any position offers is at the first, the last or the last middle stage
     positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
     rooms = {k: max(_layer_room(coef, k, s) for s in positions) if memory else L for k in K}
-    slots = [(t[k][0].a, rooms[k]) for k in K for _ in range(min(cfg.pp, coef.place[k].max_stages)) if rooms[k]]
+    slots = [(t[k][0].a, rooms[k], min(cfg.pp, coef.place[k].max_stages)) for k in K if rooms[k]]
     z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
     if z is None:
         return None
