@@ -1,0 +1,53 @@
+"""Solver benchmark: status, objective, gap and wall time per backend and cluster.
+
+Not a test (pytest does not collect tests/benchmarks). Targets on 2 cores: proven optimum
+for <= 64 GPUs in under 1 s; gap <= 1% in 10 s at 1024 GPUs; gap <= 2% in 60 s at 8192
+GPUs; the exact Pareto front of the default instance in under 30 s.
+
+    python tests/benchmarks/bench_solve.py [--backends cpsat,highs,cbc] [--skip-pareto]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from milp_plan.formulations.pipeline import Limits
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.solvers.driver import solve
+
+CASES = [  # (label, cluster, model, global batch, time limit s)
+    ("default (32 GPUs, 2 types)", "default", None, None, 30),
+    ("two-type-32 (32 GPUs)", "two-type-32", None, None, 30),
+    ("mixed-128 (128 GPUs, 4 types)", "mixed-128", "gpt3-13b", 512, 30),
+    ("scale-1024", "scale-1024", "gpt3-175b", 1536, 10),
+    ("scale-8192", "scale-8192", "gpt3-175b", 1536, 60),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backends", default="cpsat,highs,cbc")
+    ap.add_argument("--skip-pareto", action="store_true")
+    args = ap.parse_args()
+    print(f"{'instance':32s} {'backend':7s} {'status':9s} {'step s':>9s} {'gap':>7s} {'wall s':>7s} "
+          f"{'configs solved/pruned/total':>28s}")
+    for label, cluster, model, gbs, limit in CASES:
+        inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
+        for backend in args.backends.split(","):
+            t0 = time.perf_counter()
+            r = solve(inst, Limits(), backend=backend, time_limit_s=limit)
+            wall = time.perf_counter() - t0
+            gap = "-" if r.gap is None else f"{r.gap:.2%}"
+            obj = "-" if r.objective is None else f"{r.objective:.4f}"
+            print(f"{label:32s} {backend:7s} {r.status:9s} {obj:>9s} {gap:>7s} {wall:7.2f} "
+                  f"{r.configs_solved:>10d}/{r.configs_pruned}/{r.configs_total}", flush=True)
+    if not args.skip_pareto:
+        from milp_plan.pareto import pareto_front
+        from milp_plan.solve import SolveRequest
+        front = pareto_front(build_instance(), SolveRequest())
+        print(f"pareto front of the default: {len(front.points)} points, complete={front.complete}, "
+              f"{front.wall_time_s:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
