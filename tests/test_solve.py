@@ -119,9 +119,21 @@ def test_infeasible_time_limit(tmp_path, backend):
 
 
 def test_brute_force_refuses_large_instances():
+    # the refusal counts candidates in closed form (count_type_sequences), never enumerating them
     inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-13b"))
     with pytest.raises(InputError, match="brute force would enumerate"):
         bruteforce.solve(inst, Limits())
+
+
+@pytest.mark.parametrize("third", [False, True])
+@pytest.mark.parametrize("gpn", [1, 2, 4])
+def test_type_sequence_count_matches_enumeration(tmp_path, third, gpn):
+    from milp_plan.formulations.space import enumerate_configs
+    inst = build_instance(write_instance(tmp_path, layers=8, gpn=gpn, counts=(2, 2), third=third))
+    configs = list(enumerate_configs(inst, None))
+    assert configs
+    for cfg in configs:
+        assert bruteforce.count_type_sequences(inst, cfg) == sum(1 for _ in bruteforce.type_sequences(inst, cfg))
 
 
 # ---- random small instances: every backend agrees with brute force ----------------------

@@ -54,9 +54,27 @@ def compositions(total: int, parts: int, unit: int) -> Iterator[tuple[int, ...]]
         yield tuple(unit * (b - a) for a, b in zip(bounds, bounds[1:]))
 
 
+def count_type_sequences(inst: Instance, cfg: Config) -> int:
+    """len(list(type_sequences(...))) without enumerating: choose r types with block sizes
+    1..cap summing to pp (a knapsack count), then order them (r!)."""
+    caps = []
+    for nt in inst.cluster.node_types:
+        pl = placement(nt, cfg.group)
+        if pl is not None and pl.max_stages > 0:
+            caps.append(pl.max_stages)
+    # ways[r][s]: unordered choices of r of the types seen so far with sizes summing to s
+    ways = [[0] * (cfg.pp + 1) for _ in range(len(caps) + 1)]
+    ways[0][0] = 1
+    for cap in caps:
+        for r in range(len(caps), 0, -1):
+            for s in range(cfg.pp, 0, -1):
+                ways[r][s] += sum(ways[r - 1][s - size] for size in range(1, min(cap, s) + 1))
+    return sum(math.factorial(r) * ways[r][cfg.pp] for r in range(1, len(caps) + 1))
+
+
 def count_candidates(inst: Instance, cfg: Config) -> int:
     L = inst.model.num_layers
-    seqs = sum(1 for _ in type_sequences(inst, cfg))
+    seqs = count_type_sequences(inst, cfg)
     if L % cfg.vpp:
         return 0
     splits = math.comb(L // cfg.vpp - 1, cfg.pp - 1) if L // cfg.vpp >= cfg.pp else 0
