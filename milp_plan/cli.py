@@ -134,7 +134,14 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         doc["solver"] = {**doc["solver"], "wall_time_s": result.wall_time_s}
         typer.echo(json.dumps(doc, indent=2))
     else:
+        from milp_plan.sim import simulate_plan
+        sim = simulate_plan(inst, plan)
+        pred = plan.predicted.step_time_s
         typer.echo(render_plan(plan, inst, result))
+        typer.echo(f"Simulated event by event: step {sim.step_time_s:.4g} s (closed form "
+                   f"{(pred - sim.step_time_s) / sim.step_time_s:+.2%}); peak memory within "
+                   f"{max(abs(a.peak_memory_gib - b) for a, b in zip(plan.predicted.stages, sim.peak_memory_gib)):.2g} "
+                   "GiB of the prediction")
         typer.echo(f"Wrote {out}")
 
 

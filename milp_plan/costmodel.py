@@ -286,7 +286,10 @@ def pipeline_time_s(fwd_s: Sequence[float], bwd_s: Sequence[float], m: int, sche
     """(compute, bubble) of the closed form, given per-stage f_s, b_s per micro-batch.
 
     With t_s = f_s + b_s and z the steady period (steady_period_s; max_s t_s without hops):
-      1F1B, GPipe:   T = m z + (sum_s t_s - z)                      [= (m-1) z + sum_s t_s]
+      1F1B:          T = m z + (sum_s t_s - z)                      [= (m-1) z + sum_s t_s]
+      GPipe:         all forwards, then all backwards: two flow shops of m identical jobs,
+                     T = (m-1)(zf + zb) + sum_s t_s with zf = max(f_s, h_s), zb = max(b_s, h_s)
+                     (a hop is a machine of the flow shop too); reported as compute m (zf + zb)
       interleaved:   T = m z + (sum_s t_s - z) / vpp,   z = max_s t_s
       ZB-H1:         T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = W_FRACTION_OF_BWD b_s,
                      t'_s = t_s - 2 w_s; at equal stages this is m t + (p-1)(F + B - W), the
@@ -298,6 +301,9 @@ def pipeline_time_s(fwd_s: Sequence[float], bwd_s: Sequence[float], m: int, sche
     if schedule == "interleaved" and vpp > 1:
         z = max(t)
         return m * z, (sum(t) - z) / vpp
+    if schedule == "gpipe":
+        zf, zb = max([*fwd_s, *hops]), max([*bwd_s, *hops])
+        return m * (zf + zb), sum(t) - zf - zb
     z = steady_period_s(t, hops)
     if schedule == "zb-h1":
         w = [W_FRACTION_OF_BWD * b for b in bwd_s]

@@ -242,6 +242,57 @@ def test_pipeline_zb_h1():
     assert sum(cm.pipeline_time_s([1] * 4, [2] * 4, 8, "1f1b")) == approx(33)
 
 
+def test_pipeline_gpipe_is_two_flow_shops():
+    # all forwards, then all backwards: (sum f + (m-1) max f) + (sum b + (m-1) max b)
+    # f = (2, 1), b = (2, 3), m = 9: (3 + 16) + (5 + 24) = 48; a shared max over t = f + b
+    # would say 8 x 4 + 8 = 40 (the simulator measures 48)
+    comp, bub = cm.pipeline_time_s([2, 1], [2, 3], 9, "gpipe")
+    assert comp + bub == approx(48) and comp == approx(9 * 5)
+    # a link slower than every stage is the flow shops' bottleneck: h = 3 > f, b
+    assert sum(cm.pipeline_time_s([1, 1], [2, 2], 4, "gpipe", hop_s=[3])) == approx(3 * 3 + 3 * 3 + 6)
+
+
+def test_steady_period_windows():
+    # no hops: max t
+    assert cm.steady_period_s([3, 5, 4], [0, 0]) == 5
+    # t = (4, 4), h = 1: stage 0 holds 2 micro-batches over a round trip f0 + h + t1 + h + b0 = 10 -> 5 each
+    assert cm.steady_period_s([4, 4], [1]) == approx(5)
+    # t = (3, 5, 4), h = (2, 0): windows [0,1] (3 + 5 + 4) / 2 = 6, [0,2] 16 / 3, [1,2] 4.5, singles 5
+    assert cm.steady_period_s([3, 5, 4], [2, 0]) == approx(6)
+    # 1F1B: T = (m - 1) z + sum t; with t = (4, 4), h = 1, m = 4: 3 x 5 + 8 = 23 (+ 2 h of p2p)
+    assert sum(cm.pipeline_time_s([1, 1], [3, 3], 4, "1f1b", hop_s=[1])) == approx(23)
+
+
+def test_p2p_time_by_schedule():
+    # hops (1, 2), wrap 3: 1F1B / GPipe cross each hop twice (fill, drain): 6; ZB-H1 4x: 12;
+    # interleaved v = 2: 2 (v sum h + (v - 1) wrap) = 2 (6 + 3) = 18
+    assert cm.p2p_time_s([1, 2], 3, "1f1b") == cm.p2p_time_s([1, 2], 3, "gpipe") == 6
+    assert cm.p2p_time_s([1, 2], 3, "zb-h1") == 12
+    assert cm.p2p_time_s([1, 2], 3, "interleaved", 2) == 18
+
+
+def test_dp_tail_hidden_by_the_drain():
+    # b = 2, h = 1: stage s finishes its last backward 3 s earlier than stage s - 1
+    assert cm.dp_tail_s([5, 5, 5], [2, 2, 2], [1, 1], "1f1b") == 5         # stage 0's, unhidden
+    assert cm.dp_tail_s([1, 6, 9], [2, 2, 2], [1, 1], "1f1b") == 3         # max(1, 6 - 3, 9 - 6)
+    # interleaved v = 2: only b / v of each stage's backward follows: slack 2 per stage -> max(1, 4, 5)
+    assert cm.dp_tail_s([1, 6, 9], [2, 2, 2], [1, 1], "interleaved", 2) == 5
+    assert cm.dp_tail_s([0, 0], [2, 2], [1], "1f1b") == 0                  # never negative
+
+
+def test_end_inflight():
+    # interleaved: embedding in chunk 0 of stage 0 held min(2 pp - 1, m) times, the head once
+    assert cm.end_inflight("interleaved", 4, 8, 2, 4.75) == (7, 1)
+    assert cm.end_inflight("interleaved", 4, 4, 2, 3.5) == (4, 1)
+    assert cm.end_inflight("1f1b", 4, 8, 1, 4.0) == (4.0, 4.0)       # with the stage's blocks
+
+
+def test_inflight_zb_h1_every_stage():
+    # deferred weight gradients keep min(pp, m) micro-batches on every stage, not pp - s
+    assert [cm.inflight_microbatches("zb-h1", 4, s, 8) for s in range(4)] == [4, 4, 4, 4]
+    assert cm.inflight_microbatches("zb-h1", 4, 3, 2) == 2
+
+
 # ---- cost ---------------------------------------------------------------------------------
 def test_usd_per_hour(inst):
     nodes = inst.cluster.nodes

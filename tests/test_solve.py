@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from milp_plan import check
 from milp_plan.errors import InputError
 from milp_plan.formulations.pipeline import Limits
+from milp_plan.formulations.space import parse_fix
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
 from milp_plan.solvers.driver import objective_of, solve
@@ -186,6 +187,34 @@ def test_backends_agree_with_brute_force(tmp_path_factory, case):
         # equal up to integer-tick rounding (1 us per coefficient): 5 us of step time, or its cost
         tick = 5e-6 * (res.plan.predicted.usd_per_hour / 3600 if limits.objective == "min-cost" else 1.0)
         assert objective_of(res.plan, limits) == pytest.approx(ref.objective, rel=1e-4, abs=tick)
+
+
+@pytest.mark.parametrize("objective", ["min-time", "budget-step"])
+def test_fixed_gpipe_agrees_with_brute_force(tmp_path, objective):
+    """GPipe (two flow shops: zf, zb) is searched only with --fix; its step-time family in
+    the model must still equal costmodel.evaluate on the chosen plan."""
+    schedule = "gpipe"
+    spec = write_instance(tmp_path, layers=6, fast_ms=(1.0, 3.0), slow_ms=(2.5, 4.0), gpn=2, counts=(2, 1),
+                          third=True)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 8}))
+    fix = {"schedule": schedule}
+    fastest = bruteforce.solve(inst, Limits(), fix=fix).objective
+    limits = limits_for(objective, fastest)
+    ref = bruteforce.solve(inst, limits, fix=fix)
+    for backend in BACKENDS:
+        res = solve(inst, limits, backend=backend, fix=fix, time_limit_s=60)
+        assert res.status == ref.status == "optimal"
+        assert res.plan.schedule == schedule and check.check_plan(inst, res.plan) == []
+        tick = 5e-6 * (res.plan.predicted.usd_per_hour / 3600 if limits.objective == "min-cost" else 1.0)
+        assert objective_of(res.plan, limits) == pytest.approx(ref.objective, rel=1e-4, abs=tick)
+
+
+def test_zb_h1_is_refused_in_megatron_mode(tmp_path):
+    inst = build_instance(write_instance(tmp_path))
+    with pytest.raises(InputError, match="zero-bubble fork"):
+        solve(inst, Limits(), fix={"schedule": "zb-h1"})
+    with pytest.raises(InputError, match="verify PLAN --schedule zb-h1"):
+        parse_fix("schedule=zb-h1")
 
 
 def test_cli_solve_default_is_deterministic(tmp_path):

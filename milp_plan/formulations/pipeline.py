@@ -18,7 +18,8 @@ Variables (symbols as in the math):
   h[s]      one-direction transfer time of hop s (ticks, exact expression of e, g, x)
   Q[s]      sum_{j<s} (t_j + 2 h_j): prefix sums for the steady-period windows
   z         steady period (ticks): (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b
-            (max_s t_s for interleaved); bmax = max_s 2 w_s (ZB-H1);
+            (max_s t_s for interleaved)
+  zf, zb    GPipe: max_s f_s and max_s b_s (and every hop h_s): two flow shops
   D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  o = max_s opt_s
   W[k,b]    step time if u[k,b] else 0 (ticks; min-cost and $/step budgets)
 """
@@ -28,7 +29,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from milp_plan.costmodel import W_FRACTION_OF_BWD
 from milp_plan.formulations.coefficients import Affine, Coefficients
 from milp_plan.units import TICKS_PER_SECOND
 
@@ -72,7 +72,6 @@ class Vars:
     x: dict = field(default_factory=dict)
     W: dict = field(default_factory=dict)
     t: list = field(default_factory=list)   # stage time expressions (ticks)
-    b: list = field(default_factory=list)   # 2 w_s expressions (ticks, ZB-H1)
     bwd: list = field(default_factory=list)  # stage backward expressions (ticks)
     h: list = field(default_factory=list)   # hop time expressions (ticks)
     e: dict = field(default_factory=dict)
@@ -80,7 +79,8 @@ class Vars:
     wrap: Any = 0                           # last -> first transfer (interleaved)
     r: Any = None
     z: Any = None
-    bmax: Any = None
+    zf: Any = None                          # GPipe: max forward, max backward (ticks)
+    zb: Any = None
     D: Any = None
     o: Any = None
     step: Any = None                        # step time expression, ticks x scale
@@ -104,11 +104,11 @@ class PipelineModel:
         self.t_hi = self._time_upper_bound()
 
     # ---- helpers ---------------------------------------------------------------------
-    def _aff_ticks(self, aff: Affine, s: int, k: int, factor: float = 1.0):
+    def _aff_ticks(self, aff: Affine, s: int, k: int):
         v = self.v
-        expr = [ticks(factor * aff.a) * v.n[s, k], ticks(factor * aff.c) * v.y[s, k]]
+        expr = [ticks(aff.a) * v.n[s, k], ticks(aff.c) * v.y[s, k]]
         if self.c.full:
-            expr.append(ticks(factor * aff.rho) * v.rr[s, k])
+            expr.append(ticks(aff.rho) * v.rr[s, k])
         return self.be.sum(expr)
 
     def _time_upper_bound(self) -> int:
@@ -193,21 +193,20 @@ class PipelineModel:
                 be.add(be.sum(terms) <= int(self.c.capacity(k) // KIB))
 
     def add_stage_time(self) -> None:
-        """t_s = sum_k (a n + rho r + c y) ticks; z >= t_s (and bmax >= b_s for ZB-H1)."""
+        """t_s = sum_k (a n + rho r + c y) ticks; z >= t_s (GPipe: zf >= f_s, zb >= b_s)."""
         be, v = self.be, self.v
         v.z = be.new_int(0, self.t_hi, "z")
-        zb = self.cfg.schedule == "zb-h1"
-        if zb:
-            v.bmax = be.new_int(0, self.t_hi, "bmax")
         for s in self.S:
             t = be.sum([self._aff_ticks(self.c.time(k, s)[0], s, k) for k in self.K])
             v.t.append(t)
             v.bwd.append(be.sum([self._aff_ticks(self.c.time(k, s)[1], s, k) for k in self.K]))
             be.add(v.z >= t)
-            if zb:
-                b = be.sum([self._aff_ticks(self.c.time(k, s)[1], s, k, 2 * W_FRACTION_OF_BWD) for k in self.K])
-                v.b.append(b)
-                be.add(v.bmax >= b)
+            if self.cfg.schedule == "gpipe":  # two flow shops: zf >= f_s = t_s - b_s, zb >= b_s
+                if s == 0:
+                    v.zf = be.new_int(0, self.t_hi, "zf")
+                    v.zb = be.new_int(0, self.t_hi, "zb")
+                be.add(v.zf >= be.sum([t, -1 * v.bwd[-1]]))
+                be.add(v.zb >= v.bwd[-1])
 
     def _and(self, name: str, *bools):
         """An exact AND of booleans: w <= each, w >= sum - (n - 1)."""
@@ -247,6 +246,9 @@ class PipelineModel:
                         v.x[s, k, j] = self._and(f"x[{s},{k},{j}]", v.y[s, k], v.y[s + 1, j])
                         terms.append(ticks(c.hop_inter(k, j)) * v.x[s, k, j])
             v.h.append(be.sum(terms))
+            if self.cfg.schedule == "gpipe":  # a link is a machine of both flow shops
+                be.add(v.zf >= v.h[-1])
+                be.add(v.zb >= v.h[-1])
         if self.cfg.schedule == "interleaved" and self.cfg.vpp > 1 and self.cfg.pp > 1:
             last, terms = self.cfg.pp - 1, []
             for k in self.K:
@@ -259,8 +261,8 @@ class PipelineModel:
 
     def add_steady_period(self) -> None:
         """(b - a + 1) z >= sum_{a..b} t + 2 sum_{a..b-1} h  (costmodel.steady_period_s)."""
-        if self.cfg.schedule == "interleaved" and self.cfg.vpp > 1:
-            return  # z >= t_s (add_stage_time) is the interleaved closed form
+        if (self.cfg.schedule == "interleaved" and self.cfg.vpp > 1) or self.cfg.schedule == "gpipe":
+            return  # interleaved: z >= t_s (add_stage_time) is its closed form; GPipe uses zf, zb
         be, v, pp = self.be, self.v, self.cfg.pp
         if pp < 2:
             return
@@ -298,8 +300,8 @@ class PipelineModel:
             v.scale = vp  # vpp T = (m vpp - 1) z + sum t + vpp (2 (vpp sum h + (vpp-1) wrap) + o) + D
             v.step = be.sum([(m * vp - 1) * v.z, be.sum(v.t), 2 * vp * vp * hops, 2 * vp * (vp - 1) * v.wrap,
                              v.D, vp * v.o])
-        elif cfg.schedule == "zb-h1":  # (m-1) z + sum (t - 2w) + 2 wmax + 4 sum h, with 2w folded into b
-            v.step = be.sum([(m - 1) * v.z, be.sum(v.t), -1 * be.sum(v.b), v.bmax, 4 * hops, v.D, v.o])
+        elif cfg.schedule == "gpipe":  # (m-1)(zf + zb) + sum t + 2 sum h
+            v.step = be.sum([(m - 1) * v.zf, (m - 1) * v.zb, be.sum(v.t), 2 * hops, v.D, v.o])
         else:
             v.step = be.sum([(m - 1) * v.z, be.sum(v.t), 2 * hops, v.D, v.o])
         if self.lim.time_limit_s is not None:

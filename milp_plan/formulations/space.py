@@ -81,9 +81,16 @@ def parse_fix(text: str | None) -> dict[str, object]:
             if v not in ("1f1b", "interleaved", "gpipe", "zb-h1"):
                 raise InputError(f"schedule must be 1f1b, interleaved, gpipe or zb-h1, got '{v}'", field="fix")
             out[k] = v
+    if out.get("schedule") == "zb-h1":
+        raise InputError(ZB_H1_REFUSAL, field="fix")
     if out.get("vpp", 1) > 1 and out.setdefault("schedule", "interleaved") != "interleaved":
         raise InputError("vpp > 1 needs schedule=interleaved", field="fix")
     return out
+
+
+ZB_H1_REFUSAL = ("schedule=zb-h1 runs only on the zero-bubble fork of Megatron-LM, outside the exact "
+                 "formulations (--mode megatron); fix 1f1b, interleaved or gpipe, and simulate a plan under "
+                 "ZB-H1 with `milp-plan verify PLAN --schedule zb-h1`")
 
 
 def _stage_fits_nodes(inst: Instance, group: int) -> bool:
@@ -95,6 +102,8 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                       schedules: tuple[str, ...] = ("1f1b", "interleaved")) -> Iterator[Config]:
     """Every global choice that passes the divisibility rules (checker's rules, in advance)."""
     fix = fix or {}
+    if fix.get("schedule") == "zb-h1":
+        raise InputError(ZB_H1_REFUSAL, field="fix")
     m, job = inst.model, inst.job
     gbs, L, total = job.global_batch_size, m.num_layers, inst.cluster.num_gpus
     max_gpn = max(nt.gpus_per_node for nt in inst.cluster.node_types)

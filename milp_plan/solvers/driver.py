@@ -140,10 +140,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
         ends = min(t[k][0].c for k in K) + min(t[k][1].c for k in K)
     S = L * a + ends + (cfg.pp * rho if coef.full else 0.0)
     z = max(z, S / cfg.pp)
-    if cfg.schedule == "zb-h1":
-        T = (coef.m - 1) * z
-    else:
-        T = coef.z_weight() * z + coef.sum_weight() * S
+    T = coef.z_weight() * z + coef.sum_weight() * S
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
     # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
     T += min(coef.dp_time(k, 0)(cfg.vpp) for k in K) + min(coef.opt_time(k, 0).a for k in K) * biggest
@@ -154,7 +151,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     gpu_usd = min(price.values()) * cfg.pp * cfg.group
     # $ x s per step >= g (sum_s p_s) T and (sum_s p_s) w_z z >= w_z L min_k(p_k a_k), because
     # z >= L / sum_s (1 / a_s): the cheapest price per unit of work bounds every plan
-    w_z = (coef.m - 1) if cfg.schedule == "zb-h1" else coef.z_weight()
+    w_z = coef.z_weight()
     work = cfg.group * w_z * L * min(price[k] * t[k][0].a for k in usable)
     usd_step = max(gpu_usd * T, work + gpu_usd * (T - w_z * z)) / 3600
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
