@@ -9,6 +9,7 @@ last stage.
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -152,7 +153,7 @@ class Plan:
             "needs_per_stage_runtime": self.megatron_incompatibilities(),
             "predicted": None if self.predicted is None else asdict(self.predicted),
             "solver": None if self.solver is None else asdict(self.solver),
-            "inputs": dict(self.inputs),
+            "inputs": copy.deepcopy(dict(self.inputs)),
         }
         return d
 

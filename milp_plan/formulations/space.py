@@ -107,6 +107,9 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
     m, job = inst.model, inst.job
     gbs, L, total = job.global_batch_size, m.num_layers, inst.cluster.num_gpus
     max_gpn = max(nt.gpus_per_node for nt in inst.cluster.node_types)
+    # With flash attention the s^2 attention terms are never stored, so selective recompute
+    # saves no memory and costs time: every such plan is dominated by its 'none' twin.
+    recomputes = ("none", "full") if job.flash_attention else ("none", "selective", "full")
     for tp in valid_tps(m, [fix["tp"]] if "tp" in fix else TPS):
         if tp > max_gpn:
             continue
@@ -121,7 +124,7 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                 for pp in ([fix["pp"]] if "pp" in fix else range(1, min(L, total // (tp * dp)) + 1)):
                     if pp * tp * dp > total or pp > L:
                         continue
-                    for rec in ([fix["recompute"]] if "recompute" in fix else ("none", "selective", "full")):
+                    for rec in ([fix["recompute"]] if "recompute" in fix else recomputes):
                         for sched, vpp in _schedules(fix, schedules, pp, n_mb, L):
                             sp = bool(fix.get("sp", True)) and tp > 1
                             distopt = bool(fix.get("distopt", True)) and dp > 1
