@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 from milp_plan.formulations.coefficients import Affine, Coefficients
 from milp_plan.units import TICKS_PER_SECOND
@@ -52,6 +52,18 @@ class Limits:
     time_limit_s: float | None = None
     budget_usd_per_hour: float | None = None
     budget_usd_per_step: float | None = None
+
+    def admit(self, plan) -> bool:
+        """The plan fits in memory and meets every limit, by the cost model's numbers
+        (plan.predicted), never a model's."""
+        p = plan.predicted
+        if any(sp.peak_memory_gib > sp.capacity_gib * (1 + 1e-9) for sp in p.stages):
+            return False
+        if self.time_limit_s is not None and p.step_time_s > self.time_limit_s:
+            return False
+        if self.budget_usd_per_hour is not None and p.usd_per_hour > self.budget_usd_per_hour:
+            return False
+        return self.budget_usd_per_step is None or p.usd_per_step <= self.budget_usd_per_step
 
 
 def ticks(seconds: float) -> int:
@@ -354,6 +366,15 @@ class PipelineModel:
                        self.set_objective):
             family()
         return self.v
+
+    def hint(self, types: Sequence[int], layers: Sequence[int], r: int) -> None:
+        """Start the search from a known plan of this Config (the heuristic's)."""
+        be, v = self.be, self.v
+        for s in self.S:
+            for k in self.K:
+                on = types[s] == k
+                be.hint(v.y[s, k], int(on))
+                be.hint(v.n[s, k], layers[s] if on else 0)
 
     # ---- reading a solution --------------------------------------------------------------
     def objective_in_units(self, raw: float) -> float:

@@ -81,19 +81,6 @@ def count_candidates(inst: Instance, cfg: Config) -> int:
     return seqs * splits * (L // cfg.pp if cfg.recompute == "full" else 1)
 
 
-def _within(plan, limits: Limits) -> bool:
-    p = plan.predicted
-    if any(sp.peak_memory_gib > sp.capacity_gib * (1 + 1e-9) for sp in p.stages):
-        return False
-    if limits.time_limit_s is not None and p.step_time_s > limits.time_limit_s:
-        return False
-    if limits.budget_usd_per_hour is not None and p.usd_per_hour > limits.budget_usd_per_hour:
-        return False
-    if limits.budget_usd_per_step is not None and p.usd_per_step > limits.budget_usd_per_step:
-        return False
-    return True
-
-
 def solve(inst: Instance, limits: Limits, fix: dict | None = None, mode: str = "megatron"):
     from milp_plan.solvers.driver import SolveResult, objective_of
     if mode != "megatron":
@@ -112,7 +99,7 @@ def solve(inst: Instance, limits: Limits, fix: dict | None = None, mode: str = "
                 rs = range(cfg.vpp, min(layers) + 1, cfg.vpp) if cfg.recompute == "full" else (0,)
                 for r in rs:
                     plan = build_plan(inst, cfg, types, layers, r, None, mode)
-                    if not _within(plan, limits):
+                    if not limits.admit(plan):
                         continue
                     key = (objective_of(plan, limits), plan.predicted.step_time_s)
                     if best_key is None or key < best_key:

@@ -7,6 +7,11 @@ is no better than the incumbent. The overall best bound is the minimum of the
 incumbent and the bounds of every Config not solved to optimality, so the reported gap
 is honest even when the time limit cuts the search short.
 
+Warm start: before the exact search, solvers/heuristic.py builds a plan for each of the
+HEURISTIC_CONFIGS Configs of least bound (greedy device grouping, bottleneck-optimal layer
+partition). The best is the first incumbent, and each such Config's model gets its plan as
+a hint. A very short --max-solve-time still returns that plan, with its gap.
+
 Lower bound of a Config (seconds): with S = L min_k a_k + min_k c_first + min_k c_last
 the least possible sum of stage times, the largest stage time z is at least S / pp, and
 at least the smallest z for which the pp best stage slots the cluster offers can hold
@@ -33,9 +38,12 @@ from milp_plan.formulations.pipeline import Limits, PipelineModel
 from milp_plan.formulations.space import Config, enumerate_configs
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
+from milp_plan.solvers import heuristic
 from milp_plan.solvers.backends import BACKENDS, make_backend
 
 REL_EPS = 1e-9
+HEURISTIC_CONFIGS = 64      # Configs of least bound given a heuristic plan before the exact search
+HEURISTIC_SHARE = 0.1       # ... within this share of the time limit
 
 
 @dataclass
@@ -60,6 +68,7 @@ class SolveResult:
     configs_total: int = 0
     configs_solved: int = 0
     configs_pruned: int = 0
+    heuristic_objective: float | None = None   # the heuristic's best plan, before the exact search
     notes: list[str] = field(default_factory=list)
 
 
@@ -161,6 +170,13 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     return usd_step if limits.objective == "min-cost" else T
 
 
+def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config) -> None:
+    violations = check.check_plan(inst, plan)
+    if violations:  # the checker is the source of truth: a model/checker mismatch is a bug to report
+        raise RuntimeError(f"{who} returned a plan the checker rejects for {cfg.label()}: "
+                           + "; ".join(map(str, violations)))
+
+
 @dataclass
 class Prepared:
     """The Configs of an instance with their coefficients, reusable across solves
@@ -197,6 +213,22 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     bounded.sort(key=lambda x: (x[0], x[1]))
     best: Plan | None = None
     best_obj = math.inf
+    hints: dict[Config, heuristic.Candidate] = {}
+    # Heuristic first, from the Configs of least bound: within a tenth of the time limit once
+    # it has a plan, so that even a very short limit returns one
+    for lb, cfg, coef in bounded[:HEURISTIC_CONFIGS]:
+        if lb >= best_obj * (1 - REL_EPS):
+            break
+        if best is not None and time.perf_counter() - t0 > HEURISTIC_SHARE * time_limit_s:
+            break
+        got = heuristic.best_plan(coef, limits, mode)
+        if got is None:
+            continue
+        plan, hints[cfg] = got
+        _require_valid(inst, plan, "the heuristic", cfg)
+        if objective_of(plan, limits) < best_obj * (1 - REL_EPS):
+            best, best_obj = plan, objective_of(plan, limits)
+    heuristic_obj = best_obj if best is not None else None
     open_bounds: list[float] = []
     solved = pruned = 0
     for i, (lb, cfg, coef) in enumerate(bounded):
@@ -214,15 +246,14 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         be = make_backend(backend)
         model = PipelineModel(coef, limits, be, cutoff=best_obj if best is not None else None)
         model.build()
+        if cfg in hints:
+            model.hint(*hints[cfg])
         run = be.solve(left, seed, workers)
         solved += 1
         if run.status in ("optimal", "feasible"):
             types, layers, r = model.extract(run.value)
             plan = build_plan(inst, cfg, types, layers, r, None, mode)
-            violations = check.check_plan(inst, plan)
-            if violations:  # the checker is the source of truth: a model/checker mismatch is a bug to report
-                raise RuntimeError(f"{backend} returned a plan the checker rejects for {cfg.label()}: "
-                                   + "; ".join(map(str, violations)))
+            _require_valid(inst, plan, backend, cfg)
             obj = objective_of(plan, limits)
             if obj < best_obj * (1 - REL_EPS):
                 best, best_obj = plan, obj
@@ -240,9 +271,10 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
     if best is None:
         status = "timeout" if open_bounds else "infeasible"
-        return SolveResult(status, None, bound, None, wall, seed, backend, None, len(configs), solved, pruned)
+        return SolveResult(status, None, bound, None, wall, seed, backend, None, len(configs), solved, pruned,
+                           heuristic_obj)
     gap = 0.0 if bound is None else max(0.0, (best_obj - bound) / max(abs(best_obj), 1e-12))
     status = "optimal" if not open_bounds or gap <= 1e-9 else "feasible"
     record = SolverRecord(backend, status, best_obj, bound, gap, None, seed)
     return SolveResult(status, best_obj, bound, gap, wall, seed, backend, best.with_(solver=record),
-                       len(configs), solved, pruned)
+                       len(configs), solved, pruned, heuristic_obj)

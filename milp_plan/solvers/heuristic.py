@@ -1,0 +1,116 @@
+"""A fast heuristic plan per Config: greedy device grouping, then the layer partition that
+minimises the bottleneck stage time.
+
+Device grouping: the usable node types sorted by per-layer time (fastest first), each
+filled up to the stages it can hold until pp stages are placed; besides that greedy
+sequence, every single type that can hold all pp stages alone. Layer partition: for a
+candidate bottleneck z, stage s holds at most min(floor((z - c_s) / a_s), memory room)
+layers (multiples of vpp, at least vpp); the smallest z whose capacities cover the L
+layers is found by bisection over the values a_s j + c_s, and the surplus is taken from
+the slowest stages. Full recompute uses the fewest recomputed layers r for which the
+partition fits in memory. Every candidate becomes a plan through build_plan and is scored
+by costmodel.evaluate (plan.predicted): the heuristic never trusts its own arithmetic.
+
+The driver uses the best heuristic plan as the first incumbent (it prunes Configs whose
+bound cannot beat it and is the answer when the time limit allows nothing better) and
+as the solver's hint for its Config.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from milp_plan.formulations.build import build_plan
+from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.pipeline import Limits
+from milp_plan.plan import Plan
+
+Candidate = tuple[tuple[int, ...], tuple[int, ...], int]   # (type per stage, layers per stage, r)
+
+
+def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
+    """Greedy fastest-first grouping, then each type alone when it holds all pp stages."""
+    pp = coef.cfg.pp
+    usable = coef.usable_types()
+    speed = {k: coef.time(k, min(1, pp - 1))[0].a for k in usable}
+    order = sorted(usable, key=lambda k: (speed[k], k))
+    seqs: list[tuple[int, ...]] = []
+    greedy: list[int] = []
+    for k in order:
+        greedy += [k] * min(coef.place[k].max_stages, pp - len(greedy))
+    if len(greedy) == pp:
+        seqs.append(tuple(greedy))
+    for k in order:
+        if coef.place[k].max_stages >= pp and (k,) * pp not in seqs:
+            seqs.append((k,) * pp)
+    return seqs
+
+
+def _caps(coef: Coefficients, types: Sequence[int], r: int, z: float) -> list[int]:
+    unit, L = coef.cfg.vpp, coef.inst.model.num_layers
+    caps = []
+    for s, k in enumerate(types):
+        t, mem = coef.time(k, s)[0], coef.memory(k, s)
+        by_time = L if t.a <= 0 else int((z - t.c - t.rho * r) / t.a + 1e-9)
+        room = coef.capacity(k) - mem.c - mem.rho * r
+        by_mem = L if mem.a <= 0 else int(room // mem.a)
+        caps.append(max(0, min(by_time, by_mem, L)) // unit * unit)
+    return caps
+
+
+def partition(coef: Coefficients, types: Sequence[int], r: int) -> tuple[int, ...] | None:
+    """Layers per stage minimising max_s t_s within memory (r recomputed layers), or None."""
+    unit, L, pp = coef.cfg.vpp, coef.inst.model.num_layers, len(types)
+    lo_n = max(unit, r)
+    if L % unit or L < pp * lo_n:
+        return None
+
+    def fits(z: float) -> list[int] | None:
+        caps = _caps(coef, types, r, z)
+        if min(caps) < lo_n or sum(caps) < L:
+            return None
+        return caps
+    cands = sorted({coef.time(k, s)[0](j, r) for s, k in enumerate(types) for j in range(lo_n, L + 1, unit)})
+    if not cands or fits(cands[-1]) is None:
+        return None
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(cands[mid]) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    caps = fits(cands[lo])
+    # take the surplus from the slowest stages first (their layers cost the most)
+    surplus = sum(caps) - L
+    slow_first = sorted(range(pp), key=lambda s: -coef.time(types[s], s)[0].a)
+    for s in slow_first:
+        cut = min(surplus, caps[s] - lo_n) // unit * unit
+        caps[s] -= cut
+        surplus -= cut
+    return tuple(caps) if surplus == 0 else None
+
+
+def candidates(coef: Coefficients) -> list[Candidate]:
+    out = []
+    unit, L = coef.cfg.vpp, coef.inst.model.num_layers
+    for types in type_sequences(coef):
+        rs = range(unit, L // len(types) + 1, unit) if coef.full else (0,)
+        for r in rs:  # fewest recomputed layers that fit: least recompute time
+            layers = partition(coef, types, r)
+            if layers is not None:
+                out.append((types, layers, r))
+                break
+    return out
+
+
+def best_plan(coef: Coefficients, limits: Limits, mode: str = "megatron") -> tuple[Plan, Candidate] | None:
+    """The best heuristic plan of this Config under the limits (objective from the plan), or None."""
+    from milp_plan.solvers.driver import objective_of
+    best = None
+    for cand in candidates(coef):
+        plan = build_plan(coef.inst, coef.cfg, *cand, None, mode)
+        if limits.admit(plan):
+            key = objective_of(plan, limits)
+            if best is None or key < best[0]:
+                best = (key, plan, cand)
+    return None if best is None else (best[1], best[2])

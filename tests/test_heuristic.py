@@ -1,0 +1,74 @@
+"""The warm-start heuristic: hand-derived partitions, never better than brute force,
+always a valid plan, and the plan a very short time limit returns."""
+from __future__ import annotations
+
+import pytest
+
+from milp_plan import check
+from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.pipeline import Limits
+from milp_plan.formulations.space import enumerate_configs
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.solvers import bruteforce, heuristic
+from milp_plan.solvers.driver import objective_of, solve
+from test_solve import FIX, write_instance
+
+
+def coef_for(inst, **fix):
+    cfgs = list(enumerate_configs(inst, {**FIX, **fix}))
+    assert len(cfgs) == 1
+    return Coefficients(inst, cfgs[0], {})
+
+
+def test_greedy_grouping_puts_the_fastest_type_first(tmp_path):
+    # fast (A100, t = 3 ms a layer) and slow (A10, 6 ms) nodes of 2 GPUs: pp = 3 takes both
+    # fast stages, then one slow; single types cannot hold 3 stages
+    inst = build_instance(write_instance(tmp_path, layers=8))
+    coef = coef_for(inst, pp=3)
+    fast, slow = (k for k, nt in enumerate(inst.cluster.node_types))
+    assert heuristic.type_sequences(coef) == [(fast, fast, slow)]
+    assert heuristic.type_sequences(coef_for(inst, pp=2)) == [(fast, fast), (slow, slow)]
+
+
+def test_partition_minimises_the_bottleneck(tmp_path):
+    # 8 layers on (fast, fast, slow): stage times 3n, 3n, 6n ms. The least bottleneck is 12 ms
+    # (z = 9 admits only 3 + 3 + 1 = 7 layers; z = 12 admits 4 + 4 + 2 = 10). The 2 surplus
+    # layers come off the slowest stage first (2 -> 1, it keeps one), then off stage 0 (4 -> 3):
+    # (3, 4, 1), bottleneck 12 ms.
+    inst = build_instance(write_instance(tmp_path, layers=8))
+    coef = coef_for(inst, pp=3)
+    fast, slow = 0, 1
+    layers = heuristic.partition(coef, (fast, fast, slow), 0)
+    assert layers == (3, 4, 1)
+    t = [coef.time(k, s)[0](n) for s, (k, n) in enumerate(zip((fast, fast, slow), layers))]
+    assert max(t) == pytest.approx(0.012, rel=1e-3)
+
+
+@pytest.mark.parametrize("layers, third, gbs", [(4, False, 4), (6, True, 8), (8, True, 4), (5, False, 8)])
+def test_heuristic_plans_are_valid_and_never_beat_brute_force(tmp_path, layers, third, gbs):
+    spec = write_instance(tmp_path, layers=layers, third=third, counts=(2, 1))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs}))
+    shared: dict = {}
+    found = 0
+    for cfg in enumerate_configs(inst):
+        got = heuristic.best_plan(Coefficients(inst, cfg, shared), Limits())
+        if got is None:
+            continue
+        plan, (types, lays, r) = got
+        found += 1
+        assert check.check_plan(inst, plan) == []
+        assert [s.num_layers for s in plan.stages] == list(lays)
+        exact = bruteforce.solve(inst, Limits(), fix=dict(tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs, pp=cfg.pp,
+                                                          recompute=cfg.recompute, schedule=cfg.schedule,
+                                                          vpp=cfg.vpp)).objective
+        assert objective_of(plan, Limits()) >= exact * (1 - 1e-9)
+    assert found > 0
+
+
+def test_a_tiny_time_limit_still_returns_the_heuristic_plan():
+    inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-13b", global_batch_size=512))
+    res = solve(inst, Limits(), time_limit_s=1e-3)
+    assert res.plan is not None and res.status == "feasible"
+    assert res.heuristic_objective is not None and res.objective <= res.heuristic_objective
+    assert res.best_bound <= res.objective and 0 < res.gap < 1
+    assert check.check_plan(inst, res.plan) == []
