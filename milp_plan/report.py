@@ -144,5 +144,7 @@ def render_plan(plan, inst=None, result=None) -> str:
         gap = "-" if result.gap is None else f"{result.gap:.2%}"
         out.append(f"Solver {result.backend}: {result.status}, objective {result.objective:.6g}, bound {bound}, gap "
                    f"{gap}, {result.wall_time_s:.2f} s, seed {result.seed} ({result.configs_solved} of "
-                   f"{result.configs_total} configurations solved, {result.configs_pruned} pruned by bounds)")
+                   f"{result.configs_total} configurations solved, {result.configs_pruned} pruned by bounds"
+                   + (f"; heuristic start {result.heuristic_objective:.6g})"
+                      if result.heuristic_objective is not None else ")"))
     return "\n".join(out)
