@@ -21,13 +21,15 @@ def coef_for(inst, **fix):
 
 
 def test_greedy_grouping_puts_the_fastest_type_first(tmp_path):
-    # fast (A100, t = 3 ms a layer) and slow (A10, 6 ms) nodes of 2 GPUs: pp = 3 takes both
-    # fast stages, then one slow; single types cannot hold 3 stages
+    # fast (A100, t = 3 ms a layer, 8 $/h a node) and slow (A10, 6 ms, 2 $/h) nodes of 2 GPUs,
+    # pp = 3: fastest-first takes both fast stages, then one slow; cheapest-first both slow,
+    # then one fast; one fast stage and the rest cheapest-first. No single type holds 3.
     inst = build_instance(write_instance(tmp_path, layers=8))
-    coef = coef_for(inst, pp=3)
-    fast, slow = (k for k, nt in enumerate(inst.cluster.node_types))
-    assert heuristic.type_sequences(coef) == [(fast, fast, slow)]
-    assert heuristic.type_sequences(coef_for(inst, pp=2)) == [(fast, fast), (slow, slow)]
+    fast, slow = 0, 1
+    assert heuristic.type_sequences(coef_for(inst, pp=3)) == [(fast, fast, slow), (slow, slow, fast),
+                                                               (fast, slow, slow)]
+    # pp = 2: each type alone, and one fast + one slow
+    assert heuristic.type_sequences(coef_for(inst, pp=2)) == [(fast, fast), (slow, slow), (fast, slow)]
 
 
 def test_partition_minimises_the_bottleneck(tmp_path):

@@ -2,8 +2,9 @@
 minimises the bottleneck stage time.
 
 Device grouping: the usable node types sorted by per-layer time (fastest first), each
-filled up to the stages it can hold until pp stages are placed; besides that greedy
-sequence, every single type that can hold all pp stages alone. Layer partition: for a
+filled up to the stages it can hold until pp stages are placed; the same sorted by price
+per GPU-hour (cheapest first); j < pp stages on the fastest type and the rest cheapest-first
+(what a budget trades); and every single type that can hold all pp stages alone. Layer partition: for a
 candidate bottleneck z, stage s holds at most min(floor((z - c_s) / a_s), memory room)
 layers (multiples of vpp, at least vpp); the smallest z whose capacities cover the L
 layers is found by bisection over the values a_s j + c_s, and the surplus is taken from
@@ -28,18 +29,30 @@ Candidate = tuple[tuple[int, ...], tuple[int, ...], int]   # (type per stage, la
 
 
 def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
-    """Greedy fastest-first grouping, then each type alone when it holds all pp stages."""
+    """Greedy grouping fastest-first, then cheapest-first (per GPU-hour; budgets and
+    min-cost), then each type alone when it holds all pp stages."""
     pp = coef.cfg.pp
     usable = coef.usable_types()
     speed = {k: coef.time(k, min(1, pp - 1))[0].a for k in usable}
-    order = sorted(usable, key=lambda k: (speed[k], k))
+    price = {k: coef.types[k].usd_per_gpu_hour for k in usable}
+    fastest = sorted(usable, key=lambda k: (speed[k], k))
+    cheapest = sorted(usable, key=lambda k: (price[k], k))
+
+    def fill(head: list[int], order: list[int]) -> None:
+        seq = list(head)
+        for k in order:
+            if k not in head:
+                seq += [k] * min(coef.place[k].max_stages, pp - len(seq))
+        if len(seq) == pp and tuple(seq) not in seqs:
+            seqs.append(tuple(seq))
     seqs: list[tuple[int, ...]] = []
-    greedy: list[int] = []
-    for k in order:
-        greedy += [k] * min(coef.place[k].max_stages, pp - len(greedy))
-    if len(greedy) == pp:
-        seqs.append(tuple(greedy))
-    for k in order:
+    fill([], fastest)
+    fill([], cheapest)
+    if fastest:  # fewer stages on the fastest type, the rest cheapest-first (a budget's trade)
+        top = fastest[0]
+        for j in range(min(coef.place[top].max_stages, pp) - 1, 0, -1):
+            fill([top] * j, cheapest)
+    for k in sorted(usable, key=lambda k: (speed[k], k)):
         if coef.place[k].max_stages >= pp and (k,) * pp not in seqs:
             seqs.append((k,) * pp)
     return seqs
