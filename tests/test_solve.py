@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from milp_plan import check
 from milp_plan.errors import InputError
@@ -180,13 +180,17 @@ def assert_within_rounding(inst, plan, limits, exhaustive: float) -> None:
     assert exhaustive * (1 - 1e-9) <= got <= exhaustive + tol, (got, exhaustive, tol)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_instances())
 def test_backends_agree_with_brute_force(tmp_path_factory, case):
     kw, gbs, objective, flash = case
     tmp = tmp_path_factory.mktemp("inst")
     spec = write_instance(tmp, **kw)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
+    from milp_plan.formulations.space import enumerate_configs
+    # keep brute force to seconds: at most 20,000 candidate plans (~1 ms each)
+    assume(sum(bruteforce.count_candidates(inst, c) for c in enumerate_configs(inst)) <= 20_000)
     fastest = bruteforce.solve(inst, Limits()).objective
     limits = limits_for(objective, fastest)
     ref = bruteforce.solve(inst, limits)
