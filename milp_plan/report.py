@@ -1,6 +1,8 @@
 """Terminal rendering: plain fixed-width tables (deterministic, pipe-friendly)."""
 from __future__ import annotations
 
+import re
+
 from typing import Any, Sequence
 
 from milp_plan.instance import Instance
@@ -111,8 +113,30 @@ def _devices(plan, inst) -> list[str]:
             gpus = sorted(gpus)
             rng = f"{gpus[0]}-{gpus[-1]}" if gpus == list(range(gpus[0], gpus[-1] + 1)) and len(gpus) > 1 else \
                 ",".join(map(str, gpus))
-            parts.append(f"{name}[{rng}]")
-        out.append(" ".join(parts))
+            parts.append((name, rng))
+        out.append(" ".join(_merge_hosts(parts)))
+    return out
+
+
+def _merge_hosts(parts: list[tuple[str, str]]) -> list[str]:
+    """Runs of >= 3 numbered hosts with the same GPUs: h100-12[0-7] ... h100-43[0-7] ->
+    h100-[12-43][0-7]."""
+    out: list[str] = []
+    i = 0
+    while i < len(parts):
+        m = re.fullmatch(r"(.*?)(\d+)", parts[i][0])
+        j = i + 1
+        if m:
+            prefix, first = m.group(1), int(m.group(2))
+            while j < len(parts) and parts[j][1] == parts[i][1] and \
+                    parts[j][0] == f"{prefix}{first + j - i}":
+                j += 1
+        if j - i >= 3:
+            out.append(f"{prefix}[{first}-{first + j - i - 1}][{parts[i][1]}]")
+        else:
+            j = i + 1
+            out.append(f"{parts[i][0]}[{parts[i][1]}]")
+        i = j
     return out
 
 
