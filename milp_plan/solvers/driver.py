@@ -42,7 +42,7 @@ from milp_plan.solvers import heuristic
 from milp_plan.solvers.backends import BACKENDS, make_backend
 
 REL_EPS = 1e-9
-HEURISTIC_CONFIGS = 64      # Configs of least bound given a heuristic plan before the exact search
+HEURISTIC_CONFIGS = 256     # Configs of least bound given a heuristic plan before the exact search
 HEURISTIC_SHARE = 0.1       # ... within this share of the time limit
 
 
@@ -216,10 +216,11 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     hints: dict[Config, heuristic.Candidate] = {}
     # Heuristic first, from the Configs of least bound: within a tenth of the time limit once
     # it has a plan, so that even a very short limit returns one
+    h0 = time.perf_counter()
     for lb, cfg, coef in bounded[:HEURISTIC_CONFIGS]:
         if lb >= best_obj * (1 - REL_EPS):
             break
-        if best is not None and time.perf_counter() - t0 > HEURISTIC_SHARE * time_limit_s:
+        if best is not None and time.perf_counter() - h0 > HEURISTIC_SHARE * time_limit_s:
             break
         got = heuristic.best_plan(coef, limits, mode)
         if got is None:
