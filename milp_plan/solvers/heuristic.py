@@ -29,8 +29,9 @@ Candidate = tuple[tuple[int, ...], tuple[int, ...], int]   # (type per stage, la
 
 
 def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
-    """Greedy grouping fastest-first, then cheapest-first (per GPU-hour; budgets and
-    min-cost), then each type alone when it holds all pp stages."""
+    """Greedy grouping fastest-first, cheapest-first (per GPU-hour; budgets and min-cost),
+    j < pp stages of the fastest type then cheapest-first, and each type alone when it
+    holds all pp stages."""
     pp = coef.cfg.pp
     usable = coef.usable_types()
     speed = {k: coef.time(k, min(1, pp - 1))[0].a for k in usable}
@@ -52,7 +53,7 @@ def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
         top = fastest[0]
         for j in range(min(coef.place[top].max_stages, pp) - 1, 0, -1):
             fill([top] * j, cheapest)
-    for k in sorted(usable, key=lambda k: (speed[k], k)):
+    for k in fastest:
         if coef.place[k].max_stages >= pp and (k,) * pp not in seqs:
             seqs.append((k,) * pp)
     return seqs
