@@ -18,8 +18,9 @@ at least the smallest z for which the pp best stage slots the cluster offers can
 the L layers when a stage of type k holds at most min(floor(z / a_k), memory room)
 layers, at least one (vpp when interleaved; `_bottleneck_bound`). Then
 T >= w_z z + w_sum S + stage 0's reduction + the largest stage's optimizer step
-(weights of costmodel.pipeline_time_s; hops only add). Dollars per step: at least the
-cheapest per-GPU price x GPUs x T, and at least g w_z L min_k(p_k a_k) + (the rest of T)
+(weights of costmodel.pipeline_time_s; hops only add). Under a $/h budget a node type
+offers only the stages the budget buys on its own (_affordable_stages). Dollars per
+step: at least the cheapest per-GPU price x GPUs x T, and at least g w_z L min_k(p_k a_k) + (the rest of T)
 x the cheapest price, since z >= L / sum_s (1 / a_s) (the cheapest price per unit of work). No slot assignment holding L layers within memory: the
 Config has no plan.
 """
@@ -123,21 +124,32 @@ def _bottleneck_bound(slots: list[tuple[float, int, int]], pp: int, L: int, unit
     return cands[lo]
 
 
+def _affordable_stages(coef: Coefficients, k: int, limits: Limits) -> int:
+    """Most stages type k can hold in this Config, and within a $/h budget on its own
+    (a relaxation: other types' stages only add to the bill)."""
+    most = min(coef.cfg.pp, coef.place[k].max_stages)
+    if limits.budget_usd_per_hour is None:
+        return most
+    cap = limits.budget_usd_per_hour * (1 + 1e-9)
+    return max([j for j in range(most + 1) if coef.usd_per_hour(k, j) <= cap])
+
+
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) -> float | None:
     """Valid lower bound on the objective of any plan of this Config, or None when none fits.
 
     memory=False skips the memory rooms (every slot may hold all L layers): a weaker,
     cheaper bound the driver uses to order and cut the search."""
     cfg, L = coef.cfg, coef.inst.model.num_layers
-    K = coef.usable_types()
-    if not K or sum(min(cfg.pp, coef.place[k].max_stages) for k in K) < cfg.pp:
+    caps = {k: _affordable_stages(coef, k, limits) for k in coef.usable_types()}
+    K = [k for k in caps if caps[k] > 0]
+    if not K or sum(caps[k] for k in K) < cfg.pp:
         return None
     t = {k: [coef.time(k, s)[0] for s in (0, cfg.pp - 1)] for k in K}
     # memory falls with the position among middle stages (fewer micro-batches in flight), so
     # the most room any position offers is at the first, the last or the last middle stage
     positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
     rooms = {k: max(_layer_room(coef, k, s) for s in positions) if memory else L for k in K}
-    slots = [(t[k][0].a, rooms[k], min(cfg.pp, coef.place[k].max_stages)) for k in K if rooms[k]]
+    slots = [(t[k][0].a, rooms[k], caps[k]) for k in K if rooms[k]]
     z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
     if z is None:
         return None
