@@ -6,6 +6,7 @@ recomputes its objective from the plan alone (costmodel.evaluate via objective_o
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -267,3 +268,16 @@ def test_cli_infeasible_exit_1_with_diagnosis(tmp_path):
     assert r.returncode == 1
     assert "fastest plan takes" in r.stderr and "Traceback" not in r.stderr
     assert out.read_text() == "previous"  # a failed run overwrites nothing
+
+
+@pytest.mark.parametrize("fix, message", [
+    ({"tp": 3}, "tp=3 must divide the 32 attention heads"),
+    ({"tp": 16}, "exceeds the largest node (8 GPUs)"),
+    ({"pp": 100}, "pp=100 exceeds the model's 32 layers"),
+    ({"dp": 7}, "dp=7 does not divide the global batch 256"),
+    ({"tp": 8, "pp": 8, "dp": 8}, "512 GPUs but the cluster has 32"),
+])
+def test_an_impossible_fix_names_the_broken_rule(fix, message):
+    inst = build_instance(InstanceSpec())
+    with pytest.raises(InputError, match=re.escape(message)):
+        solve(inst, Limits(), fix=fix)

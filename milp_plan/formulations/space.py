@@ -131,6 +131,31 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                             yield Config(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
 
 
+def explain_fix(inst: Instance, fix: dict[str, object]) -> str:
+    """Why no Config passes with these pinned values: the first pinned value that breaks
+    a rule on its own, or the combination."""
+    m, job, total = inst.model, inst.job, inst.cluster.num_gpus
+    max_gpn = max(nt.gpus_per_node for nt in inst.cluster.node_types)
+    tp, pp, dp, mbs = (fix.get(k) for k in ("tp", "pp", "dp", "mbs"))
+    if tp is not None and not valid_tps(m, [tp]):
+        return (f"tp={tp} must divide the {m.num_attention_heads} attention heads, and the {m.num_query_groups} "
+                "query groups must divide or be a multiple of it")
+    if tp is not None and tp > max_gpn:
+        return f"tp={tp} exceeds the largest node ({max_gpn} GPUs); a tp group stays inside one node"
+    if pp is not None and pp > m.num_layers:
+        return f"pp={pp} exceeds the model's {m.num_layers} layers"
+    if dp is not None and job.global_batch_size % dp:
+        return f"dp={dp} does not divide the global batch {job.global_batch_size}"
+    if mbs is not None and job.global_batch_size % (mbs * (dp or 1)):
+        return f"mbs={mbs} x dp={dp or 1} does not divide the global batch {job.global_batch_size}"
+    used = (tp or 1) * (pp or 1) * (dp or 1)
+    if used > total:
+        return f"tp x pp x dp = {used} GPUs but the cluster has {total}"
+    return ("no combination of the free choices with the pinned ones passes the divisibility rules "
+            "(heads by tp, global batch by micro-batch x dp, a stage packing into a node type, m % pp == 0 "
+            "for interleaving)")
+
+
 def _schedules(fix, schedules, pp, n_mb, L):
     if "schedule" in fix:
         s = fix["schedule"]

@@ -36,7 +36,7 @@ from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.pipeline import Limits, PipelineModel
-from milp_plan.formulations.space import Config, enumerate_configs
+from milp_plan.formulations.space import Config, enumerate_configs, explain_fix
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.solvers import heuristic
@@ -201,8 +201,10 @@ class Prepared:
 def prepare(inst: Instance, fix: dict | None = None) -> Prepared:
     configs = list(enumerate_configs(inst, fix))
     if not configs:
-        raise InputError("no tp/dp/pp/micro-batch combination passes the divisibility rules"
-                         + (" with --fix" if fix else "") + "; check --fix and --global-batch", field="fix")
+        if fix:
+            raise InputError(f"{explain_fix(inst, fix)}; change --fix", field="fix")
+        raise InputError("no tp/dp/pp/micro-batch combination passes the divisibility rules; check "
+                         "--global-batch and the cluster", field="global-batch")
     shared: dict = {}
     return Prepared(configs, [Coefficients(inst, cfg, shared) for cfg in configs])
 
