@@ -7,7 +7,7 @@ is no better than the incumbent. The overall best bound is the minimum of the
 incumbent and the bounds of every Config not solved to optimality, so the reported gap
 is honest even when the time limit cuts the search short.
 
-Warm start: before the exact search, solvers/heuristic.py builds a plan for each of the
+Warm start: before the exact search, heuristics/warmstart.py builds a plan for each of the
 HEURISTIC_CONFIGS Configs of least bound (greedy device grouping, bottleneck-optimal layer
 partition). The best is the first incumbent, and each such Config's model gets its plan as
 a hint. A very short --max-solve-time still returns that plan, with its gap.
@@ -39,7 +39,7 @@ from milp_plan.formulations.pipeline import Limits, PipelineModel
 from milp_plan.formulations.space import Config, enumerate_configs, explain_fix
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
-from milp_plan.solvers import heuristic
+from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, make_backend
 
 REL_EPS = 1e-9

@@ -1,0 +1,1 @@
+"""Heuristics that find good plans fast: warmstart.py seeds the exact search."""
