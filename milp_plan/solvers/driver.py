@@ -8,8 +8,8 @@ incumbent and the bounds of every Config not solved to optimality, so the report
 is honest even when the time limit cuts the search short.
 
 Warm start: before the exact search, heuristics/warmstart.py builds a plan for each of the
-HEURISTIC_CONFIGS Configs of least bound (greedy device grouping, bottleneck-optimal layer
-partition). The best is the first incumbent, and each such Config's model gets its plan as
+HEURISTIC_CONFIGS Configs of least bound, or more until one has a plan (greedy device
+grouping, bottleneck-optimal layer partition). The best is the first incumbent, and each such Config's model gets its plan as
 a hint. A very short --max-solve-time still returns that plan, with its gap.
 
 Lower bound of a Config (seconds): with S = L min_k a_k + min_k c_first + min_k c_last
@@ -43,8 +43,9 @@ from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, make_backend
 
 REL_EPS = 1e-9
-HEURISTIC_CONFIGS = 256     # Configs of least bound given a heuristic plan before the exact search
-HEURISTIC_SHARE = 0.1       # ... within this share of the time limit
+HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan before the exact search,
+HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
+HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
 
 
 @dataclass
@@ -228,13 +229,14 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     best: Plan | None = None
     best_obj = math.inf
     hints: dict[Config, heuristic.Candidate] = {}
-    # Heuristic first, from the Configs of least bound: within a tenth of the time limit once
-    # it has a plan, so that even a very short limit returns one
+    # Heuristic first, from the Configs of least bound: HEURISTIC_CONFIGS of them, or on until
+    # the first plan (so that even a very short limit returns one), within a tenth of the limit
     h0 = time.perf_counter()
-    for lb, cfg, coef in bounded[:HEURISTIC_CONFIGS]:
+    for tried, (lb, cfg, coef) in enumerate(bounded[:HEURISTIC_MAX_CONFIGS]):
         if lb >= best_obj * (1 - REL_EPS):
             break
-        if best is not None and time.perf_counter() - h0 > HEURISTIC_SHARE * time_limit_s:
+        if best is not None and (tried >= HEURISTIC_CONFIGS
+                                 or time.perf_counter() - h0 > HEURISTIC_SHARE * time_limit_s):
             break
         got = heuristic.best_plan(coef, limits, mode)
         if got is None:
