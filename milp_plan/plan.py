@@ -110,6 +110,17 @@ class Plan:
     def uniform(self, attr: str) -> bool:
         return len({getattr(s, attr) for s in self.stages}) == 1
 
+    def with_schedule(self, schedule: str, vpp: int) -> "Plan":
+        """The same stages and layer counts under another schedule: first_layer laid out
+        again (contiguous for vpp 1; stage s's first chunk after chunk 0 of stages < s when
+        interleaved). The prediction is dropped."""
+        starts, acc = [], 0
+        for st in self.stages:
+            starts.append(acc)
+            acc += st.num_layers // vpp
+        stages = tuple(replace(st, first_layer=a) for st, a in zip(self.stages, starts))
+        return self.with_(schedule=schedule, vpp=vpp, stages=stages, predicted=None)
+
     def layer_chunks(self, stage: int) -> list[tuple[int, int]]:
         """(first_layer, num_layers) of each model chunk of `stage`, in model order."""
         if self.vpp <= 1:

@@ -107,7 +107,10 @@ def target_plan(plan: Plan, schedule: str | None, vpp: int | None) -> Plan:
         if bad:
             raise InputError(f"stage {bad[0]} holds {plan.stages[bad[0]].num_layers} layers, not divisible by "
                              f"vpp {vpp}; choose a vpp that divides every stage's layer count", field="vpp")
-    return plan.with_(schedule=schedule, vpp=vpp, predicted=None)
+    target = plan.with_schedule(schedule, vpp)
+    if schedule == "zb-h1" and plan.mode == "megatron":
+        target = target.with_(mode="free")  # a what-if: ZB-H1 runs on the zero-bubble fork, not stock Megatron
+    return target
 
 
 def _compare(report: VerifyReport, inst: Instance, plan: Plan, predicted: Prediction, result: SimResult) -> None:
@@ -142,7 +145,9 @@ def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule
     if changed:
         predicted = fresh
         report.notes.append(f"schedule changed to {target.schedule}" + (f" (vpp {target.vpp})" if target.vpp > 1
-                            else "") + ": compared with the cost model's closed form for it")
+                            else "") + ": compared with the cost model's closed form for it"
+                            + ("; ZB-H1 needs the zero-bubble fork of Megatron-LM" if target.schedule == "zb-h1"
+                               else ""))
     elif plan.predicted is None:
         predicted = fresh
         report.notes.append("the plan records no prediction: compared with the cost model's closed form")

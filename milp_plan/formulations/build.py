@@ -51,10 +51,5 @@ def build_plan(inst: Instance, cfg: Config, types: Sequence[int], layers: Sequen
                 cfg.schedule, cfg.vpp, cfg.distributed_optimizer, cfg.sequence_parallel, mode,
                 solver=solver, inputs=inst.inputs_record())
     if cfg.vpp > 1:  # interleaved: stage s's first chunk starts after chunk 0 of stages < s
-        starts, acc = [], 0
-        for n in layers:
-            starts.append(acc)
-            acc += n // cfg.vpp
-        plan = plan.with_(stages=tuple(st.__class__(**{**st.__dict__, "first_layer": a})
-                                       for st, a in zip(plan.stages, starts)))
+        plan = plan.with_schedule(cfg.schedule, cfg.vpp)
     return plan.with_(predicted=costmodel.evaluate(inst, plan))
