@@ -44,6 +44,8 @@ def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progres
         raise InputError(f"unknown solver '{req.solver}'; use {', '.join(SOLVERS)}", field="solver")
     if req.max_solve_time_s <= 0:
         raise InputError("must be > 0, e.g. 30s", field="max-solve-time")
+    if req.workers < 1:
+        raise InputError(f"must be >= 1 (1 is deterministic), got {req.workers}", field="workers")
     limits = limits or limits_for(inst)
     fix = parse_fix(req.fix)
     if req.solver == "brute-force":
