@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-
 from typing import Any, Sequence
 
 from milp_plan.instance import Instance

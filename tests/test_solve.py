@@ -241,7 +241,7 @@ def test_zb_h1_is_refused_in_megatron_mode(tmp_path):
     with pytest.raises(InputError, match="zero-bubble fork"):
         solve(inst, Limits(), fix={"schedule": "zb-h1"})
     with pytest.raises(InputError, match="verify PLAN --schedule zb-h1"):
-        parse_fix("schedule=zb-h1")
+        bruteforce.solve(inst, Limits(), fix=parse_fix("schedule=zb-h1"))
 
 
 def test_cli_solve_default_is_deterministic(tmp_path):

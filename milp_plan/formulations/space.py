@@ -81,8 +81,6 @@ def parse_fix(text: str | None) -> dict[str, object]:
             if v not in ("1f1b", "interleaved", "gpipe", "zb-h1"):
                 raise InputError(f"schedule must be 1f1b, interleaved, gpipe or zb-h1, got '{v}'", field="fix")
             out[k] = v
-    if out.get("schedule") == "zb-h1":
-        raise InputError(ZB_H1_REFUSAL, field="fix")
     if out.get("vpp", 1) > 1 and out.setdefault("schedule", "interleaved") != "interleaved":
         raise InputError("vpp > 1 needs schedule=interleaved", field="fix")
     return out
