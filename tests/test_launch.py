@@ -31,13 +31,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from milp_plan import check, costmodel
-from milp_plan.cli import main
 from milp_plan.cluster import Cluster, load_cluster
 from milp_plan.errors import InputError
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.launch import LaunchOptions, megatron, render_launch, write_launch
 from milp_plan.launch.ranks import assign_ranks, plan_ranks
 from milp_plan.plan import Device, Plan, Stage, write_plan
+from clitools import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "launch" / "run_launch_dir.sh"
@@ -121,20 +121,6 @@ def free_plan():
 
 
 # ---- running the CLI and the emitted scripts ---------------------------------------------
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["milp-plan", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.argv = old
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
 @pytest.fixture(scope="session")
 def stub_torchrun(tmp_path_factory) -> Path:
     """A `torchrun` that records CUDA_VISIBLE_DEVICES, CUDA_DEVICE_MAX_CONNECTIONS and its argv."""

@@ -13,11 +13,11 @@ import torch
 import yaml
 
 from milp_plan import profiler
-from milp_plan.cli import main
 from milp_plan.errors import InputError
 from milp_plan.model import load_model
 from milp_plan.profile import read_native
 from milp_plan.torch_layers import build_layer
+from clitools import run_cli
 
 TINY = dict(name="tiny", arch="gpt", num_layers=2, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
             vocab_size=128, seq_length=32)
@@ -35,17 +35,6 @@ def request(model, **kw) -> profiler.ProfileRequest:
     args = dict(tps=(1,), micro_batches=(1, 2), device="cpu", repeats=2, warmup=1, clock="cpu", statistic="min")
     args.update(kw)
     return profiler.ProfileRequest(model, **args)
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["milp-plan", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_profile_covers_what_was_asked_and_loads(tmp_path):
@@ -199,7 +188,7 @@ def test_per_layer_sum_predicts_the_whole_model(tmp_path, capsys):
 def test_cli_profile_then_inspect(tmp_path, monkeypatch, capsys):
     mf = model_file(tmp_path, TINY)
     out = tmp_path / "prof"
-    code, stdout, err = run_cli(monkeypatch, capsys, "profile", "--model", str(mf), "--tp", "1,2", "--micro-batch",
+    code, stdout, err = run_cli(capsys, "profile", "--model", str(mf), "--tp", "1,2", "--micro-batch",
                                 "1,2,4", "--out", str(out), "--device", "cpu", "--repeats", "1", "--warmup", "0",
                                 "--cpu-threads", "1")
     assert code == 0, err
@@ -209,7 +198,7 @@ def test_cli_profile_then_inspect(tmp_path, monkeypatch, capsys):
     cluster.write_text(yaml.safe_dump({"name": "one", "node_types": [{
         "name": "n", "gpu": "A100-80GB", "gpus_per_node": 8, "count": 1, "intra_node_gb_per_s": 300,
         "inter_node_gb_per_s": 50, "usd_per_hour": 40}]}))
-    code, stdout, err = run_cli(monkeypatch, capsys, "inspect", "--model", str(mf), "--profiles", str(out),
+    code, stdout, err = run_cli(capsys, "inspect", "--model", str(mf), "--profiles", str(out),
                                 "--cluster", str(cluster), "--profile-gpu-map", "cpu=A100-80GB", "--global-batch", "8")
     assert code == 0, err
     assert "origin=measured" in stdout and "1,2,4" in stdout
@@ -220,13 +209,13 @@ def test_cli_profile_then_inspect(tmp_path, monkeypatch, capsys):
                                          (["--clock", "cpu", "--cpu-threads", "2"], "clock")])
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, args, field):
     mf = model_file(tmp_path, TINY)
-    code, _, err = run_cli(monkeypatch, capsys, "profile", "--model", str(mf), "--out", str(tmp_path),
+    code, _, err = run_cli(capsys, "profile", "--model", str(mf), "--out", str(tmp_path),
                            "--device", "cpu", *args)
     assert code == 2 and err.count("\n") == 1 and f"'{field}'" in err, err
 
 
 def test_cli_without_torch_says_how_to_install(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)   # `import torch` now raises ImportError
-    code, _, err = run_cli(monkeypatch, capsys, "profile", "--model", "gpt3-1.3b", "--out", str(tmp_path))
+    code, _, err = run_cli(capsys, "profile", "--model", "gpt3-1.3b", "--out", str(tmp_path))
     assert code == 2 and err.count("\n") == 1
     assert 'pip install "milp-plan[profile]"' in err

@@ -4,17 +4,16 @@ cost model's prediction and the instance's inputs record, as `milp-plan solve` w
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from milp_plan import costmodel
-from milp_plan.cli import main
 from milp_plan.errors import InputError
 from milp_plan.instance import build_instance
 from milp_plan.plan import Device, Plan, Stage, read_plan, write_plan
 from milp_plan.sim import simulate_plan
 from milp_plan.verify import parse_tolerance, verify_plan
+from clitools import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -47,17 +46,6 @@ def three_stage_plan(inst) -> Plan:
     return finish(inst, Plan(tuple(st), 256, 128))
 
 
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["milp-plan", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture()
 def plan_file(tmp_path, inst):
     path = tmp_path / "plan.json"
@@ -66,7 +54,7 @@ def plan_file(tmp_path, inst):
 
 
 def test_exit_0_when_checks_pass_and_simulation_matches(monkeypatch, capsys, plan_file):
-    code, out, _ = cli(monkeypatch, capsys, "verify", str(plan_file))
+    code, out, _ = run_cli(capsys, "verify", str(plan_file))
     assert code == 0, out
     assert "PASS" in out and "step time" in out and "stage 1 peak memory" in out
 
@@ -78,10 +66,10 @@ def test_exit_1_with_the_difference_named_when_beyond_tolerance(monkeypatch, cap
     data["predicted"]["stages"][0]["peak_memory_gib"] *= 1.1
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
-    code, out, _ = cli(monkeypatch, capsys, "verify", str(path))
+    code, out, _ = run_cli(capsys, "verify", str(path))
     assert code == 1
     assert "FAIL" in out and "stage 0 peak memory -9.09% beyond 2%" in out
-    code, out, _ = cli(monkeypatch, capsys, "verify", str(path), "--tolerance", "10%")
+    code, out, _ = run_cli(capsys, "verify", str(path), "--tolerance", "10%")
     assert code == 0 and "PASS" in out
 
 
@@ -90,7 +78,7 @@ def test_a_hand_moved_boundary_is_reported_stale_and_still_simulated(monkeypatch
     data["stages"][0]["num_layers"], data["stages"][1]["first_layer"], data["stages"][1]["num_layers"] = 20, 20, 12
     path = tmp_path / "edited.json"
     path.write_text(json.dumps(data))
-    code, out, _ = cli(monkeypatch, capsys, "verify", str(path), "--json")
+    code, out, _ = run_cli(capsys, "verify", str(path), "--json")
     report = json.loads(out)
     assert code == 1 and report["exit_code"] == 1
     assert [v["rule"] for v in report["violations"]][:1] == ["prediction"]
@@ -107,7 +95,7 @@ def test_a_broken_structure_is_not_simulated(monkeypatch, capsys, tmp_path, inst
     data["stages"][1]["first_layer"] = 15          # overlaps stage 0
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(data))
-    code, out, _ = cli(monkeypatch, capsys, "verify", str(path))
+    code, out, _ = run_cli(capsys, "verify", str(path))
     assert code == 1 and "layer_cover" in out and "not simulated" in out
 
 
@@ -116,29 +104,29 @@ def test_a_broken_structure_is_not_simulated(monkeypatch, capsys, tmp_path, inst
 def test_exit_2_for_a_file_that_is_not_a_plan(monkeypatch, capsys, tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
-    code, out, err = cli(monkeypatch, capsys, "verify", str(path))
+    code, out, err = run_cli(capsys, "verify", str(path))
     assert code == 2 and message in err and "Traceback" not in err and out == ""
 
 
 def test_exit_2_for_bad_options(monkeypatch, capsys, tmp_path, inst, plan_file):
     path = tmp_path / "three.json"
     write_plan(path, three_stage_plan(inst))
-    code, _, err = cli(monkeypatch, capsys, "verify", str(path), "--schedule", "interleaved")
+    code, _, err = run_cli(capsys, "verify", str(path), "--schedule", "interleaved")
     assert code == 2 and "divisible by pp 3" in err          # 128 micro-batches, pp 3
-    code, _, err = cli(monkeypatch, capsys, "verify", str(plan_file), "--schedule", "interleaved", "--vpp", "3")
+    code, _, err = run_cli(capsys, "verify", str(plan_file), "--schedule", "interleaved", "--vpp", "3")
     assert code == 2 and "vpp 3" in err                       # 16 layers per stage
-    code, _, err = cli(monkeypatch, capsys, "verify", str(plan_file), "--tolerance", "lots")
+    code, _, err = run_cli(capsys, "verify", str(plan_file), "--tolerance", "lots")
     assert code == 2 and "tolerance" in err
 
 
 def test_schedule_change_compares_with_the_closed_form_of_that_schedule(monkeypatch, capsys, inst, plan_file):
-    code, out, _ = cli(monkeypatch, capsys, "verify", str(plan_file), "--schedule", "interleaved", "--json")
+    code, out, _ = run_cli(capsys, "verify", str(plan_file), "--schedule", "interleaved", "--json")
     report = json.loads(out)
     assert report["schedule"] == "interleaved" and report["vpp"] == 2 and report["schedule_changed"]
     expected = costmodel.evaluate(inst, read_plan(plan_file).with_(schedule="interleaved", vpp=2))
     assert report["comparisons"][0]["predicted"] == pytest.approx(expected.step_time_s, rel=1e-12)
     assert report["comparisons"][0]["simulated"] < json.loads(
-        cli(monkeypatch, capsys, "verify", str(plan_file), "--json")[1])["comparisons"][0]["simulated"]
+        run_cli(capsys, "verify", str(plan_file), "--json")[1])["comparisons"][0]["simulated"]
     assert code == report["exit_code"]
 
 
@@ -150,7 +138,7 @@ def test_an_interleaved_plan_under_another_schedule_is_laid_out_again(monkeypatc
     path = tmp_path / "interleaved.json"
     write_plan(path, finish(inst, one_node_plan(inst).with_schedule("interleaved", 2)))
     assert [s.first_layer for s in read_plan(path).stages] == [0, 8]
-    code, out, _ = cli(monkeypatch, capsys, "verify", str(path), "--schedule", schedule, "--json")
+    code, out, _ = run_cli(capsys, "verify", str(path), "--schedule", schedule, "--json")
     report = json.loads(out)
     # (GPipe holds all 128 micro-batches: over memory, which verify reports, and still simulates)
     assert {v["rule"] for v in report["violations"]} <= ({"memory_capacity"} if schedule == "gpipe" else set())
@@ -160,7 +148,7 @@ def test_an_interleaved_plan_under_another_schedule_is_laid_out_again(monkeypatc
 
 def test_trace_and_gantt_are_written(monkeypatch, capsys, tmp_path, plan_file):
     trace, gantt = tmp_path / "t.json", tmp_path / "g.png"
-    code, _, _ = cli(monkeypatch, capsys, "verify", str(plan_file), "--trace", str(trace), "--gantt", str(gantt))
+    code, _, _ = run_cli(capsys, "verify", str(plan_file), "--trace", str(trace), "--gantt", str(gantt))
     assert code == 0
     names = {e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"]
              if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 1}
