@@ -293,8 +293,8 @@ def pipeline_time_s(fwd_s: Sequence[float], bwd_s: Sequence[float], m: int, sche
       interleaved:   T = m z + (sum_s t_s - z) / vpp,   z = max_s t_s
       ZB-H1:         T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = W_FRACTION_OF_BWD b_s,
                      t'_s = t_s - 2 w_s; at equal stages this is m t + (p-1)(F + B - W), the
-                     published ZB-H1 time. Every maximum enters with a positive coefficient,
-                     so the exact MILP needs only z >= (window averages) and w >= w_s.
+                     published ZB-H1 time (used by `verify --schedule zb-h1`; the exact
+                     formulations cover 1F1B, interleaved and GPipe only).
     """
     t = [f + b for f, b in zip(fwd_s, bwd_s)]
     hops = list(hop_s) if hop_s is not None else [0.0] * (len(t) - 1)
@@ -383,8 +383,7 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
 
     Assumes the plan is structurally valid (run `check.check_structure` first)."""
     pp, m = plan.pp, plan.num_microbatches
-    nodes = inst.cluster.nodes
-    fwd, bwd, preds, dp_times, opt_times, hops = [], [], [], [], [], []
+    fwd, bwd, preds, dp_times, opt_times = [], [], [], [], []
     for i, st in enumerate(plan.stages):
         nt = _stage_node_type(inst, st)
         kinds = stage_kinds(inst, st.first_layer, st.num_layers)

@@ -96,16 +96,14 @@ class Coefficients:
         return self._time(k, *self._ends(s))
 
     def _time(self, k: int, first: bool, last: bool) -> tuple[Affine, Affine]:
-        key = ("time", k, first, last, self.cfg.tp, self.cfg.mbs, self.cfg.recompute)
-        if key not in self._shared:
-            nt, cfg = self.types[k], self.cfg
+        nt, cfg = self.types[k], self.cfg
 
-            def f_b(n: int, r: int) -> tuple[float, float]:
-                return cm.stage_compute_s(self.inst, nt, cfg.tp, cfg.mbs, [self.kind] * n, first, last,
-                                          cfg.recompute, r)
-            self._shared[key] = (_affine(lambda n, r: sum(f_b(n, r)), self.full),
-                                 _affine(lambda n, r: f_b(n, r)[1], self.full))
-        return self._shared[key]
+        def f_b(n: int, r: int) -> tuple[float, float]:
+            return cm.stage_compute_s(self.inst, nt, cfg.tp, cfg.mbs, [self.kind] * n, first, last,
+                                      cfg.recompute, r)
+        return self._memo(self._shared, ("time", k, first, last, cfg.tp, cfg.mbs, cfg.recompute),
+                          lambda: (_affine(lambda n, r: sum(f_b(n, r)), self.full),
+                                   _affine(lambda n, r: f_b(n, r)[1], self.full)))
 
     def _memo(self, cache: dict, key: tuple, make):
         value = cache.get(key)
