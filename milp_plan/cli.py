@@ -91,7 +91,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
               "--time-limit", help="Step-time limit, e.g. 1.2s/step (needed by min-cost).")] = None,
           budget: Annotated[Optional[str], typer.Option(help="Budget, e.g. 40$/h or 0.02$/step.")] = None,
           mode: Annotated[str, typer.Option(
-              help="megatron (uniform tp/dp/recompute) | free (per-stage; not implemented yet).")] = "megatron",
+              help="megatron (uniform tp/dp/recompute; stock Megatron-LM) | free (tp, dp and recompute per "
+                   "stage; needs a per-stage runtime).")] = "megatron",
           solver: Annotated[str, typer.Option(help="auto | cpsat | highs | cbc | brute-force.")] = "auto",
           max_solve_time: Annotated[str, typer.Option("--max-solve-time", help="Bound on the search, e.g. 30s.")] = "30s",
           seed: Annotated[int, typer.Option(help="Solver seed.")] = 1,

@@ -94,7 +94,7 @@ def _memory_diagnosis(inst: Instance) -> str:
     for cfg in enumerate_configs(inst, {"mbs": 1, "recompute": "full", "schedule": "1f1b"}):
         coef = Coefficients(inst, cfg)
         n = math.ceil(inst.model.num_layers / cfg.pp)
-        for k in coef.usable_types():
+        for k in range(len(coef.options)):
             need = max(coef.memory(k, s)(n if s else max(1, n), 1) for s in range(cfg.pp))
             if best is None or need < best[0]:
                 best = (need, cfg, k)

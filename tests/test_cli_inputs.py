@@ -124,7 +124,8 @@ BAD = {
     "zero solve time": (["solve", "--max-solve-time", "0s"], ["'max-solve-time'", "> 0"]),
     "impossible fix": (["solve", "--fix", "tp=3"], ["'fix'", "tp=3 must divide the 32 attention heads"]),
     "zb-h1 fix": (["solve", "--fix", "schedule=zb-h1"], ["'fix'", "zero-bubble fork"]),
-    "free mode": (["solve", "--mode", "free"], ["'mode'", "free mode is not implemented yet"]),
+    "free mode without sp": (["solve", "--mode", "free", "--fix", "sp=off"], ["'fix'", "sequence parallelism on"]),
+    "unknown mode": (["solve", "--mode", "aceso"], ["'mode'", "mode must be one of"]),
 }
 
 BAD_IN_A_PROCESS = ["missing file", "profile lacks head", "global batch text"]

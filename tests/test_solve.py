@@ -121,7 +121,7 @@ def test_infeasible_time_limit(tmp_path, backend):
 
 
 def test_brute_force_refuses_large_instances():
-    # the refusal counts candidates in closed form (count_type_sequences), never enumerating them
+    # the refusal counts candidates in closed form (count_block_sequences), never enumerating them
     inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-13b"))
     with pytest.raises(InputError, match="brute force would enumerate"):
         bruteforce.solve(inst, Limits())
@@ -130,12 +130,13 @@ def test_brute_force_refuses_large_instances():
 @pytest.mark.parametrize("third", [False, True])
 @pytest.mark.parametrize("gpn", [1, 2, 4])
 def test_type_sequence_count_matches_enumeration(tmp_path, third, gpn):
-    from milp_plan.formulations.space import enumerate_configs
+    from milp_plan.formulations.space import enumerate_configs, stage_options
     inst = build_instance(write_instance(tmp_path, layers=8, gpn=gpn, counts=(2, 2), third=third))
     configs = list(enumerate_configs(inst, None))
     assert configs
     for cfg in configs:
-        assert bruteforce.count_type_sequences(inst, cfg) == sum(1 for _ in bruteforce.type_sequences(inst, cfg))
+        opts = stage_options(inst, cfg)
+        assert bruteforce.count_option_sequences(inst, cfg, opts) == sum(1 for _ in bruteforce.option_sequences(inst, cfg, opts))
 
 
 # ---- random small instances: every backend agrees with brute force ----------------------

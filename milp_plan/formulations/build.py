@@ -1,55 +1,56 @@
-"""Turn a solution (stage node types, layer counts, recomputed layers) into a Plan.
+"""Turn a solution (stage options, layer counts, recomputed layers) into a Plan.
 
-Canonical placement, the one every backend and the brute force share: stages of one
-node type take that type's nodes in cluster order; a stage of g <= gpus_per_node GPUs
-takes the next g local GPUs of the current node (so gpus_per_node / g stages share a
-node), a larger stage takes g / gpus_per_node whole nodes. Devices are listed tp
-fastest, then dp, so every tp group is g consecutive local GPUs of one node.
+Canonical placement, the one every backend and the brute force share: a block (a node
+type and a stage size g) is one contiguous run of stages, and it takes nodes of its own:
+its first stage starts on the next unused node of its type (in cluster order). Inside
+the run a stage of g <= gpus_per_node GPUs takes the next g local GPUs of the current
+node (so gpus_per_node / g stages share a node), a larger stage takes g / gpus_per_node
+whole nodes. Devices are listed tp fastest, then dp, so every tp group is tp consecutive
+local GPUs of one node. In Megatron mode every node type has one block, which starts on
+the type's first node.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 from milp_plan import costmodel
-from milp_plan.formulations.coefficients import placement
-from milp_plan.formulations.space import Config
+from milp_plan.formulations.space import Config, FreeConfig, StageOption
 from milp_plan.instance import Instance
 from milp_plan.plan import Device, Plan, SolverRecord, Stage
 
 
-def place_stages(inst: Instance, cfg: Config, types: Sequence[int]) -> list[tuple[Device, ...]]:
+def place_stages(inst: Instance, options: Sequence[StageOption]) -> list[tuple[Device, ...]]:
     nodes_of = {k: [n for n in inst.cluster.nodes if n.type is nt] for k, nt in enumerate(inst.cluster.node_types)}
     cursor = {k: 0 for k in nodes_of}  # next free GPU slot (global, over the type's nodes)
-    out = []
-    for k in types:
-        nt = inst.cluster.node_types[k]
-        pl = placement(nt, cfg.group)
-        if pl is None:
-            raise ValueError(f"stage of {cfg.group} GPUs does not pack into {nt.name}")
-        gpn = nt.gpus_per_node
-        start = cursor[k]
-        slots = range(start, start + cfg.group)
-        cursor[k] = start + cfg.group
-        devs = []
-        for slot in slots:
-            node = nodes_of[k][slot // gpn]
-            devs.append(Device(node.index, slot % gpn))
-        out.append(tuple(devs))
+    out, prev = [], None
+    for opt in options:
+        gpn = inst.cluster.node_types[opt.k].gpus_per_node
+        if not (gpn % opt.group == 0 or opt.group % gpn == 0):
+            raise ValueError(f"stage of {opt.group} GPUs does not pack into {inst.cluster.node_types[opt.k].name}")
+        if (opt.k, opt.group) != prev:  # a new run starts on a fresh node
+            cursor[opt.k] = -(-cursor[opt.k] // gpn) * gpn
+            prev = (opt.k, opt.group)
+        start = cursor[opt.k]
+        cursor[opt.k] = start + opt.group
+        out.append(tuple(Device(nodes_of[opt.k][slot // gpn].index, slot % gpn)
+                         for slot in range(start, start + opt.group)))
     return out
 
 
-def build_plan(inst: Instance, cfg: Config, types: Sequence[int], layers: Sequence[int], recompute_layers: int,
-               solver: SolverRecord | None, mode: str = "megatron") -> Plan:
-    devices = place_stages(inst, cfg, types)
+def build_plan(inst: Instance, cfg: Config | FreeConfig, options: Sequence[StageOption], layers: Sequence[int],
+               recompute_layers: Sequence[int], solver: SolverRecord | None, mode: str = "megatron") -> Plan:
+    """recompute_layers: per stage, used where the stage's option recomputes fully."""
+    devices = place_stages(inst, options)
     stages, first = [], 0
-    for k, devs, n in zip(types, devices, layers):
-        r = recompute_layers if cfg.recompute == "full" else 0
-        stages.append(Stage(inst.cluster.node_types[k].gpu.name, devs, first, n, cfg.tp, cfg.dp, cfg.mbs,
-                            cfg.recompute, r))
+    for opt, devs, n, r in zip(options, devices, layers, recompute_layers):
+        stages.append(Stage(inst.cluster.node_types[opt.k].gpu.name, devs, first, n, opt.tp, opt.dp, opt.mbs,
+                            opt.recompute, r if opt.recompute == "full" else 0))
         first += n
+    # the switches are recorded only where a stage uses them (no effect at tp 1 or dp 1)
+    sp = cfg.sequence_parallel and any(o.tp > 1 for o in options)
+    distopt = cfg.distributed_optimizer and any(o.dp > 1 for o in options)
     plan = Plan(tuple(stages), inst.job.global_batch_size, cfg.num_microbatches(inst.job.global_batch_size),
-                cfg.schedule, cfg.vpp, cfg.distributed_optimizer, cfg.sequence_parallel, mode,
-                solver=solver, inputs=inst.inputs_record())
+                cfg.schedule, cfg.vpp, distopt, sp, mode, solver=solver, inputs=inst.inputs_record())
     if cfg.vpp > 1:  # interleaved: stage s's first chunk starts after chunk 0 of stages < s
         plan = plan.with_schedule(cfg.schedule, cfg.vpp)
     return plan.with_(predicted=costmodel.evaluate(inst, plan))

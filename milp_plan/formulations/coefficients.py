@@ -1,20 +1,24 @@
 """Linear coefficients of the per-stage models, read off the cost model.
 
-For a fixed Config every stage quantity is affine in the stage's layer count n and its
-number of recomputed layers r (full recompute, r >= 1): q(n, r) = a n + rho r + c. The
+For a fixed config and stage option (space.StageOption: node type, tp, dp, micro-batch,
+recompute) every stage quantity is affine in the stage's layer count n and its number of
+recomputed layers r (full recompute, r >= 1): q(n, r) = a n + rho r + c. The
 coefficients are obtained by evaluating the cost model's own stage functions at a few
 (n, r) points and differencing, and linearity is asserted at a third point, so the
 models can never drift from `costmodel`. Positions matter: stage 0 holds the embedding,
 the last stage the head, and the in-flight micro-batch count depends on the position.
+
+Options that share a node type and a stage size (GPUs per stage) form a block: the
+stages of a block are one contiguous run placed on nodes of their own (build.place_stages),
+so placement, transfers and prices depend on the block only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from milp_plan import costmodel as cm
 from milp_plan.cluster import NodeType
-from milp_plan.formulations.space import Config
+from milp_plan.formulations.space import Config, FreeConfig, StageOption, stage_options
 from milp_plan.instance import Instance
 
 _TOL = 1e-6
@@ -66,14 +70,24 @@ def placement(nt: NodeType, group: int) -> Placement | None:
     return None
 
 
-class Coefficients:
-    """Every coefficient of the per-stage models for one Config."""
+@dataclass(frozen=True)
+class Block:
+    """A node type and a stage size: its stages run in one contiguous run on their own nodes."""
 
-    def __init__(self, inst: Instance, cfg: Config, shared: dict | None = None):
-        """`shared` may be passed to every Config of one instance: it memoises the
-        coefficients that depend on only part of a Config (stage times on node type,
+    k: int
+    group: int
+    place: Placement
+
+
+class Coefficients:
+    """Every coefficient of the per-stage models for one config."""
+
+    def __init__(self, inst: Instance, cfg: Config | FreeConfig, shared: dict | None = None,
+                 fix: dict | None = None):
+        """`shared` may be passed to every config of one instance: it memoises the
+        coefficients that depend on only part of a config (stage times on node type,
         ends, tp, micro-batch and recompute; reduction and optimizer on tp, dp and the
-        distributed optimizer)."""
+        distributed optimizer). `fix` restricts a FreeConfig's per-stage options."""
         self.inst, self.cfg = inst, cfg
         self._shared = {} if shared is None else shared
         self._local: dict = {}
@@ -83,27 +97,36 @@ class Coefficients:
             raise InputError(f"model '{inst.model.name}' mixes block kinds (encoder-decoder); the exact formulations "
                              "need one block kind: use --solver brute-force", field="model")
         self.types = [nt for nt in inst.cluster.node_types]
-        self.place = [placement(nt, cfg.group) for nt in self.types]
+        self.options: list[StageOption] = stage_options(inst, cfg, fix)
+        index: dict[tuple[int, int], int] = {}
+        for o in self.options:
+            index.setdefault((o.k, o.group), len(index))
+        self.blocks: list[Block] = [Block(k, g, placement(self.types[k], g)) for k, g in index]
+        self.block_of: list[int] = [index[o.k, o.group] for o in self.options]
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
-        self.full = cfg.recompute == "full"
+        # Megatron: one r for every stage (a model variable); free: each full-recompute stage its own
+        self.shared_r = isinstance(cfg, Config) and cfg.recompute == "full"
 
-    # ---- per node type and position -------------------------------------------------
+    def full(self, o: int) -> bool:
+        return self.options[o].recompute == "full"
+
+    # ---- per option and position ----------------------------------------------------
     def _ends(self, s: int) -> tuple[bool, bool]:
         return s == 0, s == self.cfg.pp - 1
 
-    def time(self, k: int, s: int) -> tuple[Affine, Affine]:
-        """(t = f + b, b) of stage position s on node type k, seconds per micro-batch."""
-        return self._time(k, *self._ends(s))
+    def time(self, o: int, s: int) -> tuple[Affine, Affine]:
+        """(t = f + b, b) of stage position s run as option o, seconds per micro-batch."""
+        return self._time(self.options[o], *self._ends(s))
 
-    def _time(self, k: int, first: bool, last: bool) -> tuple[Affine, Affine]:
-        nt, cfg = self.types[k], self.cfg
+    def _time(self, opt: StageOption, first: bool, last: bool) -> tuple[Affine, Affine]:
+        nt, full = self.types[opt.k], opt.recompute == "full"
 
         def f_b(n: int, r: int) -> tuple[float, float]:
-            return cm.stage_compute_s(self.inst, nt, cfg.tp, cfg.mbs, [self.kind] * n, first, last,
-                                      cfg.recompute, r)
-        return self._memo(self._shared, ("time", k, first, last, cfg.tp, cfg.mbs, cfg.recompute),
-                          lambda: (_affine(lambda n, r: sum(f_b(n, r)), self.full),
-                                   _affine(lambda n, r: f_b(n, r)[1], self.full)))
+            return cm.stage_compute_s(self.inst, nt, opt.tp, opt.mbs, [self.kind] * n, first, last,
+                                      opt.recompute, r)
+        return self._memo(self._shared, ("time", opt.k, first, last, opt.tp, opt.mbs, opt.recompute),
+                          lambda: (_affine(lambda n, r: sum(f_b(n, r)), full),
+                                   _affine(lambda n, r: f_b(n, r)[1], full)))
 
     def _memo(self, cache: dict, key: tuple, make):
         value = cache.get(key)
@@ -111,78 +134,90 @@ class Coefficients:
             value = cache[key] = make()
         return value
 
-    def _params(self, n: int, first: bool, last: bool) -> float:
-        return cm.stage_params(self.inst, [self.kind] * n, first, last, single_stage=self.cfg.pp == 1) / self.cfg.tp
+    def _params(self, opt: StageOption, n: int, first: bool, last: bool) -> float:
+        return cm.stage_params(self.inst, [self.kind] * n, first, last, single_stage=self.cfg.pp == 1) / opt.tp
 
-    def memory(self, k: int, s: int) -> Affine:
-        """Bytes per GPU of stage position s on node type k."""
-        return self._memo(self._local, ("mem", k, s), lambda: self._memory(k, s))
+    def memory(self, o: int, s: int) -> Affine:
+        """Bytes per GPU of stage position s run as option o."""
+        return self._memo(self._local, ("mem", o, s), lambda: self._memory(self.options[o], s))
 
-    def _memory(self, k: int, s: int) -> Affine:
+    def _memory(self, opt: StageOption, s: int) -> Affine:
         cfg = self.cfg
 
         def mem(n: int, r: int) -> float:
             return sum(cm.stage_memory_bytes(
                 self.inst, schedule=cfg.schedule, pp=cfg.pp, stage=s, m=self.m, vpp=cfg.vpp, kinds=[self.kind] * n,
-                tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs, sequence_parallel=cfg.sequence_parallel,
-                distributed_optimizer=cfg.distributed_optimizer, recompute=cfg.recompute, recompute_layers=r)[:4])
-        return _affine(mem, self.full)
+                tp=opt.tp, dp=opt.dp, mbs=opt.mbs, sequence_parallel=cfg.sequence_parallel,
+                distributed_optimizer=cfg.distributed_optimizer, recompute=opt.recompute, recompute_layers=r)[:4])
+        return _affine(mem, opt.recompute == "full")
 
-    def capacity(self, k: int) -> float:
-        return cm.usable_memory_bytes(self.inst, self.types[k])
+    def capacity(self, o: int) -> float:
+        return cm.usable_memory_bytes(self.inst, self.types[self.options[o].k])
 
-    def _state_key(self, what: str, k: int, s: int) -> tuple:
-        cfg = self.cfg
-        return (what, k, *self._ends(s), cfg.pp == 1, cfg.tp, cfg.dp, cfg.distributed_optimizer)
+    def _state_key(self, what: str, opt: StageOption, s: int) -> tuple:
+        return (what, opt.k, *self._ends(s), self.cfg.pp == 1, opt.tp, opt.dp, self.cfg.distributed_optimizer)
 
-    def dp_time(self, k: int, s: int) -> Affine:
-        return self._memo(self._shared, self._state_key("dp", k, s), lambda: self._dp_time(k, s))
+    def dp_time(self, o: int, s: int) -> Affine:
+        opt = self.options[o]
+        return self._memo(self._shared, self._state_key("dp", opt, s), lambda: self._dp_time(o, s))
 
-    def _dp_time(self, k: int, s: int) -> Affine:
-        cfg, (first, last), nt, pl = self.cfg, self._ends(s), self.types[k], self.place[k]
+    def _dp_time(self, o: int, s: int) -> Affine:
+        opt, (first, last) = self.options[o], self._ends(s)
+        nt, pl = self.types[opt.k], self.blocks[self.block_of[o]].place
         nodes = 1 if pl.stages_per_node else pl.nodes_per_stage
-        per_node = cfg.group if pl.stages_per_node else nt.gpus_per_node
+        per_node = opt.group if pl.stages_per_node else nt.gpus_per_node
 
         def dp(n: int, r: int) -> float:
-            return cm.dp_allreduce_s(cm.GRAD_BYTES * self._params(n, first, last), cfg.dp, cfg.tp,
-                                     max(1, per_node // cfg.tp), nodes, nt.intra_node_gb_per_s,
-                                     nt.inter_node_gb_per_s, cfg.distributed_optimizer)
+            return cm.dp_allreduce_s(cm.GRAD_BYTES * self._params(opt, n, first, last), opt.dp, opt.tp,
+                                     max(1, per_node // opt.tp), nodes, nt.intra_node_gb_per_s,
+                                     nt.inter_node_gb_per_s, self.cfg.distributed_optimizer)
         return _affine(dp, False)
 
-    def opt_time(self, k: int, s: int) -> Affine:
-        return self._memo(self._shared, self._state_key("opt", k, s), lambda: self._opt_time(k, s))
+    def opt_time(self, o: int, s: int) -> Affine:
+        opt = self.options[o]
+        return self._memo(self._shared, self._state_key("opt", opt, s), lambda: self._opt_time(opt, s))
 
-    def _opt_time(self, k: int, s: int) -> Affine:
-        cfg, (first, last), nt = self.cfg, self._ends(s), self.types[k]
-        div = cfg.dp if cfg.distributed_optimizer else 1
-        return _affine(lambda n, r: cm.optimizer_s(self._params(n, first, last) / div, nt), False)
+    def _opt_time(self, opt: StageOption, s: int) -> Affine:
+        (first, last), nt = self._ends(s), self.types[opt.k]
+        div = opt.dp if self.cfg.distributed_optimizer else 1
+        return _affine(lambda n, r: cm.optimizer_s(self._params(opt, n, first, last) / div, nt), False)
 
-    # ---- hops -------------------------------------------------------------------------
-    @cached_property
-    def hop_bytes(self) -> float:
-        return cm.p2p_bytes(self.inst, self.cfg.mbs, self.cfg.tp, self.cfg.sequence_parallel)
+    # ---- hops (per block: with sequence parallelism a stage sends B / group samples' worth) ----
+    def hop_bytes(self, b: int) -> float:
+        """Bytes one GPU of block b sends per micro-batch and hop; equal for every option of
+        the block (space.FREE_SP_REFUSAL), which is asserted."""
+        sizes = {cm.p2p_bytes(self.inst, o.mbs, o.tp, self.cfg.sequence_parallel)
+                 for o, blk in zip(self.options, self.block_of) if blk == b}
+        assert len(sizes) == 1, "transfer size differs inside a block"
+        return sizes.pop()
 
-    def senders(self, k: int) -> int:
-        return min(self.cfg.group, self.types[k].gpus_per_node)
+    def senders(self, b: int) -> int:
+        blk = self.blocks[b]
+        return min(blk.group, self.types[blk.k].gpus_per_node)
 
-    def hop_intra(self, k: int) -> float:
-        nt = self.types[k]
-        return cm.p2p_s(self.inst, self.hop_bytes, nt, nt, True, self.senders(k))
+    def hop_intra(self, b: int) -> float:
+        nt = self.types[self.blocks[b].k]
+        return self._memo(self._local, ("intra", b),
+                          lambda: cm.p2p_s(self.inst, self.hop_bytes(b), nt, nt, True, self.senders(b)))
 
-    def hop_inter(self, k: int, k2: int) -> float:
-        return cm.p2p_s(self.inst, self.hop_bytes, self.types[k], self.types[k2], False, self.senders(k))
+    def hop_inter(self, b: int, k2: int) -> float:
+        """One transfer from a stage of block b to a stage on another node of node type k2."""
+        return self._memo(self._local, ("inter", b, k2),
+                          lambda: cm.p2p_s(self.inst, self.hop_bytes(b), self.types[self.blocks[b].k],
+                                           self.types[k2], False, self.senders(b)))
 
     # ---- money --------------------------------------------------------------------------
-    def usd_per_hour(self, k: int, stages: int) -> float:
-        nt, pl = self.types[k], self.place[k]
+    def usd_per_hour(self, b: int, stages: int) -> float:
+        blk = self.blocks[b]
+        nt = self.types[blk.k]
         if stages == 0:
             return 0.0
         if nt.billing == "gpu":
-            return nt.usd_per_gpu_hour * stages * self.cfg.group
-        return nt.usd_per_hour * pl.nodes_used(stages)
+            return nt.usd_per_gpu_hour * stages * blk.group
+        return nt.usd_per_hour * blk.place.nodes_used(stages)
 
-    def usable_types(self) -> list[int]:
-        return [k for k, pl in enumerate(self.place) if pl is not None and pl.max_stages > 0]
+    def max_stages(self, b: int) -> int:
+        return min(self.cfg.pp, self.blocks[b].place.max_stages)
 
     # ---- the closed form's constants ------------------------------------------------------
     def z_weight(self) -> float:

@@ -1,27 +1,32 @@
-"""The per-stage model for one Config (formulations/pipeline.md is its math).
+"""The per-stage model for one config (formulations/pipeline.md is its math).
 
 Written once against a small backend interface (`Backend`: new_bool, new_int, add,
 minimize), so CP-SAT, HiGHS and CBC solve the very same integer model. Times are integer
 ticks (units.seconds_to_ticks), memory integer KiB (coefficients rounded up, capacity
 down: the model is never optimistic about memory), money integer 1e-4 $/h.
 
+A stage option o (space.StageOption) is a node type with tp, dp, micro-batch and
+recompute; options of one node type and stage size form a block b. In Megatron mode
+there is one option per node type (and so one block per type); in free mode many.
+
 Variables (symbols as in the math):
-  y[s,k]    stage s runs on node type k                      (bool)
-  n[s,k]    layers of stage s if it runs on type k, else 0   (int)
-  r         recomputed layers per stage (full recompute)     (int, >= 1)
-  rr[s,k]   r if stage s runs on type k, else 0              (int)
-  u[k,b]    node type k holds exactly b stages               (bool, one-hot in b)
-  st[s,k]   a block of type k starts at stage s              (bool)
-  e[s,k]    stages s and s+1 both on type k                  (bool, exact AND)
-  g[s,k]    ... and a node boundary lies between them        (bool, exact AND)
-  x[s,k,j]  stage s on type k and stage s+1 on type j != k   (bool, exact AND)
+  y[s,o]    stage s runs as option o                         (bool)
+  Y[s,b]    sum of y[s,o] over block b's options             (0/1 expression)
+  n[s,o]    layers of stage s if it runs as o, else 0        (int)
+  r         Megatron mode: recomputed layers of every stage  (int, >= 1)
+  rr[s,o]   recomputed layers of stage s if it runs as o     (int; = r y[s,o] in Megatron mode)
+  u[b,beta] block b holds exactly beta stages                (bool, one-hot in beta)
+  st[s,b]   the run of block b starts at stage s             (bool)
+  e[s,b]    stages s and s+1 both in block b                 (bool, exact AND)
+  g[s,b]    ... and a node boundary lies between them        (bool, exact AND)
+  x[s,b,j]  stage s in block b, stage s+1 on type j outside b (bool, exact AND)
   h[s]      one-direction transfer time of hop s (ticks, exact expression of e, g, x)
   Q[s]      sum_{j<s} (t_j + 2 h_j): prefix sums for the steady-period windows
   z         steady period (ticks): (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b
             (max_s t_s for interleaved)
   zf, zb    GPipe: max_s f_s and max_s b_s (and every hop h_s): two flow shops
   D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  o = max_s opt_s
-  W[k,b]    step time if u[k,b] else 0 (ticks; min-cost and $/step budgets)
+  W[b,beta] step time if u[b,beta] else 0 (ticks; min-cost and $/step budgets)
 """
 from __future__ import annotations
 
@@ -106,122 +111,170 @@ class PipelineModel:
 
     def __init__(self, coef: Coefficients, limits: Limits, backend: Backend, cutoff: float | None = None):
         """cutoff: only plans with objective below this value (seconds or $/step) are wanted;
-        the driver passes its incumbent so a Config that cannot beat it is refuted fast."""
+        the driver passes its incumbent so a config that cannot beat it is refuted fast."""
         self.c, self.lim, self.be, self.cutoff = coef, limits, backend, cutoff
         self.cfg = coef.cfg
         self.S = range(coef.cfg.pp)
-        self.K = coef.usable_types()
+        self.O = range(len(coef.options))
+        self.B = range(len(coef.blocks))
+        self.opts_of = [[o for o in self.O if coef.block_of[o] == b] for b in self.B]
+        self.blocks_of = {}  # node type -> its blocks
+        for b, blk in enumerate(coef.blocks):
+            self.blocks_of.setdefault(blk.k, []).append(b)
         self.L = coef.inst.model.num_layers
         self.v = Vars()
         self.t_hi = self._time_upper_bound()
+        self.h_hi = self._hop_upper_bound()
+        self.dp_hi = self._stage_upper_bound(coef.dp_time)
+        self.opt_hi = self._stage_upper_bound(coef.opt_time)
 
     # ---- helpers ---------------------------------------------------------------------
-    def _aff_ticks(self, aff: Affine, s: int, k: int):
+    def _aff_ticks(self, aff: Affine, s: int, o: int):
         v = self.v
-        expr = [ticks(aff.a) * v.n[s, k], ticks(aff.c) * v.y[s, k]]
-        if self.c.full:
-            expr.append(ticks(aff.rho) * v.rr[s, k])
+        expr = [ticks(aff.a) * v.n[s, o], ticks(aff.c) * v.y[s, o]]
+        if (s, o) in v.rr:
+            expr.append(ticks(aff.rho) * v.rr[s, o])
         return self.be.sum(expr)
 
     def _time_upper_bound(self) -> int:
         c, L = self.c, self.L
         worst = 0.0
-        for k in self.K:
+        for o in self.O:
             for s in (0, self.cfg.pp - 1):
-                t, _ = c.time(k, s)
-                worst = max(worst, t(L, L if c.full else 0))
+                t, _ = c.time(o, s)
+                worst = max(worst, t(L, L if c.full(o) else 0))
         t_hi = ticks(worst) + 1
         return t_hi
 
+    def _hop_upper_bound(self) -> int:
+        c = self.c
+        worst = [max(c.hop_intra(b), *(c.hop_inter(b, j) for j in self.blocks_of)) for b in self.B]
+        return ticks(max(worst, default=0.0)) + 1
+
+    def _stage_upper_bound(self, coefficient) -> int:
+        """Most ticks a per-stage term (reduction, optimizer step) takes with all L layers."""
+        ends = {0, min(1, self.cfg.pp - 1), self.cfg.pp - 1}
+        return max((ticks(coefficient(o, s)(self.L)) for o in self.O for s in ends), default=0) + 1
+
+    def _on_block(self, s: int, b: int):
+        """Y[s,b]: stage s runs as one of block b's options (a 0/1 expression)."""
+        opts = self.opts_of[b]
+        return self.v.y[s, opts[0]] if len(opts) == 1 else self.be.sum([self.v.y[s, o] for o in opts])
+
+    def _on_type(self, s: int, k: int, but: int | None = None):
+        """Stage s runs on node type k (in a block other than `but`): a 0/1 expression."""
+        blocks = [b for b in self.blocks_of[k] if b != but]
+        if not blocks:
+            return None
+        return self._on_block(s, blocks[0]) if len(blocks) == 1 else self.be.sum([self._on_block(s, b) for b in blocks])
+
     # ---- constraint families -----------------------------------------------------------
     def add_stage_type(self) -> None:
-        """Every stage runs on exactly one node type."""
+        """Every stage runs as exactly one stage option (node type, tp, dp, recompute)."""
         be, v = self.be, self.v
         for s in self.S:
-            for k in self.K:
-                v.y[s, k] = be.new_bool(f"y[{s},{k}]")
-            be.add(be.sum([v.y[s, k] for k in self.K]) == 1)
+            for o in self.O:
+                v.y[s, o] = be.new_bool(f"y[{s},{o}]")
+            be.add(be.sum([v.y[s, o] for o in self.O]) == 1)
 
     def add_layer_cover(self) -> None:
         """Layers sum to L; every stage holds >= 1 layer (>= vpp and a multiple of vpp when interleaved)."""
         be, v, vpp = self.be, self.v, self.cfg.vpp
         for s in self.S:
-            for k in self.K:
+            for o in self.O:
                 if vpp > 1:
-                    q = be.new_int(0, self.L // vpp, f"q[{s},{k}]")
-                    v.n[s, k] = be.new_int(0, self.L, f"n[{s},{k}]")
-                    be.add(v.n[s, k] == vpp * q)
+                    q = be.new_int(0, self.L // vpp, f"q[{s},{o}]")
+                    v.n[s, o] = be.new_int(0, self.L, f"n[{s},{o}]")
+                    be.add(v.n[s, o] == vpp * q)
                 else:
-                    v.n[s, k] = be.new_int(0, self.L, f"n[{s},{k}]")
-                be.add(v.n[s, k] <= self.L * v.y[s, k])
-            be.add(be.sum([v.n[s, k] for k in self.K]) >= vpp)
-        be.add(be.sum([v.n[s, k] for s in self.S for k in self.K]) == self.L)
+                    v.n[s, o] = be.new_int(0, self.L, f"n[{s},{o}]")
+                be.add(v.n[s, o] <= self.L * v.y[s, o])
+            be.add(be.sum([v.n[s, o] for o in self.O]) >= vpp)
+        be.add(be.sum([v.n[s, o] for s in self.S for o in self.O]) == self.L)
 
     def add_recompute(self) -> None:
-        """Full recompute: 1 <= r <= n_s for every stage; rr[s,k] = r y[s,k] (exact linearisation)."""
-        if not self.c.full:
+        """Full recompute, 1 <= r_s <= n_s (a multiple of vpp: Megatron recomputes r / vpp
+        layers of every chunk). Megatron mode: one r for all stages, rr[s,o] = r y[s,o]
+        (exact linearisation). Free mode: rr[s,o] is stage s's own count, vpp y <= rr <= n."""
+        be, v, L, vpp = self.be, self.v, self.L, self.cfg.vpp
+        full = [o for o in self.O if self.c.full(o)]
+        if not full:
             return
-        be, v, L = self.be, self.v, self.L
-        v.r = be.new_int(1, L, "r")
-        if self.cfg.vpp > 1:  # Megatron recomputes r / vpp layers of every chunk
-            rq = be.new_int(1, L // self.cfg.vpp, "r/vpp")
-            be.add(v.r == self.cfg.vpp * rq)
+        if self.c.shared_r:
+            v.r = be.new_int(1, L, "r")
+            if vpp > 1:
+                rq = be.new_int(1, L // vpp, "r/vpp")
+                be.add(v.r == vpp * rq)
         for s in self.S:
-            be.add(v.r <= be.sum([v.n[s, k] for k in self.K]))
-            for k in self.K:
-                v.rr[s, k] = be.new_int(0, L, f"rr[{s},{k}]")
-                be.add(v.rr[s, k] <= L * v.y[s, k])
-                be.add(v.rr[s, k] <= v.r)
-                be.add(v.rr[s, k] >= v.r - L * (1 - v.y[s, k]))
+            if v.r is not None:
+                be.add(v.r <= be.sum([v.n[s, o] for o in self.O]))
+            for o in full:
+                v.rr[s, o] = be.new_int(0, L, f"rr[{s},{o}]")
+                if v.r is not None:
+                    be.add(v.rr[s, o] <= L * v.y[s, o])
+                    be.add(v.rr[s, o] <= v.r)
+                    be.add(v.rr[s, o] >= v.r - L * (1 - v.y[s, o]))
+                    continue
+                be.add(v.rr[s, o] <= v.n[s, o])
+                be.add(v.rr[s, o] >= vpp * v.y[s, o])
+                if vpp > 1:
+                    rq = be.new_int(0, L // vpp, f"rr/vpp[{s},{o}]")
+                    be.add(v.rr[s, o] == vpp * rq)
 
     def add_contiguity(self) -> None:
-        """Stages of one node type form one contiguous block."""
+        """The stages of one block (node type and stage size) form one contiguous run."""
         be, v = self.be, self.v
-        for k in self.K:
+        for b in self.B:
             for s in self.S:
-                v.st[s, k] = be.new_bool(f"st[{s},{k}]")
-                be.add(v.st[s, k] >= v.y[s, k] - (v.y[s - 1, k] if s else 0))
-            be.add(be.sum([v.st[s, k] for s in self.S]) <= 1)
+                v.st[s, b] = be.new_bool(f"st[{s},{b}]")
+                be.add(v.st[s, b] >= self._on_block(s, b) - (self._on_block(s - 1, b) if s else 0))
+            be.add(be.sum([v.st[s, b] for s in self.S]) <= 1)
 
     def add_device_count(self) -> None:
-        """u[k,b] one-hot: node type k holds b stages, at most what fits on its nodes."""
-        be, v = self.be, self.v
-        for k in self.K:
-            cap = min(self.cfg.pp, self.c.place[k].max_stages)
-            for b in range(cap + 1):
-                v.u[k, b] = be.new_bool(f"u[{k},{b}]")
-            be.add(be.sum([v.u[k, b] for b in range(cap + 1)]) == 1)
-            be.add(be.sum([v.y[s, k] for s in self.S]) == be.sum([b * v.u[k, b] for b in range(cap + 1)]))
+        """u[b,beta] one-hot: block b holds beta stages, at most what fits on its type's nodes;
+        blocks of one node type take nodes of their own, together at most the type's count."""
+        be, v, c = self.be, self.v, self.c
+        for b in self.B:
+            cap = c.max_stages(b)
+            for beta in range(cap + 1):
+                v.u[b, beta] = be.new_bool(f"u[{b},{beta}]")
+            be.add(be.sum([v.u[b, beta] for beta in range(cap + 1)]) == 1)
+            be.add(be.sum([self._on_block(s, b) for s in self.S])
+                   == be.sum([beta * v.u[b, beta] for beta in range(cap + 1)]))
+        for k, blocks in self.blocks_of.items():
+            if len(blocks) > 1:
+                be.add(be.sum([c.blocks[b].place.nodes_used(beta) * v.u[b, beta]
+                               for b in blocks for beta in range(1, c.max_stages(b) + 1)]) <= c.types[k].count)
 
     def add_memory_capacity(self) -> None:
-        """Per GPU: a n + rho r + c <= usable capacity of node type k (KiB, rounded safe)."""
+        """Per GPU: a n + rho r + c <= usable capacity of the option's node type (KiB, rounded safe)."""
         be, v = self.be, self.v
         for s in self.S:
-            for k in self.K:
-                mem = self.c.memory(k, s)
-                terms = [kib_up(mem.a) * v.n[s, k], kib_up(mem.c) * v.y[s, k]]
-                if self.c.full:
-                    terms.append(kib_up(mem.rho) * v.rr[s, k])
-                be.add(be.sum(terms) <= int(self.c.capacity(k) // KIB))
+            for o in self.O:
+                mem = self.c.memory(o, s)
+                terms = [kib_up(mem.a) * v.n[s, o], kib_up(mem.c) * v.y[s, o]]
+                if (s, o) in v.rr:
+                    terms.append(kib_up(mem.rho) * v.rr[s, o])
+                be.add(be.sum(terms) <= int(self.c.capacity(o) // KIB))
 
     def add_stage_time(self) -> None:
-        """t_s = sum_k (a n + rho r + c y) ticks; z >= t_s (GPipe: zf >= f_s, zb >= b_s)."""
+        """t_s = sum_o (a n + rho r + c y) ticks; z >= t_s (GPipe: zf >= f_s, zb >= b_s)."""
         be, v = self.be, self.v
-        v.z = be.new_int(0, self.t_hi, "z")
+        v.z = be.new_int(0, self.t_hi + 2 * self.h_hi, "z")  # a 1F1B window adds its hops
         for s in self.S:
-            t = be.sum([self._aff_ticks(self.c.time(k, s)[0], s, k) for k in self.K])
+            t = be.sum([self._aff_ticks(self.c.time(o, s)[0], s, o) for o in self.O])
             v.t.append(t)
-            v.bwd.append(be.sum([self._aff_ticks(self.c.time(k, s)[1], s, k) for k in self.K]))
+            v.bwd.append(be.sum([self._aff_ticks(self.c.time(o, s)[1], s, o) for o in self.O]))
             be.add(v.z >= t)
             if self.cfg.schedule == "gpipe":  # two flow shops: zf >= f_s = t_s - b_s, zb >= b_s
                 if s == 0:
-                    v.zf = be.new_int(0, self.t_hi, "zf")
-                    v.zb = be.new_int(0, self.t_hi, "zb")
+                    v.zf = be.new_int(0, self.t_hi + self.h_hi, "zf")
+                    v.zb = be.new_int(0, self.t_hi + self.h_hi, "zb")
                 be.add(v.zf >= be.sum([t, -1 * v.bwd[-1]]))
                 be.add(v.zb >= v.bwd[-1])
 
     def _and(self, name: str, *bools):
-        """An exact AND of booleans: w <= each, w >= sum - (n - 1)."""
+        """An exact AND of 0/1 expressions: w <= each, w >= sum - (n - 1)."""
         be = self.be
         w = be.new_bool(name)
         for x in bools:
@@ -229,46 +282,56 @@ class PipelineModel:
         be.add(w >= be.sum(list(bools)) - (len(bools) - 1))
         return w
 
+    def _leaving(self, s: int, s2: int, b: int, name: str) -> list:
+        """Cost terms of a transfer from stage s in block b to stage s2 on another node:
+        x[s,b,j] = Y[s,b] AND (s2 on type j, outside block b), one per node type j."""
+        terms = []
+        for j in sorted(self.blocks_of):
+            there = self._on_type(s2, j, but=b)
+            if there is None:
+                continue
+            x = self._and(f"{name}[{s},{b},{j}]", self._on_block(s, b), there)
+            self.v.x[s, b, j] = x
+            terms.append(ticks(self.c.hop_inter(b, j)) * x)
+        return terms
+
     def add_hops(self) -> None:
-        """h[s] exactly: same type -> intra-node unless a node boundary lies between the two
-        stages (canonical placement: a block of type k starts on a fresh node and puts
-        q_k = stages_per_node stages on each); different types -> inter-node."""
+        """h[s] exactly: same block -> intra-node unless a node boundary lies between the two
+        stages (canonical placement: a block starts on a fresh node and puts q_b =
+        stages_per_node stages on each); otherwise another node -> inter-node."""
         be, v, c = self.be, self.v, self.c
         for s in list(self.S)[:-1]:
             terms = []
-            for k in self.K:
-                v.e[s, k] = self._and(f"e[{s},{k}]", v.y[s, k], v.y[s + 1, k])
-                q = c.place[k].stages_per_node
+            for b in self.B:
+                v.e[s, b] = self._and(f"e[{s},{b}]", self._on_block(s, b), self._on_block(s + 1, b))
+                q = c.blocks[b].place.stages_per_node
                 if q >= 2:
-                    starts = [v.st[b, k] for b in range(s + 1) if (s + 1 - b) % q == 0]
+                    starts = [v.st[a, b] for a in range(s + 1) if (s + 1 - a) % q == 0]
                     boundary = be.sum(starts) if starts else 0
                     if starts:
-                        v.g[s, k] = be.new_bool(f"g[{s},{k}]")
-                        be.add(v.g[s, k] <= v.e[s, k])
-                        be.add(v.g[s, k] <= boundary)
-                        be.add(v.g[s, k] >= v.e[s, k] + boundary - 1)
-                        terms += [ticks(c.hop_intra(k)) * v.e[s, k],
-                                  (ticks(c.hop_inter(k, k)) - ticks(c.hop_intra(k))) * v.g[s, k]]
+                        v.g[s, b] = be.new_bool(f"g[{s},{b}]")
+                        be.add(v.g[s, b] <= v.e[s, b])
+                        be.add(v.g[s, b] <= boundary)
+                        be.add(v.g[s, b] >= v.e[s, b] + boundary - 1)
+                        terms += [ticks(c.hop_intra(b)) * v.e[s, b],
+                                  (ticks(c.hop_inter(b, c.blocks[b].k)) - ticks(c.hop_intra(b))) * v.g[s, b]]
                     else:
-                        terms.append(ticks(c.hop_intra(k)) * v.e[s, k])
+                        terms.append(ticks(c.hop_intra(b)) * v.e[s, b])
                 else:
-                    terms.append(ticks(c.hop_inter(k, k)) * v.e[s, k])
-                for j in self.K:
-                    if j != k:
-                        v.x[s, k, j] = self._and(f"x[{s},{k},{j}]", v.y[s, k], v.y[s + 1, j])
-                        terms.append(ticks(c.hop_inter(k, j)) * v.x[s, k, j])
+                    terms.append(ticks(c.hop_inter(b, c.blocks[b].k)) * v.e[s, b])
+                terms += self._leaving(s, s + 1, b, "x")
             v.h.append(be.sum(terms))
             if self.cfg.schedule == "gpipe":  # a link is a machine of both flow shops
                 be.add(v.zf >= v.h[-1])
                 be.add(v.zb >= v.h[-1])
         if self.cfg.schedule == "interleaved" and self.cfg.vpp > 1 and self.cfg.pp > 1:
             last, terms = self.cfg.pp - 1, []
-            for k in self.K:
-                for j in self.K:
-                    w = self._and(f"wrap[{k},{j}]", v.y[last, k], v.y[0, j])
-                    one_node = j == k and 0 < self.cfg.pp <= c.place[k].stages_per_node
-                    cost = c.hop_intra(k) if one_node else c.hop_inter(k, j)
-                    terms.append(ticks(cost) * w)
+            for b in self.B:
+                # the wrap stays inside one node only when the whole pipeline is block b on one node
+                one_node = 0 < self.cfg.pp <= c.blocks[b].place.stages_per_node
+                w = self._and(f"wrap[{b},{b}]", self._on_block(last, b), self._on_block(0, b))
+                terms.append(ticks(c.hop_intra(b) if one_node else c.hop_inter(b, c.blocks[b].k)) * w)
+                terms += self._leaving(last, 0, b, "wrap")
             v.wrap = be.sum(terms)
 
     def add_steady_period(self) -> None:
@@ -278,7 +341,7 @@ class PipelineModel:
         be, v, pp = self.be, self.v, self.cfg.pp
         if pp < 2:
             return
-        hi = 4 * pp * self.t_hi
+        hi = pp * (self.t_hi + 2 * self.h_hi)
         Q = [0]
         for s in range(pp - 1):
             q = be.new_int(0, hi, f"Q[{s + 1}]")
@@ -293,14 +356,14 @@ class PipelineModel:
         (costmodel.dp_tail_s; D is scale x the reduction tail)."""
         be, v = self.be, self.v
         sc = v_scale(self.cfg)
-        v.D = be.new_int(0, 10 * sc * self.t_hi, "D")
-        v.o = be.new_int(0, 10 * self.t_hi, "o")
+        v.D = be.new_int(0, sc * self.dp_hi, "D")
+        v.o = be.new_int(0, self.opt_hi, "o")
         for s in self.S:
             slack = [v.bwd[k] + sc * v.h[k] for k in range(s)]
-            for k in self.K:
-                dp = self._aff_ticks(self.c.dp_time(k, s), s, k)
+            for o in self.O:
+                dp = self._aff_ticks(self.c.dp_time(o, s), s, o)
                 be.add(v.D >= be.sum([sc * dp, -1 * be.sum(slack)]) if slack else v.D >= sc * dp)
-                be.add(v.o >= self._aff_ticks(self.c.opt_time(k, s), s, k))
+                be.add(v.o >= self._aff_ticks(self.c.opt_time(o, s), s, o))
 
     def add_step_time(self) -> None:
         """T (scaled): costmodel.pipeline_time_s + p2p_time_s + dp_tail_s + max optimizer."""
@@ -320,29 +383,31 @@ class PipelineModel:
             be.add(v.step <= v.scale * ticks(self.lim.time_limit_s))
 
     def add_cost(self) -> None:
-        """$/h from block sizes; W[k,b] = T u[k,b] (binary x bounded integer, exact) for $/step."""
+        """$/h from block sizes; W[b,beta] = T u[b,beta] (binary x bounded integer, exact) for $/step."""
         be, v, lim = self.be, self.v, self.lim
-        price = {(k, b): int(round(self.c.usd_per_hour(k, b) * MONEY_SCALE)) for (k, b) in v.u}
-        v.usd_h = be.sum([price[kb] * v.u[kb] for kb in v.u])
+        price = {(b, beta): int(round(self.c.usd_per_hour(b, beta) * MONEY_SCALE)) for (b, beta) in v.u}
+        v.usd_h = be.sum([price[key] * v.u[key] for key in v.u])
         if lim.budget_usd_per_hour is not None:
             be.add(v.usd_h <= int(math.floor(lim.budget_usd_per_hour * MONEY_SCALE)))
         if lim.objective == "min-cost" or lim.budget_usd_per_step is not None:
             hi = self._step_upper_bound()
-            for (k, b), var in v.u.items():
-                if b == 0 or price[k, b] == 0:
+            for (b, beta), var in v.u.items():
+                if beta == 0 or price[b, beta] == 0:
                     continue
-                w = be.new_int(0, hi, f"W[{k},{b}]")
+                w = be.new_int(0, hi, f"W[{b},{beta}]")
                 be.add(w <= hi * var)
                 be.add(w >= v.step - hi * (1 - var))
-                v.W[k, b] = (price[k, b], w)
+                v.W[b, beta] = (price[b, beta], w)
             if lim.budget_usd_per_step is not None:
                 # sum price W / (3600 scale ticks/s MONEY_SCALE) <= budget
                 rhs = lim.budget_usd_per_step * 3600 * v.scale * TICKS_PER_SECOND * MONEY_SCALE
                 be.add(be.sum([p * w for p, w in v.W.values()]) <= int(math.floor(rhs)))
 
     def _step_upper_bound(self) -> int:
-        cfg = self.cfg
-        return v_scale(cfg) * (self.c.m + cfg.pp + 4) * 12 * self.t_hi
+        """An upper bound of the scaled step expression (ticks) over every plan of the config."""
+        cfg, sc = self.cfg, v_scale(self.cfg)
+        per_mb = self.t_hi + 2 * self.h_hi  # bounds z, zf + zb, and t_s + 2 h_s
+        return sc * (2 * (self.c.m + cfg.pp) + 2 * cfg.vpp * (cfg.pp + 1)) * per_mb + sc * (self.dp_hi + self.opt_hi)
 
     def set_objective(self) -> None:
         be, v = self.be, self.v
@@ -367,29 +432,32 @@ class PipelineModel:
             family()
         return self.v
 
-    def hint(self, types: Sequence[int], layers: Sequence[int], r: int) -> None:
-        """Start the search from a known plan of this Config (the heuristic's)."""
+    def hint(self, options: Sequence[int], layers: Sequence[int], rs: Sequence[int]) -> None:
+        """Start the search from a known plan of this config (option index, layers and
+        recomputed layers per stage)."""
         be, v = self.be, self.v
         for s in self.S:
-            for k in self.K:
-                on = types[s] == k
-                be.hint(v.y[s, k], int(on))
-                be.hint(v.n[s, k], layers[s] if on else 0)
+            for o in self.O:
+                on = options[s] == o
+                be.hint(v.y[s, o], int(on))
+                be.hint(v.n[s, o], layers[s] if on else 0)
+                if (s, o) in v.rr:
+                    be.hint(v.rr[s, o], rs[s] if on else 0)
 
     # ---- reading a solution --------------------------------------------------------------
     def objective_in_units(self, raw: float) -> float:
         """Model objective -> seconds (min-time) or $/step (min-cost)."""
         return raw / self._objective_scale()
 
-    def extract(self, value) -> tuple[list[int], list[int], int]:
-        """(node type per stage, layers per stage, recomputed layers) from a value(var) function."""
-        types, layers = [], []
+    def extract(self, value) -> tuple[list[int], list[int], list[int]]:
+        """(option per stage, layers per stage, recomputed layers per stage) from a value(var) function."""
+        opts, layers, rs = [], [], []
         for s in self.S:
-            k = max(self.K, key=lambda kk: value(self.v.y[s, kk]))
-            types.append(k)
-            layers.append(int(round(value(self.v.n[s, k]))))
-        r = int(round(value(self.v.r))) if self.v.r is not None else 0
-        return types, layers, r
+            o = max(self.O, key=lambda oo: value(self.v.y[s, oo]))
+            opts.append(o)
+            layers.append(int(round(value(self.v.n[s, o]))))
+            rs.append(int(round(value(self.v.rr[s, o]))) if (s, o) in self.v.rr else 0)
+        return opts, layers, rs
 
 
 def v_scale(cfg) -> int:

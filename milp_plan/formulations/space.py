@@ -6,6 +6,13 @@ schedule with its virtual-stage count, sequence parallelism and the distributed
 optimizer. The per-stage models (CP-SAT, MILP) then decide each stage's node type and
 layer count (and, with full recompute, the number r of recomputed layers per stage).
 
+A `FreeConfig` (--mode free) fixes only what a pipeline must share: the samples per
+micro-batch B (so the micro-batch count m = global batch / B), pp, the schedule and the
+two global switches. Each stage then picks one of the config's `StageOption`s: node
+type, tp, dp (B / dp samples per replica) and recompute granularity, with its own
+number of recomputed layers. `stage_options` lists them for both kinds of config, so
+the models, the heuristic and the brute force read one definition of the space.
+
 Dominance, used to keep the space small unless --fix says otherwise: in the cost model
 sequence parallelism never costs time and saves memory and p2p bytes, so it is on
 whenever tp > 1; the distributed optimizer never costs time and saves memory and
@@ -49,6 +56,84 @@ class Config:
         sched = self.schedule + (f"/v{self.vpp}" if self.vpp > 1 else "")
         return (f"tp={self.tp} dp={self.dp} pp={self.pp} mbs={self.mbs} recompute={self.recompute} {sched}"
                 f"{' sp' if self.sequence_parallel else ''}{' distopt' if self.distributed_optimizer else ''}")
+
+
+@dataclass(frozen=True, order=True)
+class FreeConfig:
+    """--mode free: what every stage shares; tp, dp and recompute are chosen per stage."""
+
+    samples: int          # B: samples per micro-batch = micro-batch size x dp of every stage
+    pp: int
+    schedule: str = "1f1b"
+    vpp: int = 1
+    sequence_parallel: bool = True
+    distributed_optimizer: bool = True
+    recompute: str = "per-stage"   # read by code shared with Config: never one granularity for all
+
+    def num_microbatches(self, gbs: int) -> int:
+        return gbs // self.samples
+
+    def label(self) -> str:
+        sched = self.schedule + (f"/v{self.vpp}" if self.vpp > 1 else "")
+        return (f"free pp={self.pp} micro-batch={self.samples} samples {sched}"
+                f"{' sp' if self.sequence_parallel else ''}{' distopt' if self.distributed_optimizer else ''}")
+
+
+@dataclass(frozen=True, order=True)
+class StageOption:
+    """One way to run a stage: node type k (cluster order), tp x dp GPUs, micro-batch size
+    per dp replica, recompute granularity. Stages that share (k, group) form a block."""
+
+    k: int
+    tp: int
+    dp: int
+    mbs: int
+    recompute: str
+
+    @property
+    def group(self) -> int:
+        return self.tp * self.dp
+
+
+def _packs(gpus_per_node: int, count: int, group: int) -> bool:
+    """A stage of `group` GPUs fits a node type: group divides the node or is a multiple of it."""
+    if group <= gpus_per_node:
+        return gpus_per_node % group == 0
+    return group % gpus_per_node == 0 and group // gpus_per_node <= count
+
+
+def stage_options(inst: Instance, cfg: "Config | FreeConfig", fix: dict[str, object] | None = None) -> list[StageOption]:
+    """The stage options of a config, sorted by node type and stage size (so a block's
+    options are consecutive); only those that pack into their node type.
+
+    Megatron Config: one per node type, with the config's tp, dp, mbs and recompute.
+    FreeConfig: every node type x tp (heads rule, within a node) x dp dividing B (micro-batch
+    B / dp <= MAX_MICRO_BATCH) x recompute granularity, restricted by --fix tp, dp, mbs, recompute."""
+    types = inst.cluster.node_types
+    if isinstance(cfg, Config):
+        return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
+                if _packs(nt.gpus_per_node, nt.count, cfg.group)]
+    fix = fix or {}
+    out = []
+    for k, nt in enumerate(types):
+        for tp in valid_tps(inst.model, [fix["tp"]] if "tp" in fix else TPS):
+            if tp > nt.gpus_per_node:
+                continue
+            for dp in ([fix["dp"]] if "dp" in fix else range(1, cfg.samples + 1)):
+                mbs = cfg.samples // dp
+                if cfg.samples % dp or mbs > MAX_MICRO_BATCH or fix.get("mbs", mbs) != mbs:
+                    continue
+                if not _packs(nt.gpus_per_node, nt.count, tp * dp):
+                    continue
+                for rec in ([fix["recompute"]] if "recompute" in fix else recompute_choices(inst)):
+                    out.append(StageOption(k, tp, dp, mbs, rec))
+    return sorted(out, key=lambda o: (o.k, o.group, o.tp, o.recompute))
+
+
+def recompute_choices(inst: Instance) -> tuple[str, ...]:
+    # With flash attention the s^2 attention terms are never stored, so selective recompute
+    # saves no memory and costs time: every such plan is dominated by its 'none' twin.
+    return ("none", "full") if inst.job.flash_attention else ("none", "selective", "full")
 
 
 FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt"}
@@ -96,18 +181,24 @@ def _stage_fits_nodes(inst: Instance, group: int) -> bool:
     return any(nt.gpus_per_node % group == 0 or group % nt.gpus_per_node == 0 for nt in inst.cluster.node_types)
 
 
+FREE_SP_REFUSAL = ("--mode free plans with sequence parallelism on (in the cost model it never costs time, and it "
+                   "makes a stage's transfer depend only on its GPU count); drop sp=off, or use --mode megatron")
+
+
 def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
-                      schedules: tuple[str, ...] = ("1f1b", "interleaved")) -> Iterator[Config]:
+                      schedules: tuple[str, ...] = ("1f1b", "interleaved"),
+                      mode: str = "megatron") -> Iterator[Config | FreeConfig]:
     """Every global choice that passes the divisibility rules (checker's rules, in advance)."""
     fix = fix or {}
     if fix.get("schedule") == "zb-h1":
         raise InputError(ZB_H1_REFUSAL, field="fix")
+    if mode == "free":
+        yield from _free_configs(inst, fix, schedules)
+        return
     m, job = inst.model, inst.job
     gbs, L, total = job.global_batch_size, m.num_layers, inst.cluster.num_gpus
     max_gpn = max(nt.gpus_per_node for nt in inst.cluster.node_types)
-    # With flash attention the s^2 attention terms are never stored, so selective recompute
-    # saves no memory and costs time: every such plan is dominated by its 'none' twin.
-    recomputes = ("none", "full") if job.flash_attention else ("none", "selective", "full")
+    recomputes = recompute_choices(inst)
     for tp in valid_tps(m, [fix["tp"]] if "tp" in fix else TPS):
         if tp > max_gpn:
             continue
@@ -127,6 +218,28 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                             sp = bool(fix.get("sp", True)) and tp > 1
                             distopt = bool(fix.get("distopt", True)) and dp > 1
                             yield Config(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
+
+
+def _free_configs(inst: Instance, fix: dict[str, object], schedules: tuple[str, ...]) -> Iterator[FreeConfig]:
+    """B (samples per micro-batch) dividing the global batch, pp up to the layers and to the
+    stages the cluster holds at the smallest stage size, and the schedules."""
+    if fix.get("sp") is False:
+        raise InputError(FREE_SP_REFUSAL, field="fix")
+    gbs, L = inst.job.global_batch_size, inst.model.num_layers
+    distopt = bool(fix.get("distopt", True))
+    for samples in range(1, gbs + 1):
+        if gbs % samples:
+            continue
+        opts = stage_options(inst, FreeConfig(samples, 1), fix)
+        if not opts:
+            continue
+        most = sum(nt.count * nt.gpus_per_node for nt in inst.cluster.node_types) // min(o.group for o in opts)
+        m = gbs // samples
+        for pp in ([fix["pp"]] if "pp" in fix else range(1, min(L, most) + 1)):
+            if pp > L or pp > most:
+                continue
+            for sched, vpp in _schedules(fix, schedules, pp, m, L):
+                yield FreeConfig(samples, pp, sched, vpp, True, distopt)
 
 
 def explain_fix(inst: Instance, fix: dict[str, object]) -> str:

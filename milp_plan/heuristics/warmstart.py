@@ -14,7 +14,9 @@ by costmodel.evaluate (plan.predicted): the heuristic never trusts its own arith
 
 The driver uses the best heuristic plan as the first incumbent (it prunes Configs whose
 bound cannot beat it and is the answer when the time limit allows nothing better) and
-as the solver's hint for its Config.
+as the solver's hint for its Config. It works on Megatron-mode Configs, whose stage
+options are one per node type (a "type" below is an option index); free mode starts
+from the Megatron-mode optimum instead (solvers/driver.py).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.pipeline import Limits
 from milp_plan.plan import Plan
 
-Candidate = tuple[tuple[int, ...], tuple[int, ...], int]   # (type per stage, layers per stage, r)
+Candidate = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (option, layers, recomputed layers) per stage
 
 
 def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
@@ -33,9 +35,10 @@ def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
     j < pp stages of the fastest type then cheapest-first, and each type alone when it
     holds all pp stages."""
     pp = coef.cfg.pp
-    usable = coef.usable_types()
+    usable = range(len(coef.options))
     speed = {k: coef.time(k, min(1, pp - 1))[0].a for k in usable}
-    price = {k: coef.types[k].usd_per_gpu_hour for k in usable}
+    price = {k: coef.types[coef.options[k].k].usd_per_gpu_hour for k in usable}
+    most = {k: coef.max_stages(coef.block_of[k]) for k in usable}
     fastest = sorted(usable, key=lambda k: (speed[k], k))
     cheapest = sorted(usable, key=lambda k: (price[k], k))
 
@@ -43,7 +46,7 @@ def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
         seq = list(head)
         for k in order:
             if k not in head:
-                seq += [k] * min(coef.place[k].max_stages, pp - len(seq))
+                seq += [k] * min(most[k], pp - len(seq))
         if len(seq) == pp and tuple(seq) not in seqs:
             seqs.append(tuple(seq))
     seqs: list[tuple[int, ...]] = []
@@ -51,10 +54,10 @@ def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
     fill([], cheapest)
     if fastest:  # fewer stages on the fastest type, the rest cheapest-first (a budget's trade)
         top = fastest[0]
-        for j in range(min(coef.place[top].max_stages, pp) - 1, 0, -1):
+        for j in range(most[top] - 1, 0, -1):
             fill([top] * j, cheapest)
     for k in fastest:
-        if coef.place[k].max_stages >= pp and (k,) * pp not in seqs:
+        if most[k] >= pp and (k,) * pp not in seqs:
             seqs.append((k,) * pp)
     return seqs
 
@@ -108,11 +111,11 @@ def candidates(coef: Coefficients) -> list[Candidate]:
     out = []
     unit, L = coef.cfg.vpp, coef.inst.model.num_layers
     for types in type_sequences(coef):
-        rs = range(unit, L // len(types) + 1, unit) if coef.full else (0,)
+        rs = range(unit, L // len(types) + 1, unit) if coef.shared_r else (0,)
         for r in rs:  # fewest recomputed layers that fit: least recompute time
             layers = partition(coef, types, r)
             if layers is not None:
-                out.append((types, layers, r))
+                out.append((types, layers, (r,) * len(types)))
                 break
     return out
 
@@ -121,10 +124,10 @@ def best_plan(coef: Coefficients, limits: Limits, mode: str = "megatron") -> tup
     """The best heuristic plan of this Config under the limits (objective from the plan), or None."""
     from milp_plan.solvers.driver import objective_of
     best = None
-    for cand in candidates(coef):
-        plan = build_plan(coef.inst, coef.cfg, *cand, None, mode)
+    for opts, layers, rs in candidates(coef):
+        plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
         if limits.admit(plan):
             key = objective_of(plan, limits)
             if best is None or key < best[0]:
-                best = (key, plan, cand)
+                best = (key, plan, (opts, layers, rs))
     return None if best is None else (best[1], best[2])

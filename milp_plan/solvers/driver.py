@@ -36,7 +36,7 @@ from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.pipeline import Limits, PipelineModel
-from milp_plan.formulations.space import Config, enumerate_configs, explain_fix
+from milp_plan.formulations.space import Config, FreeConfig, StageOption, enumerate_configs, explain_fix
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.heuristics import warmstart as heuristic
@@ -46,6 +46,7 @@ REL_EPS = 1e-9
 HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan before the exact search,
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
+FREE_BASE_SHARE = 0.3        # free mode: the Megatron-mode solve that starts it gets this share
 
 
 @dataclass
@@ -70,7 +71,8 @@ class SolveResult:
     configs_total: int = 0
     configs_solved: int = 0
     configs_pruned: int = 0
-    heuristic_objective: float | None = None   # the heuristic's best plan, before the exact search
+    heuristic_objective: float | None = None   # the starting incumbent, before the exact search
+    start: str = "heuristic"                   # where it came from: heuristic | Megatron-mode
     notes: list[str] = field(default_factory=list)
 
 
@@ -79,28 +81,32 @@ def objective_of(plan: Plan, limits: Limits) -> float:
     return plan.predicted.usd_per_step if limits.objective == "min-cost" else plan.predicted.step_time_s
 
 
-def _layer_room(coef: Coefficients, k: int, s: int) -> int:
-    """Most layers stage position s can hold on node type k within memory."""
+def _layer_room(coef: Coefficients, o: int, s: int) -> int:
+    """Most layers stage position s can hold as option o within memory."""
     L = coef.inst.model.num_layers
-    mem = coef.memory(k, s)
-    r = 1 if coef.full else 0
-    room = coef.capacity(k) - mem.c - mem.rho * r
+    mem = coef.memory(o, s)
+    r = 1 if coef.full(o) else 0
+    room = coef.capacity(o) - mem.c - mem.rho * r
     if room < mem.a * max(1, r) or room < 0:
         return 0
     return L if mem.a <= 0 else min(L, int(room // mem.a))
 
 
-def _bottleneck_bound(slots: list[tuple[float, int, int]], pp: int, L: int, unit: int) -> float | None:
+def _bottleneck_bound(slots: list[tuple[list[tuple[float, int]], int]], pp: int, L: int,
+                      unit: int) -> float | None:
     """Smallest z such that pp stage slots hold L layers, each stage a multiple of `unit`,
-    at least `unit`, and at most min(floor(z / a), room) on a slot (a, room). `slots` lists
-    (a, room, how many such slots). A valid lower bound on max_s a_s n_s; None when even
-    unbounded z cannot place L layers."""
-    if sum(c for _, _, c in slots) < pp:
+    at least `unit`. `slots` lists (alternatives, how many such slots): a slot holds at
+    most max over its alternatives (a, room) of min(floor(z / a), room) layers. A valid
+    lower bound on max_s a_s n_s; None when even unbounded z cannot place L layers."""
+    if sum(c for _, c in slots) < pp:
         return None
 
-    def fits(z: float) -> bool:
+    def held(z: float, a: float, room: int) -> int:
         # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
-        caps = sorted(((min(int(z / a + 1e-9) if a > 0 else room, room) // unit * unit, c) for a, room, c in slots),
+        return min(int(z / a + 1e-9) if a > 0 else room, room)
+
+    def fits(z: float) -> bool:
+        caps = sorted(((max(held(z, a, room) for a, room in alts) // unit * unit, c) for alts, c in slots),
                       reverse=True)
         left, total = pp, 0
         for cap, c in caps:
@@ -112,7 +118,7 @@ def _bottleneck_bound(slots: list[tuple[float, int, int]], pp: int, L: int, unit
             if not left:
                 break
         return total >= L
-    cands = sorted({a * j for a, _, _ in slots for j in range(unit, L + 1, unit)})
+    cands = sorted({a * j for alts, _ in slots for a, _ in alts for j in range(unit, L + 1, unit)})
     if not cands or not fits(cands[-1]):
         return None
     lo, hi = 0, len(cands) - 1
@@ -125,56 +131,64 @@ def _bottleneck_bound(slots: list[tuple[float, int, int]], pp: int, L: int, unit
     return cands[lo]
 
 
-def _affordable_stages(coef: Coefficients, k: int, limits: Limits) -> int:
-    """Most stages type k can hold in this Config, and within a $/h budget on its own
-    (a relaxation: other types' stages only add to the bill)."""
-    most = min(coef.cfg.pp, coef.place[k].max_stages)
+def _affordable_stages(coef: Coefficients, b: int, limits: Limits) -> int:
+    """Most stages block b can hold in this config, and within a $/h budget on its own
+    (a relaxation: other blocks' stages only add to the bill)."""
+    most = coef.max_stages(b)
     if limits.budget_usd_per_hour is None:
         return most
     cap = limits.budget_usd_per_hour * (1 + 1e-9)
-    return max([j for j in range(most + 1) if coef.usd_per_hour(k, j) <= cap])
+    return max([j for j in range(most + 1) if coef.usd_per_hour(b, j) <= cap])
 
 
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) -> float | None:
-    """Valid lower bound on the objective of any plan of this Config, or None when none fits.
+    """Valid lower bound on the objective of any plan of this config, or None when none fits.
 
+    Every minimum below is over the stage options a stage may take (one per node type in
+    Megatron mode), and every block (node type and stage size) offers its slots on its own:
+    a relaxation of the node count that blocks of one type share.
     memory=False skips the memory rooms (every slot may hold all L layers): a weaker,
     cheaper bound the driver uses to order and cut the search."""
     cfg, L = coef.cfg, coef.inst.model.num_layers
-    caps = {k: _affordable_stages(coef, k, limits) for k in coef.usable_types()}
-    K = [k for k in caps if caps[k] > 0]
-    if not K or sum(caps[k] for k in K) < cfg.pp:
+    caps = {b: _affordable_stages(coef, b, limits) for b in range(len(coef.blocks))}
+    O = [o for o in range(len(coef.options)) if caps[coef.block_of[o]] > 0]
+    if not O or sum(caps.values()) < cfg.pp:
         return None
-    t = {k: [coef.time(k, s)[0] for s in (0, cfg.pp - 1)] for k in K}
+    t = {o: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
     # memory falls with the position among middle stages (fewer micro-batches in flight), so
     # the most room any position offers is at the first, the last or the last middle stage
     positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
-    rooms = {k: max(_layer_room(coef, k, s) for s in positions) if memory else L for k in K}
-    slots = [(t[k][0].a, rooms[k], caps[k]) for k in K if rooms[k]]
-    z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
+    rooms = {o: max(_layer_room(coef, o, s) for s in positions) if memory else L for o in O}
+    alts: dict[int, list[tuple[float, int]]] = {}
+    for o in O:
+        if rooms[o]:
+            alts.setdefault(coef.block_of[o], []).append((t[o][0].a, rooms[o]))
+    z = _bottleneck_bound([(alts[b], caps[b]) for b in sorted(alts)], cfg.pp, L, cfg.vpp)
     if z is None:
         return None
-    a = min(t[k][0].a for k in K)
-    rho = min(t[k][0].rho for k in K) if coef.full else 0.0
+    a = min(t[o][0].a for o in O)
+    # each stage recomputes at least one layer where its option recomputes fully
+    rho = min(t[o][0].rho if coef.full(o) else 0.0 for o in O)
     if cfg.pp == 1:
-        ends = min(t[k][0].c for k in K)
+        ends = min(t[o][0].c for o in O)
     else:
-        ends = min(t[k][0].c for k in K) + min(t[k][1].c for k in K)
-    S = L * a + ends + (cfg.pp * rho if coef.full else 0.0)
+        ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
+    S = L * a + ends + cfg.pp * rho
     z = max(z, S / cfg.pp)
     T = coef.z_weight() * z + coef.sum_weight() * S
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
     # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
-    T += min(coef.dp_time(k, 0)(cfg.vpp) for k in K) + min(coef.opt_time(k, 0).a for k in K) * biggest
+    T += min(coef.dp_time(o, 0)(cfg.vpp) for o in O) + min(coef.opt_time(o, 0).a for o in O) * biggest
     if limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6):
         return None
-    usable = [k for k in K if rooms[k]]
-    price = {k: coef.types[k].usd_per_gpu_hour for k in usable}
-    gpu_usd = min(price.values()) * cfg.pp * cfg.group
-    # $ x s per step >= g (sum_s p_s) T and (sum_s p_s) w_z z >= w_z L min_k(p_k a_k), because
-    # z >= L / sum_s (1 / a_s): the cheapest price per unit of work bounds every plan
+    usable = [o for o in O if rooms[o]]
+    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group
+    price = {o: coef.types[coef.options[o].k].usd_per_gpu_hour * coef.options[o].group for o in usable}
+    gpu_usd = min(price.values()) * cfg.pp
+    # $ x s per step >= (sum_s p_s) T and (sum_s p_s) w_z z >= w_z L min_o(p_o a_o), because
+    # z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan
     w_z = coef.z_weight()
-    work = cfg.group * w_z * L * min(price[k] * t[k][0].a for k in usable)
+    work = w_z * L * min(price[o] * t[o][0].a for o in usable)
     usd_step = max(gpu_usd * T, work + gpu_usd * (T - w_z * z)) / 3600
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
         return None
@@ -192,22 +206,49 @@ def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config) -> None:
 
 @dataclass
 class Prepared:
-    """The Configs of an instance with their coefficients, reusable across solves
-    (a Pareto sweep solves the same instance under many limits)."""
+    """The configs of an instance with their coefficients, reusable across solves
+    (a Pareto sweep solves the same instance under many limits). In free mode `base` holds
+    the Megatron-mode configs whose optimum starts the free search."""
 
-    configs: list[Config]
+    configs: list[Config | FreeConfig]
     coefs: list[Coefficients]
+    mode: str = "megatron"
+    base: "Prepared | None" = None
 
 
-def prepare(inst: Instance, fix: dict | None = None) -> Prepared:
-    configs = list(enumerate_configs(inst, fix))
+def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> Prepared:
+    configs = list(enumerate_configs(inst, fix, mode=mode))
     if not configs:
         if fix:
             raise InputError(f"{explain_fix(inst, fix)}; change --fix", field="fix")
         raise InputError("no tp/dp/pp/micro-batch combination passes the divisibility rules; check "
                          "--global-batch and the cluster", field="global-batch")
     shared: dict = {}
-    return Prepared(configs, [Coefficients(inst, cfg, shared) for cfg in configs])
+    base = None
+    if mode == "free":
+        try:
+            base = prepare(inst, fix, "megatron")
+        except InputError:  # no uniform plan passes the rules: the free search starts cold
+            base = None
+    return Prepared(configs, [Coefficients(inst, cfg, shared, fix) for cfg in configs], mode, base)
+
+
+def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
+    """A plan as (option per stage, layers, recomputed layers) of this config, or None
+    when it is not a point of the config's space (another pp, micro-batch or schedule)."""
+    cfg, gbs = coef.cfg, coef.inst.job.global_batch_size
+    if (plan.pp, plan.schedule, plan.vpp, plan.num_microbatches) != (cfg.pp, cfg.schedule, cfg.vpp,
+                                                                      cfg.num_microbatches(gbs)):
+        return None
+    nodes, index = coef.inst.cluster.nodes, {o: i for i, o in enumerate(coef.options)}
+    opts = []
+    for st in plan.stages:
+        k = coef.types.index(nodes[st.devices[0].node].type)
+        o = index.get(StageOption(k, st.tp, st.dp, st.micro_batch_size, st.recompute))
+        if o is None:
+            return None
+        opts.append(o)
+    return tuple(opts), tuple(st.num_layers for st in plan.stages), tuple(st.recompute_layers for st in plan.stages)
 
 
 def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
@@ -215,12 +256,10 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
           progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None) -> SolveResult:
     if backend not in BACKENDS:
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
-    if mode != "megatron":
-        raise InputError("the exact formulations cover --mode megatron; free mode is not implemented yet", field="mode")
     t0 = time.perf_counter()
-    prepared = prepared or prepare(inst, fix)
+    prepared = prepared or prepare(inst, fix, mode)
     configs = prepared.configs
-    bounded: list[tuple[float, Config, Coefficients]] = []
+    bounded: list[tuple[float, Config | FreeConfig, Coefficients]] = []
     for coef in prepared.coefs:
         lb = config_lower_bound(coef, limits, memory=False)
         if lb is not None:
@@ -228,23 +267,37 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     bounded.sort(key=lambda x: (x[0], x[1]))
     best: Plan | None = None
     best_obj = math.inf
-    hints: dict[Config, heuristic.Candidate] = {}
-    # Heuristic first, from the Configs of least bound: HEURISTIC_CONFIGS of them, or on until
-    # the first plan (so that even a very short limit returns one), within a tenth of the limit
-    h0 = time.perf_counter()
-    for tried, (lb, cfg, coef) in enumerate(bounded[:HEURISTIC_MAX_CONFIGS]):
-        if lb >= best_obj * (1 - REL_EPS):
-            break
-        if best is not None and (tried >= HEURISTIC_CONFIGS
-                                 or time.perf_counter() - h0 > HEURISTIC_SHARE * time_limit_s):
-            break
-        got = heuristic.best_plan(coef, limits, mode)
-        if got is None:
-            continue
-        plan, hints[cfg] = got
-        _require_valid(inst, plan, "the heuristic", cfg)
-        if objective_of(plan, limits) < best_obj * (1 - REL_EPS):
-            best, best_obj = plan, objective_of(plan, limits)
+    hints: dict[Config | FreeConfig, heuristic.Candidate] = {}
+    start = "heuristic"
+    if prepared.base is not None:
+        # Free mode starts from the Megatron-mode optimum: a free plan too (uniform options)
+        start = "Megatron-mode"
+        sub = solve(inst, limits, backend=backend, time_limit_s=FREE_BASE_SHARE * time_limit_s, seed=seed,
+                    workers=workers, mode="megatron", prepared=prepared.base)
+        if sub.plan is not None:
+            best = sub.plan.with_(mode=mode, solver=None)
+            best_obj = objective_of(best, limits)
+            for _, cfg, coef in bounded:
+                cand = candidate_of(coef, best)
+                if cand is not None:
+                    hints[cfg] = cand
+    else:
+        # Heuristic first, from the configs of least bound: HEURISTIC_CONFIGS of them, or on until
+        # the first plan (so that even a very short limit returns one), within a tenth of the limit
+        h0 = time.perf_counter()
+        for tried, (lb, cfg, coef) in enumerate(bounded[:HEURISTIC_MAX_CONFIGS]):
+            if lb >= best_obj * (1 - REL_EPS):
+                break
+            if best is not None and (tried >= HEURISTIC_CONFIGS
+                                     or time.perf_counter() - h0 > HEURISTIC_SHARE * time_limit_s):
+                break
+            got = heuristic.best_plan(coef, limits, mode)
+            if got is None:
+                continue
+            plan, hints[cfg] = got
+            _require_valid(inst, plan, "the heuristic", cfg)
+            if objective_of(plan, limits) < best_obj * (1 - REL_EPS):
+                best, best_obj = plan, objective_of(plan, limits)
     heuristic_obj = best_obj if best is not None else None
     open_bounds: list[float] = []
     solved = pruned = 0
@@ -268,8 +321,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         run = be.solve(left, seed, workers)
         solved += 1
         if run.status in ("optimal", "feasible"):
-            types, layers, r = model.extract(run.value)
-            plan = build_plan(inst, cfg, types, layers, r, None, mode)
+            opts, layers, rs = model.extract(run.value)
+            plan = build_plan(inst, cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
             _require_valid(inst, plan, backend, cfg)
             obj = objective_of(plan, limits)
             if obj < best_obj * (1 - REL_EPS):
@@ -279,7 +332,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                 open_bounds.append(max(lb, bound))
         elif run.status == "timeout":
             open_bounds.append(lb)
-        # "infeasible" under the cutoff: no plan of this Config beats the incumbent
+        # "infeasible" under the cutoff: no plan of this config beats the incumbent
         if progress:
             progress(Progress(time.perf_counter() - t0, None if best is None else best_obj,
                               min([best_obj] + open_bounds + [b for b, _, _ in bounded[i + 1:i + 2]]),
@@ -289,9 +342,9 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     if best is None:
         status = "timeout" if open_bounds else "infeasible"
         return SolveResult(status, None, bound, None, wall, seed, backend, None, len(configs), solved, pruned,
-                           heuristic_obj)
+                           heuristic_obj, start)
     gap = 0.0 if bound is None else max(0.0, (best_obj - bound) / max(abs(best_obj), 1e-12))
     status = "optimal" if not open_bounds or gap <= 1e-9 else "feasible"
     record = SolverRecord(backend, status, best_obj, bound, gap, None, seed)
     return SolveResult(status, best_obj, bound, gap, wall, seed, backend, best.with_(solver=record),
-                       len(configs), solved, pruned, heuristic_obj)
+                       len(configs), solved, pruned, heuristic_obj, start)

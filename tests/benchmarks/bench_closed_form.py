@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 from milp_plan import costmodel
-from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.pipeline import Limits
 from milp_plan.formulations.space import enumerate_configs
 from milp_plan.instance import InstanceSpec, build_instance
@@ -55,17 +54,14 @@ def regret(rng: random.Random) -> tuple[float, int]:
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": rng.choice([4, 8, 16])}))
     best_closed, best_sim, n = None, None, 0
     for cfg in enumerate_configs(inst):
-        for types in bruteforce.type_sequences(inst, cfg):
-            for layers in bruteforce.compositions(inst.model.num_layers, cfg.pp, cfg.vpp):
-                for r in (range(cfg.vpp, min(layers) + 1, cfg.vpp) if cfg.recompute == "full" else (0,)):
-                    plan = build_plan(inst, cfg, types, layers, r, None)
-                    if not Limits().admit(plan):
-                        continue
-                    n += 1
-                    sim = simulate_plan(inst, plan).step_time_s
-                    if best_closed is None or plan.predicted.step_time_s < best_closed[0]:
-                        best_closed = (plan.predicted.step_time_s, sim)
-                    best_sim = sim if best_sim is None else min(best_sim, sim)
+        for plan in bruteforce.candidate_plans(inst, cfg):
+            if not Limits().admit(plan):
+                continue
+            n += 1
+            sim = simulate_plan(inst, plan).step_time_s
+            if best_closed is None or plan.predicted.step_time_s < best_closed[0]:
+                best_closed = (plan.predicted.step_time_s, sim)
+            best_sim = sim if best_sim is None else min(best_sim, sim)
     return best_closed[1] / best_sim - 1, n
 
 
