@@ -26,19 +26,32 @@ BACKENDS = ("cpsat", "highs", "cbc")
 HUGE_BW = 1e9  # GB/s: communication ~0, so the hand derivation is pure compute
 
 
+GPUS = {"A100-80GB": (312.0, 2039), "A10": (125.0, 600), "L40S": (362.05, 864)}  # catalog TFLOP/s, GB/s
+
+
+def _gpu(name: str, memory_gib: float | None) -> str:
+    """A catalog GPU, or the same GPU with `memory_gib` of memory (inline) to make memory bind."""
+    if memory_gib is None:
+        return name
+    tflops, bw = GPUS[name]
+    return f"{{name: {name}, memory_gib: {memory_gib}, peak_tflops: {tflops}, memory_gb_per_s: {bw}}}"
+
+
 def write_instance(tmp: Path, *, layers=4, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0), prices=(8.0, 2.0),
-                   gpn=2, counts=(1, 1), third: bool = False) -> InstanceSpec:
+                   gpn=2, counts=(1, 1), third: bool = False,
+                   memory_gib: tuple[float | None, float | None, float | None] = (None, None, None)) -> InstanceSpec:
     """Two node types of `gpn` GPUs: 'fast' (A100-80GB) and 'slow' (A10), and with `third` a
     single 'mid' node of L40S; a tiny GPT whose block costs fwd/bwd ms as given at tp 1,
-    micro-batch 1 (other points by the profile's fill rules); embedding and head cost nothing."""
+    micro-batch 1 (other points by the profile's fill rules); embedding and head cost nothing.
+    memory_gib overrides each type's GPU memory (the model needs about 1 MiB a layer)."""
     (tmp / "cluster.yaml").write_text(f"""
 name: hand
 node_types:
-  - {{name: fast, gpu: A100-80GB, gpus_per_node: {gpn}, count: {counts[0]}, intra_node_gb_per_s: {HUGE_BW},
-      inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[0]}}}
-  - {{name: slow, gpu: A10, gpus_per_node: {gpn}, count: {counts[1]}, intra_node_gb_per_s: {HUGE_BW},
-      inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[1]}}}
-""" + (f"""  - {{name: mid, gpu: L40S, gpus_per_node: {gpn}, count: 1, intra_node_gb_per_s: 50,
+  - {{name: fast, gpu: {_gpu("A100-80GB", memory_gib[0])}, gpus_per_node: {gpn}, count: {counts[0]},
+      intra_node_gb_per_s: {HUGE_BW}, inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[0]}}}
+  - {{name: slow, gpu: {_gpu("A10", memory_gib[1])}, gpus_per_node: {gpn}, count: {counts[1]},
+      intra_node_gb_per_s: {HUGE_BW}, inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[1]}}}
+""" + (f"""  - {{name: mid, gpu: {_gpu("L40S", memory_gib[2])}, gpus_per_node: {gpn}, count: 1, intra_node_gb_per_s: 50,
       inter_node_gb_per_s: 5, usd_per_hour: 3.0}}
 """ if third else ""))
     (tmp / "model.yaml").write_text(f"""
@@ -282,3 +295,93 @@ def test_an_impossible_fix_names_the_broken_rule(fix, message):
     inst = build_instance(InstanceSpec())
     with pytest.raises(InputError, match=re.escape(message)):
         solve(inst, Limits(), fix=fix)
+
+
+# ---- --mode free: tp, dp and recompute per stage ------------------------------------------
+
+def free_recompute_instance(tmp: Path):
+    """4 layers, global batch 4, fast node of 2 A100s (t = 1 + 2 = 3 ms a layer), slow node of
+    2 A10s at 10 + 20 ms a layer (never worth a stage), both GPUs with 2180 KiB usable."""
+    from milp_plan.units import GIB
+    usable_kib = 2180
+    memory_gib = usable_kib * 1024 / GIB / 0.9  # the default headroom keeps 10% free
+    spec = write_instance(tmp, layers=4, slow_ms=(10.0, 20.0), memory_gib=(memory_gib, memory_gib, None))
+    return build_instance(spec), usable_kib
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ("brute-force",))
+def test_hand_derived_free_mode_recomputes_only_where_memory_binds(tmp_path, backend):
+    # Pinned tp=1, dp=1, mbs=1 (m = 4), 1F1B: T = (m - 1) max_s t_s + sum_s t_s. Full recompute of
+    # r layers adds r forwards (1 ms each) to a stage's backward. Memory per GPU (asserted below
+    # from the cost model): stage 0 of 2 holds 2 micro-batches in flight, stage 1 one.
+    #   pp=2 [2,2], stage 0 r=0: 2213 KiB > 2180   (must recompute)
+    #   pp=2 [2,2], stage 0 r=1: 2153 KiB <= 2180; stage 1 r=0: 2064 KiB <= 2180
+    # Megatron mode (one r for all stages): [2,2] with r=1 twice: t = 7, 7 -> 3*7 + 14 = 35 ms;
+    #   pp=1 [4] needs recompute of most layers (>= 3*16 + 16 = 64), [1,3] and [3,1] need more
+    #   recompute on their 3-layer stage (>= 3*10 + 13), any slow stage costs >= 30 ms a layer.
+    # Free mode: [2,2] with stage 0 r=1, stage 1 r=0: t = 7, 6 -> 3*7 + 13 = 34 ms  <- optimum
+    from milp_plan import costmodel as cm
+    inst, usable_kib = free_recompute_instance(tmp_path)
+
+    def kib(stage, r):
+        return sum(cm.stage_memory_bytes(inst, schedule="1f1b", pp=2, stage=stage, m=4, vpp=1, kinds=["block"] * 2,
+                                         tp=1, dp=1, mbs=1, sequence_parallel=False, distributed_optimizer=False,
+                                         recompute="full" if r else "none", recompute_layers=r)[:4]) / 1024
+    assert kib(0, 0) > usable_kib >= kib(0, 1) and kib(1, 0) <= usable_kib
+    fix = {"tp": 1, "dp": 1, "mbs": 1, "schedule": "1f1b"}
+    if backend == "brute-force":
+        free = bruteforce.solve(inst, Limits(), fix=fix, mode="free")
+        megatron = bruteforce.solve(inst, Limits(), fix=fix, mode="megatron")
+    else:
+        free = solve(inst, Limits(), backend=backend, fix=fix, mode="free")
+        megatron = solve(inst, Limits(), backend=backend, fix=fix, mode="megatron")
+    assert megatron.objective == pytest.approx(0.035, abs=2e-5)
+    assert free.status == "optimal" and free.objective == pytest.approx(0.034, abs=2e-5)
+    plan = free.plan
+    assert check.check_plan(inst, plan) == [] and plan.mode == "free"
+    assert objective_of(plan, Limits()) == pytest.approx(free.objective, rel=1e-12)
+    assert [(s.gpu, s.num_layers, s.recompute, s.recompute_layers) for s in plan.stages] == \
+        [("A100-80GB", 2, "full", 1), ("A100-80GB", 2, "none", 0)]
+    assert plan.to_dict()["needs_per_stage_runtime"] and not plan.to_dict()["megatron_compatible"]
+
+
+@st.composite
+def small_free_instances(draw):
+    """Free mode's space grows with the per-stage choices, so smaller draws than in Megatron
+    mode: up to 3 node types, 1-2 GPUs per node (up to 6 GPUs), up to 6 layers, GPU memory
+    that may bind (then tp, dp and recompute differ between the best stages)."""
+    layers = draw(st.integers(2, 6))
+    f = draw(st.sampled_from([0.5, 1.0]))
+    slow = draw(st.sampled_from([1.0, 1.5, 2.5]))
+    memory = tuple(draw(st.sampled_from([None, 0.0024, 0.003, 0.004])) for _ in range(3))
+    return dict(layers=layers, fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow), gpn=draw(st.sampled_from([1, 2])),
+                counts=(draw(st.integers(1, 2)), draw(st.integers(1, 2))),
+                prices=(draw(st.sampled_from([4.0, 8.0])), draw(st.sampled_from([1.0, 2.0, 6.0]))),
+                third=draw(st.booleans()), memory_gib=memory), \
+        draw(st.sampled_from([2, 4])), draw(st.sampled_from(["min-time", "min-cost", "budget-h", "budget-step"])), \
+        draw(st.booleans())
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(small_free_instances())
+def test_free_mode_backends_agree_with_brute_force(tmp_path_factory, case):
+    from milp_plan.formulations.space import enumerate_configs
+    kw, gbs, objective, flash = case
+    spec = write_instance(tmp_path_factory.mktemp("inst"), **kw)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
+    assume(sum(bruteforce.count_candidates(inst, c) for c in enumerate_configs(inst, mode="free")) <= 20_000)
+    fastest = bruteforce.solve(inst, Limits(), mode="free")
+    assume(fastest.plan is not None)
+    limits = limits_for(objective, fastest.objective)
+    ref = bruteforce.solve(inst, limits, mode="free")
+    uniform = bruteforce.solve(inst, limits, mode="megatron")
+    if uniform.plan is not None:  # Megatron-mode plans are free plans too
+        assert ref.objective <= uniform.objective * (1 + 1e-9)
+    for backend in BACKENDS:
+        res = solve(inst, limits, backend=backend, mode="free", time_limit_s=60)
+        assert res.status == ref.status
+        if ref.plan is None:
+            continue
+        assert res.plan.mode == "free" and check.check_plan(inst, res.plan) == []
+        assert_within_rounding(inst, res.plan, limits, ref.objective)
