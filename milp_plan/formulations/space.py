@@ -20,6 +20,7 @@ communication, so it is on whenever dp > 1.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -60,7 +61,12 @@ class Config:
 
 @dataclass(frozen=True, order=True)
 class FreeConfig:
-    """--mode free: what every stage shares; tp, dp and recompute are chosen per stage."""
+    """--mode free: what every stage shares; tp, dp and recompute are chosen per stage.
+
+    `groups` gives each node type (cluster order) its stage size, GPUs per stage: every
+    stage on that type has that many GPUs, split per stage into tp x dp. A config without
+    groups stands for all its children (`free_children`): the driver bounds it to decide
+    whether to expand it, and never solves it."""
 
     samples: int          # B: samples per micro-batch = micro-batch size x dp of every stage
     pp: int
@@ -68,6 +74,7 @@ class FreeConfig:
     vpp: int = 1
     sequence_parallel: bool = True
     distributed_optimizer: bool = True
+    groups: tuple[int, ...] = ()
     recompute: str = "per-stage"   # read by code shared with Config: never one granularity for all
 
     def num_microbatches(self, gbs: int) -> int:
@@ -75,7 +82,8 @@ class FreeConfig:
 
     def label(self) -> str:
         sched = self.schedule + (f"/v{self.vpp}" if self.vpp > 1 else "")
-        return (f"free pp={self.pp} micro-batch={self.samples} samples {sched}"
+        sizes = f" gpus/stage={','.join(map(str, self.groups))}" if self.groups else ""
+        return (f"free pp={self.pp} micro-batch={self.samples} samples{sizes} {sched}"
                 f"{' sp' if self.sequence_parallel else ''}{' distopt' if self.distributed_optimizer else ''}")
 
 
@@ -108,7 +116,8 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig", fix: dict[str, obj
 
     Megatron Config: one per node type, with the config's tp, dp, mbs and recompute.
     FreeConfig: every node type x tp (heads rule, within a node) x dp dividing B (micro-batch
-    B / dp <= MAX_MICRO_BATCH) x recompute granularity, restricted by --fix tp, dp, mbs, recompute."""
+    B / dp <= MAX_MICRO_BATCH) x recompute granularity, tp x dp = the type's stage size when the
+    config has groups, restricted by --fix tp, dp, mbs, recompute."""
     types = inst.cluster.node_types
     if isinstance(cfg, Config):
         return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
@@ -125,9 +134,21 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig", fix: dict[str, obj
                     continue
                 if not _packs(nt.gpus_per_node, nt.count, tp * dp):
                     continue
+                if cfg.groups and tp * dp != cfg.groups[k]:
+                    continue
                 for rec in ([fix["recompute"]] if "recompute" in fix else recompute_choices(inst)):
                     out.append(StageOption(k, tp, dp, mbs, rec))
     return sorted(out, key=lambda o: (o.k, o.group, o.tp, o.recompute))
+
+
+def free_children(inst: Instance, cfg: FreeConfig, fix: dict[str, object] | None = None) -> Iterator[FreeConfig]:
+    """The configs a FreeConfig without groups stands for: one stage size per node type,
+    every combination of the sizes its options offer (a type whose sizes do not fit it
+    keeps size 0: it hosts no stage)."""
+    opts = stage_options(inst, cfg, fix)
+    sizes = [sorted({o.group for o in opts if o.k == k}) or [0] for k in range(len(inst.cluster.node_types))]
+    for groups in itertools.product(*sizes):
+        yield replace(cfg, groups=tuple(groups))
 
 
 def recompute_choices(inst: Instance) -> tuple[str, ...]:

@@ -36,7 +36,8 @@ from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.pipeline import Limits, PipelineModel
-from milp_plan.formulations.space import Config, FreeConfig, StageOption, enumerate_configs, explain_fix
+from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, explain_fix,
+                                          free_children)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.heuristics import warmstart as heuristic
@@ -92,33 +93,68 @@ def _layer_room(coef: Coefficients, o: int, s: int) -> int:
     return L if mem.a <= 0 else min(L, int(room // mem.a))
 
 
-def _bottleneck_bound(slots: list[tuple[list[tuple[float, int]], int]], pp: int, L: int,
-                      unit: int) -> float | None:
-    """Smallest z such that pp stage slots hold L layers, each stage a multiple of `unit`,
-    at least `unit`. `slots` lists (alternatives, how many such slots): a slot holds at
-    most max over its alternatives (a, room) of min(floor(z / a), room) layers. A valid
-    lower bound on max_s a_s n_s; None when even unbounded z cannot place L layers."""
-    if sum(c for _, c in slots) < pp:
-        return None
+@dataclass(frozen=True)
+class SlotType:
+    """What one node type offers the bottleneck bound: at most `gpus` GPUs, split into
+    stages of the given blocks, each (GPUs per stage, most stages, alternatives (a, room))."""
 
-    def held(z: float, a: float, room: int) -> int:
+    gpus: int
+    blocks: tuple[tuple[int, int, tuple[tuple[float, int], ...]], ...]
+
+
+def _layers_by_stages(z: float, slot: SlotType, pp: int, unit: int) -> list[int]:
+    """best[j]: most layers j stages of this node type hold with max_s a_s n_s <= z (-1 when
+    j stages do not fit its GPUs). A stage of block b holds v_b = max over its (a, room) of
+    min(floor(z / a), room) layers (a multiple of `unit`, at least `unit`). One block: j v_b
+    up to its most stages; several: an unbounded knapsack over the GPUs (the stage counts of
+    each block are then bounded by the GPU budget, a relaxation of whole nodes)."""
+    vals = []
+    for g, most, alts in slot.blocks:
         # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
-        return min(int(z / a + 1e-9) if a > 0 else room, room)
+        v = max(min(int(z / a + 1e-9) if a > 0 else room, room) for a, room in alts) // unit * unit
+        if v >= unit:
+            vals.append((g, most, v))
+    if len(slot.blocks) == 1:
+        return [j * vals[0][2] if vals and j <= vals[0][1] else -1 for j in range(pp + 1)] if vals else \
+            [0] + [-1] * pp
+    u = math.gcd(*(g for g, _, _ in slot.blocks))
+    W = slot.gpus // u
+    best = [[-1] * (W + 1) for _ in range(pp + 1)]
+    best[0][0] = 0
+    for j in range(1, pp + 1):
+        row, prev = best[j], best[j - 1]
+        for g, _, v in vals:
+            w = g // u
+            for x in range(w, W + 1):
+                if prev[x - w] >= 0 and prev[x - w] + v > row[x]:
+                    row[x] = prev[x - w] + v
+    return [max(row) for row in best]
 
+
+def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int) -> float | None:
+    """Smallest z such that pp stages, spread over the node types, hold L layers with every
+    stage's a n <= z (`_layers_by_stages`). A valid lower bound on max_s a_s n_s; None when
+    even unbounded z cannot place L layers. When every type's best[j] is linear in j (one
+    block a type: Megatron mode) the max-plus combination is the greedy merge of its
+    increments; otherwise a max-plus convolution over the types."""
     def fits(z: float) -> bool:
-        caps = sorted(((max(held(z, a, room) for a, room in alts) // unit * unit, c) for alts, c in slots),
-                      reverse=True)
-        left, total = pp, 0
-        for cap, c in caps:
-            take = min(c, left)
-            if take and cap < unit:
-                return False
-            total += take * cap
-            left -= take
-            if not left:
-                break
-        return total >= L
-    cands = sorted({a * j for alts, _ in slots for a, _ in alts for j in range(unit, L + 1, unit)})
+        per_type = [_layers_by_stages(z, slot, pp, unit) for slot in slots]
+        if all(len(slot.blocks) == 1 for slot in slots):
+            steps = sorted((best[1] for best in per_type for j in range(1, pp + 1) if best[j] >= 0), reverse=True)
+            return len(steps) >= pp and sum(steps[:pp]) >= L
+        total = [0] + [-1] * pp
+        for best in per_type:
+            new = list(total)
+            for j1, have in enumerate(total):
+                if have < 0:
+                    continue
+                for j2 in range(1, pp + 1 - j1):
+                    if best[j2] >= 0 and have + best[j2] > new[j1 + j2]:
+                        new[j1 + j2] = have + best[j2]
+            total = new
+        return total[pp] >= L
+    cands = sorted({a * j for slot in slots for _, _, alts in slot.blocks for a, _ in alts
+                    for j in range(unit, L + 1, unit)})
     if not cands or not fits(cands[-1]):
         return None
     lo, hi = 0, len(cands) - 1
@@ -129,6 +165,17 @@ def _bottleneck_bound(slots: list[tuple[list[tuple[float, int]], int]], pp: int,
         else:
             lo = mid + 1
     return cands[lo]
+
+
+def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
+    """GPUs of node type k a plan may use: its count, and what a $/h budget rents of it alone."""
+    nt = coef.types[k]
+    gpus = nt.count * nt.gpus_per_node
+    if limits.budget_usd_per_hour is not None:
+        cap = limits.budget_usd_per_hour * (1 + 1e-9)
+        gpus = min(gpus, int(cap // nt.usd_per_hour) * nt.gpus_per_node if nt.billing == "node"
+                   else int(cap // nt.usd_per_gpu_hour))
+    return gpus
 
 
 def _affordable_stages(coef: Coefficients, b: int, limits: Limits) -> int:
@@ -145,8 +192,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     """Valid lower bound on the objective of any plan of this config, or None when none fits.
 
     Every minimum below is over the stage options a stage may take (one per node type in
-    Megatron mode), and every block (node type and stage size) offers its slots on its own:
-    a relaxation of the node count that blocks of one type share.
+    Megatron mode); the bottleneck bound lets a node type's stages share its GPUs (whole
+    nodes relaxed to GPUs).
     memory=False skips the memory rooms (every slot may hold all L layers): a weaker,
     cheaper bound the driver uses to order and cut the search."""
     cfg, L = coef.cfg, coef.inst.model.num_layers
@@ -163,7 +210,11 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     for o in O:
         if rooms[o]:
             alts.setdefault(coef.block_of[o], []).append((t[o][0].a, rooms[o]))
-    z = _bottleneck_bound([(alts[b], caps[b]) for b in sorted(alts)], cfg.pp, L, cfg.vpp)
+    by_type: dict[int, list] = {}
+    for b in sorted(alts):
+        by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
+    slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks)) for k, blocks in sorted(by_type.items())]
+    z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
     if z is None:
         return None
     a = min(t[o][0].a for o in O)
@@ -214,6 +265,13 @@ class Prepared:
     coefs: list[Coefficients]
     mode: str = "megatron"
     base: "Prepared | None" = None
+    fix: dict | None = None
+    shared: dict = field(default_factory=dict)
+
+    def children(self, coef: Coefficients) -> list[Coefficients]:
+        """Free mode: the configs a parent stands for (one stage size per node type)."""
+        return [Coefficients(coef.inst, child, self.shared, self.fix)
+                for child in free_children(coef.inst, coef.cfg, self.fix)]
 
 
 def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> Prepared:
@@ -230,7 +288,7 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> 
             base = prepare(inst, fix, "megatron")
         except InputError:  # no uniform plan passes the rules: the free search starts cold
             base = None
-    return Prepared(configs, [Coefficients(inst, cfg, shared, fix) for cfg in configs], mode, base)
+    return Prepared(configs, [Coefficients(inst, cfg, shared, fix) for cfg in configs], mode, base, fix, shared)
 
 
 def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
@@ -277,10 +335,6 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         if sub.plan is not None:
             best = sub.plan.with_(mode=mode, solver=None)
             best_obj = objective_of(best, limits)
-            for _, cfg, coef in bounded:
-                cand = candidate_of(coef, best)
-                if cand is not None:
-                    hints[cfg] = cand
     else:
         # Heuristic first, from the configs of least bound: HEURISTIC_CONFIGS of them, or on until
         # the first plan (so that even a very short limit returns one), within a tenth of the limit
@@ -301,9 +355,29 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     heuristic_obj = best_obj if best is not None else None
     open_bounds: list[float] = []
     solved = pruned = 0
+    total = len(configs)
+    if prepared.mode == "free":  # expand the parents that can beat the incumbent into their children
+        parents, bounded = bounded, []
+        total = 0
+        for lb, cfg, coef in parents:
+            kids = prepared.children(coef)
+            total += len(kids)
+            if lb >= best_obj * (1 - REL_EPS):
+                pruned += len(kids)
+                continue
+            for kid in kids:
+                kid_lb = config_lower_bound(kid, limits, memory=False)
+                if kid_lb is not None:
+                    bounded.append((kid_lb, kid.cfg, kid))
+        bounded.sort(key=lambda x: (x[0], x[1]))
+        if best is not None:
+            for _, cfg, coef in bounded:
+                cand = candidate_of(coef, best)
+                if cand is not None:
+                    hints[cfg] = cand
     for i, (lb, cfg, coef) in enumerate(bounded):
         if lb >= best_obj * (1 - REL_EPS):
-            pruned = len(bounded) - i
+            pruned += len(bounded) - i
             break
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0:
@@ -341,10 +415,10 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
     if best is None:
         status = "timeout" if open_bounds else "infeasible"
-        return SolveResult(status, None, bound, None, wall, seed, backend, None, len(configs), solved, pruned,
+        return SolveResult(status, None, bound, None, wall, seed, backend, None, total, solved, pruned,
                            heuristic_obj, start)
     gap = 0.0 if bound is None else max(0.0, (best_obj - bound) / max(abs(best_obj), 1e-12))
     status = "optimal" if not open_bounds or gap <= 1e-9 else "feasible"
     record = SolverRecord(backend, status, best_obj, bound, gap, None, seed)
     return SolveResult(status, best_obj, bound, gap, wall, seed, backend, best.with_(solver=record),
-                       len(configs), solved, pruned, heuristic_obj, start)
+                       total, solved, pruned, heuristic_obj, start)
