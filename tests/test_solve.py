@@ -134,22 +134,25 @@ def test_infeasible_time_limit(tmp_path, backend):
 
 
 def test_brute_force_refuses_large_instances():
-    # the refusal counts candidates in closed form (count_block_sequences), never enumerating them
+    # the refusal counts candidates in closed form (count_type_sequences), never enumerating them
     inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-13b"))
     with pytest.raises(InputError, match="brute force would enumerate"):
         bruteforce.solve(inst, Limits())
 
 
+@pytest.mark.parametrize("mode", ["megatron", "free"])
 @pytest.mark.parametrize("third", [False, True])
 @pytest.mark.parametrize("gpn", [1, 2, 4])
-def test_type_sequence_count_matches_enumeration(tmp_path, third, gpn):
-    from milp_plan.formulations.space import enumerate_configs, stage_options
-    inst = build_instance(write_instance(tmp_path, layers=8, gpn=gpn, counts=(2, 2), third=third))
-    configs = list(enumerate_configs(inst, None))
+def test_option_sequence_count_matches_enumeration(tmp_path, third, gpn, mode):
+    from milp_plan.formulations.space import stage_options
+    inst = build_instance(write_instance(tmp_path, layers=8 if mode == "megatron" else 4, gpn=gpn, counts=(2, 2),
+                                         third=third))
+    configs = bruteforce.solved_configs(inst, mode=mode)
     assert configs
-    for cfg in configs:
+    for cfg in configs[::7 if mode == "free" else 1]:
         opts = stage_options(inst, cfg)
-        assert bruteforce.count_option_sequences(inst, cfg, opts) == sum(1 for _ in bruteforce.option_sequences(inst, cfg, opts))
+        assert bruteforce.count_option_sequences(inst, cfg, opts) == \
+            sum(1 for _ in bruteforce.option_sequences(inst, cfg, opts))
 
 
 # ---- random small instances: every backend agrees with brute force ----------------------
@@ -366,11 +369,10 @@ def small_free_instances(draw):
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_free_instances())
 def test_free_mode_backends_agree_with_brute_force(tmp_path_factory, case):
-    from milp_plan.formulations.space import enumerate_configs
     kw, gbs, objective, flash = case
     spec = write_instance(tmp_path_factory.mktemp("inst"), **kw)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
-    assume(sum(bruteforce.count_candidates(inst, c) for c in enumerate_configs(inst, mode="free")) <= 20_000)
+    assume(sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst, mode="free")) <= 20_000)
     fastest = bruteforce.solve(inst, Limits(), mode="free")
     assume(fastest.plan is not None)
     limits = limits_for(objective, fastest.objective)

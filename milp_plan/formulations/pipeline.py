@@ -6,8 +6,9 @@ ticks (units.seconds_to_ticks), memory integer KiB (coefficients rounded up, cap
 down: the model is never optimistic about memory), money integer 1e-4 $/h.
 
 A stage option o (space.StageOption) is a node type with tp, dp, micro-batch and
-recompute; options of one node type and stage size form a block b. In Megatron mode
-there is one option per node type (and so one block per type); in free mode many.
+recompute; the options of a node type share its stage size and form its block b. In
+Megatron mode there is one option per node type; in free mode several (tp x dp splits of
+the type's stage size, recompute granularities).
 
 Variables (symbols as in the math):
   y[s,o]    stage s runs as option o                         (bool)
@@ -19,7 +20,7 @@ Variables (symbols as in the math):
   st[s,b]   the run of block b starts at stage s             (bool)
   e[s,b]    stages s and s+1 both in block b                 (bool, exact AND)
   g[s,b]    ... and a node boundary lies between them        (bool, exact AND)
-  x[s,b,j]  stage s in block b, stage s+1 on type j outside b (bool, exact AND)
+  x[s,b,j]  stage s in block b, stage s+1 on another type j  (bool, exact AND)
   h[s]      one-direction transfer time of hop s (ticks, exact expression of e, g, x)
   Q[s]      sum_{j<s} (t_j + 2 h_j): prefix sums for the steady-period windows
   z         steady period (ticks): (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b
@@ -118,9 +119,8 @@ class PipelineModel:
         self.O = range(len(coef.options))
         self.B = range(len(coef.blocks))
         self.opts_of = [[o for o in self.O if coef.block_of[o] == b] for b in self.B]
-        self.blocks_of = {}  # node type -> its blocks
-        for b, blk in enumerate(coef.blocks):
-            self.blocks_of.setdefault(blk.k, []).append(b)
+        self.block_of_type = {blk.k: b for b, blk in enumerate(coef.blocks)}
+        assert len(self.block_of_type) == len(coef.blocks), "a solved config has one stage size per node type"
         self.L = coef.inst.model.num_layers
         self.v = Vars()
         self.t_hi = self._time_upper_bound()
@@ -148,7 +148,7 @@ class PipelineModel:
 
     def _hop_upper_bound(self) -> int:
         c = self.c
-        worst = [max(c.hop_intra(b), *(c.hop_inter(b, j) for j in self.blocks_of)) for b in self.B]
+        worst = [max(c.hop_intra(b), *(c.hop_inter(b, j) for j in self.block_of_type)) for b in self.B]
         return ticks(max(worst, default=0.0)) + 1
 
     def _stage_upper_bound(self, coefficient) -> int:
@@ -160,13 +160,6 @@ class PipelineModel:
         """Y[s,b]: stage s runs as one of block b's options (a 0/1 expression)."""
         opts = self.opts_of[b]
         return self.v.y[s, opts[0]] if len(opts) == 1 else self.be.sum([self.v.y[s, o] for o in opts])
-
-    def _on_type(self, s: int, k: int, but: int | None = None):
-        """Stage s runs on node type k (in a block other than `but`): a 0/1 expression."""
-        blocks = [b for b in self.blocks_of[k] if b != but]
-        if not blocks:
-            return None
-        return self._on_block(s, blocks[0]) if len(blocks) == 1 else self.be.sum([self._on_block(s, b) for b in blocks])
 
     # ---- constraint families -----------------------------------------------------------
     def add_stage_type(self) -> None:
@@ -231,8 +224,7 @@ class PipelineModel:
             be.add(be.sum([v.st[s, b] for s in self.S]) <= 1)
 
     def add_device_count(self) -> None:
-        """u[b,beta] one-hot: block b holds beta stages, at most what fits on its type's nodes;
-        blocks of one node type take nodes of their own, together at most the type's count."""
+        """u[b,beta] one-hot: block b holds beta stages, at most what fits on its type's nodes."""
         be, v, c = self.be, self.v, self.c
         for b in self.B:
             cap = c.max_stages(b)
@@ -241,10 +233,6 @@ class PipelineModel:
             be.add(be.sum([v.u[b, beta] for beta in range(cap + 1)]) == 1)
             be.add(be.sum([self._on_block(s, b) for s in self.S])
                    == be.sum([beta * v.u[b, beta] for beta in range(cap + 1)]))
-        for k, blocks in self.blocks_of.items():
-            if len(blocks) > 1:
-                be.add(be.sum([c.blocks[b].place.nodes_used(beta) * v.u[b, beta]
-                               for b in blocks for beta in range(1, c.max_stages(b) + 1)]) <= c.types[k].count)
 
     def add_memory_capacity(self) -> None:
         """Per GPU: a n + rho r + c <= usable capacity of the option's node type (KiB, rounded safe)."""
@@ -283,14 +271,14 @@ class PipelineModel:
         return w
 
     def _leaving(self, s: int, s2: int, b: int, name: str) -> list:
-        """Cost terms of a transfer from stage s in block b to stage s2 on another node:
-        x[s,b,j] = Y[s,b] AND (s2 on type j, outside block b), one per node type j."""
+        """Cost terms of a transfer from stage s in block b to stage s2 on another node type:
+        x[s,b,j] = Y[s,b] AND (s2 on type j), one per node type j != b's."""
         terms = []
-        for j in sorted(self.blocks_of):
-            there = self._on_type(s2, j, but=b)
-            if there is None:
+        for j in sorted(self.block_of_type):
+            if j == self.c.blocks[b].k:
                 continue
-            x = self._and(f"{name}[{s},{b},{j}]", self._on_block(s, b), there)
+            x = self._and(f"{name}[{s},{b},{j}]", self._on_block(s, b),
+                          self._on_block(s2, self.block_of_type[j]))
             self.v.x[s, b, j] = x
             terms.append(ticks(self.c.hop_inter(b, j)) * x)
         return terms

@@ -110,7 +110,8 @@ def _packs(gpus_per_node: int, count: int, group: int) -> bool:
     return group % gpus_per_node == 0 and group // gpus_per_node <= count
 
 
-def stage_options(inst: Instance, cfg: "Config | FreeConfig", fix: dict[str, object] | None = None) -> list[StageOption]:
+def stage_options(inst: Instance, cfg: "Config | FreeConfig",
+                  fix: dict[str, object] | None = None) -> list[StageOption]:
     """The stage options of a config, sorted by node type and stage size (so a block's
     options are consecutive); only those that pack into their node type.
 

@@ -5,11 +5,11 @@ space.stage_options and the canonical placement of build.place_stages) and score
 candidate plan with costmodel.evaluate, the checker's arithmetic; it never reads the
 model's coefficients. Candidates per config:
 
-- every sequence of blocks (a block is a node type and a stage size; each block one
-  contiguous run of stages on nodes of its own, the blocks of one node type together on
-  at most its nodes). In Megatron mode a node type has one block;
-- every choice of stage option per stage among its block's options (free mode: tp, dp and
-  recompute per stage; Megatron mode: one option per block);
+- in free mode, every child config: one stage size (GPUs per stage) per node type;
+- every sequence of node types (each type one contiguous run of stages, at most as many
+  stages as fit on its nodes at its stage size);
+- every choice of stage option per stage among its type's options (free mode: tp x dp
+  split and recompute per stage; Megatron mode: one option per type);
 - every split of the L layers into pp positive parts (multiples of vpp when interleaved);
 - the recomputed layers: Megatron mode one r in 1..min_s n_s for every stage, free mode
   each fully recomputing stage its own r_s in 1..n_s (multiples of vpp when interleaved:
@@ -30,50 +30,43 @@ from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import placement
 from milp_plan.formulations.pipeline import Limits
-from milp_plan.formulations.space import Config, FreeConfig, StageOption, enumerate_configs, stage_options
+from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, free_children,
+                                          stage_options)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 
 MAX_PLANS = 200_000
 
-BlockKey = tuple[int, int]  # (node type, GPUs per stage)
-
-
-def _blocks(options: list[StageOption]) -> dict[BlockKey, list[StageOption]]:
-    out: dict[BlockKey, list[StageOption]] = {}
+def _by_type(options: list[StageOption]) -> dict[int, list[StageOption]]:
+    """Options per node type (a solved config gives each type one stage size)."""
+    out: dict[int, list[StageOption]] = {}
     for o in options:
-        out.setdefault((o.k, o.group), []).append(o)
+        out.setdefault(o.k, []).append(o)
+    assert all(len({o.group for o in opts}) == 1 for opts in out.values()), "one stage size per node type"
     return out
 
 
-def _nodes(inst: Instance, block: BlockKey, stages: int) -> int:
-    return placement(inst.cluster.node_types[block[0]], block[1]).nodes_used(stages)
+def _caps(inst: Instance, cfg, options: list[StageOption]) -> dict[int, int]:
+    """Most stages each node type holds at its stage size."""
+    return {k: min(cfg.pp, placement(inst.cluster.node_types[k], opts[0].group).max_stages)
+            for k, opts in _by_type(options).items()}
 
 
-def _cap(inst: Instance, cfg, block: BlockKey) -> int:
-    return min(cfg.pp, placement(inst.cluster.node_types[block[0]], block[1]).max_stages)
-
-
-def block_sequences(inst: Instance, cfg, options: list[StageOption]) -> Iterator[tuple[BlockKey, ...]]:
-    """Stage blocks: an ordered choice of distinct blocks, one run each, sizes summing to pp,
-    the blocks of a node type within its node count."""
-    blocks = sorted(_blocks(options))
-    for r in range(1, min(len(blocks), cfg.pp) + 1):
-        for order in itertools.permutations(blocks, r):
+def type_sequences(inst: Instance, cfg, options: list[StageOption]) -> Iterator[tuple[int, ...]]:
+    """Stage node types: an ordered choice of distinct types, one run each, sizes summing to pp."""
+    caps = _caps(inst, cfg, options)
+    types = sorted(caps)
+    for r in range(1, min(len(types), cfg.pp) + 1):
+        for order in itertools.permutations(types, r):
             for sizes in compositions(cfg.pp, r, 1):
-                if any(sz > _cap(inst, cfg, b) for b, sz in zip(order, sizes)):
-                    continue
-                used: dict[int, int] = {}
-                for b, sz in zip(order, sizes):
-                    used[b[0]] = used.get(b[0], 0) + _nodes(inst, b, sz)
-                if all(n <= inst.cluster.node_types[k].count for k, n in used.items()):
-                    yield tuple(b for b, sz in zip(order, sizes) for _ in range(sz))
+                if all(sz <= caps[k] for k, sz in zip(order, sizes)):
+                    yield tuple(k for k, sz in zip(order, sizes) for _ in range(sz))
 
 
 def option_sequences(inst: Instance, cfg, options: list[StageOption]) -> Iterator[tuple[StageOption, ...]]:
-    by_block = _blocks(options)
-    for seq in block_sequences(inst, cfg, options):
-        yield from itertools.product(*(by_block[b] for b in seq))
+    by_type = _by_type(options)
+    for seq in type_sequences(inst, cfg, options):
+        yield from itertools.product(*(by_type[k] for k in seq))
 
 
 def compositions(total: int, parts: int, unit: int) -> Iterator[tuple[int, ...]]:
@@ -86,38 +79,23 @@ def compositions(total: int, parts: int, unit: int) -> Iterator[tuple[int, ...]]
         yield tuple(unit * (b - a) for a, b in zip(bounds, bounds[1:]))
 
 
-def count_block_sequences(inst: Instance, cfg, options: list[StageOption], weight: dict[BlockKey, int]) -> int:
-    """sum over block_sequences of prod_s weight[block of s], without enumerating them: per
-    node type, the choices of its blocks with run lengths within its nodes (a small DP over
-    blocks, nodes used), combined over types by (blocks chosen, stages) and ordered (r!)."""
-    pp = cfg.pp
-    by_type: dict[int, list[BlockKey]] = {}
-    for b in sorted(_blocks(options)):
-        by_type.setdefault(b[0], []).append(b)
-    total = {(0, 0): 1}  # (blocks chosen, stages) -> weighted count, over the types seen so far
-    for k, blocks in by_type.items():
-        mine = {(0, 0, 0): 1}  # (blocks, stages, nodes) -> weighted count, this type only
-        for b in blocks:
-            nxt = dict(mine)
-            for (j, s, n), ways in mine.items():
-                for size in range(1, min(_cap(inst, cfg, b), pp - s) + 1):
-                    nodes = n + _nodes(inst, b, size)
-                    if nodes <= inst.cluster.node_types[k].count:
-                        key = (j + 1, s + size, nodes)
-                        nxt[key] = nxt.get(key, 0) + ways * weight[b] ** size
-            mine = nxt
-        merged: dict[tuple[int, int], int] = {}
-        for (j, s), ways in total.items():
-            for (j2, s2, _), ways2 in mine.items():
-                if s + s2 <= pp:
-                    merged[j + j2, s + s2] = merged.get((j + j2, s + s2), 0) + ways * ways2
-        total = merged
-    return sum(math.factorial(j) * ways for (j, s), ways in total.items() if s == pp and j > 0)
+def count_type_sequences(inst: Instance, cfg, options: list[StageOption], weight: dict[int, int]) -> int:
+    """sum over type_sequences of prod_s weight[type of s], without enumerating them: choose
+    r types with run lengths 1..cap summing to pp (a knapsack count), then order them (r!)."""
+    caps = _caps(inst, cfg, options)
+    # ways[r][s]: weighted unordered choices of r of the types seen so far, s stages in all
+    ways = [[0] * (cfg.pp + 1) for _ in range(len(caps) + 1)]
+    ways[0][0] = 1
+    for k, cap in sorted(caps.items()):
+        for r in range(len(caps), 0, -1):
+            for s in range(cfg.pp, 0, -1):
+                ways[r][s] += sum(ways[r - 1][s - size] * weight[k] ** size for size in range(1, min(cap, s) + 1))
+    return sum(math.factorial(r) * ways[r][cfg.pp] for r in range(1, len(caps) + 1))
 
 
 def count_option_sequences(inst: Instance, cfg, options: list[StageOption]) -> int:
     """len(list(option_sequences(...))), in closed form."""
-    return count_block_sequences(inst, cfg, options, {b: len(v) for b, v in _blocks(options).items()})
+    return count_type_sequences(inst, cfg, options, {k: len(v) for k, v in _by_type(options).items()})
 
 
 def count_candidates(inst: Instance, cfg, fix: dict | None = None) -> int:
@@ -129,12 +107,20 @@ def count_candidates(inst: Instance, cfg, fix: dict | None = None) -> int:
     options = stage_options(inst, cfg, fix)
     splits = math.comb(L // unit - 1, cfg.pp - 1)
     if isinstance(cfg, Config):
-        seqs = count_block_sequences(inst, cfg, options, {b: 1 for b in _blocks(options)})
+        seqs = count_type_sequences(inst, cfg, options, {k: 1 for k in _by_type(options)})
         return seqs * splits * (L // cfg.pp if cfg.recompute == "full" else 1)
     most_r = L // unit - cfg.pp + 1
-    weight = {b: sum(most_r if o.recompute == "full" else 1 for o in opts)
-              for b, opts in _blocks(options).items()}
-    return count_block_sequences(inst, cfg, options, weight) * splits
+    weight = {k: sum(most_r if o.recompute == "full" else 1 for o in opts) for k, opts in _by_type(options).items()}
+    return count_type_sequences(inst, cfg, options, weight) * splits
+
+
+def solved_configs(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> list[Config | FreeConfig]:
+    """The configs whose spaces the brute force enumerates: Megatron Configs, or in free mode
+    every child (one stage size per node type) of every FreeConfig."""
+    configs = list(enumerate_configs(inst, fix, mode=mode))
+    if mode == "free":
+        configs = [child for cfg in configs for child in free_children(inst, cfg, fix)]
+    return configs
 
 
 def _recompute_choices(cfg, opts: tuple[StageOption, ...], layers: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
@@ -158,7 +144,7 @@ def candidate_plans(inst: Instance, cfg: Config | FreeConfig, fix: dict | None =
 def solve(inst: Instance, limits: Limits, fix: dict | None = None, mode: str = "megatron"):
     from milp_plan.solvers.driver import SolveResult, objective_of
     t0 = time.perf_counter()
-    configs: list[Config | FreeConfig] = list(enumerate_configs(inst, fix, mode=mode))
+    configs = solved_configs(inst, fix, mode)
     total = sum(count_candidates(inst, c, fix) for c in configs)
     if total > MAX_PLANS:
         raise InputError(f"brute force would enumerate up to {total:,} plans (limit {MAX_PLANS:,}); use a smaller "
