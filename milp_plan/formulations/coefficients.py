@@ -106,6 +106,8 @@ class Coefficients:
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
         # Megatron: one r for every stage (a model variable); free: each full-recompute stage its own
         self.shared_r = isinstance(cfg, Config) and cfg.recompute == "full"
+        # a free child config: every node type with a stage size hosts at least one stage
+        self.required = isinstance(cfg, FreeConfig) and bool(cfg.groups)
 
     def full(self, o: int) -> bool:
         return self.options[o].recompute == "full"
@@ -218,6 +220,9 @@ class Coefficients:
 
     def max_stages(self, b: int) -> int:
         return min(self.cfg.pp, self.blocks[b].place.max_stages)
+
+    def min_stages(self, b: int) -> int:
+        return 1 if self.required else 0
 
     # ---- the closed form's constants ------------------------------------------------------
     def z_weight(self) -> float:

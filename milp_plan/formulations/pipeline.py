@@ -224,15 +224,16 @@ class PipelineModel:
             be.add(be.sum([v.st[s, b] for s in self.S]) <= 1)
 
     def add_device_count(self) -> None:
-        """u[b,beta] one-hot: block b holds beta stages, at most what fits on its type's nodes."""
+        """u[b,beta] one-hot: block b holds beta stages, at most what fits on its type's nodes
+        (at least one in a free child config: its node types are chosen)."""
         be, v, c = self.be, self.v, self.c
         for b in self.B:
-            cap = c.max_stages(b)
-            for beta in range(cap + 1):
+            betas = range(c.min_stages(b), c.max_stages(b) + 1)
+            for beta in betas:
                 v.u[b, beta] = be.new_bool(f"u[{b},{beta}]")
-            be.add(be.sum([v.u[b, beta] for beta in range(cap + 1)]) == 1)
+            be.add(be.sum([v.u[b, beta] for beta in betas]) == 1)
             be.add(be.sum([self._on_block(s, b) for s in self.S])
-                   == be.sum([beta * v.u[b, beta] for beta in range(cap + 1)]))
+                   == be.sum([beta * v.u[b, beta] for beta in betas]))
 
     def add_memory_capacity(self) -> None:
         """Per GPU: a n + rho r + c <= usable capacity of the option's node type (KiB, rounded safe)."""

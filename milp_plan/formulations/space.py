@@ -64,9 +64,10 @@ class FreeConfig:
     """--mode free: what every stage shares; tp, dp and recompute are chosen per stage.
 
     `groups` gives each node type (cluster order) its stage size, GPUs per stage: every
-    stage on that type has that many GPUs, split per stage into tp x dp. A config without
-    groups stands for all its children (`free_children`): the driver bounds it to decide
-    whether to expand it, and never solves it."""
+    stage on that type has that many GPUs, split per stage into tp x dp; a type of size 0
+    hosts no stage, a type with a size at least one. A config without groups stands for
+    all its children (`free_children`): the driver bounds it to decide whether to expand
+    it, and never solves it."""
 
     samples: int          # B: samples per micro-batch = micro-batch size x dp of every stage
     pp: int
@@ -143,13 +144,14 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
 
 
 def free_children(inst: Instance, cfg: FreeConfig, fix: dict[str, object] | None = None) -> Iterator[FreeConfig]:
-    """The configs a FreeConfig without groups stands for: one stage size per node type,
-    every combination of the sizes its options offer (a type whose sizes do not fit it
-    keeps size 0: it hosts no stage)."""
+    """The configs a FreeConfig without groups stands for: per node type a stage size its
+    options offer, or 0 (the type hosts no stage). A type with a size hosts at least one
+    stage, so every plan belongs to exactly one child."""
     opts = stage_options(inst, cfg, fix)
-    sizes = [sorted({o.group for o in opts if o.k == k}) or [0] for k in range(len(inst.cluster.node_types))]
+    sizes = [[0] + sorted({o.group for o in opts if o.k == k}) for k in range(len(inst.cluster.node_types))]
     for groups in itertools.product(*sizes):
-        yield replace(cfg, groups=tuple(groups))
+        if any(groups) and sum(1 for g in groups if g) <= cfg.pp:
+            yield replace(cfg, groups=tuple(groups))
 
 
 def recompute_choices(inst: Instance) -> tuple[str, ...]:

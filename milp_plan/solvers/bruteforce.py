@@ -52,11 +52,16 @@ def _caps(inst: Instance, cfg, options: list[StageOption]) -> dict[int, int]:
             for k, opts in _by_type(options).items()}
 
 
+def _fewest_types(cfg, caps: dict[int, int]) -> int:
+    """A free child config uses every node type it gives a stage size; Megatron mode any."""
+    return len(caps) if isinstance(cfg, FreeConfig) else 1
+
+
 def type_sequences(inst: Instance, cfg, options: list[StageOption]) -> Iterator[tuple[int, ...]]:
     """Stage node types: an ordered choice of distinct types, one run each, sizes summing to pp."""
     caps = _caps(inst, cfg, options)
     types = sorted(caps)
-    for r in range(1, min(len(types), cfg.pp) + 1):
+    for r in range(_fewest_types(cfg, caps), min(len(types), cfg.pp) + 1):
         for order in itertools.permutations(types, r):
             for sizes in compositions(cfg.pp, r, 1):
                 if all(sz <= caps[k] for k, sz in zip(order, sizes)):
@@ -90,7 +95,7 @@ def count_type_sequences(inst: Instance, cfg, options: list[StageOption], weight
         for r in range(len(caps), 0, -1):
             for s in range(cfg.pp, 0, -1):
                 ways[r][s] += sum(ways[r - 1][s - size] * weight[k] ** size for size in range(1, min(cap, s) + 1))
-    return sum(math.factorial(r) * ways[r][cfg.pp] for r in range(1, len(caps) + 1))
+    return sum(math.factorial(r) * ways[r][cfg.pp] for r in range(_fewest_types(cfg, caps), len(caps) + 1))
 
 
 def count_option_sequences(inst: Instance, cfg, options: list[StageOption]) -> int:

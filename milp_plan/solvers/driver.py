@@ -96,10 +96,12 @@ def _layer_room(coef: Coefficients, o: int, s: int) -> int:
 @dataclass(frozen=True)
 class SlotType:
     """What one node type offers the bottleneck bound: at most `gpus` GPUs, split into
-    stages of the given blocks, each (GPUs per stage, most stages, alternatives (a, room))."""
+    stages of the given blocks, each (GPUs per stage, most stages, alternatives (a, room));
+    `required`: it hosts at least one stage (a free child config)."""
 
     gpus: int
     blocks: tuple[tuple[int, int, tuple[tuple[float, int], ...]], ...]
+    required: bool = False
 
 
 def _layers_by_stages(z: float, slot: SlotType, pp: int, unit: int) -> list[int]:
@@ -135,16 +137,25 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int) -> floa
     """Smallest z such that pp stages, spread over the node types, hold L layers with every
     stage's a n <= z (`_layers_by_stages`). A valid lower bound on max_s a_s n_s; None when
     even unbounded z cannot place L layers. When every type's best[j] is linear in j (one
-    block a type: Megatron mode) the max-plus combination is the greedy merge of its
-    increments; otherwise a max-plus convolution over the types."""
+    block a type) the max-plus combination is the greedy merge of its increments, after
+    one stage of each required type; otherwise a max-plus convolution over the types."""
     def fits(z: float) -> bool:
         per_type = [_layers_by_stages(z, slot, pp, unit) for slot in slots]
         if all(len(slot.blocks) == 1 for slot in slots):
-            steps = sorted((best[1] for best in per_type for j in range(1, pp + 1) if best[j] >= 0), reverse=True)
-            return len(steps) >= pp and sum(steps[:pp]) >= L
+            forced, steps = [], []
+            for slot, best in zip(slots, per_type):
+                held = [best[1]] * sum(1 for j in range(1, pp + 1) if best[j] >= 0)
+                if slot.required:
+                    if not held:
+                        return False
+                    forced.append(held.pop())
+                steps += held
+            rest = pp - len(forced)
+            steps.sort(reverse=True)
+            return rest >= 0 and len(steps) >= rest and sum(forced) + sum(steps[:rest]) >= L
         total = [0] + [-1] * pp
-        for best in per_type:
-            new = list(total)
+        for slot, best in zip(slots, per_type):
+            new = [-1] * (pp + 1) if slot.required else list(total)
             for j1, have in enumerate(total):
                 if have < 0:
                     continue
@@ -210,10 +221,13 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     for o in O:
         if rooms[o]:
             alts.setdefault(coef.block_of[o], []).append((t[o][0].a, rooms[o]))
+    if coef.required and len(alts) < len(coef.blocks):
+        return None  # a node type the config must use holds no layer within memory or budget
     by_type: dict[int, list] = {}
     for b in sorted(alts):
         by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
-    slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks)) for k, blocks in sorted(by_type.items())]
+    slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), coef.required)
+             for k, blocks in sorted(by_type.items())]
     z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
     if z is None:
         return None
@@ -233,9 +247,12 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     if limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6):
         return None
     usable = [o for o in O if rooms[o]]
-    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group
+    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free child
+    # config rents at least one stage of each of its node types
     price = {o: coef.types[coef.options[o].k].usd_per_gpu_hour * coef.options[o].group for o in usable}
-    gpu_usd = min(price.values()) * cfg.pp
+    forced = [min(price[o] for o in usable if coef.block_of[o] == b) for b in range(len(coef.blocks))] \
+        if coef.required else []
+    gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
     # $ x s per step >= (sum_s p_s) T and (sum_s p_s) w_z z >= w_z L min_o(p_o a_o), because
     # z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan
     w_z = coef.z_weight()
@@ -306,6 +323,8 @@ def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
         if o is None:
             return None
         opts.append(o)
+    if coef.required and {coef.block_of[o] for o in opts} != set(range(len(coef.blocks))):
+        return None
     return tuple(opts), tuple(st.num_layers for st in plan.stages), tuple(st.recompute_layers for st in plan.stages)
 
 
