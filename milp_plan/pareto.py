@@ -45,7 +45,7 @@ def pareto_front(inst: Instance, req) -> Front:
     from milp_plan.solvers.driver import prepare
     import time
     t0 = time.perf_counter()
-    prepared = None if req.solver == "brute-force" else prepare(inst, parse_fix(req.fix))
+    prepared = None if req.solver == "brute-force" else prepare(inst, parse_fix(req.fix), inst.objective.mode)
     points: list[Plan] = []
     budget: float | None = None
     complete = True
@@ -64,15 +64,20 @@ def pareto_front(inst: Instance, req) -> Front:
     return Front(points, complete, time.perf_counter() - t0)
 
 
+def _per_stage(plan: Plan, attr: str):
+    """The stages' common value, or (free mode) each stage's, comma-separated."""
+    return getattr(plan.stages[0], attr) if plan.uniform(attr) else ",".join(str(getattr(s, attr)) for s in plan.stages)
+
+
 def front_rows(front: Front) -> list[dict]:
     rows = []
     for p in front.points:
         pr = p.predicted
         rows.append({
             "step_time_s": pr.step_time_s, "usd_per_step": pr.usd_per_step, "usd_per_hour": pr.usd_per_hour,
-            "tokens_per_s": pr.tokens_per_s, "gpus": p.num_gpus, "pp": p.pp, "tp": p.stages[0].tp,
-            "dp": p.stages[0].dp, "micro_batch_size": p.micro_batch_size, "schedule": p.schedule, "vpp": p.vpp,
-            "recompute": p.stages[0].recompute,
+            "tokens_per_s": pr.tokens_per_s, "gpus": p.num_gpus, "pp": p.pp, "tp": _per_stage(p, "tp"),
+            "dp": _per_stage(p, "dp"), "micro_batch_size": _per_stage(p, "micro_batch_size"), "schedule": p.schedule,
+            "vpp": p.vpp, "recompute": _per_stage(p, "recompute"),
             "stages": " ".join(f"{s.gpu}:{s.num_layers}" for s in p.stages),
         })
     return rows

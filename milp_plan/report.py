@@ -150,8 +150,11 @@ def render_plan(plan, inst=None, result=None) -> str:
         rows.append([i, st.gpu, devs, f"{st.num_layers} ({layers})", f"{st.tp}/{st.dp}", st.micro_batch_size, rec,
                      f"{sp.fwd_ms + sp.bwd_ms:.1f}", f"{sp.peak_memory_gib:.1f} / {sp.capacity_gib:.1f}"])
     sched = plan.schedule + (f" (vpp {plan.vpp})" if plan.vpp > 1 else "")
+    st0 = plan.stages[0]
+    split = (f"{plan.micro_batch_size} per replica" if plan.uniform("micro_batch_size")
+             else f"{st0.micro_batch_size * st0.dp} samples, split per stage (mbs x dp)")
     out = [f"Plan: {plan.pp} stages on {plan.num_gpus} GPUs, {sched}, {plan.num_microbatches} micro-batches of "
-           f"{plan.micro_batch_size} per replica (global batch {plan.global_batch_size})"
+           f"{split} (global batch {plan.global_batch_size})"
            + (", sequence parallel" if plan.sequence_parallel else "")
            + (", distributed optimizer" if plan.distributed_optimizer else ""), ""]
     out.append(table(["stage", "GPU", "devices", "layers", "tp/dp", "mbs", "recompute", "f+b ms", "mem GiB / usable"],
@@ -168,6 +171,6 @@ def render_plan(plan, inst=None, result=None) -> str:
         out.append(f"Solver {result.backend}: {result.status}, objective {result.objective:.6g}, bound {bound}, gap "
                    f"{gap}, {result.wall_time_s:.2f} s, seed {result.seed} ({result.configs_solved} of "
                    f"{result.configs_total} configurations solved, {result.configs_pruned} pruned by bounds"
-                   + (f"; heuristic start {result.heuristic_objective:.6g})"
+                   + (f"; {result.start} start {result.heuristic_objective:.6g})"
                       if result.heuristic_objective is not None else ")"))
     return "\n".join(out)
