@@ -1,28 +1,25 @@
 """The exact planner: enumerate the global choices, bound them, solve the per-stage model.
 
-Decomposition (exact): every plan belongs to exactly one Config (space.py). For each
-Config a valid lower bound on the objective is computed from the cost model alone;
-Configs are solved in increasing bound order and the search stops when the next bound
+Decomposition (exact): every plan belongs to exactly one config (space.py). For each
+config a valid lower bound on the objective is computed from the cost model alone;
+configs are solved in increasing bound order and the search stops when the next bound
 is no better than the incumbent. The overall best bound is the minimum of the
-incumbent and the bounds of every Config not solved to optimality, so the reported gap
+incumbent and the bounds of every config not solved to optimality, so the reported gap
 is honest even when the time limit cuts the search short.
 
-Warm start: before the exact search, heuristics/warmstart.py builds a plan for each of the
-HEURISTIC_CONFIGS Configs of least bound, or more until one has a plan (greedy device
-grouping, bottleneck-optimal layer partition). The best is the first incumbent, and each such Config's model gets its plan as
-a hint. A very short --max-solve-time still returns that plan, with its gap.
+Free mode: the configs are FreeConfig parents (samples per micro-batch, pp, schedule);
+a parent whose bound beats the incumbent is expanded into its children (one stage size
+per node type, space.free_children), which are bounded and solved.
 
-Lower bound of a Config (seconds): with S = L min_k a_k + min_k c_first + min_k c_last
-the least possible sum of stage times, the largest stage time z is at least S / pp, and
-at least the smallest z for which the pp best stage slots the cluster offers can hold
-the L layers when a stage of type k holds at most min(floor(z / a_k), memory room)
-layers, at least one (vpp when interleaved; `_bottleneck_bound`). Then
-T >= w_z z + w_sum S + stage 0's reduction + the largest stage's optimizer step
-(weights of costmodel.pipeline_time_s; hops only add). Under a $/h budget a node type
-offers only the stages the budget buys on its own (_affordable_stages). Dollars per
-step: at least the cheapest per-GPU price x GPUs x T, and at least g w_z L min_k(p_k a_k) + (the rest of T)
-x the cheapest price, since z >= L / sum_s (1 / a_s) (the cheapest price per unit of work). No slot assignment holding L layers within memory: the
-Config has no plan.
+Warm start. Megatron mode: before the exact search, heuristics/warmstart.py builds a
+plan for each of the HEURISTIC_CONFIGS configs of least bound, or more until one has a
+plan (greedy device grouping, bottleneck-optimal layer partition). The best is the first
+incumbent, and each such config's model gets its plan as a hint. A very short
+--max-solve-time still returns that plan, with its gap. Free mode: the Megatron-mode
+solve (FREE_BASE_SHARE of the time limit) gives the first incumbent, a free plan too.
+
+Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
+(config_lower_bound, _bottleneck_bound).
 """
 from __future__ import annotations
 
