@@ -106,8 +106,8 @@ class Coefficients:
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
         # Megatron: one r for every stage (a model variable); free: each full-recompute stage its own
         self.shared_r = isinstance(cfg, Config) and cfg.recompute == "full"
-        # a free child config: every node type with a stage size hosts at least one stage
-        self.required = isinstance(cfg, FreeConfig) and bool(cfg.groups)
+        # free mode: every node type given a stage size hosts at least one stage
+        self.required_types = {k for k, g in enumerate(cfg.groups) if g > 0} if isinstance(cfg, FreeConfig) else set()
 
     def full(self, o: int) -> bool:
         return self.options[o].recompute == "full"
@@ -222,7 +222,7 @@ class Coefficients:
         return min(self.cfg.pp, self.blocks[b].place.max_stages)
 
     def min_stages(self, b: int) -> int:
-        return 1 if self.required else 0
+        return 1 if self.blocks[b].k in self.required_types else 0
 
     # ---- the closed form's constants ------------------------------------------------------
     def z_weight(self) -> float:

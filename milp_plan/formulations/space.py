@@ -20,7 +20,6 @@ communication, so it is on whenever dp > 1.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -59,15 +58,18 @@ class Config:
                 f"{' sp' if self.sequence_parallel else ''}{' distopt' if self.distributed_optimizer else ''}")
 
 
+ANY = -1  # FreeConfig.groups: this node type's stage size is still open
+
+
 @dataclass(frozen=True, order=True)
 class FreeConfig:
     """--mode free: what every stage shares; tp, dp and recompute are chosen per stage.
 
     `groups` gives each node type (cluster order) its stage size, GPUs per stage: every
     stage on that type has that many GPUs, split per stage into tp x dp; a type of size 0
-    hosts no stage, a type with a size at least one. A config without groups stands for
-    all its children (`free_children`): the driver bounds it to decide whether to expand
-    it, and never solves it."""
+    hosts no stage, a type with a size at least one. ANY leaves a type's size open: such a
+    config stands for all its completions (`free_children` branches on one open type), the
+    driver bounds it to decide whether to expand it, and never solves it."""
 
     samples: int          # B: samples per micro-batch = micro-batch size x dp of every stage
     pp: int
@@ -78,13 +80,17 @@ class FreeConfig:
     groups: tuple[int, ...] = ()
     recompute: str = "per-stage"   # read by code shared with Config: never one granularity for all
 
+    @property
+    def complete(self) -> bool:
+        return ANY not in self.groups
+
     def num_microbatches(self, gbs: int) -> int:
         return gbs // self.samples
 
     def label(self) -> str:
         sched = self.schedule + (f"/v{self.vpp}" if self.vpp > 1 else "")
-        sizes = f" gpus/stage={','.join(map(str, self.groups))}" if self.groups else ""
-        return (f"free pp={self.pp} micro-batch={self.samples} samples{sizes} {sched}"
+        sizes = ",".join("*" if g == ANY else str(g) for g in self.groups)
+        return (f"free pp={self.pp} micro-batch={self.samples} samples gpus/stage={sizes} {sched}"
                 f"{' sp' if self.sequence_parallel else ''}{' distopt' if self.distributed_optimizer else ''}")
 
 
@@ -118,8 +124,8 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
 
     Megatron Config: one per node type, with the config's tp, dp, mbs and recompute.
     FreeConfig: every node type x tp (heads rule, within a node) x dp dividing B (micro-batch
-    B / dp <= MAX_MICRO_BATCH) x recompute granularity, tp x dp = the type's stage size when the
-    config has groups, restricted by --fix tp, dp, mbs, recompute."""
+    B / dp <= MAX_MICRO_BATCH) x recompute granularity, tp x dp = the type's stage size unless
+    it is open (ANY), restricted by --fix tp, dp, mbs, recompute."""
     types = inst.cluster.node_types
     if isinstance(cfg, Config):
         return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
@@ -136,7 +142,7 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
                     continue
                 if not _packs(nt.gpus_per_node, nt.count, tp * dp):
                     continue
-                if cfg.groups and tp * dp != cfg.groups[k]:
+                if cfg.groups[k] not in (ANY, tp * dp):
                     continue
                 for rec in ([fix["recompute"]] if "recompute" in fix else recompute_choices(inst)):
                     out.append(StageOption(k, tp, dp, mbs, rec))
@@ -144,14 +150,24 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
 
 
 def free_children(inst: Instance, cfg: FreeConfig, fix: dict[str, object] | None = None) -> Iterator[FreeConfig]:
-    """The configs a FreeConfig without groups stands for: per node type a stage size its
-    options offer, or 0 (the type hosts no stage). A type with a size hosts at least one
-    stage, so every plan belongs to exactly one child."""
-    opts = stage_options(inst, cfg, fix)
-    sizes = [[0] + sorted({o.group for o in opts if o.k == k}) for k in range(len(inst.cluster.node_types))]
-    for groups in itertools.product(*sizes):
-        if any(groups) and sum(1 for g in groups if g) <= cfg.pp:
-            yield replace(cfg, groups=tuple(groups))
+    """Branch on the first node type whose stage size is open: each size its options offer,
+    and 0 (the type hosts no stage). A type with a size hosts at least one stage, so every
+    plan belongs to exactly one completion."""
+    k = cfg.groups.index(ANY)
+    sizes = sorted({o.group for o in stage_options(inst, cfg, fix) if o.k == k})
+    for g in [0] + sizes:
+        groups = cfg.groups[:k] + (g,) + cfg.groups[k + 1:]
+        if any(groups) and sum(1 for x in groups if x > 0) <= cfg.pp:
+            yield replace(cfg, groups=groups)
+
+
+def free_completions(inst: Instance, cfg: FreeConfig, fix: dict[str, object] | None = None) -> Iterator[FreeConfig]:
+    """Every complete config below `cfg` (the brute force's space)."""
+    if cfg.complete:
+        yield cfg
+        return
+    for child in free_children(inst, cfg, fix):
+        yield from free_completions(inst, child, fix)
 
 
 def recompute_choices(inst: Instance) -> tuple[str, ...]:
@@ -254,7 +270,7 @@ def _free_configs(inst: Instance, fix: dict[str, object], schedules: tuple[str, 
     for samples in range(1, gbs + 1):
         if gbs % samples:
             continue
-        opts = stage_options(inst, FreeConfig(samples, 1), fix)
+        opts = stage_options(inst, FreeConfig(samples, 1, groups=(ANY,) * len(inst.cluster.node_types)), fix)
         if not opts:
             continue
         most = sum(nt.count * nt.gpus_per_node for nt in inst.cluster.node_types) // min(o.group for o in opts)
@@ -263,7 +279,7 @@ def _free_configs(inst: Instance, fix: dict[str, object], schedules: tuple[str, 
             if pp > L or pp > most:
                 continue
             for sched, vpp in _schedules(fix, schedules, pp, m, L):
-                yield FreeConfig(samples, pp, sched, vpp, True, distopt)
+                yield FreeConfig(samples, pp, sched, vpp, True, distopt, (ANY,) * len(inst.cluster.node_types))
 
 
 def explain_fix(inst: Instance, fix: dict[str, object]) -> str:

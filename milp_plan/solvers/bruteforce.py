@@ -30,7 +30,7 @@ from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import placement
 from milp_plan.formulations.pipeline import Limits
-from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, free_children,
+from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, free_completions,
                                           stage_options)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
@@ -121,10 +121,10 @@ def count_candidates(inst: Instance, cfg, fix: dict | None = None) -> int:
 
 def solved_configs(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> list[Config | FreeConfig]:
     """The configs whose spaces the brute force enumerates: Megatron Configs, or in free mode
-    every child (one stage size per node type) of every FreeConfig."""
+    every completion (one stage size per node type) of every FreeConfig."""
     configs = list(enumerate_configs(inst, fix, mode=mode))
     if mode == "free":
-        configs = [child for cfg in configs for child in free_children(inst, cfg, fix)]
+        configs = [child for cfg in configs for child in free_completions(inst, cfg, fix)]
     return configs
 
 

@@ -7,9 +7,11 @@ is no better than the incumbent. The overall best bound is the minimum of the
 incumbent and the bounds of every config not solved to optimality, so the reported gap
 is honest even when the time limit cuts the search short.
 
-Free mode: the configs are FreeConfig parents (samples per micro-batch, pp, schedule);
-a parent whose bound beats the incumbent is expanded into its children (one stage size
-per node type, space.free_children), which are bounded and solved.
+Free mode: the configs are FreeConfigs (samples per micro-batch, pp, schedule) whose
+node types' stage sizes are open. Configs are kept in one heap by bound: a popped config
+with an open size is branched on one node type (space.free_children; the children keep
+the larger of their bound and the parent's), a complete one is solved. Open configs left
+when the time runs out keep their bounds, valid for everything below them.
 
 Warm start. Megatron mode: before the exact search, heuristics/warmstart.py builds a
 plan for each of the HEURISTIC_CONFIGS configs of least bound, or more until one has a
@@ -23,6 +25,7 @@ Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -45,6 +48,7 @@ HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan befo
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
 FREE_BASE_SHARE = 0.3        # free mode: the Megatron-mode solve that starts it gets this share
+KNAPSACK_UNITS = 64          # bottleneck bound: a node type's GPUs counted in at most this many units
 
 
 @dataclass
@@ -94,7 +98,7 @@ def _layer_room(coef: Coefficients, o: int, s: int) -> int:
 class SlotType:
     """What one node type offers the bottleneck bound: at most `gpus` GPUs, split into
     stages of the given blocks, each (GPUs per stage, most stages, alternatives (a, room));
-    `required`: it hosts at least one stage (a free child config)."""
+    `required`: it hosts at least one stage (free mode: the type has a stage size)."""
 
     gpus: int
     blocks: tuple[tuple[int, int, tuple[tuple[float, int], ...]], ...]
@@ -116,7 +120,10 @@ def _layers_by_stages(z: float, slot: SlotType, pp: int, unit: int) -> list[int]
     if len(slot.blocks) == 1:
         return [j * vals[0][2] if vals and j <= vals[0][1] else -1 for j in range(pp + 1)] if vals else \
             [0] + [-1] * pp
+    # GPUs in units of u, at most KNAPSACK_UNITS of them: a stage of g GPUs is charged
+    # floor(g / u) of floor(gpus / u) units, a relaxation (sum floor <= floor of sum)
     u = math.gcd(*(g for g, _, _ in slot.blocks))
+    u *= -(-(slot.gpus // u) // KNAPSACK_UNITS)
     W = slot.gpus // u
     best = [[-1] * (W + 1) for _ in range(pp + 1)]
     best[0][0] = 0
@@ -124,7 +131,7 @@ def _layers_by_stages(z: float, slot: SlotType, pp: int, unit: int) -> list[int]
         row, prev = best[j], best[j - 1]
         for g, _, v in vals:
             w = g // u
-            for x in range(w, W + 1):
+            for x in range(w, W + 1):  # w = 0: stages the unit cannot charge, bounded by j <= pp
                 if prev[x - w] >= 0 and prev[x - w] + v > row[x]:
                     row[x] = prev[x - w] + v
     return [max(row) for row in best]
@@ -218,12 +225,12 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     for o in O:
         if rooms[o]:
             alts.setdefault(coef.block_of[o], []).append((t[o][0].a, rooms[o]))
-    if coef.required and len(alts) < len(coef.blocks):
+    if coef.required_types - {coef.blocks[b].k for b in alts}:
         return None  # a node type the config must use holds no layer within memory or budget
     by_type: dict[int, list] = {}
     for b in sorted(alts):
         by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
-    slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), coef.required)
+    slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), k in coef.required_types)
              for k, blocks in sorted(by_type.items())]
     z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
     if z is None:
@@ -244,11 +251,10 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     if limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6):
         return None
     usable = [o for o in O if rooms[o]]
-    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free child
-    # config rents at least one stage of each of its node types
+    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
+    # rents at least one stage of each node type it gives a stage size
     price = {o: coef.types[coef.options[o].k].usd_per_gpu_hour * coef.options[o].group for o in usable}
-    forced = [min(price[o] for o in usable if coef.block_of[o] == b) for b in range(len(coef.blocks))] \
-        if coef.required else []
+    forced = [min(price[o] for o in usable if coef.options[o].k == k) for k in sorted(coef.required_types)]
     gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
     # $ x s per step >= (sum_s p_s) T and (sum_s p_s) w_z z >= w_z L min_o(p_o a_o), because
     # z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan
@@ -283,7 +289,7 @@ class Prepared:
     shared: dict = field(default_factory=dict)
 
     def children(self, coef: Coefficients) -> list[Coefficients]:
-        """Free mode: the configs a parent stands for (one stage size per node type)."""
+        """Free mode: a config with open stage sizes, branched on its first open node type."""
         return [Coefficients(coef.inst, child, self.shared, self.fix)
                 for child in free_children(coef.inst, coef.cfg, self.fix)]
 
@@ -320,7 +326,7 @@ def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
         if o is None:
             return None
         opts.append(o)
-    if coef.required and {coef.block_of[o] for o in opts} != set(range(len(coef.blocks))):
+    if coef.required_types and {coef.options[o].k for o in opts} != coef.required_types:
         return None
     return tuple(opts), tuple(st.num_layers for st in plan.stages), tuple(st.recompute_layers for st in plan.stages)
 
@@ -332,7 +338,6 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
     t0 = time.perf_counter()
     prepared = prepared or prepare(inst, fix, mode)
-    configs = prepared.configs
     bounded: list[tuple[float, Config | FreeConfig, Coefficients]] = []
     for coef in prepared.coefs:
         lb = config_lower_bound(coef, limits, memory=False)
@@ -369,45 +374,41 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if objective_of(plan, limits) < best_obj * (1 - REL_EPS):
                 best, best_obj = plan, objective_of(plan, limits)
     heuristic_obj = best_obj if best is not None else None
+    warm = best if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
     open_bounds: list[float] = []
     solved = pruned = 0
-    total = len(configs)
-    if prepared.mode == "free":  # expand the parents that can beat the incumbent into their children
-        parents, bounded = bounded, []
-        total = 0
-        for lb, cfg, coef in parents:
-            kids = prepared.children(coef)
-            total += len(kids)
-            if lb >= best_obj * (1 - REL_EPS):
-                pruned += len(kids)
-                continue
-            for kid in kids:
-                kid_lb = config_lower_bound(kid, limits, memory=False)
-                if kid_lb is not None:
-                    bounded.append((kid_lb, kid.cfg, kid))
-        bounded.sort(key=lambda x: (x[0], x[1]))
-        if best is not None:
-            for _, cfg, coef in bounded:
-                cand = candidate_of(coef, best)
-                if cand is not None:
-                    hints[cfg] = cand
-    for i, (lb, cfg, coef) in enumerate(bounded):
+    # Best-first over the configs: a free config with open stage sizes is expanded when it is
+    # popped (its children inherit its bound), a complete one is solved.
+    heap = list(bounded)  # sorted, hence a heap
+    total = len(prepared.configs)  # and, in free mode, every child made
+    while heap:
+        lb, cfg, coef = heap[0]
         if lb >= best_obj * (1 - REL_EPS):
-            pruned += len(bounded) - i
+            pruned += len(heap)
             break
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0:
-            open_bounds += [b for b, _, _ in bounded[i:]]
+            open_bounds += [b for b, _, _ in heap]
             break
+        heapq.heappop(heap)
         full_lb = config_lower_bound(coef, limits, memory=True)
         if full_lb is None or full_lb >= best_obj * (1 - REL_EPS):
             continue  # no plan fits in memory, or none can beat the incumbent
-        lb = full_lb
+        lb = max(lb, full_lb)
+        if isinstance(cfg, FreeConfig) and not cfg.complete:
+            for kid in prepared.children(coef):
+                # a kid with open sizes inherits this bound until it is popped (its own costs a knapsack)
+                kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
+                if kid_lb is not None:
+                    heapq.heappush(heap, (max(lb, kid_lb), kid.cfg, kid))
+                    total += 1
+            continue
         be = make_backend(backend)
         model = PipelineModel(coef, limits, be, cutoff=best_obj if best is not None else None)
         model.build()
-        if cfg in hints:
-            model.hint(*hints[cfg])
+        hint = hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
+        if hint is not None:
+            model.hint(*hint)
         run = be.solve(left, seed, workers)
         solved += 1
         if run.status in ("optimal", "feasible"):
@@ -425,8 +426,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         # "infeasible" under the cutoff: no plan of this config beats the incumbent
         if progress:
             progress(Progress(time.perf_counter() - t0, None if best is None else best_obj,
-                              min([best_obj] + open_bounds + [b for b, _, _ in bounded[i + 1:i + 2]]),
-                              i + 1, len(bounded)))
+                              min([best_obj] + open_bounds + [heap[0][0]] if heap else [best_obj] + open_bounds),
+                              total - len(heap), total))
     wall = time.perf_counter() - t0
     bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
     if best is None:
