@@ -97,17 +97,35 @@ class Coefficients:
             raise InputError(f"model '{inst.model.name}' mixes block kinds (encoder-decoder); the exact formulations "
                              "need one block kind: use --solver brute-force", field="model")
         self.types = [nt for nt in inst.cluster.node_types]
+        self.m = cfg.num_microbatches(inst.job.global_batch_size)
         self.options: list[StageOption] = stage_options(inst, cfg, fix)
+        if isinstance(cfg, FreeConfig) and cfg.complete:
+            self.options = self._undominated(self.options)
         index: dict[tuple[int, int], int] = {}
         for o in self.options:
             index.setdefault((o.k, o.group), len(index))
         self.blocks: list[Block] = [Block(k, g, placement(self.types[k], g)) for k, g in index]
         self.block_of: list[int] = [index[o.k, o.group] for o in self.options]
-        self.m = cfg.num_microbatches(inst.job.global_batch_size)
         # Megatron: one r for every stage (a model variable); free: each full-recompute stage its own
         self.shared_r = isinstance(cfg, Config) and cfg.recompute == "full"
         # free mode: every node type given a stage size hosts at least one stage
         self.required_types = {k for k, g in enumerate(cfg.groups) if g > 0} if isinstance(cfg, FreeConfig) else set()
+
+    def _undominated(self, options: list[StageOption]) -> list[StageOption]:
+        """Free mode: drop a recompute option when its no-recompute twin (same node type, tp, dp)
+        holds all L layers within memory at every position. The twin has the same transfers,
+        prices, reduction and optimizer step and never a longer forward or backward; a shorter
+        backward can lengthen the reduction tail by no more than it shortens the stage-time sum
+        (costmodel.dp_tail_s), so some optimum never uses the dropped option."""
+        L, pp = self.inst.model.num_layers, self.cfg.pp
+        worst = sorted({0, min(1, pp - 1), pp - 1})  # most in flight, embedding, head
+        roomy = set()
+        for o in options:
+            if o.recompute == "none":
+                cap = cm.usable_memory_bytes(self.inst, self.types[o.k])
+                if all(self._memory(o, s)(L) <= cap for s in worst):
+                    roomy.add((o.k, o.tp, o.dp))
+        return [o for o in options if o.recompute == "none" or (o.k, o.tp, o.dp) not in roomy]
 
     def full(self, o: int) -> bool:
         return self.options[o].recompute == "full"
@@ -141,9 +159,14 @@ class Coefficients:
 
     def memory(self, o: int, s: int) -> Affine:
         """Bytes per GPU of stage position s run as option o."""
-        return self._memo(self._local, ("mem", o, s), lambda: self._memory(self.options[o], s))
+        return self._memory(self.options[o], s)
 
     def _memory(self, opt: StageOption, s: int) -> Affine:
+        cfg = self.cfg
+        key = ("mem", opt, s, cfg.pp, self.m, cfg.schedule, cfg.vpp, cfg.sequence_parallel, cfg.distributed_optimizer)
+        return self._memo(self._shared, key, lambda: self._memory_fit(opt, s))
+
+    def _memory_fit(self, opt: StageOption, s: int) -> Affine:
         cfg = self.cfg
 
         def mem(n: int, r: int) -> float:

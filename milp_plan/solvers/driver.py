@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from milp_plan import check
+from milp_plan import check, costmodel
 from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
@@ -203,6 +203,24 @@ def _affordable_stages(coef: Coefficients, b: int, limits: Limits) -> int:
     return max([j for j in range(most + 1) if coef.usd_per_hour(b, j) <= cap])
 
 
+def _p2p_lower_bound(coef: Coefficients) -> float:
+    """costmodel.p2p_time_s at its least: pp - 1 hops, at least R - 1 of them between the R node
+    types the config must use (and the interleaved wrap between two of them when R >= 2),
+    each at least the cheapest transfer of its kind any block sends."""
+    cfg, R = coef.cfg, len(coef.required_types)
+    if cfg.pp < 2:
+        return 0.0
+    types = {blk.k for blk in coef.blocks}
+    inter = [coef.hop_inter(b, j) for b, blk in enumerate(coef.blocks) for j in types if j != blk.k]
+    same = [coef.hop_intra(b) if blk.place.stages_per_node >= 2 else coef.hop_inter(b, blk.k)
+            for b, blk in enumerate(coef.blocks)]
+    least = min(same + inter)
+    crossing = max(R - 1, 0)
+    hops = [least] * (cfg.pp - 1 - crossing) + [min(inter)] * crossing if inter else [least] * (cfg.pp - 1)
+    wrap = min(inter) if (R >= 2 and inter) else least
+    return costmodel.p2p_time_s(hops, wrap, cfg.schedule, cfg.vpp)
+
+
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) -> float | None:
     """Valid lower bound on the objective of any plan of this config, or None when none fits.
 
@@ -242,9 +260,12 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
         ends = min(t[o][0].c for o in O)
     else:
         ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
-    S = L * a + ends + cfg.pp * rho
+    # a node type the config must use holds at least vpp layers at its own best per-layer time
+    required = sorted(coef.required_types)
+    forced = sum(min(t[o][0].a for o in O if coef.options[o].k == k) * cfg.vpp for k in required)
+    S = (L - len(required) * cfg.vpp) * a + forced + ends + cfg.pp * rho
     z = max(z, S / cfg.pp)
-    T = coef.z_weight() * z + coef.sum_weight() * S
+    T = coef.z_weight() * z + coef.sum_weight() * S + _p2p_lower_bound(coef)
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
     # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
     T += min(coef.dp_time(o, 0)(cfg.vpp) for o in O) + min(coef.opt_time(o, 0).a for o in O) * biggest
