@@ -387,3 +387,31 @@ def test_free_mode_backends_agree_with_brute_force(tmp_path_factory, case):
             continue
         assert res.plan.mode == "free" and check.check_plan(inst, res.plan) == []
         assert_within_rounding(inst, res.plan, limits, ref.objective)
+
+
+def test_cli_free_mode_is_deterministic_and_says_it_needs_a_per_stage_runtime(tmp_path):
+    """The hand instance above through the CLI: the same inputs and seed give identical bytes."""
+    free_recompute_instance(tmp_path)
+    exe = Path(sys.executable).parent / "milp-plan"
+    args = [str(exe), "solve", "--mode", "free", "--cluster", str(tmp_path / "cluster.yaml"), "--model",
+            str(tmp_path / "model.yaml"), "--profiles", str(tmp_path / "profiles"), "--global-batch", "4",
+            "--fix", "tp=1,dp=1,mbs=1,schedule=1f1b"]
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"plan{i}.json"
+        r = subprocess.run(args + ["--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "Needs a per-stage runtime" in r.stdout and "full x1" in r.stdout and "optimal" in r.stdout
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    plan = json.loads(outs[0])
+    assert plan["mode"] == "free" and [s["recompute_layers"] for s in plan["stages"]] == [1, 0]
+
+
+def test_free_mode_under_a_tiny_time_limit_returns_its_start_with_an_honest_gap():
+    inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-13b", global_batch_size=512))
+    res = solve(inst, Limits(), time_limit_s=1e-3, mode="free")
+    assert res.plan is not None and res.plan.mode == "free" and res.status == "feasible"
+    assert res.start == "Megatron-mode" and res.objective <= res.heuristic_objective
+    assert res.best_bound <= res.objective and 0 < res.gap < 1
+    assert check.check_plan(inst, res.plan) == []
