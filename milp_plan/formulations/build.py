@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from milp_plan import costmodel
-from milp_plan.formulations.space import Config, FreeConfig, StageOption
+from milp_plan.formulations.space import Config, FreeConfig, StageOption, placement
 from milp_plan.instance import Instance
 from milp_plan.plan import Device, Plan, SolverRecord, Stage
 
@@ -24,9 +24,10 @@ def place_stages(inst: Instance, options: Sequence[StageOption]) -> list[tuple[D
     cursor = {k: 0 for k in nodes_of}  # next free GPU slot (global, over the type's nodes)
     out, prev = [], None
     for opt in options:
-        gpn = inst.cluster.node_types[opt.k].gpus_per_node
-        if not (gpn % opt.group == 0 or opt.group % gpn == 0):
-            raise ValueError(f"stage of {opt.group} GPUs does not pack into {inst.cluster.node_types[opt.k].name}")
+        nt = inst.cluster.node_types[opt.k]
+        gpn = nt.gpus_per_node
+        if placement(nt, opt.group) is None:
+            raise ValueError(f"stage of {opt.group} GPUs does not pack into {nt.name}")
         if (opt.k, opt.group) != prev:  # a new run starts on a fresh node
             cursor[opt.k] = -(-cursor[opt.k] // gpn) * gpn
             prev = (opt.k, opt.group)

@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from milp_plan import costmodel as cm
-from milp_plan.cluster import NodeType
-from milp_plan.formulations.space import Config, FreeConfig, StageOption, stage_options
+from milp_plan.formulations.space import Config, FreeConfig, Placement, StageOption, placement, stage_options
 from milp_plan.instance import Instance
 
 _TOL = 1e-6
@@ -45,29 +44,6 @@ def _affine(fn, full: bool) -> Affine:
     want = a * 3 + rho * (r0 + 1 if full else 0) + c
     assert abs(check - want) <= _TOL * max(1.0, abs(want)), "cost model is not affine in the layer count"
     return Affine(a, rho, c)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """How stages of `group` GPUs pack into one node type (canonical, in node order)."""
-
-    stages_per_node: int   # > 0 when a stage fits in a node
-    nodes_per_stage: int   # > 0 when a stage spans whole nodes
-    max_stages: int
-
-    def nodes_used(self, stages: int) -> int:
-        if self.stages_per_node:
-            return -(-stages // self.stages_per_node)
-        return stages * self.nodes_per_stage
-
-
-def placement(nt: NodeType, group: int) -> Placement | None:
-    g = nt.gpus_per_node
-    if group <= g and g % group == 0:
-        return Placement(g // group, 0, nt.count * (g // group))
-    if group > g and group % g == 0:
-        return Placement(0, group // g, nt.count // (group // g))
-    return None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from milp_plan.analytic import valid_tps
+from milp_plan.cluster import NodeType
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance
 
@@ -78,7 +79,6 @@ class FreeConfig:
     sequence_parallel: bool = True
     distributed_optimizer: bool = True
     groups: tuple[int, ...] = ()
-    recompute: str = "per-stage"   # read by code shared with Config: never one granularity for all
 
     @property
     def complete(self) -> bool:
@@ -110,11 +110,33 @@ class StageOption:
         return self.tp * self.dp
 
 
-def _packs(gpus_per_node: int, count: int, group: int) -> bool:
-    """A stage of `group` GPUs fits a node type: group divides the node or is a multiple of it."""
-    if group <= gpus_per_node:
-        return gpus_per_node % group == 0
-    return group % gpus_per_node == 0 and group // gpus_per_node <= count
+@dataclass(frozen=True)
+class Placement:
+    """How stages of `group` GPUs pack into one node type (canonical, in node order)."""
+
+    stages_per_node: int   # > 0 when a stage fits in a node
+    nodes_per_stage: int   # > 0 when a stage spans whole nodes
+    max_stages: int
+
+    def nodes_used(self, stages: int) -> int:
+        if self.stages_per_node:
+            return -(-stages // self.stages_per_node)
+        return stages * self.nodes_per_stage
+
+
+def placement(nt: NodeType, group: int) -> Placement | None:
+    """None unless a stage of `group` GPUs divides a node or is a multiple of one."""
+    g = nt.gpus_per_node
+    if group <= g and g % group == 0:
+        return Placement(g // group, 0, nt.count * (g // group))
+    if group > g and group % g == 0:
+        return Placement(0, group // g, nt.count // (group // g))
+    return None
+
+
+def _packs(nt: NodeType, group: int) -> bool:
+    pl = placement(nt, group)
+    return pl is not None and pl.max_stages > 0
 
 
 def stage_options(inst: Instance, cfg: "Config | FreeConfig",
@@ -129,7 +151,7 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
     types = inst.cluster.node_types
     if isinstance(cfg, Config):
         return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
-                if _packs(nt.gpus_per_node, nt.count, cfg.group)]
+                if _packs(nt, cfg.group)]
     fix = fix or {}
     out = []
     for k, nt in enumerate(types):
@@ -140,7 +162,7 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
                 mbs = cfg.samples // dp
                 if cfg.samples % dp or mbs > MAX_MICRO_BATCH or fix.get("mbs", mbs) != mbs:
                     continue
-                if not _packs(nt.gpus_per_node, nt.count, tp * dp):
+                if not _packs(nt, tp * dp):
                     continue
                 if cfg.groups[k] not in (ANY, tp * dp):
                     continue
@@ -218,7 +240,7 @@ ZB_H1_REFUSAL = ("schedule=zb-h1 runs only on the zero-bubble fork of Megatron-L
 
 def _stage_fits_nodes(inst: Instance, group: int) -> bool:
     """A stage of `group` GPUs packs into some node type: group divides the node or a multiple of it."""
-    return any(nt.gpus_per_node % group == 0 or group % nt.gpus_per_node == 0 for nt in inst.cluster.node_types)
+    return any(placement(nt, group) is not None for nt in inst.cluster.node_types)
 
 
 FREE_SP_REFUSAL = ("--mode free plans with sequence parallelism on (in the cost model it never costs time, and it "

@@ -28,10 +28,9 @@ from typing import Iterator
 
 from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
-from milp_plan.formulations.coefficients import placement
 from milp_plan.formulations.pipeline import Limits
 from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, free_completions,
-                                          stage_options)
+                                          placement, stage_options)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 
