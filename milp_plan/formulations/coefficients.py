@@ -68,7 +68,8 @@ class Coefficients:
         self._shared = {} if shared is None else shared
         self._local: dict = {}
         self.kind = inst.model.block_kind(0)
-        if any(inst.model.block_kind(i) != self.kind for i in range(inst.model.num_layers)):
+        if self._memo(self._shared, ("mixed kinds",), lambda: any(
+                inst.model.block_kind(i) != self.kind for i in range(inst.model.num_layers))):
             from milp_plan.errors import InputError
             raise InputError(f"model '{inst.model.name}' mixes block kinds (encoder-decoder); the exact formulations "
                              "need one block kind: use --solver brute-force", field="model")
@@ -187,6 +188,9 @@ class Coefficients:
     def hop_bytes(self, b: int) -> float:
         """Bytes one GPU of block b sends per micro-batch and hop; equal for every option of
         the block (space.FREE_SP_REFUSAL), which is asserted."""
+        return self._memo(self._local, ("bytes", b), lambda: self._hop_bytes(b))
+
+    def _hop_bytes(self, b: int) -> float:
         sizes = {cm.p2p_bytes(self.inst, o.mbs, o.tp, self.cfg.sequence_parallel)
                  for o, blk in zip(self.options, self.block_of) if blk == b}
         assert len(sizes) == 1, "transfer size differs inside a block"
@@ -197,15 +201,16 @@ class Coefficients:
         return min(blk.group, self.types[blk.k].gpus_per_node)
 
     def hop_intra(self, b: int) -> float:
-        nt = self.types[self.blocks[b].k]
-        return self._memo(self._local, ("intra", b),
-                          lambda: cm.p2p_s(self.inst, self.hop_bytes(b), nt, nt, True, self.senders(b)))
+        return self._hop(b, self.blocks[b].k, True)
 
     def hop_inter(self, b: int, k2: int) -> float:
         """One transfer from a stage of block b to a stage on another node of node type k2."""
-        return self._memo(self._local, ("inter", b, k2),
-                          lambda: cm.p2p_s(self.inst, self.hop_bytes(b), self.types[self.blocks[b].k],
-                                           self.types[k2], False, self.senders(b)))
+        return self._hop(b, k2, False)
+
+    def _hop(self, b: int, k2: int, same_node: bool) -> float:
+        n_bytes, k, senders = self.hop_bytes(b), self.blocks[b].k, self.senders(b)
+        return self._memo(self._shared, ("hop", n_bytes, k, k2, same_node, senders),
+                          lambda: cm.p2p_s(self.inst, n_bytes, self.types[k], self.types[k2], same_node, senders))
 
     # ---- money --------------------------------------------------------------------------
     def usd_per_hour(self, b: int, stages: int) -> float:

@@ -105,18 +105,20 @@ class SlotType:
     required: bool = False
 
 
+def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> int:
+    """Most layers one stage holds with a n <= z: max over its (a, room) of min(floor(z / a),
+    room), a multiple of `unit` (0 when below `unit`)."""
+    # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
+    v = max(min(int(z / a + 1e-9) if a > 0 else room, room) for a, room in alts) // unit * unit
+    return v if v >= unit else 0
+
+
 def _layers_by_stages(z: float, slot: SlotType, pp: int, unit: int) -> list[int]:
     """best[j]: most layers j stages of this node type hold with max_s a_s n_s <= z (-1 when
-    j stages do not fit its GPUs). A stage of block b holds v_b = max over its (a, room) of
-    min(floor(z / a), room) layers (a multiple of `unit`, at least `unit`). One block: j v_b
-    up to its most stages; several: an unbounded knapsack over the GPUs (the stage counts of
-    each block are then bounded by the GPU budget, a relaxation of whole nodes)."""
-    vals = []
-    for g, most, alts in slot.blocks:
-        # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
-        v = max(min(int(z / a + 1e-9) if a > 0 else room, room) for a, room in alts) // unit * unit
-        if v >= unit:
-            vals.append((g, most, v))
+    j stages do not fit its GPUs). One block: j v_b up to its most stages; several: an
+    unbounded knapsack over the GPUs (the stage counts of each block are then bounded by
+    the GPU budget, a relaxation of whole nodes)."""
+    vals = [(g, most, v) for g, most, alts in slot.blocks if (v := _stage_layers(z, alts, unit))]
     if len(slot.blocks) == 1:
         return [j * vals[0][2] if vals and j <= vals[0][1] else -1 for j in range(pp + 1)] if vals else \
             [0] + [-1] * pp
@@ -143,22 +145,30 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int) -> floa
     even unbounded z cannot place L layers. When every type's best[j] is linear in j (one
     block a type) the max-plus combination is the greedy merge of its increments, after
     one stage of each required type; otherwise a max-plus convolution over the types."""
+    linear = all(len(slot.blocks) == 1 for slot in slots)
+
     def fits(z: float) -> bool:
-        per_type = [_layers_by_stages(z, slot, pp, unit) for slot in slots]
-        if all(len(slot.blocks) == 1 for slot in slots):
-            forced, steps = [], []
-            for slot, best in zip(slots, per_type):
-                held = [best[1]] * sum(1 for j in range(1, pp + 1) if best[j] >= 0)
+        if linear:
+            total, rest, pool = 0, pp, []
+            for slot in slots:
+                _, most, alts = slot.blocks[0]
+                v = _stage_layers(z, alts, unit)
+                count = most if v else 0
                 if slot.required:
-                    if not held:
+                    if not count:
                         return False
-                    forced.append(held.pop())
-                steps += held
-            rest = pp - len(forced)
-            steps.sort(reverse=True)
-            return rest >= 0 and len(steps) >= rest and sum(forced) + sum(steps[:rest]) >= L
+                    total, rest, count = total + v, rest - 1, count - 1
+                if count:
+                    pool.append((v, count))
+            if rest < 0:
+                return False
+            for v, count in sorted(pool, reverse=True):
+                take = min(count, rest)
+                total, rest = total + take * v, rest - take
+            return rest == 0 and total >= L
         total = [0] + [-1] * pp
-        for slot, best in zip(slots, per_type):
+        for slot in slots:
+            best = _layers_by_stages(z, slot, pp, unit)
             new = [-1] * (pp + 1) if slot.required else list(total)
             for j1, have in enumerate(total):
                 if have < 0:
@@ -227,8 +237,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     Every minimum below is over the stage options a stage may take (one per node type in
     Megatron mode); the bottleneck bound lets a node type's stages share its GPUs (whole
     nodes relaxed to GPUs).
-    memory=False skips the memory rooms (every slot may hold all L layers): a weaker,
-    cheaper bound the driver uses to order and cut the search."""
+    memory=False skips the memory rooms (every slot may hold all L layers) and the transfers:
+    a weaker, cheaper bound the driver uses to order and cut the search."""
     cfg, L = coef.cfg, coef.inst.model.num_layers
     caps = {b: _affordable_stages(coef, b, limits) for b in range(len(coef.blocks))}
     O = [o for o in range(len(coef.options)) if caps[coef.block_of[o]] > 0]
@@ -265,7 +275,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     forced = sum(min(t[o][0].a for o in O if coef.options[o].k == k) * cfg.vpp for k in required)
     S = (L - len(required) * cfg.vpp) * a + forced + ends + cfg.pp * rho
     z = max(z, S / cfg.pp)
-    T = coef.z_weight() * z + coef.sum_weight() * S + _p2p_lower_bound(coef)
+    T = coef.z_weight() * z + coef.sum_weight() * S + (_p2p_lower_bound(coef) if memory else 0.0)
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
     # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
     T += min(coef.dp_time(o, 0)(cfg.vpp) for o in O) + min(coef.opt_time(o, 0).a for o in O) * biggest
