@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from milp_plan import check, costmodel
 from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
@@ -127,16 +129,18 @@ def _layers_by_stages(z: float, slot: SlotType, pp: int, unit: int) -> list[int]
     u = math.gcd(*(g for g, _, _ in slot.blocks))
     u *= -(-(slot.gpus // u) // KNAPSACK_UNITS)
     W = slot.gpus // u
-    best = [[-1] * (W + 1) for _ in range(pp + 1)]
-    best[0][0] = 0
-    for j in range(1, pp + 1):
-        row, prev = best[j], best[j - 1]
+    # prev[x]: most layers j - 1 stages hold using x units (-inf: impossible)
+    prev = np.full(W + 1, -np.inf)
+    prev[0] = 0.0
+    out = [0]
+    for _ in range(pp):
+        row = np.full(W + 1, -np.inf)
         for g, _, v in vals:
-            w = g // u
-            for x in range(w, W + 1):  # w = 0: stages the unit cannot charge, bounded by j <= pp
-                if prev[x - w] >= 0 and prev[x - w] + v > row[x]:
-                    row[x] = prev[x - w] + v
-    return [max(row) for row in best]
+            w = g // u  # 0: stages the unit cannot charge, bounded by j <= pp
+            np.maximum(row[w:], prev[:W + 1 - w] + v, out=row[w:])
+        out.append(int(row.max()) if np.isfinite(row.max()) else -1)
+        prev = row
+    return out
 
 
 def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int) -> float | None:
@@ -258,8 +262,12 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     by_type: dict[int, list] = {}
     for b in sorted(alts):
         by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
-    slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), k in coef.required_types)
-             for k, blocks in sorted(by_type.items())]
+    if memory:
+        slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), k in coef.required_types)
+                 for k, blocks in sorted(by_type.items())]
+    else:  # cheap: each block offers its stages on its own (no knapsack where a type's size is open)
+        slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types)
+                 for k, blocks in sorted(by_type.items()) for block in blocks]
     z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
     if z is None:
         return None
