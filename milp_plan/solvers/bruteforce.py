@@ -36,6 +36,7 @@ from milp_plan.plan import Plan, SolverRecord
 
 MAX_PLANS = 200_000
 
+
 def _by_type(options: list[StageOption]) -> dict[int, list[StageOption]]:
     """Options per node type (a solved config gives each type one stage size)."""
     out: dict[int, list[StageOption]] = {}

@@ -86,14 +86,20 @@ def objective_of(plan: Plan, limits: Limits) -> float:
 
 
 def _layer_room(coef: Coefficients, o: int, s: int) -> int:
-    """Most layers stage position s can hold as option o within memory."""
+    """Most layers stage position s can hold as option o within memory: a n + rho r + c <= cap
+    with, under full recompute, 1 <= r <= n recomputed layers: r = n where recomputing saves
+    memory (rho < 0), else r = 1."""
     L = coef.inst.model.num_layers
     mem = coef.memory(o, s)
-    r = 1 if coef.full(o) else 0
-    room = coef.capacity(o) - mem.c - mem.rho * r
-    if room < mem.a * max(1, r) or room < 0:
+    room, per = coef.capacity(o) - mem.c, mem.a
+    if coef.full(o):
+        if mem.rho < 0:
+            per += mem.rho
+        else:
+            room -= mem.rho
+    if room < per or room < 0:
         return 0
-    return L if mem.a <= 0 else min(L, int(room // mem.a))
+    return L if per <= 0 else min(L, int(room // per))
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,7 @@ def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> i
     """Most layers one stage holds with a n <= z: max over its (a, room) of min(floor(z / a),
     room), a multiple of `unit` (0 when below `unit`)."""
     # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
-    v = max(min(int(z / a + 1e-9) if a > 0 else room, room) for a, room in alts) // unit * unit
+    v = max(min(int(z / a + 1e-9) if a > 0 and z < math.inf else room, room) for a, room in alts) // unit * unit
     return v if v >= unit else 0
 
 
@@ -182,8 +188,7 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int) -> floa
                         new[j1 + j2] = have + best[j2]
             total = new
         return total[pp] >= L
-    cands = sorted({a * j for slot in slots for _, _, alts in slot.blocks for a, _ in alts
-                    for j in range(unit, L + 1, unit)})
+    cands = _breakpoints(slots, L, unit)
     if not cands or not fits(cands[-1]):
         return None
     lo, hi = 0, len(cands) - 1
@@ -194,6 +199,75 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int) -> floa
         else:
             lo = mid + 1
     return cands[lo]
+
+
+def _breakpoints(slots: list[SlotType], L: int, unit: int) -> list[float]:
+    """The z at which some stage's layer count floor(z / a) changes: a j for every per-layer
+    time a and layer count j (multiples of `unit`)."""
+    return sorted({a * j for slot in slots for _, _, alts in slot.blocks for a, _ in alts
+                   for j in range(unit, L + 1, unit)})
+
+
+def _most_layers(z: float, slot: SlotType, pp: int, unit: int) -> int:
+    """At least the most layers a node type's stages hold with every a n <= z: j v_b up to
+    the block's stages with one block; with several, the GPU budget at the best layers per
+    GPU, and at most pp stages of the best block (a relaxation of the knapsack)."""
+    vals = [(g, most, v) for g, most, alts in slot.blocks if (v := _stage_layers(z, alts, unit))]
+    if not vals:
+        return 0
+    if len(vals) == 1:
+        g, most, v = vals[0]
+        return min(most, pp) * v
+    return min(pp * max(v for _, _, v in vals), int(slot.gpus * max(v / g for g, _, v in vals)))
+
+
+def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int) -> float:
+    """Least sum over stages of a_s n_s when every stage's a_s n_s <= z: node type k holds at
+    most the layers its stages hold at z (`_most_layers`), each at k's least per-layer time;
+    a required type holds at least `unit` layers. Greedy over the per-layer times (a
+    relaxation: stage counts are not coupled across types)."""
+    rows = []
+    for slot in slots:
+        a = min(a for _, _, alts in slot.blocks for a, _ in alts)
+        cap = _most_layers(z, slot, pp, unit)
+        rows.append((a, cap - unit if slot.required else cap))
+    total = sum(a * unit for (a, _), slot in zip(rows, slots) if slot.required)
+    left = L - sum(unit for slot in slots if slot.required)
+    for a, cap in sorted(rows):
+        take = min(max(cap, 0), left)
+        total, left = total + take * a, left - take
+    return total if left <= 0 else math.inf
+
+
+JOINT_STEPS = 64  # _pipeline_bound: breakpoints evaluated at most (the full bound; the cheap one: none)
+
+
+def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, z_min: float, w_z: float, w_sum: float,
+                    extra: float, steps: int = JOINT_STEPS) -> tuple[float, float]:
+    """Lower bound on w_z z + w_sum S over every plan whose steady period z >= max_s a_s n_s
+    and z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
+    (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so its
+    value is at least f(Z) = w_z max(Z, S(Z) / pp) + w_sum S(Z). S(Z) only falls at
+    breakpoints, where f is otherwise rising, so min f is attained at z_min or a breakpoint;
+    past the evaluated ones, f >= w_z max(Z, S_inf / pp) + w_sum S_inf with S_inf the least
+    sum at unbounded Z (every stage holds as many layers as memory lets it). Returns
+    (min f, S_inf)."""
+    s_inf = extra + _least_layer_sum(math.inf, slots, pp, L, unit)
+    cands = [z for z in _breakpoints(slots, L, unit) if z > z_min] if steps else []
+
+    def tail(z: float) -> float:
+        return w_z * max(z, s_inf / pp) + w_sum * s_inf
+
+    best = math.inf
+    for i, z in enumerate([z_min] + cands):
+        if tail(z) >= best:
+            break
+        if i == steps:
+            best = tail(z)
+            break
+        S = extra + _least_layer_sum(z, slots, pp, L, unit)
+        best = min(best, w_z * max(z, S / pp) + w_sum * S)
+    return best, s_inf
 
 
 def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
@@ -241,7 +315,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     Every minimum below is over the stage options a stage may take (one per node type in
     Megatron mode); the bottleneck bound lets a node type's stages share its GPUs (whole
     nodes relaxed to GPUs).
-    memory=False skips the memory rooms (every slot may hold all L layers) and the transfers:
+    memory=False skips the memory rooms (every slot may hold all L layers), the transfers and
+    the joint bound over the steady period and the stage sum (`_pipeline_bound`):
     a weaker, cheaper bound the driver uses to order and cut the search."""
     cfg, L = coef.cfg, coef.inst.model.num_layers
     caps = {b: _affordable_stages(coef, b, limits) for b in range(len(coef.blocks))}
@@ -271,22 +346,20 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
     if z is None:
         return None
-    a = min(t[o][0].a for o in O)
     # each stage recomputes at least one layer where its option recomputes fully
     rho = min(t[o][0].rho if coef.full(o) else 0.0 for o in O)
     if cfg.pp == 1:
         ends = min(t[o][0].c for o in O)
     else:
         ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
-    # a node type the config must use holds at least vpp layers at its own best per-layer time
-    required = sorted(coef.required_types)
-    forced = sum(min(t[o][0].a for o in O if coef.options[o].k == k) * cfg.vpp for k in required)
-    S = (L - len(required) * cfg.vpp) * a + forced + ends + cfg.pp * rho
-    z = max(z, S / cfg.pp)
-    T = coef.z_weight() * z + coef.sum_weight() * S + (_p2p_lower_bound(coef) if memory else 0.0)
+    w_z = coef.z_weight()
+    pipe, S = _pipeline_bound(slots, cfg.pp, L, cfg.vpp, z, w_z, coef.sum_weight(), ends + cfg.pp * rho,
+                              JOINT_STEPS if memory else 0)
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
     # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
-    T += min(coef.dp_time(o, 0)(cfg.vpp) for o in O) + min(coef.opt_time(o, 0).a for o in O) * biggest
+    rest = ((_p2p_lower_bound(coef) if memory else 0.0) + min(coef.dp_time(o, 0)(cfg.vpp) for o in O)
+            + min(coef.opt_time(o, 0).a for o in O) * biggest)
+    T = pipe + rest
     if limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6):
         return None
     usable = [o for o in O if rooms[o]]
@@ -296,10 +369,10 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     forced = [min(price[o] for o in usable if coef.options[o].k == k) for k in sorted(coef.required_types)]
     gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
     # $ x s per step >= (sum_s p_s) T and (sum_s p_s) w_z z >= w_z L min_o(p_o a_o), because
-    # z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan
-    w_z = coef.z_weight()
+    # z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan; the
+    # rest of T is at least w_sum S + rest
     work = w_z * L * min(price[o] * t[o][0].a for o in usable)
-    usd_step = max(gpu_usd * T, work + gpu_usd * (T - w_z * z)) / 3600
+    usd_step = max(gpu_usd * T, work + gpu_usd * (coef.sum_weight() * S + rest)) / 3600
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
         return None
     if limits.budget_usd_per_step is not None and usd_step > limits.budget_usd_per_step * (1 + 1e-9):

@@ -1,0 +1,98 @@
+"""The driver's config lower bounds against exhaustive enumeration.
+
+`optimal` is only a proof if no config's bound exceeds the best plan of that config: the
+driver prunes and stops on these bounds. Here every config of random small instances (both
+modes, every objective) is enumerated by the brute force, and its cheap bound (ordering)
+and full bound (pruning, including the joint steady-period/stage-sum bound) must not exceed
+the best admitted plan. A bound of None claims the config has no admitted plan. In free
+mode a parent (open stage sizes) must bound every completion below it.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+
+from milp_plan import check
+
+from milp_plan.formulations.pipeline import Limits
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.solvers import bruteforce
+from milp_plan.solvers.driver import config_lower_bound, objective_of, prepare, solve
+from test_solve import BACKENDS, assert_within_rounding, limits_for, small_free_instances, small_instances, \
+    write_instance
+
+REL = 1e-9  # bounds are float sums of the cost model's own coefficients; plans are scored by it
+
+
+def config_optimum(inst, coef, limits, mode) -> float:
+    """Best admitted plan of one complete config (math.inf when none)."""
+    best = math.inf
+    for plan in bruteforce.candidate_plans(inst, coef.cfg, None, mode):
+        if limits.admit(plan):
+            best = min(best, objective_of(plan, limits))
+    return best
+
+
+def assert_bounds_valid(inst, prepared, coef, limits, mode) -> float:
+    """Checks this config's bounds (and, for a free parent, every child's) and returns its optimum."""
+    if getattr(coef.cfg, "complete", True):
+        best = config_optimum(inst, coef, limits, mode)
+    else:
+        best = min([assert_bounds_valid(inst, prepared, kid, limits, mode) for kid in prepared.children(coef)],
+                   default=math.inf)
+    for memory in (False, True):
+        lb = config_lower_bound(coef, limits, memory=memory)
+        if lb is None:
+            assert best == math.inf, (coef.cfg.label(), memory, "None but a plan exists", best)
+        else:
+            assert lb <= best * (1 + REL), (coef.cfg.label(), memory, lb, best)
+    return best
+
+
+def check_instance(kw, gbs, objective, flash, tmp, mode, most):
+    spec = write_instance(tmp, **kw)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
+    assume(sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst, mode=mode)) <= most)
+    fastest = bruteforce.solve(inst, Limits(), mode=mode)
+    assume(fastest.plan is not None)
+    limits = limits_for(objective, fastest.objective)
+    prepared = prepare(inst, None, mode)
+    optima = [assert_bounds_valid(inst, prepared, coef, limits, mode) for coef in prepared.coefs]
+    assert min(optima) == (bruteforce.solve(inst, limits, mode=mode).objective or math.inf)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(small_instances())
+def test_megatron_config_bounds_never_exceed_the_config_optimum(tmp_path_factory, case):
+    check_instance(*case, tmp_path_factory.mktemp("inst"), "megatron", 6_000)
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(small_free_instances())
+def test_free_config_bounds_never_exceed_the_config_optimum(tmp_path_factory, case):
+    check_instance(*case, tmp_path_factory.mktemp("inst"), "free", 6_000)
+
+
+@pytest.mark.parametrize("mode", ["megatron", "free"])
+def test_a_config_that_fits_only_by_recomputing_every_layer_is_bounded_and_solved(tmp_path, mode):
+    """Recomputing a layer saves memory (rho < 0): on one stage of 2 GPUs with 3 layers, at 2
+    samples per replica, only r = 3 fits (r = 1 or 2 does not). A bound that assumed r = 1
+    declared the config empty (found by the property tests above)."""
+    spec = write_instance(tmp_path, layers=3, fast_ms=(0.5, 1.0), slow_ms=(0.5, 1.0), gpn=1, counts=(2, 1),
+                          memory_gib=(0.0024, None, None))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "flash_attention": False}))
+    fix = {"tp": 1, "dp": 2, "mbs": 2, "pp": 1, "recompute": "full"}
+    ref = bruteforce.solve(inst, Limits(), fix=fix, mode=mode)
+    assert [(s.recompute_layers, s.num_layers) for s in ref.plan.stages] == [(3, 3)]
+    prepared = prepare(inst, fix, mode)
+    assert min(assert_bounds_valid(inst, prepared, coef, Limits(), mode) for coef in prepared.coefs) == \
+        ref.objective
+    for backend in BACKENDS:
+        res = solve(inst, Limits(), backend=backend, fix=fix, mode=mode, time_limit_s=30)
+        assert res.status == "optimal" and check.check_plan(inst, res.plan) == []
+        assert [(s.recompute_layers, s.num_layers) for s in res.plan.stages] == [(3, 3)]
+        assert_within_rounding(inst, res.plan, Limits(), ref.objective)
