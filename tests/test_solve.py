@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
 from milp_plan import check
 from milp_plan.errors import InputError
@@ -382,6 +382,50 @@ def test_free_mode_backends_agree_with_brute_force(tmp_path_factory, case):
         assert ref.objective <= uniform.objective * (1 + 1e-9)
     for backend in BACKENDS:
         res = solve(inst, limits, backend=backend, mode="free", time_limit_s=60)
+        assert res.status == ref.status
+        if ref.plan is None:
+            continue
+        assert res.plan.mode == "free" and check.check_plan(inst, res.plan) == []
+        assert_within_rounding(inst, res.plan, limits, ref.objective)
+
+
+@st.composite
+def issue_scale_free_instances(draw):
+    """The largest draws the issue names, in free mode: 3 node types, up to 16 GPUs (4 a
+    node, the third type one node), 8-12 layers. Brute force stays at seconds with pp = 2
+    and no recompute pinned (both sides get the same --fix); tp, dp and the micro-batch
+    stay free per stage, with every objective."""
+    layers = draw(st.integers(8, 12))
+    f = draw(st.sampled_from([0.5, 1.0]))
+    slow = draw(st.sampled_from([1.0, 1.5, 2.5]))
+    memory = tuple(draw(st.sampled_from([None, 0.003, 0.004])) for _ in range(3))
+    return dict(layers=layers, fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow), gpn=draw(st.sampled_from([2, 4])),
+                counts=(draw(st.integers(1, 2)), draw(st.integers(1, 2))),
+                prices=(draw(st.sampled_from([4.0, 8.0])), draw(st.sampled_from([1.0, 2.0, 6.0]))),
+                third=True, memory_gib=memory), \
+        draw(st.sampled_from([4, 8])), draw(st.sampled_from(["min-time", "min-cost", "budget-h", "budget-step"]))
+
+
+@settings(max_examples=4, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(issue_scale_free_instances())
+@example(({"layers": 12, "fast_ms": (1.0, 2.0), "slow_ms": (2.5, 5.0), "gpn": 4, "counts": (2, 1), "prices": (8.0, 2.0),
+           "third": True, "memory_gib": (0.004, 0.003, None)}, 4, "min-cost"))  # 16 GPUs, 12 layers
+@example(({"layers": 11, "fast_ms": (0.5, 1.0), "slow_ms": (0.75, 1.5), "gpn": 4, "counts": (1, 2), "prices": (4.0, 1.0),
+           "third": True, "memory_gib": (None, 0.003, 0.004)}, 8, "budget-step"))
+def test_free_mode_agrees_with_brute_force_at_the_issue_scale(tmp_path_factory, case):
+    kw, gbs, objective = case
+    spec = write_instance(tmp_path_factory.mktemp("inst"), **kw)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs}))
+    fix = {"pp": 2, "recompute": "none"}
+    assume(sum(bruteforce.count_candidates(inst, c, fix) for c in bruteforce.solved_configs(inst, fix, "free"))
+           <= 15_000)
+    fastest = bruteforce.solve(inst, Limits(), fix=fix, mode="free")
+    assume(fastest.plan is not None)
+    limits = limits_for(objective, fastest.objective)
+    ref = bruteforce.solve(inst, limits, fix=fix, mode="free")
+    for backend in BACKENDS:
+        res = solve(inst, limits, backend=backend, fix=fix, mode="free", time_limit_s=60)
         assert res.status == ref.status
         if ref.plan is None:
             continue
