@@ -149,12 +149,13 @@ def _layers_by_stages(z: float, slot: SlotType, pp: int, unit: int) -> list[int]
     return out
 
 
-def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int) -> float | None:
+def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float]) -> float | None:
     """Smallest z such that pp stages, spread over the node types, hold L layers with every
-    stage's a n <= z (`_layers_by_stages`). A valid lower bound on max_s a_s n_s; None when
-    even unbounded z cannot place L layers. When every type's best[j] is linear in j (one
-    block a type) the max-plus combination is the greedy merge of its increments, after
-    one stage of each required type; otherwise a max-plus convolution over the types."""
+    stage's a n <= z (`_layers_by_stages`), among the breakpoints `cands`. A valid lower
+    bound on max_s a_s n_s; None when even unbounded z cannot place L layers. When every
+    type's best[j] is linear in j (one block a type) the max-plus combination is the greedy
+    merge of its increments, after one stage of each required type; otherwise a max-plus
+    convolution over the types."""
     linear = all(len(slot.blocks) == 1 for slot in slots)
 
     def fits(z: float) -> bool:
@@ -188,7 +189,6 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int) -> floa
                         new[j1 + j2] = have + best[j2]
             total = new
         return total[pp] >= L
-    cands = _breakpoints(slots, L, unit)
     if not cands or not fits(cands[-1]):
         return None
     lo, hi = 0, len(cands) - 1
@@ -242,8 +242,8 @@ def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int
 JOINT_STEPS = 64  # _pipeline_bound: breakpoints evaluated at most (the full bound; the cheap one: none)
 
 
-def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, z_min: float, w_z: float, w_sum: float,
-                    extra: float, steps: int = JOINT_STEPS) -> tuple[float, float]:
+def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
+                    w_z: float, w_sum: float, extra: float, steps: int = JOINT_STEPS) -> tuple[float, float]:
     """Lower bound on w_z z + w_sum S over every plan whose steady period z >= max_s a_s n_s
     and z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
     (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so its
@@ -253,7 +253,7 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, z_min: fl
     sum at unbounded Z (every stage holds as many layers as memory lets it). Returns
     (min f, S_inf)."""
     s_inf = extra + _least_layer_sum(math.inf, slots, pp, L, unit)
-    cands = [z for z in _breakpoints(slots, L, unit) if z > z_min] if steps else []
+    cands = [z for z in cands if z > z_min] if steps else []
 
     def tail(z: float) -> float:
         return w_z * max(z, s_inf / pp) + w_sum * s_inf
@@ -343,7 +343,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     else:  # cheap: each block offers its stages on its own (no knapsack where a type's size is open)
         slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types)
                  for k, blocks in sorted(by_type.items()) for block in blocks]
-    z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp)
+    cands = _breakpoints(slots, L, cfg.vpp)
+    z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp, cands)
     if z is None:
         return None
     # each stage recomputes at least one layer where its option recomputes fully
@@ -353,7 +354,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     else:
         ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
     w_z = coef.z_weight()
-    pipe, S = _pipeline_bound(slots, cfg.pp, L, cfg.vpp, z, w_z, coef.sum_weight(), ends + cfg.pp * rho,
+    pipe, S = _pipeline_bound(slots, cfg.pp, L, cfg.vpp, cands, z, w_z, coef.sum_weight(), ends + cfg.pp * rho,
                               JOINT_STEPS if memory else 0)
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
     # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
