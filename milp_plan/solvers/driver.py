@@ -106,11 +106,13 @@ def _layer_room(coef: Coefficients, o: int, s: int) -> int:
 class SlotType:
     """What one node type offers the bottleneck bound: at most `gpus` GPUs, split into
     stages of the given blocks, each (GPUs per stage, most stages, alternatives (a, room));
-    `required`: it hosts at least one stage (free mode: the type has a stage size)."""
+    `required`: it hosts at least one stage (free mode: the type has a stage size);
+    `usd_per_gpu_hour`: the least a GPU of it costs (a stage of g GPUs at least g times that)."""
 
     gpus: int
     blocks: tuple[tuple[int, int, tuple[tuple[float, int], ...]], ...]
     required: bool = False
+    usd_per_gpu_hour: float = 0.0
 
 
 def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> int:
@@ -242,32 +244,66 @@ def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int
 JOINT_STEPS = 64  # _pipeline_bound: breakpoints evaluated at most (the full bound; the cheap one: none)
 
 
-def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
-                    w_z: float, w_sum: float, extra: float, steps: int = JOINT_STEPS) -> tuple[float, float]:
-    """Lower bound on w_z z + w_sum S over every plan whose steady period z >= max_s a_s n_s
-    and z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
-    (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so its
-    value is at least f(Z) = w_z max(Z, S(Z) / pp) + w_sum S(Z). S(Z) only falls at
-    breakpoints, where f is otherwise rising, so min f is attained at z_min or a breakpoint;
-    past the evaluated ones, f >= w_z max(Z, S_inf / pp) + w_sum S_inf with S_inf the least
-    sum at unbounded Z (every stage holds as many layers as memory lets it). Returns
-    (min f, S_inf)."""
-    s_inf = extra + _least_layer_sum(math.inf, slots, pp, L, unit)
-    cands = [z for z in cands if z > z_min] if steps else []
+def _least_usd_per_hour(z: float, slots: list[SlotType], L: int, unit: int) -> float:
+    """At least the $/h of any plan whose stages all have a n <= z: each stage s holds at most
+    v_s(z) layers, so sum_s p_s >= sum_s (p_s / v_s) n_s >= L min over blocks of p_b / v_b(z)."""
+    per_layer = [slot.usd_per_gpu_hour * g / v for slot in slots for g, _, alts in slot.blocks
+                 if (v := _stage_layers(z, alts, unit))]
+    return L * min(per_layer) if per_layer else math.inf
 
-    def tail(z: float) -> float:
-        return w_z * max(z, s_inf / pp) + w_sum * s_inf
+
+@dataclass(frozen=True)
+class PipelineTerms:
+    """What `_pipeline_bound` adds to the layer placement: the closed form's weights of the
+    steady period and the stage sum, the stage sum's fixed part (ends, least recompute), the
+    rest of T (transfers, reduction, optimizer) and the least $/h of pp stages."""
+
+    w_z: float
+    w_sum: float
+    extra: float
+    rest: float
+    gpu_usd: float
+
+
+def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
+                    terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS) -> tuple[float, float] | None:
+    """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
+    z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
+    (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so
+    T >= T(Z) = w_z max(Z, S(Z) / pp) + w_sum S(Z) + rest, and $/h >= P(Z) = max(gpu_usd,
+    _least_usd_per_hour(Z)). A Z where T(Z) or P(Z) T(Z) / 3600 breaks a limit holds no plan.
+    S(Z) and P(Z) only fall at breakpoints, between which T(Z) rises, so the minimum is at
+    z_min or a breakpoint; past the evaluated ones, T >= w_z max(Z, S_inf / pp) + w_sum S_inf
+    + rest and P >= P_inf, with S_inf, P_inf at unbounded Z (every stage holds as many layers
+    as memory lets it). Returns (the bound: T or $/step, S_inf), or None when no Z meets the limits."""
+    w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
+    s_inf = terms.extra + _least_layer_sum(math.inf, slots, pp, L, unit)
+    p_inf = max(terms.gpu_usd, _least_usd_per_hour(math.inf, slots, L, unit))
+    cost = limits.objective == "min-cost"
+
+    def value(T: float, P: float) -> float | None:
+        """The objective at (T, $/h), or None when a limit is broken."""
+        usd = P * T / 3600
+        if (limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6)) or \
+                (limits.budget_usd_per_hour is not None and P > limits.budget_usd_per_hour * (1 + 1e-9)) or \
+                (limits.budget_usd_per_step is not None and usd > limits.budget_usd_per_step * (1 + 1e-9)):
+            return None
+        return usd if cost else T
 
     best = math.inf
-    for i, z in enumerate([z_min] + cands):
-        if tail(z) >= best:
-            break
+    for i, z in enumerate([z_min] + ([x for x in cands if x > z_min] if steps else [])):
+        tail = value(w_z * max(z, s_inf / pp) + w_sum * s_inf + rest, p_inf)
+        if tail is None or tail >= best:
+            break  # no Z from here on meets the limits, or beats the best
         if i == steps:
-            best = tail(z)
+            best = tail
             break
-        S = extra + _least_layer_sum(z, slots, pp, L, unit)
-        best = min(best, w_z * max(z, S / pp) + w_sum * S)
-    return best, s_inf
+        S = terms.extra + _least_layer_sum(z, slots, pp, L, unit)
+        got = value(w_z * max(z, S / pp) + w_sum * S + rest,
+                    max(terms.gpu_usd, _least_usd_per_hour(z, slots, L, unit)))
+        if got is not None:
+            best = min(best, got)
+    return None if best == math.inf else (best, s_inf)
 
 
 def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
@@ -337,11 +373,12 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     by_type: dict[int, list] = {}
     for b in sorted(alts):
         by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
+    gpu_hour = {k: coef.types[k].usd_per_gpu_hour for k in by_type}
     if memory:
-        slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), k in coef.required_types)
+        slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), k in coef.required_types, gpu_hour[k])
                  for k, blocks in sorted(by_type.items())]
     else:  # cheap: each block offers its stages on its own (no knapsack where a type's size is open)
-        slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types)
+        slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types, gpu_hour[k])
                  for k, blocks in sorted(by_type.items()) for block in blocks]
     cands = _breakpoints(slots, L, cfg.vpp)
     z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp, cands)
@@ -353,32 +390,31 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
         ends = min(t[o][0].c for o in O)
     else:
         ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
-    w_z = coef.z_weight()
-    pipe, S = _pipeline_bound(slots, cfg.pp, L, cfg.vpp, cands, z, w_z, coef.sum_weight(), ends + cfg.pp * rho,
-                              JOINT_STEPS if memory else 0)
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
     # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
     rest = ((_p2p_lower_bound(coef) if memory else 0.0) + min(coef.dp_time(o, 0)(cfg.vpp) for o in O)
             + min(coef.opt_time(o, 0).a for o in O) * biggest)
-    T = pipe + rest
-    if limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6):
-        return None
     usable = [o for o in O if rooms[o]]
     # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
     # rents at least one stage of each node type it gives a stage size
-    price = {o: coef.types[coef.options[o].k].usd_per_gpu_hour * coef.options[o].group for o in usable}
+    price = {o: gpu_hour[coef.options[o].k] * coef.options[o].group for o in usable}
     forced = [min(price[o] for o in usable if coef.options[o].k == k) for k in sorted(coef.required_types)]
     gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
-    # $ x s per step >= (sum_s p_s) T and (sum_s p_s) w_z z >= w_z L min_o(p_o a_o), because
-    # z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan; the
-    # rest of T is at least w_sum S + rest
-    work = w_z * L * min(price[o] * t[o][0].a for o in usable)
-    usd_step = max(gpu_usd * T, work + gpu_usd * (coef.sum_weight() * S + rest)) / 3600
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
         return None
-    if limits.budget_usd_per_step is not None and usd_step > limits.budget_usd_per_step * (1 + 1e-9):
+    w_z, w_sum = coef.z_weight(), coef.sum_weight()
+    got = _pipeline_bound(slots, cfg.pp, L, cfg.vpp, cands, z, PipelineTerms(w_z, w_sum, ends + cfg.pp * rho, rest,
+                                                                             gpu_usd),
+                          limits, JOINT_STEPS if memory else 0)
+    if got is None:
         return None
-    return usd_step if limits.objective == "min-cost" else T
+    bound, S = got
+    # $ x s per step >= (sum_s p_s) w_z z + gpu_usd (w_sum S + rest), and (sum_s p_s) z >= L min_o(p_o a_o)
+    # because z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan
+    work = (w_z * L * min(price[o] * t[o][0].a for o in usable) + gpu_usd * (w_sum * S + rest)) / 3600
+    if limits.budget_usd_per_step is not None and work > limits.budget_usd_per_step * (1 + 1e-9):
+        return None
+    return max(bound, work) if limits.objective == "min-cost" else bound
 
 
 def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config) -> None:
