@@ -49,7 +49,7 @@ REL_EPS = 1e-9
 HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan before the exact search,
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
-FREE_BASE_SHARE = 0.5        # free mode: the Megatron-mode solve that starts it gets this share
+FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 KNAPSACK_UNITS = 64          # bottleneck bound: a node type's GPUs counted in at most this many units
 
 
