@@ -480,6 +480,28 @@ def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
     return tuple(opts), tuple(st.num_layers for st in plan.stages), tuple(st.recompute_layers for st in plan.stages)
 
 
+def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: float | None,
+                  hint: heuristic.Candidate | None, time_s: float, seed: int, workers: int, mode: str,
+                  lb: float) -> tuple[Plan | None, float | None]:
+    """Solve one complete config's per-stage model (objective <= cutoff when given). Returns its
+    plan (checked) or None, and the bound it leaves open (None when proven: "infeasible" under
+    the cutoff means no plan of this config beats the incumbent)."""
+    be = make_backend(backend)
+    model = PipelineModel(coef, limits, be, cutoff=cutoff)
+    model.build()
+    if hint is not None:
+        model.hint(*hint)
+    run = be.solve(time_s, seed, workers)
+    plan = None
+    if run.status in ("optimal", "feasible"):
+        opts, layers, rs = model.extract(run.value)
+        plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
+        _require_valid(coef.inst, plan, backend, coef.cfg)
+    if run.status == "feasible":
+        return plan, max(lb, model.objective_in_units(run.bound) if run.bound is not None else lb)
+    return plan, (lb if run.status == "timeout" else None)
+
+
 def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
           time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
           progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None) -> SolveResult:
@@ -552,27 +574,14 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                     heapq.heappush(heap, (max(lb, kid_lb), kid.cfg, kid))
                     total += 1
             continue
-        be = make_backend(backend)
-        model = PipelineModel(coef, limits, be, cutoff=best_obj if best is not None else None)
-        model.build()
         hint = hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
-        if hint is not None:
-            model.hint(*hint)
-        run = be.solve(left, seed, workers)
+        plan, open_lb = _solve_config(coef, limits, backend, best_obj if best is not None else None, hint, left, seed,
+                                      workers, mode, lb)
         solved += 1
-        if run.status in ("optimal", "feasible"):
-            opts, layers, rs = model.extract(run.value)
-            plan = build_plan(inst, cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
-            _require_valid(inst, plan, backend, cfg)
-            obj = objective_of(plan, limits)
-            if obj < best_obj * (1 - REL_EPS):
-                best, best_obj = plan, obj
-            if run.status == "feasible":
-                bound = model.objective_in_units(run.bound) if run.bound is not None else lb
-                open_bounds.append(max(lb, bound))
-        elif run.status == "timeout":
-            open_bounds.append(lb)
-        # "infeasible" under the cutoff: no plan of this config beats the incumbent
+        if plan is not None and objective_of(plan, limits) < best_obj * (1 - REL_EPS):
+            best, best_obj = plan, objective_of(plan, limits)
+        if open_lb is not None:
+            open_bounds.append(open_lb)
         if progress:
             progress(Progress(time.perf_counter() - t0, None if best is None else best_obj,
                               min([best_obj] + open_bounds + [heap[0][0]] if heap else [best_obj] + open_bounds),
