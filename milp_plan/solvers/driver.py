@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 
 from milp_plan import check, costmodel
 from milp_plan.errors import InputError
@@ -50,7 +49,6 @@ HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan befo
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
-KNAPSACK_UNITS = 64          # bottleneck bound: a node type's GPUs counted in at most this many units
 
 
 @dataclass
@@ -123,74 +121,56 @@ def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> i
     return v if v >= unit else 0
 
 
-def _layers_by_stages(z: float, slot: SlotType, pp: int, unit: int) -> list[int]:
-    """best[j]: most layers j stages of this node type hold with max_s a_s n_s <= z (-1 when
-    j stages do not fit its GPUs). One block: j v_b up to its most stages; several: an
-    unbounded knapsack over the GPUs (the stage counts of each block are then bounded by
-    the GPU budget, a relaxation of whole nodes)."""
+def _stage_runs(z: float, slot: SlotType, unit: int) -> list[tuple[int, int]]:
+    """What a node type's successive stages add at most, with every a n <= z: runs of
+    (layers, stages), non-increasing, so that the most layers j of its stages hold is the sum
+    of its first j increments (-: j above the stages it can form). One block: v_b for each
+    of its stages. Several (a free parent, stage size open): with v_max the most one stage
+    holds and d the best layers per GPU, j stages hold at most min(j v_max, GPUs x d) (a
+    concave relaxation of packing whole stages), and they are at most GPUs / smallest size
+    and at most the blocks' stages together."""
     vals = [(g, most, v) for g, most, alts in slot.blocks if (v := _stage_layers(z, alts, unit))]
-    if len(slot.blocks) == 1:
-        return [j * vals[0][2] if vals and j <= vals[0][1] else -1 for j in range(pp + 1)] if vals else \
-            [0] + [-1] * pp
-    # GPUs in units of u, at most KNAPSACK_UNITS of them: a stage of g GPUs is charged
-    # floor(g / u) of floor(gpus / u) units, a relaxation (sum floor <= floor of sum)
-    u = math.gcd(*(g for g, _, _ in slot.blocks))
-    u *= -(-(slot.gpus // u) // KNAPSACK_UNITS)
-    W = slot.gpus // u
-    # prev[x]: most layers j - 1 stages hold using x units (-inf: impossible)
-    prev = np.full(W + 1, -np.inf)
-    prev[0] = 0.0
-    out = [0]
-    for _ in range(pp):
-        row = np.full(W + 1, -np.inf)
-        for g, _, v in vals:
-            w = g // u  # 0: stages the unit cannot charge, bounded by j <= pp
-            np.maximum(row[w:], prev[:W + 1 - w] + v, out=row[w:])
-        out.append(int(row.max()) if np.isfinite(row.max()) else -1)
-        prev = row
-    return out
+    if len(vals) <= 1:
+        return [(v, most) for _, most, v in vals if most > 0]
+    vmax = max(v for _, _, v in vals)
+    cap = int(slot.gpus * max(v / g for g, _, v in vals))
+    stages = min(slot.gpus // min(g for g, _, _ in vals), sum(most for _, most, _ in vals))
+    full = min(cap // vmax, stages)
+    runs = [(vmax, full), (cap - full * vmax, 1 if stages > full else 0), (0, max(stages - full - 1, 0))]
+    return [(v, c) for v, c in runs if c > 0]
+
+
+def _top_stages(runs: list[tuple[int, int]], j: int) -> tuple[int, int]:
+    """(layers, stages) of the j largest increments of non-increasing runs (fewer stages when
+    the runs hold fewer than j)."""
+    total = taken = 0
+    for v, count in sorted(runs, reverse=True):
+        take = min(count, j - taken)
+        total, taken = total + take * v, taken + take
+    return total, taken
 
 
 def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float]) -> float | None:
     """Smallest z such that pp stages, spread over the node types, hold L layers with every
-    stage's a n <= z (`_layers_by_stages`), among the breakpoints `cands`. A valid lower
-    bound on max_s a_s n_s; None when even unbounded z cannot place L layers. When every
-    type's best[j] is linear in j (one block a type) the max-plus combination is the greedy
-    merge of its increments, after one stage of each required type; otherwise a max-plus
-    convolution over the types."""
-    linear = all(len(slot.blocks) == 1 for slot in slots)
+    stage's a n <= z, among the breakpoints `cands`. A valid lower bound on max_s a_s n_s;
+    None when even unbounded z cannot place L layers. Each type's most layers by stage count
+    is concave (`_stage_runs`), so the best split of pp stages over the types takes the pp
+    largest increments, after the first (largest) of each required type."""
 
     def fits(z: float) -> bool:
-        if linear:
-            total, rest, pool = 0, pp, []
-            for slot in slots:
-                _, most, alts = slot.blocks[0]
-                v = _stage_layers(z, alts, unit)
-                count = most if v else 0
-                if slot.required:
-                    if not count:
-                        return False
-                    total, rest, count = total + v, rest - 1, count - 1
-                if count:
-                    pool.append((v, count))
-            if rest < 0:
-                return False
-            for v, count in sorted(pool, reverse=True):
-                take = min(count, rest)
-                total, rest = total + take * v, rest - take
-            return rest == 0 and total >= L
-        total = [0] + [-1] * pp
+        total, rest, pool = 0, pp, []
         for slot in slots:
-            best = _layers_by_stages(z, slot, pp, unit)
-            new = [-1] * (pp + 1) if slot.required else list(total)
-            for j1, have in enumerate(total):
-                if have < 0:
-                    continue
-                for j2 in range(1, pp + 1 - j1):
-                    if best[j2] >= 0 and have + best[j2] > new[j1 + j2]:
-                        new[j1 + j2] = have + best[j2]
-            total = new
-        return total[pp] >= L
+            runs = _stage_runs(z, slot, unit)
+            if slot.required:
+                if not runs:
+                    return False
+                (v, count), *more = runs
+                total, rest, runs = total + v, rest - 1, [(v, count - 1)] + more
+            pool += runs
+        if rest < 0:
+            return False
+        got, taken = _top_stages(pool, rest)
+        return taken == rest and total + got >= L
     if not cands or not fits(cands[-1]):
         return None
     lo, hi = 0, len(cands) - 1
@@ -211,16 +191,9 @@ def _breakpoints(slots: list[SlotType], L: int, unit: int) -> list[float]:
 
 
 def _most_layers(z: float, slot: SlotType, pp: int, unit: int) -> int:
-    """At least the most layers a node type's stages hold with every a n <= z: j v_b up to
-    the block's stages with one block; with several, the GPU budget at the best layers per
-    GPU, and at most pp stages of the best block (a relaxation of the knapsack)."""
-    vals = [(g, most, v) for g, most, alts in slot.blocks if (v := _stage_layers(z, alts, unit))]
-    if not vals:
-        return 0
-    if len(vals) == 1:
-        g, most, v = vals[0]
-        return min(most, pp) * v
-    return min(pp * max(v for _, _, v in vals), int(slot.gpus * max(v / g for g, _, v in vals)))
+    """At least the most layers a node type's stages hold with every a n <= z: its pp largest
+    increments (`_stage_runs`)."""
+    return _top_stages(_stage_runs(z, slot, unit), pp)[0]
 
 
 def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int) -> float:
@@ -377,7 +350,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     if memory:
         slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), k in coef.required_types, gpu_hour[k])
                  for k, blocks in sorted(by_type.items())]
-    else:  # cheap: each block offers its stages on its own (no knapsack where a type's size is open)
+    else:  # cheap: each block offers its stages on its own (no GPU sharing where a type's size is open)
         slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types, gpu_hour[k])
                  for k, blocks in sorted(by_type.items()) for block in blocks]
     cands = _breakpoints(slots, L, cfg.vpp)
@@ -568,7 +541,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         lb = max(lb, full_lb)
         if isinstance(cfg, FreeConfig) and not cfg.complete:
             for kid in prepared.children(coef):
-                # a kid with open sizes inherits this bound until it is popped (its own costs a knapsack)
+                # a kid with open sizes inherits this bound until it is popped
                 kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
                 if kid_lb is not None:
                     heapq.heappush(heap, (max(lb, kid_lb), kid.cfg, kid))
