@@ -139,8 +139,14 @@ class Coefficients:
         return self._memory(self.options[o], s)
 
     def _memory(self, opt: StageOption, s: int) -> Affine:
+        # costmodel.stage_memory_bytes depends on the position only through the ends it holds,
+        # pp == 1 and the micro-batches in flight, so configs of other pp, m or schedule share
+        # the fit wherever these agree
         cfg = self.cfg
-        key = ("mem", opt, s, cfg.pp, self.m, cfg.schedule, cfg.vpp, cfg.sequence_parallel, cfg.distributed_optimizer)
+        inflight = cm.inflight_microbatches(cfg.schedule, cfg.pp, s, self.m, cfg.vpp)
+        key = ("mem", opt, *self._ends(s), cfg.pp == 1, inflight,
+               cm.end_inflight(cfg.schedule, cfg.pp, self.m, cfg.vpp, inflight), cfg.sequence_parallel,
+               cfg.distributed_optimizer)
         return self._memo(self._shared, key, lambda: self._memory_fit(opt, s))
 
     def _memory_fit(self, opt: StageOption, s: int) -> Affine:
