@@ -124,7 +124,7 @@ def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> i
 def _stage_runs(z: float, slot: SlotType, unit: int) -> list[tuple[int, int]]:
     """What a node type's successive stages add at most, with every a n <= z: runs of
     (layers, stages), non-increasing, so that the most layers j of its stages hold is the sum
-    of its first j increments (-: j above the stages it can form). One block: v_b for each
+    of its first j increments; it forms no more stages than the runs count. One block: v_b for each
     of its stages. Several (a free parent, stage size open): with v_max the most one stage
     holds and d the best layers per GPU, j stages hold at most min(j v_max, GPUs x d) (a
     concave relaxation of packing whole stages), and they are at most GPUs / smallest size
