@@ -73,6 +73,14 @@ def test_megatron_config_bounds_never_exceed_the_config_optimum(tmp_path_factory
 @settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_free_instances())
+def test_megatron_config_bounds_hold_where_memory_binds(tmp_path_factory, case):
+    """small_free_instances shrink GPU memory so that recompute and the rooms matter."""
+    check_instance(*case, tmp_path_factory.mktemp("inst"), "megatron", 6_000)
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(small_free_instances())
 def test_free_config_bounds_never_exceed_the_config_optimum(tmp_path_factory, case):
     check_instance(*case, tmp_path_factory.mktemp("inst"), "free", 6_000)
 
