@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-
 from milp_plan import check, costmodel
 from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
@@ -557,7 +556,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             open_bounds.append(open_lb)
         if progress:
             progress(Progress(time.perf_counter() - t0, None if best is None else best_obj,
-                              min([best_obj] + open_bounds + [heap[0][0]] if heap else [best_obj] + open_bounds),
+                              min([best_obj] + open_bounds + [b for b, _, _ in heap[:1]]),
                               total - len(heap), total))
     wall = time.perf_counter() - t0
     bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
