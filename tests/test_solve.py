@@ -273,7 +273,8 @@ def test_cli_solve_default_is_deterministic(tmp_path):
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     plan = json.loads(outs[0])
-    assert plan["solver"]["status"] == "optimal" and plan["solver"]["gap"] == 0.0
+    # the gap is the integer model's rounding, honestly reported (driver.PROOF_TOL)
+    assert plan["solver"]["status"] == "optimal" and 0.0 <= plan["solver"]["gap"] <= 1e-6
 
 
 def test_cli_infeasible_exit_1_with_diagnosis(tmp_path):
