@@ -167,10 +167,16 @@ def render_plan(plan, inst=None, result=None) -> str:
     out.append("Runs on stock Megatron-LM" if not reasons else "Needs a per-stage runtime: " + "; ".join(reasons))
     if result is not None:
         bound = "-" if result.best_bound is None else f"{result.best_bound:.6g}"
-        gap = "-" if result.gap is None else f"{result.gap:.2%}"
+        gap = "-" if result.gap is None else format_gap(result.gap)
         out.append(f"Solver {result.backend}: {result.status}, objective {result.objective:.6g}, bound {bound}, gap "
                    f"{gap}, {result.wall_time_s:.2f} s, seed {result.seed} ({result.configs_solved} of "
                    f"{result.configs_total} configurations solved, {result.configs_pruned} pruned by bounds"
                    + (f"; {result.start} start {result.heuristic_objective:.6g})"
                       if result.heuristic_objective is not None else ")"))
     return "\n".join(out)
+
+
+def format_gap(gap: float) -> str:
+    """A relative gap as a percentage; below 0.01% (the integer models' rounding) in full."""
+    return f"{gap:.2%}" if gap == 0 or gap >= 1e-4 else f"{gap:.1e}"
+

@@ -31,11 +31,11 @@ Variables (symbols as in the math):
   x[s,b,j]  stage s in block b, stage s+1 on another type j  (bool, exact AND)
   h[s]      one-direction transfer time of hop s (ticks, exact expression of e, g, x)
   Q[s]      sum_{j<s} (t_j + 2 h_j): prefix sums for the steady-period windows
-  z         steady period (ticks): (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b
-            (max_s t_s for interleaved); 1F1B: zm = (m-1) z, floor((m-1) window / (b-a+1))
-  zf, zb    GPipe: max_s f_s and max_s b_s (and every hop h_s): two flow shops
+  P         the steady-period term, weights applied before rounding: 1F1B (m-1) z with
+            (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b; interleaved (m vpp - 1) z,
+            z >= t_s; GPipe (m-1)(zf + zb), zf >= f_s, h_s and zb >= b_s, h_s
   D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  o = max_s opt_s
-  W[b,beta] step time if u[b,beta] else 0 (ticks; min-cost and $/step budgets)
+  W[b,beta] step time if u[b,beta] else 0 (units of Resolution.w_unit ticks; min-cost and $/step)
 """
 from __future__ import annotations
 
@@ -47,12 +47,14 @@ from milp_plan.formulations.coefficients import Affine, Coefficients
 from milp_plan.units import TICKS_PER_SECOND
 
 NOISE = 1e-12       # relative float noise of the cost model, allowed when rounding (pipeline.md)
-MAGNITUDE = 2**52   # largest model value (objective, step bound x prices) a backend must hold exactly
 TICKS = (10**9, 10**8, 10**7, 10**6)   # ticks per second, finest first
-MONEY = 10**4       # money units per $/h
+MONEY = 10**6       # money units per $/h
 
 
 class Backend(Protocol):
+    magnitude: int      # largest integer value the backend holds exactly in a constraint or objective
+    resolution: tuple | None  # (tps, money, w_unit) the backend needs, or None: the finest that fits
+
     def new_bool(self, name: str) -> Any: ...
     def new_int(self, lo: int, hi: int, name: str) -> Any: ...
     def add(self, constraint: Any) -> None: ...
@@ -99,6 +101,7 @@ class Resolution:
 
     tps: int = TICKS_PER_SECOND
     money: int = MONEY
+    w_unit: int = 1     # ticks per unit of W[b,beta] (a $/step term), so price x W stays exact
 
     def t_down(self, seconds: float) -> int:
         return down(seconds * self.tps)
@@ -120,18 +123,15 @@ class Vars:
     x: dict = field(default_factory=dict)
     W: dict = field(default_factory=dict)
     t: list = field(default_factory=list)   # stage time expressions (ticks)
-    bwd: list = field(default_factory=list)  # stage backward expressions (ticks)
     h: list = field(default_factory=list)   # hop time expressions (ticks, rounded down)
+    hop_terms: list = field(default_factory=list)  # per hop: (var, seconds, seconds subtracted)
     h_up: list = field(default_factory=list)  # the same hops rounded up (subtracted in the dp tail)
     bwd_up: list = field(default_factory=list)  # stage backward rounded up (subtracted in the dp tail)
     e: dict = field(default_factory=dict)
     g: dict = field(default_factory=dict)
     wrap: Any = 0                           # last -> first transfer (interleaved)
     r: Any = None
-    z: Any = None
-    zm: Any = None                          # 1F1B: (m - 1) x steady period (ticks)
-    zf: Any = None                          # GPipe: max forward, max backward (ticks)
-    zb: Any = None
+    pipe: Any = None                        # steady-period term: (m-1) z, (m vpp - 1) z, (m-1)(zf + zb)
     D: Any = None
     o: Any = None
     step: Any = None                        # step time expression, ticks x scale
@@ -173,22 +173,26 @@ class PipelineModel:
         return max(aff.a, 0.0) * self.L + max(aff.rho, 0.0) * self.L + max(aff.c, 0.0)
 
     def _resolution(self) -> Resolution:
-        """The finest tick (TICKS) at which the largest value the model holds (the step's
-        upper bound, times every price for a $/step objective or budget) stays below
-        MAGNITUDE: backends then hold every value exactly."""
-        c, L, cfg = self.c, self.L, self.cfg
+        """The finest tick (TICKS) at which the step's upper bound stays below the backend's
+        magnitude, and the unit of W (ticks) at which every price x W does too, so that the
+        backend holds every value exactly."""
+        if getattr(self.be, "resolution", None):
+            return Resolution(*self.be.resolution)
+        c, cfg, mag = self.c, self.cfg, self.be.magnitude
         t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
         h = max([c.hop_intra(b) for b in self.B] + [c.hop_inter(b, j) for b in self.B for j in self.block_of_type])
         dp = max(self._aff_hi_s(c.dp_time(o, s)) for o in self.O for s in self._positions())
         opt = max(self._aff_hi_s(c.opt_time(o, s)) for o in self.O for s in self._positions())
+        # each rounded-up coefficient adds < 1 tick per unit of its multiplier: (m + pp + 8) (2L + 8) at most
+        slack = (self.c.m + cfg.pp + 8) * (2 * self.L + 8) * v_scale(cfg) ** 2
         step_s = self._step_bound(t, h, dp, opt)
-        money = 1.0
+        tps = next((k for k in TICKS if step_s * k + slack <= mag), TICKS[-1])
+        w_unit = 1
         if self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None:
-            money = sum(c.usd_per_hour(b, beta) for b in self.B
-                        for beta in range(c.min_stages(b), c.max_stages(b) + 1)) * MONEY + 1.0
-        tps = next((k for k in TICKS if (step_s * k + 4 * (L + 8) * self.c.m * v_scale(cfg)) * money <= MAGNITUDE),
-                   TICKS[-1])
-        return Resolution(tps, MONEY)
+            prices = sum(c.usd_per_hour(b, beta) for b in self.B
+                         for beta in range(c.min_stages(b), c.max_stages(b) + 1)) * MONEY + 1.0
+            w_unit = max(1, math.ceil(prices * (step_s * tps + slack) / mag))
+        return Resolution(tps, MONEY, w_unit)
 
     def _step_bound(self, t: float, h: float, dp: float, opt: float) -> float:
         """An upper bound of the scaled step expression over every plan of the config, given
@@ -315,25 +319,24 @@ class PipelineModel:
                     terms.append(down(mem.rho) * v.rr[s, o])
                 be.add(be.sum(terms) <= down(self.c.capacity(o)))
 
+    def _stage_expr(self, s: int, part: int, factor: int = 1, rnd=None):
+        """factor x (t_s if part == 0, b_s if 1, f_s = t_s - b_s if 2) in ticks, the factor
+        applied before rounding (by `rnd`, default down): the error stays < 1 tick per unit
+        of n, r, y whatever the factor."""
+        terms = []
+        for o in self.O:
+            t, b = self.c.time(o, s)
+            aff = (t, b, Affine(t.a - b.a, t.rho - b.rho, t.c - b.c))[part]
+            terms.append(self._aff_ticks(Affine(factor * aff.a, factor * aff.rho, factor * aff.c), s, o, rnd))
+        return self.be.sum(terms)
+
     def add_stage_time(self) -> None:
-        """t_s = sum_o (a n + rho r + c y) ticks; z >= t_s (GPipe: zf >= f_s, zb >= b_s).
-        b_s is also kept rounded up, for the dp tail where it is subtracted."""
-        be, v = self.be, self.v
-        v.z = be.new_int(0, self.t_hi + 2 * self.h_hi, "z")  # a 1F1B window adds its hops
+        """t_s = sum_o (a n + rho r + c y) ticks, and b_s rounded up for the dp tail where it
+        is subtracted."""
+        v = self.v
         for s in self.S:
-            times = [self.c.time(o, s) for o in self.O]
-            t = be.sum([self._aff_ticks(tb[0], s, o) for o, tb in zip(self.O, times)])
-            v.t.append(t)
-            v.bwd.append(be.sum([self._aff_ticks(tb[1], s, o) for o, tb in zip(self.O, times)]))
-            v.bwd_up.append(be.sum([self._aff_ticks(tb[1], s, o, self.res.t_up) for o, tb in zip(self.O, times)]))
-            be.add(v.z >= t)
-            if self.cfg.schedule == "gpipe":  # two flow shops: zf >= f_s = t_s - b_s, zb >= b_s
-                if s == 0:
-                    v.zf = be.new_int(0, self.t_hi + self.h_hi, "zf")
-                    v.zb = be.new_int(0, self.t_hi + self.h_hi, "zb")
-                fwd = [Affine(t_.a - b_.a, t_.rho - b_.rho, t_.c - b_.c) for t_, b_ in times]
-                be.add(v.zf >= be.sum([self._aff_ticks(f, s, o) for o, f in zip(self.O, fwd)]))
-                be.add(v.zb >= v.bwd[-1])
+            v.t.append(self._stage_expr(s, 0))
+            v.bwd_up.append(self._stage_expr(s, 1, rnd=self.res.t_up))
 
     def _and(self, name: str, *bools):
         """An exact AND of 0/1 expressions: w <= each, w >= sum - (n - 1)."""
@@ -388,11 +391,9 @@ class PipelineModel:
                 else:
                     terms.append((v.e[s, b], c.hop_inter(b, c.blocks[b].k), 0.0))
                 terms += self._leaving(s, s + 1, b, "x")
+            v.hop_terms.append(terms)
             v.h.append(self._hop_expr(terms, self.res.t_down))
             v.h_up.append(self._hop_expr(terms, self.res.t_up))
-            if self.cfg.schedule == "gpipe":  # a link is a machine of both flow shops
-                be.add(v.zf >= v.h[-1])
-                be.add(v.zb >= v.h[-1])
         if self.cfg.schedule == "interleaved" and self.cfg.vpp > 1 and self.cfg.pp > 1:
             last, terms = self.cfg.pp - 1, []
             for b in self.B:
@@ -403,27 +404,51 @@ class PipelineModel:
                 terms += self._leaving(last, 0, b, "wrap")
             v.wrap = self._hop_expr(terms, self.res.t_down)
 
+    def _scaled_hop(self, s: int, factor: int):
+        return self._hop_expr(self.v.hop_terms[s], lambda x: self.res.t_down(factor * x))
+
     def add_steady_period(self) -> None:
-        """1F1B: zm = (m-1) z with (b - a + 1) z >= sum_{a..b} t + 2 sum_{a..b-1} h
-        (costmodel.steady_period_s): zm >= floor((m-1) window / (b-a+1)) for every window, so
-        zm is at most (m-1) times the cost model's z (a relaxation, exact up to one tick)."""
-        if (self.cfg.schedule == "interleaved" and self.cfg.vpp > 1) or self.cfg.schedule == "gpipe":
-            return  # interleaved: z >= t_s (add_stage_time) is its closed form; GPipe uses zf, zb
-        be, v, pp, m1 = self.be, self.v, self.cfg.pp, self.c.m - 1
-        v.zm = be.new_int(0, m1 * (self.t_hi + 2 * self.h_hi), "zm")
-        be.add(v.zm >= m1 * v.z)  # the window a = b: z >= t_s
-        if pp < 2 or m1 == 0:
+        """The steady-period term P of the step (costmodel.pipeline_time_s), each stage time and
+        hop multiplied by its weight before rounding:
+          1F1B:        P = (m-1) z, (b-a+1) z >= sum_{a..b} t + 2 sum_{a..b-1} h for every window
+                       (costmodel.steady_period_s): P >= floor((m-1) window / (b-a+1));
+          interleaved: P = (m vpp - 1) z, z >= t_s;
+          GPipe:       P = (m-1) (zf + zb), zf >= f_s, h_s and zb >= b_s, h_s (two flow shops).
+        P is at most the cost model's (a relaxation, exact up to a few ticks)."""
+        be, v, cfg, m, pp = self.be, self.v, self.cfg, self.c.m, self.cfg.pp
+        hi = m * v_scale(cfg) * (self.t_hi + 2 * self.h_hi)
+        if cfg.schedule == "interleaved" and cfg.vpp > 1:
+            w = m * cfg.vpp - 1
+            v.pipe = be.new_int(0, hi, "P")
+            for s in self.S:
+                be.add(v.pipe >= self._stage_expr(s, 0, w))
             return
-        hi = pp * (self.t_hi + 2 * self.h_hi)
+        w = m - 1
+        if cfg.schedule == "gpipe":
+            zf, zb = be.new_int(0, hi, "(m-1)zf"), be.new_int(0, hi, "(m-1)zb")
+            for s in self.S:
+                be.add(zf >= self._stage_expr(s, 2, w))
+                be.add(zb >= self._stage_expr(s, 1, w))
+            for s in range(pp - 1):  # a link is a machine of both flow shops
+                be.add(zf >= self._scaled_hop(s, w))
+                be.add(zb >= self._scaled_hop(s, w))
+            v.pipe = be.sum([zf, zb])
+            return
+        v.pipe = be.new_int(0, hi, "P")
+        ts = [self._stage_expr(s, 0, w) for s in self.S]
+        for s in self.S:
+            be.add(v.pipe >= ts[s])
+        if pp < 2 or w == 0:
+            return
         Q = [0]
         for s in range(pp - 1):
-            q = be.new_int(0, hi, f"Q[{s + 1}]")
-            be.add(q == (Q[-1] if s else 0) + v.t[s] + 2 * v.h[s])
+            q = be.new_int(0, hi * pp, f"Q[{s + 1}]")
+            be.add(q == (Q[-1] if s else 0) + ts[s] + 2 * self._scaled_hop(s, w))
             Q.append(q)
         for a in range(pp):
             for b in range(a + 1, pp):
-                k = b - a + 1  # k zm >= m1 window - (k - 1)  <=>  zm >= floor(m1 window / k)
-                be.add(k * v.zm >= m1 * (Q[b] - (Q[a] if a else 0) + v.t[b]) - (k - 1))
+                k = b - a + 1  # k P >= window - (k - 1)  <=>  P >= floor(window / k)
+                be.add(k * v.pipe >= Q[b] - (Q[a] if a else 0) + ts[b] - (k - 1))
 
     def add_dp_optimizer(self) -> None:
         """D >= scale (dp_s - sum_{k<s} (b_k / v + h_k)) and o >= opt_s for every stage
@@ -443,17 +468,13 @@ class PipelineModel:
     def add_step_time(self) -> None:
         """T (scaled): costmodel.pipeline_time_s + p2p_time_s + dp_tail_s + max optimizer."""
         be, v, cfg = self.be, self.v, self.cfg
-        m = self.c.m
         hops = be.sum(v.h) if v.h else 0
         if cfg.schedule == "interleaved" and cfg.vpp > 1:
             vp = cfg.vpp
             v.scale = vp  # vpp T = (m vpp - 1) z + sum t + vpp (2 (vpp sum h + (vpp-1) wrap) + o) + D
-            v.step = be.sum([(m * vp - 1) * v.z, be.sum(v.t), 2 * vp * vp * hops, 2 * vp * (vp - 1) * v.wrap,
-                             v.D, vp * v.o])
-        elif cfg.schedule == "gpipe":  # (m-1)(zf + zb) + sum t + 2 sum h
-            v.step = be.sum([(m - 1) * v.zf, (m - 1) * v.zb, be.sum(v.t), 2 * hops, v.D, v.o])
-        else:
-            v.step = be.sum([v.zm, be.sum(v.t), 2 * hops, v.D, v.o])
+            v.step = be.sum([v.pipe, be.sum(v.t), 2 * vp * vp * hops, 2 * vp * (vp - 1) * v.wrap, v.D, vp * v.o])
+        else:  # 1F1B: (m-1) z + sum t + 2 sum h;  GPipe: (m-1)(zf + zb) + sum t + 2 sum h
+            v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D, v.o])
         if self.lim.time_limit_s is not None:
             be.add(v.step <= down(v.scale * self.lim.time_limit_s * self.res.tps))
 
@@ -466,18 +487,19 @@ class PipelineModel:
         if lim.budget_usd_per_hour is not None:
             be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))
         if lim.objective == "min-cost" or lim.budget_usd_per_step is not None:
-            hi = self._step_upper_bound()
+            hi, k = self._step_upper_bound(), res.w_unit
             for (b, beta), var in v.u.items():
                 if beta == 0 or price[b, beta] == 0:
                     continue
-                w = be.new_int(0, hi, f"W[{b},{beta}]")
-                be.add(w <= hi * var)
-                be.add(w >= v.step - hi * (1 - var))
+                # W = floor(T / k) if u else 0:  k W >= T - (k - 1) - hi (1 - u)
+                w = be.new_int(0, -(-hi // k), f"W[{b},{beta}]")
+                be.add(w <= -(-hi // k) * var)
+                be.add(k * w >= v.step - (k - 1) - hi * (1 - var))
                 v.W[b, beta] = (price[b, beta], w)
             if lim.budget_usd_per_step is not None:
-                # sum price W / (3600 scale tps money) <= budget
+                # sum price W k / (3600 scale tps money) <= budget
                 be.add(be.sum([p * w for p, w in v.W.values()])
-                       <= down(lim.budget_usd_per_step * 3600 * v.scale * res.tps * res.money))
+                       <= down(lim.budget_usd_per_step * 3600 * v.scale * res.tps * res.money / k))
 
     def _step_upper_bound(self) -> int:
         """An upper bound of the scaled step expression (ticks) over every plan of the config."""
@@ -497,7 +519,7 @@ class PipelineModel:
     def _objective_scale(self) -> float:
         """Model objective units per second (min-time) or per $/step (min-cost)."""
         if self.lim.objective == "min-cost":
-            return 3600 * self.v.scale * self.res.tps * self.res.money
+            return 3600 * self.v.scale * self.res.tps * self.res.money / self.res.w_unit
         return self.v.scale * self.res.tps
 
     def build(self) -> Vars:
@@ -543,20 +565,20 @@ class PipelineModel:
         """Most the model objective of this plan lies below the cost model's (model units):
         a rounded coefficient errs by < 1 unit per unit of its multiplier (n, r, y), counted
         through every term of the step time (pipeline.md, "Rounding")."""
-        cfg, m, sc = self.cfg, self.c.m, v_scale(self.cfg)
+        cfg, sc = self.cfg, v_scale(self.cfg)
         e_t = [n + r + 1 for n, r in zip(layers, rs)]
         hops = 2 * sc * sc * (cfg.pp - 1) + 2 * sc * (sc - 1)
         if cfg.schedule == "interleaved" and cfg.vpp > 1:
-            pipe = (m * sc - 1) * max(e_t)
+            pipe = max(e_t)
         elif cfg.schedule == "gpipe":
-            pipe = (m - 1) * 2 * (max(e_t) + 1)
-        else:
-            pipe = (m - 1) * (max(e_t) + 2) + 1
+            pipe = 2 * (max(e_t) + 1)
+        else:  # a window's mean errs by < max e_t + 2 hops' worth, and the floor by < 1
+            pipe = max(e_t) + 3
         tail = sc * (self.L + 1) + sum(e_t) + sc * cfg.pp
         err = pipe + sum(e_t) + hops + tail + sc * (self.L + 1) + 1
         if self.lim.objective == "min-cost":
-            blocks = len({self.c.block_of[o] for o in options})
-            err = (usd_per_hour * self.res.money + 1) * err + blocks * step_s * sc * self.res.tps
+            k, blocks = self.res.w_unit, len({self.c.block_of[o] for o in options})
+            err = usd_per_hour * self.res.money * (err / k + 1) + blocks * (step_s * sc * self.res.tps / k + 1)
         return err * (1 + 1e-9)
 
     def objective_drift(self, raw: float, value: float, err: float) -> str | None:

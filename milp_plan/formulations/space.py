@@ -134,9 +134,11 @@ def placement(nt: NodeType, group: int) -> Placement | None:
     return None
 
 
-def _packs(nt: NodeType, group: int) -> bool:
+def _packs(nt: NodeType, group: int, tp: int) -> bool:
+    """A stage of `group` GPUs packs into node type nt, and its tp groups (tp consecutive
+    local GPUs) stay inside one node: tp divides the GPUs per node."""
     pl = placement(nt, group)
-    return pl is not None and pl.max_stages > 0
+    return pl is not None and pl.max_stages > 0 and nt.gpus_per_node % tp == 0
 
 
 def stage_options(inst: Instance, cfg: "Config | FreeConfig",
@@ -151,7 +153,7 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
     types = inst.cluster.node_types
     if isinstance(cfg, Config):
         return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
-                if _packs(nt, cfg.group)]
+                if _packs(nt, cfg.group, cfg.tp)]
     fix = fix or {}
     out = []
     for k, nt in enumerate(types):
@@ -162,7 +164,7 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
                 mbs = cfg.samples // dp
                 if cfg.samples % dp or mbs > MAX_MICRO_BATCH or fix.get("mbs", mbs) != mbs:
                     continue
-                if not _packs(nt, tp * dp):
+                if not _packs(nt, tp * dp, tp):
                     continue
                 if cfg.groups[k] not in (ANY, tp * dp):
                     continue

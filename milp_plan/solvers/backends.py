@@ -39,6 +39,8 @@ def _plain_cp_model(cp_model):
 
 class CpsatBackend:
     name = "cpsat"
+    magnitude = 2**61  # int64 arithmetic: every constraint's and the objective's range stays below 2^63
+    resolution = None  # the finest the magnitudes allow (PipelineModel._resolution)
 
     def __init__(self) -> None:
         from ortools.sat.python import cp_model
@@ -93,6 +95,11 @@ class CpsatBackend:
 
 class PulpBackend:
     """PuLP model solved by HiGHS (highspy) or CBC."""
+
+    magnitude = 2**50
+    # HiGHS and CBC work in doubles with absolute tolerances: at 0.1 us ticks HiGHS already
+    # returns wrong optima on the default instance, so they keep 1 us ticks and 1e-4 $/h
+    resolution = (10**6, 10**4, 1)
 
     def __init__(self, solver: str) -> None:
         import pulp
