@@ -1,0 +1,217 @@
+"""`optimal` is a proof about the plan that is written (issues 12 and 21).
+
+Each reproduction from the issues is a test here, with its instance written by the test:
+the model is a relaxation of the cost model (no plan lost to rounding), every returned plan
+meets every limit by the cost model's own numbers, tp groups never span nodes, and the
+model's objective agrees with the cost model's within its documented rounding.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from milp_plan import check
+from milp_plan.errors import InternalError
+from milp_plan.formulations import pipeline
+from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.pipeline import Limits, PipelineModel
+from milp_plan.formulations.space import Config, enumerate_configs, stage_options
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.solvers import driver
+from milp_plan.solvers.backends import make_backend
+from milp_plan.solvers.driver import PROOF_TOL, objective_of, solve
+
+BACKENDS = ("cpsat", "highs", "cbc")
+
+RAND34_CLUSTER = """\
+name: rand34
+node_types:
+- {name: t0-t4, gpu: T4, gpus_per_node: 2, count: 1, intra_node_gb_per_s: 300, inter_node_gb_per_s: 50,
+   usd_per_hour: 1.891, billing: node}
+- {name: t1-a10, gpu: A10, gpus_per_node: 4, count: 2, intra_node_gb_per_s: 64, inter_node_gb_per_s: 12.5,
+   usd_per_hour: 5.42, billing: node}
+"""
+RAND34_MODEL = """\
+name: m34
+arch: gpt
+num_layers: 8
+hidden_size: 4096
+ffn_hidden_size: 16384
+num_attention_heads: 32
+num_query_groups: 32
+vocab_size: 32000
+seq_length: 1024
+"""
+
+
+def _instance(tmp: Path, cluster: str, model: str, gbs: int, **spec):
+    (tmp / "cluster.yaml").write_text(cluster)
+    model_arg = model
+    if "\n" in model:
+        (tmp / "model.yaml").write_text(model)
+        model_arg = str(tmp / "model.yaml")
+    return build_instance(InstanceSpec(cluster=str(tmp / "cluster.yaml"), model=model_arg,
+                                       global_batch_size=gbs, **spec))
+
+
+def assert_admitted(inst, plan, limits: Limits) -> None:
+    assert check.check_plan(inst, plan) == []
+    assert limits.admit(plan), plan.predicted
+
+
+# ---- issue 21 §1: a stage holding every layer was cut off by its own variable bounds ----------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_min_cost_finds_the_single_stage_plan(tmp_path, backend):
+    """rand34 (issue 21): `--solver brute-force` finds 0.00373606 $/step (1F1B, one A10 stage
+    of 8 layers, dp 4, 2.482 s at 5.42 $/h); the models reported 0.00400008 `optimal`
+    (interleaved, two A10 stages) because the reduction's and optimizer's upper bounds were
+    the rounded value of all L layers plus one tick, below the model's own rounded sum."""
+    inst = _instance(tmp_path, RAND34_CLUSTER, RAND34_MODEL, 64)
+    limits = Limits("min-cost", time_limit_s=4.12773770899638)
+    res = solve(inst, limits, backend=backend, time_limit_s=120)
+    assert res.objective == pytest.approx(0.00373606, rel=2e-6)
+    assert res.plan.pp == 1 and res.plan.stages[0].gpu == "A10" and res.plan.stages[0].dp == 4
+    assert_admitted(inst, res.plan, limits)
+
+
+def test_every_pp1_config_with_a_plan_is_feasible_in_the_model(tmp_path):
+    """Of rand34's pp = 1 configs, each one whose heuristic finds a plan must be feasible
+    in the model too (the audit: the model alone declared 670 of 2,413 such configs infeasible)."""
+    from milp_plan.heuristics import warmstart
+    inst = _instance(tmp_path, RAND34_CLUSTER, RAND34_MODEL, 64)
+    limits = Limits("min-cost", time_limit_s=4.12773770899638)
+    checked = 0
+    for cfg in enumerate_configs(inst, {"pp": 1}):
+        coef = Coefficients(inst, cfg)
+        if not coef.options or warmstart.best_plan(coef, limits, "megatron") is None:
+            continue
+        be = make_backend("cpsat")
+        PipelineModel(coef, limits, be).build()
+        assert be.solve(10, 1).status == "optimal", cfg.label()
+        checked += 1
+    assert checked >= 10
+
+
+# ---- issue 21 §2: tp groups over nodes of one or two GPUs -------------------------------------
+ONE_GPU_NODES = """\
+name: rand26
+node_types:
+- {name: h100x1, gpu: H100-PCIe, gpus_per_node: 1, count: 4, intra_node_gb_per_s: 300, inter_node_gb_per_s: 25,
+   usd_per_hour: 2.5, billing: node}
+- {name: v100x4, gpu: V100-32GB, gpus_per_node: 4, count: 2, intra_node_gb_per_s: 150, inter_node_gb_per_s: 12.5,
+   usd_per_hour: 6.0, billing: gpu}
+"""
+MIXED_SIZES = """\
+name: t4h100
+node_types:
+- {name: t4x8, gpu: T4, gpus_per_node: 8, count: 1, intra_node_gb_per_s: 32, inter_node_gb_per_s: 12.5,
+   usd_per_hour: 4.0, billing: node}
+- {name: h100x4, gpu: H100-SXM, gpus_per_node: 4, count: 2, intra_node_gb_per_s: 450, inter_node_gb_per_s: 50,
+   usd_per_hour: 16.0, billing: node}
+"""
+
+
+@pytest.mark.parametrize("cluster", [ONE_GPU_NODES, MIXED_SIZES])
+@pytest.mark.parametrize("mode", ["megatron", "free"])
+def test_no_stage_option_lets_a_tp_group_span_nodes(tmp_path, cluster, mode):
+    inst = _instance(tmp_path, cluster, "gpt3-1.3b", 8)
+    types = inst.cluster.node_types
+    seen = 0
+    for cfg in enumerate_configs(inst, mode=mode):
+        for o in stage_options(inst, cfg):
+            assert types[o.k].gpus_per_node % o.tp == 0, (cfg, o)
+            seen += o.tp > 1
+    assert seen  # tp > 1 is in the space, on the nodes that hold it
+
+
+@pytest.mark.parametrize("cluster, gbs, fix", [(ONE_GPU_NODES, 8, {"tp": 2, "pp": 4}),
+                                               (MIXED_SIZES, 1, {"tp": 8})])
+def test_clusters_with_small_nodes_solve_without_a_checker_rejection(tmp_path, cluster, gbs, fix):
+    """Issue 21: the first raised `the heuristic returned a plan the checker rejects ...
+    [tp_within_node] stage 3: tp group 0 spans nodes [3, 4]`; the second (tp 8 fits only the
+    8 x T4 node, Megatron mode checked tp against the largest node only) crashed in CP-SAT."""
+    inst = _instance(tmp_path, cluster, "gpt3-1.3b", gbs)
+    for limits in (Limits(), Limits("min-cost", time_limit_s=1e4)):
+        res = solve(inst, limits, fix=fix, time_limit_s=60)
+        assert res.plan is not None
+        assert_admitted(inst, res.plan, limits)
+        assert all(inst.cluster.node_types[0].gpus_per_node % st.tp == 0 or st.gpu != "H100-PCIe"
+                   for st in res.plan.stages)
+
+
+# ---- issue 21 §4 and 12 §1: limits hold exactly, and a plan on a limit is not lost -----------
+@pytest.fixture(scope="module")
+def default_inst():
+    return build_instance(InstanceSpec())
+
+
+@pytest.fixture(scope="module")
+def default_prepared(default_inst):
+    return driver.prepare(default_inst)
+
+
+def test_a_plan_just_inside_the_time_limit_is_found(default_inst, default_prepared):
+    """Issue 21 §4: at 7.91984 s/step the 7.91981 s plan (0.1802 $/step) was missed; a
+    limit equal to the plan's own step time must find it too."""
+    limits = Limits("min-cost", time_limit_s=7.91984)
+    res = solve(default_inst, limits, prepared=default_prepared)
+    assert res.status == "optimal"
+    t = res.plan.predicted.step_time_s
+    assert t == pytest.approx(7.91981, abs=1e-5) and res.objective == pytest.approx(0.180246, rel=1e-5)
+    on_it = Limits("min-cost", time_limit_s=t)
+    again = solve(default_inst, on_it, prepared=default_prepared)
+    assert again.objective == res.objective and again.plan.predicted.step_time_s <= t
+    assert_admitted(default_inst, again.plan, on_it)
+
+
+def test_a_budget_below_a_plan_is_never_exceeded(default_inst, default_prepared):
+    """Issue 12 §1: a budget 1e-4 below a plan's $/step returned that plan, over budget, as
+    `optimal`. Just below the min-cost plan's $/step (here at the next float down) the result
+    must cost strictly less."""
+    cheapest = solve(default_inst, Limits("min-cost", time_limit_s=7.91984), prepared=default_prepared).plan
+    c = cheapest.predicted.usd_per_step
+    for budget in (math.nextafter(c, 0.0), c * (1 - 1e-7)):
+        limits = Limits("min-time", budget_usd_per_step=budget)
+        res = solve(default_inst, limits, prepared=default_prepared, time_limit_s=60)
+        if res.plan is not None:
+            assert res.plan.predicted.usd_per_step <= budget
+            assert_admitted(default_inst, res.plan, limits)
+        assert res.status in ("optimal", "infeasible", "feasible", "timeout")
+
+
+def test_the_gap_covers_rounding_and_optimal_means_within_the_proof_tolerance(default_inst, default_prepared):
+    res = solve(default_inst, Limits(), prepared=default_prepared)
+    assert res.status == "optimal" and 0.0 <= res.gap <= PROOF_TOL
+    assert res.best_bound <= res.objective == objective_of(res.plan, Limits())
+
+
+# ---- issue 12 §2: the model cannot drift from the cost model unnoticed ------------------------
+def test_a_drifting_model_term_is_an_internal_error(default_inst, monkeypatch):
+    """Halving the hops of the steady-period window (the audit's mutation: 2 h -> 1 h) makes
+    the model's objective fall below the cost model's by more than its rounding."""
+    orig = PipelineModel._scaled_hop
+    monkeypatch.setattr(PipelineModel, "_scaled_hop", lambda self, s, factor: orig(self, s, factor // 2))
+    with pytest.raises(InternalError, match="below the cost model"):
+        solve(default_inst, Limits(), fix={"tp": 1, "dp": 8, "pp": 4, "mbs": 1, "schedule": "1f1b",
+                                           "recompute": "none"})
+
+
+def test_resolution_fits_the_backend(default_inst):
+    cfg = next(iter(enumerate_configs(default_inst, {"tp": 1, "dp": 8, "pp": 4, "mbs": 1, "schedule": "1f1b",
+                                                     "recompute": "none"})))
+    coef = Coefficients(default_inst, cfg)
+    for objective in ("min-time", "min-cost"):
+        limits = Limits(objective, time_limit_s=20.0 if objective == "min-cost" else None)
+        cp = PipelineModel(coef, limits, make_backend("cpsat"))
+        assert cp.res.tps == 10**9  # the default's magnitudes allow 1 ns ticks on CP-SAT
+        assert cp._step_upper_bound() * (1 if objective == "min-time" else 1) < make_backend("cpsat").magnitude
+        mi = PipelineModel(coef, limits, make_backend("highs"))
+        assert (mi.res.tps, mi.res.money, mi.res.w_unit) == (10**6, 10**4, 1)
+
+
+def test_rounding_helpers_are_directed():
+    assert pipeline.down(2.9999999999999996) == 3   # float noise below an integer counts as it
+    assert pipeline.down(2.5) == 2 and pipeline.up(2.5) == 3 and pipeline.up(3.0000000000000004) == 3
+    assert pipeline.down(-2.5) == -3 and pipeline.up(-2.5) == -2
