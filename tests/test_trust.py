@@ -22,6 +22,7 @@ from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import driver
 from milp_plan.solvers.backends import make_backend
 from milp_plan.solvers.driver import PROOF_TOL, objective_of, solve
+from test_solve import COMPARABLE_BW, write_instance
 
 BACKENDS = ("cpsat", "highs", "cbc")
 
@@ -188,14 +189,20 @@ def test_the_gap_covers_rounding_and_optimal_means_within_the_proof_tolerance(de
 
 
 # ---- issue 12 §2: the model cannot drift from the cost model unnoticed ------------------------
-def test_a_drifting_model_term_is_an_internal_error(default_inst, monkeypatch):
-    """Halving the hops of the steady-period window (the audit's mutation: 2 h -> 1 h) makes
-    the model's objective fall below the cost model's by more than its rounding."""
+def test_a_drifting_model_term_is_an_internal_error(tmp_path, monkeypatch):
+    """The audit's mutation, hops of the steady-period window counted once (2 h -> 1 h), must
+    fail loudly. Two equal stages of 2 layers (3 ms a layer) on two 1-GPU nodes, one 0.8 ms
+    hop (4 KiB at 0.005 GB/s): the window (t0 + t1 + 2 h) / 2 = 6.8 ms beats max t = 6 ms,
+    so the mutated model prices (m - 1) x 0.8 ms less than the cost model."""
+    spec = write_instance(tmp_path, layers=4, fast_ms=(1.0, 2.0), gpn=1, counts=(2, 1), bw=COMPARABLE_BW[0])
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    fix = {"tp": 1, "dp": 1, "mbs": 1, "pp": 2, "schedule": "1f1b", "recompute": "none"}
+    honest = solve(inst, Limits(), fix=fix)
+    assert honest.status == "optimal" and [s.num_layers for s in honest.plan.stages] == [2, 2]
     orig = PipelineModel._scaled_hop
     monkeypatch.setattr(PipelineModel, "_scaled_hop", lambda self, s, factor: orig(self, s, factor // 2))
     with pytest.raises(InternalError, match="below the cost model"):
-        solve(default_inst, Limits(), fix={"tp": 1, "dp": 8, "pp": 4, "mbs": 1, "schedule": "1f1b",
-                                           "recompute": "none"})
+        solve(inst, Limits(), fix=fix)
 
 
 def test_resolution_fits_the_backend(default_inst):
