@@ -214,7 +214,7 @@ def test_resolution_fits_the_backend(default_inst):
         cp = PipelineModel(coef, limits, make_backend("cpsat"))
         assert cp.res.tps == 10**9  # the default's magnitudes allow 1 ns ticks on CP-SAT
         assert cp._step_upper_bound() * (1 if objective == "min-time" else 1) < make_backend("cpsat").magnitude
-        mi = PipelineModel(coef, limits, make_backend("highs"))
+        mi = PipelineModel(coef, limits, make_backend("highs"))  # doubles: the default stays at 1 us
         assert (mi.res.tps, mi.res.money, mi.res.w_unit) == (10**6, 10**4, 1)
 
 

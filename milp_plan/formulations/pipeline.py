@@ -48,12 +48,12 @@ from milp_plan.units import TICKS_PER_SECOND
 
 NOISE = 1e-12       # relative float noise of the cost model, allowed when rounding (pipeline.md)
 TICKS = (10**9, 10**8, 10**7, 10**6)   # ticks per second, finest first
-MONEY = 10**6       # money units per $/h
 
 
 class Backend(Protocol):
-    magnitude: int      # largest integer value the backend holds exactly in a constraint or objective
-    resolution: tuple | None  # (tps, money, w_unit) the backend needs, or None: the finest that fits
+    magnitude: int      # largest step bound in ticks (and, with scale_w, price x W) the backend holds exactly
+    money: int          # money units per $/h
+    scale_w: bool       # W[b,beta] in units of Resolution.w_unit ticks (else ticks)
 
     def new_bool(self, name: str) -> Any: ...
     def new_int(self, lo: int, hi: int, name: str) -> Any: ...
@@ -100,7 +100,7 @@ class Resolution:
     """Integer units of one model: `tps` ticks per second, `money` units per $/h."""
 
     tps: int = TICKS_PER_SECOND
-    money: int = MONEY
+    money: int = 10**4
     w_unit: int = 1     # ticks per unit of W[b,beta] (a $/step term), so price x W stays exact
 
     def t_down(self, seconds: float) -> int:
@@ -176,8 +176,6 @@ class PipelineModel:
         """The finest tick (TICKS) at which the step's upper bound stays below the backend's
         magnitude, and the unit of W (ticks) at which every price x W does too, so that the
         backend holds every value exactly."""
-        if getattr(self.be, "resolution", None):
-            return Resolution(*self.be.resolution)
         c, cfg, mag = self.c, self.cfg, self.be.magnitude
         t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
         h = max([c.hop_intra(b) for b in self.B] + [c.hop_inter(b, j) for b in self.B for j in self.block_of_type])
@@ -187,12 +185,12 @@ class PipelineModel:
         slack = (self.c.m + cfg.pp + 8) * (2 * self.L + 8) * v_scale(cfg) ** 2
         step_s = self._step_bound(t, h, dp, opt)
         tps = next((k for k in TICKS if step_s * k + slack <= mag), TICKS[-1])
-        w_unit = 1
-        if self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None:
+        w_unit, money = 1, self.be.money
+        if self.be.scale_w and (self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None):
             prices = sum(c.usd_per_hour(b, beta) for b in self.B
-                         for beta in range(c.min_stages(b), c.max_stages(b) + 1)) * MONEY + 1.0
+                         for beta in range(c.min_stages(b), c.max_stages(b) + 1)) * money + 1.0
             w_unit = max(1, math.ceil(prices * (step_s * tps + slack) / mag))
-        return Resolution(tps, MONEY, w_unit)
+        return Resolution(tps, money, w_unit)
 
     def _step_bound(self, t: float, h: float, dp: float, opt: float) -> float:
         """An upper bound of the scaled step expression over every plan of the config, given
