@@ -222,3 +222,28 @@ def test_rounding_helpers_are_directed():
     assert pipeline.down(2.9999999999999996) == 3   # float noise below an integer counts as it
     assert pipeline.down(2.5) == 2 and pipeline.up(2.5) == 3 and pipeline.up(3.0000000000000004) == 3
     assert pipeline.down(-2.5) == -3 and pipeline.up(-2.5) == -2
+
+
+# ---- issue 12 §1: the Pareto front never repeats a point and is complete only when proven -----
+def test_pareto_front_is_strict_complete_and_matches_brute_force(tmp_path):
+    """A 6-layer model on 2 x 2 fast (8 $/node-h) and 2 x 2 slow (2 $/GPU-h) GPUs with transfers and
+    reductions comparable to stage time. Every point is strictly faster or cheaper than its
+    neighbours, the sweep proves its end (complete), each point is brute force's min-cost
+    optimum at its own step time, and the front equals the one brute force sweeps."""
+    from milp_plan.pareto import pareto_front
+    from milp_plan.solve import SolveRequest
+    from milp_plan.solvers import bruteforce
+    spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), bw=COMPARABLE_BW[0],
+                          billing=("node", "gpu"))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    front = pareto_front(inst, SolveRequest("cpsat", None, 60.0))
+    pts = [(p.predicted.step_time_s, p.predicted.usd_per_step) for p in front.points]
+    assert front.complete and len(pts) >= 3, pts
+    assert all(t1 > t0 and c1 < c0 for (t0, c0), (t1, c1) in zip(pts, pts[1:])), pts
+    for t, c in pts:
+        ref = bruteforce.solve(inst, Limits("min-cost", time_limit_s=t))
+        assert ref.objective == pytest.approx(c, rel=PROOF_TOL)
+    exhaustive = pareto_front(inst, SolveRequest("brute-force", None, 60.0))
+    assert exhaustive.complete
+    assert [(pytest.approx(t, rel=PROOF_TOL), pytest.approx(c, rel=PROOF_TOL)) for t, c in pts] == \
+        [(p.predicted.step_time_s, p.predicted.usd_per_step) for p in exhaustive.points]
