@@ -213,9 +213,13 @@ def test_resolution_fits_the_backend(default_inst):
         limits = Limits(objective, time_limit_s=20.0 if objective == "min-cost" else None)
         cp = PipelineModel(coef, limits, make_backend("cpsat"))
         assert cp.res.tps == 10**9  # the default's magnitudes allow 1 ns ticks on CP-SAT
-        assert cp._step_upper_bound() * (1 if objective == "min-time" else 1) < make_backend("cpsat").magnitude
-        mi = PipelineModel(coef, limits, make_backend("highs"))  # doubles: the default stays at 1 us
-        assert (mi.res.tps, mi.res.money, mi.res.w_unit) == (10**6, 10**4, 1)
+        assert cp._step_upper_bound() < make_backend("cpsat").magnitude
+        mi = PipelineModel(coef, limits, make_backend("highs"))  # doubles: the step bound below 2^30 ticks
+        assert mi._step_upper_bound() <= 2**30 and mi.res.tps >= 10**6 and (mi.res.money, mi.res.w_unit) == (10**4, 1)
+        if objective == "min-cost":  # every price x W in int64 on CP-SAT
+            cp.build()
+            prices = sum(p for p, _ in cp.v.W.values())
+            assert prices * -(-cp._step_upper_bound() // cp.res.w_unit) < 2**62
 
 
 def test_rounding_helpers_are_directed():
