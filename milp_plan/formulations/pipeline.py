@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from milp_plan.formulations.coefficients import Affine, Coefficients
-from milp_plan.units import TICKS_PER_SECOND
+from milp_plan.units import GIB, TICKS_PER_SECOND
 
 NOISE = 1e-12       # relative float noise of the cost model, allowed when rounding (pipeline.md)
 TICKS = (10**9, 10**8, 10**7, 10**6)   # ticks per second, finest first
@@ -559,7 +559,7 @@ class PipelineModel:
         v.cuts.append((tuple(options), tuple(layers), tuple(rs)))
 
     def rounding_error(self, options: Sequence[int], layers: Sequence[int], rs: Sequence[int],
-                       usd_per_hour: float, step_s: float) -> float:
+                       usd_per_hour: float, step_s: float, objective: str | None = None) -> float:
         """Most the model objective of this plan lies below the cost model's (model units):
         a rounded coefficient errs by < 1 unit per unit of its multiplier (n, r, y), counted
         through every term of the step time (pipeline.md, "Rounding")."""
@@ -574,7 +574,7 @@ class PipelineModel:
             pipe = max(e_t) + 3
         tail = sc * (self.L + 1) + sum(e_t) + sc * cfg.pp
         err = pipe + sum(e_t) + hops + tail + sc * (self.L + 1) + 1
-        if self.lim.objective == "min-cost":
+        if (objective or self.lim.objective) == "min-cost":
             k, blocks = self.res.w_unit, len({self.c.block_of[o] for o in options})
             err = usd_per_hour * self.res.money * (err / k + 1) + blocks * (step_s * sc * self.res.tps / k + 1)
         return err * (1 + 1e-9)
@@ -582,12 +582,30 @@ class PipelineModel:
     def objective_drift(self, raw: float, value: float, err: float) -> str | None:
         """None when the model's objective `raw` (model units) lies in [value - err, value] for
         the cost model's `value` (seconds or $/step), up to float noise; else what is wrong."""
-        exact = value * self._objective_scale()
-        if raw > exact * (1 + 1e-9) + 1:
-            return f"the model's objective {raw:.0f} exceeds the cost model's {exact:.0f} (a rounded model must not)"
-        if raw < exact - err - 1:
-            return (f"the model's objective {raw:.0f} lies {exact - raw:.0f} below the cost model's {exact:.0f}, "
-                    f"more than its rounding ({err:.0f})")
+        return _drift("objective", raw, value * self._objective_scale(), err)
+
+    def usd_per_hour_drift(self, raw: float, usd_per_hour: float, options: Sequence[int]) -> str | None:
+        """The same for the plan's $/h: each block's price is rounded down by < 1 unit."""
+        return _drift("$/h", raw, usd_per_hour * self.res.money, len({self.c.block_of[o] for o in options}))
+
+    def limit_drift(self, plan, options: Sequence[int], layers: Sequence[int], rs: Sequence[int]) -> str | None:
+        """A plan the model accepted may break a limit or memory only by the rounding (the model
+        is a relaxation): by more, the model's constraint has drifted from the cost model."""
+        p, lim, res, sc = plan.predicted, self.lim, self.res, self.v.scale
+        for s, sp in enumerate(p.stages):  # bytes: a n + rho r + c, < 1 byte per unit of n, r, y
+            slack = (layers[s] + rs[s] + 2) / GIB + sp.capacity_gib * 1e-9
+            if sp.peak_memory_gib > sp.capacity_gib + slack:
+                return f"stage {s} needs {sp.peak_memory_gib:.9g} GiB, over the {sp.capacity_gib:.9g} the model allowed"
+        t_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-time") / (sc * res.tps)
+        usd_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-cost") * res.w_unit \
+            / (3600 * sc * res.tps * res.money)
+        blocks = len({self.c.block_of[o] for o in options})
+        checks = [(lim.time_limit_s, p.step_time_s, t_err, "s/step"),
+                  (lim.budget_usd_per_hour, p.usd_per_hour, (blocks + 1) / res.money, "$/h"),
+                  (lim.budget_usd_per_step, p.usd_per_step, usd_err, "$/step")]
+        for limit, value, slack, unit in checks:
+            if limit is not None and value > limit * (1 + 1e-9) + slack:
+                return f"the plan's {value:.9g} {unit} breaks the limit {limit:.9g} by more than the rounding"
         return None
 
     # ---- reading a solution --------------------------------------------------------------
@@ -604,6 +622,15 @@ class PipelineModel:
             layers.append(int(round(value(self.v.n[s, o]))))
             rs.append(int(round(value(self.v.rr[s, o]))) if (s, o) in self.v.rr else 0)
         return opts, layers, rs
+
+
+def _drift(what: str, raw: float, exact: float, err: float) -> str | None:
+    if raw > exact * (1 + 1e-9) + 1:
+        return f"the model's {what} {raw:.0f} exceeds the cost model's {exact:.0f} (a rounded model must not)"
+    if raw < exact - err - 1:
+        return (f"the model's {what} {raw:.0f} lies {exact - raw:.0f} below the cost model's {exact:.0f}, "
+                f"more than its rounding ({err:.0f})")
+    return None
 
 
 def v_scale(cfg) -> int:

@@ -485,11 +485,15 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
         _require_valid(coef.inst, plan, backend, coef.cfg)
         value = objective_of(plan, limits)
         err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
-        drift = model.objective_drift(run.objective, value, err)
+        drift = (model.objective_drift(run.objective, value, err)
+                 or model.usd_per_hour_drift(run.value(model.v.usd_h), plan.predicted.usd_per_hour, opts))
         if drift is not None:
             raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
         if limits.admit(plan):
             return plan, bound
+        drift = model.limit_drift(plan, opts, layers, rs)
+        if drift is not None:
+            raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
         model.add_no_good(opts, layers, rs)
         if time.perf_counter() >= deadline:
             break
