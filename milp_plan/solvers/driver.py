@@ -485,7 +485,7 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
         _require_valid(coef.inst, plan, backend, coef.cfg)
         value = objective_of(plan, limits)
         err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
-        drift = (model.objective_drift(run.objective, value, err)
+        drift = (model.objective_drift(run.objective, value, err, run.status == "optimal")
                  or model.usd_per_hour_drift(run.value(model.v.usd_h), plan.predicted.usd_per_hour, opts))
         if drift is not None:
             raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
