@@ -2,12 +2,18 @@
 
 * ``InputError``  -> exit 2: the input is wrong; the message names file, field and fix.
 * ``Infeasible``  -> exit 1: the input is valid but no plan satisfies it.
+* ``Interrupted`` -> exit 130 (SIGINT, Ctrl-C) or 143 (SIGTERM): the search was stopped;
+  no output was written unless asked for.
+* anything else   -> exit 3: an internal error (a bug); one line asking for a report.
 """
 from __future__ import annotations
 
 EXIT_OK = 0
 EXIT_NO_PLAN = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
 
 
 class MilpPlanError(Exception):
@@ -38,3 +44,11 @@ class Infeasible(MilpPlanError):
     """No plan satisfies the constraints; the message explains with numbers."""
 
     exit_code = EXIT_NO_PLAN
+
+
+class Interrupted(MilpPlanError):
+    """The user stopped the command (SIGINT / SIGTERM); exit 128 + the signal number."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_SIGINT):
+        super().__init__(message)
+        self.exit_code = exit_code

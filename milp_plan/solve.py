@@ -37,15 +37,31 @@ def limits_for(inst: Instance) -> Limits:
     return Limits("min-cost" if o.kind == "min-cost" else "min-time", o.time_limit_s, per_h, per_step)
 
 
+MAX_SEED = 2**31 - 1          # CP-SAT's and HiGHS's seeds are non-negative 32-bit integers
+MAX_WORKERS = 64
+MAX_SOLVE_TIME_S = 7 * 86400.0
+
+
+def check_request(req: SolveRequest) -> None:
+    """Every field of a request in range, before any work (InputError naming the option)."""
+    if req.solver not in SOLVERS:
+        raise InputError(f"unknown solver '{req.solver}'; use {', '.join(SOLVERS)}", field="solver")
+    if not 0 < req.max_solve_time_s <= MAX_SOLVE_TIME_S:
+        raise InputError(f"must be > 0 and at most {MAX_SOLVE_TIME_S / 86400:g} days, e.g. 30s",
+                         field="max-solve-time")
+    if not 1 <= req.workers <= MAX_WORKERS:
+        raise InputError(f"must be between 1 and {MAX_WORKERS} (1 is deterministic), got {req.workers}",
+                         field="workers")
+    if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed <= MAX_SEED:
+        raise InputError(f"must be a whole number between 0 and {MAX_SEED} (the solvers' seed range), "
+                         f"got {req.seed}", field="seed")
+    parse_fix(req.fix)
+
+
 def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progress=None,
         prepared=None) -> SolveResult:
     """One exact solve; `prepared` (driver.prepare) reuses configs and coefficients across solves."""
-    if req.solver not in SOLVERS:
-        raise InputError(f"unknown solver '{req.solver}'; use {', '.join(SOLVERS)}", field="solver")
-    if req.max_solve_time_s <= 0:
-        raise InputError("must be > 0, e.g. 30s", field="max-solve-time")
-    if req.workers < 1:
-        raise InputError(f"must be >= 1 (1 is deterministic), got {req.workers}", field="workers")
+    check_request(req)
     limits = limits or limits_for(inst)
     fix = parse_fix(req.fix)
     if req.solver == "brute-force":

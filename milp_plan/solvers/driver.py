@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from milp_plan import check, costmodel
+from milp_plan.deadline import Deadline
 from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
@@ -408,6 +409,7 @@ class Prepared:
     base: "Prepared | None" = None
     fix: dict | None = None
     shared: dict = field(default_factory=dict)
+    truncated: bool = False  # the deadline cut the enumeration short: the configs are not all here
 
     def children(self, coef: Coefficients) -> list[Coefficients]:
         """Free mode: a config with open stage sizes, branched on its first open node type."""
@@ -415,8 +417,13 @@ class Prepared:
                 for child in free_children(coef.inst, coef.cfg, self.fix)]
 
 
-def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> Prepared:
-    configs = list(enumerate_configs(inst, fix, mode=mode))
+def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl: Deadline | None = None) -> Prepared:
+    configs, cut = [], False
+    for cfg in enumerate_configs(inst, fix, mode=mode):
+        configs.append(cfg)
+        if dl is not None and dl.expired():
+            cut = True  # the search reports what it could examine, with bound 0 for the rest
+            break
     if not configs:
         if fix:
             raise InputError(f"{explain_fix(inst, fix)}; change --fix", field="fix")
@@ -426,10 +433,15 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> 
     base = None
     if mode == "free":
         try:
-            base = prepare(inst, fix, "megatron")
+            base = prepare(inst, fix, "megatron", dl)
         except InputError:  # no uniform plan passes the rules: the free search starts cold
             base = None
-    return Prepared(configs, [Coefficients(inst, cfg, shared, fix) for cfg in configs], mode, base, fix, shared)
+    coefs = []
+    for cfg in configs:
+        if dl is not None and dl.expired():
+            break
+        coefs.append(Coefficients(inst, cfg, shared, fix))
+    return Prepared(configs[:len(coefs)], coefs, mode, base, fix, shared, cut or len(coefs) < len(configs))
 
 
 def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
@@ -476,13 +488,21 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
 
 def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
           time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
-          progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None) -> SolveResult:
+          progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None,
+          dl: Deadline | None = None) -> SolveResult:
+    """The exact search within `time_limit_s` (or the deadline `dl`, which also ends it on an
+    interrupt): configs left unexamined when it runs out count with bound 0 (or theirs)."""
     if backend not in BACKENDS:
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
-    t0 = time.perf_counter()
-    prepared = prepared or prepare(inst, fix, mode)
+    dl = dl or Deadline(time_limit_s)
+    t0 = dl.start
+    prepared = prepared or prepare(inst, fix, mode, dl)
     bounded: list[tuple[float, Config | FreeConfig, Coefficients]] = []
-    for coef in prepared.coefs:
+    unbounded_left = prepared.truncated  # the deadline cut enumeration or bounding short: bound 0 stays open
+    for i, coef in enumerate(prepared.coefs):
+        if i % 16 == 0 and dl.expired():
+            unbounded_left = True
+            break
         lb = config_lower_bound(coef, limits, memory=False)
         if lb is not None:
             bounded.append((lb, coef.cfg, coef))
@@ -495,7 +515,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         # Free mode starts from the Megatron-mode optimum: a free plan too (uniform options)
         start = "Megatron-mode"
         sub = solve(inst, limits, backend=backend, time_limit_s=FREE_BASE_SHARE * time_limit_s, seed=seed,
-                    workers=workers, mode="megatron", prepared=prepared.base)
+                    workers=workers, mode="megatron", prepared=prepared.base,
+                    dl=dl.within(FREE_BASE_SHARE * time_limit_s))
         if sub.plan is not None:
             best = sub.plan.with_(mode=mode, solver=None)
             best_obj = objective_of(best, limits)
@@ -509,6 +530,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if best is not None and (tried >= HEURISTIC_CONFIGS
                                      or time.perf_counter() - h0 > HEURISTIC_SHARE * time_limit_s):
                 break
+            if dl.expired():
+                break
             got = heuristic.best_plan(coef, limits, mode)
             if got is None:
                 continue
@@ -518,7 +541,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                 best, best_obj = plan, objective_of(plan, limits)
     heuristic_obj = best_obj if best is not None else None
     warm = best if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
-    open_bounds: list[float] = []
+    open_bounds: list[float] = [0.0] if unbounded_left else []
     solved = pruned = 0
     # Best-first over the configs: a free config with open stage sizes is expanded when it is
     # popped (its children inherit its bound), a complete one is solved.
@@ -529,7 +552,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         if lb >= best_obj * (1 - REL_EPS):
             pruned += len(heap)
             break
-        left = time_limit_s - (time.perf_counter() - t0)
+        left = dl.left()
         if left <= 0:
             open_bounds += [b for b, _, _ in heap]
             break
