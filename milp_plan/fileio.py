@@ -108,7 +108,8 @@ def parse_yaml(text: str, source: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise InputError(f"YAML error{where}: {problem}; fix the syntax", source=source) from None
+        kind = "YAML syntax error" if not isinstance(exc, yaml.constructor.ConstructorError) else "YAML error"
+        raise InputError(f"{kind}{where}: {problem}; fix the syntax", source=source) from None
     except RecursionError:
         raise InputError(f"YAML nested too deeply (limit {MAX_NESTING} levels)", source=source) from None
     if _depth(data) > MAX_NESTING:
