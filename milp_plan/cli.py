@@ -407,11 +407,27 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _exit_now() -> None:
+    """After an interrupt: leave without tearing down the solver's large objects (a second or
+    more on 8192 GPUs). Not inside pytest, which calls main() in-process."""
+    import os
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SystemExit) and "pytest" not in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(exc.code or 0))
+
+
 def main() -> None:
     """Console entry point: user mistakes become one line and exit 2, never a traceback;
     anything unexpected is exit 3 with one line asking for a bug report."""
     try:
         app(standalone_mode=False)
+    except Interrupted as exc:
+        try:
+            _fail(str(exc), exc.exit_code)
+        finally:
+            _exit_now()
     except MilpPlanError as exc:
         _fail(str(exc), exc.exit_code)
     except SystemExit:
