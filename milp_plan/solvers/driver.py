@@ -48,6 +48,7 @@ REL_EPS = 1e-9
 HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan before the exact search,
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
+BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this share of the time limit
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 
 
@@ -500,8 +501,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     bounded: list[tuple[float, Config | FreeConfig, Coefficients]] = []
     unbounded_left = prepared.truncated  # the deadline cut enumeration or bounding short: bound 0 stays open
     for i, coef in enumerate(prepared.coefs):
-        if i % 16 == 0 and dl.expired():
-            unbounded_left = True
+        if i % 16 == 0 and (dl.expired() or dl.elapsed() > BOUNDING_SHARE * dl.seconds):
+            unbounded_left = True  # the rest keep bound 0; the heuristic gets the time left
             break
         lb = config_lower_bound(coef, limits, memory=False)
         if lb is not None:
