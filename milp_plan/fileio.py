@@ -130,15 +130,37 @@ def parse_json(text: str, source: str) -> Any:
     try:
         data = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise InputError(f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}; fix the syntax",
-                         source=source) from None
+        raise InputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); JSON syntax error, "
+                         "fix the syntax", source=source) from None
     except ValueError as exc:
         raise InputError(f"not valid JSON: {exc}; write a finite number", source=source) from None
     except RecursionError:
         raise InputError(f"JSON nested too deeply (limit {MAX_NESTING} levels)", source=source) from None
     if _depth(data) > MAX_NESTING:
         raise InputError(f"JSON nested too deeply (limit {MAX_NESTING} levels)", source=source)
+    bad = _bad_number(data)
+    if bad is not None:
+        where, value = bad
+        raise InputError(f"{value!r:.40} is not a finite number of at most 2^53 in magnitude; fix it",
+                         source=source, field=where or "(top level)")
     return data
+
+
+def _bad_number(data: Any) -> tuple[str, Any] | None:
+    """(path, value) of the first number JSON cannot carry faithfully (1e400 read as inf, an
+    integer beyond 2^53), iteratively."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+        elif isinstance(item, float) and not math.isfinite(item):
+            return path, item
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > 2**53:
+            return path, item
+    return None
 
 
 def load_json(path: str | Path, what: str = "JSON file") -> Any:
