@@ -212,7 +212,7 @@ def check_number(value: Any, key: str, *, source: str | None, where: str, intege
         raise bad("must be >= 0" if allow_zero else "must be > 0")
     top = maximum if maximum is not None else (INT_MAX if integer else FLOAT_MAX)
     if abs(value) > top:
-        raise bad(f"must be at most {top:g} (a limit of milp-plan)")
+        raise bad(f"must be at most {int(top) if integer else top:{',' if integer else 'g'}} (a limit of milp-plan)")
     if not integer and value != 0 and abs(value) < FLOAT_MIN:
         raise bad(f"must be 0 or at least {FLOAT_MIN:g} in magnitude")
     return int(value) if integer else float(value)

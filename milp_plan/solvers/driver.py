@@ -533,7 +533,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                 break
             if dl.expired():
                 break
-            got = heuristic.best_plan(coef, limits, mode)
+            got = heuristic.best_plan(coef, limits, mode, dl)
             if got is None:
                 continue
             plan, hints[cfg] = got
