@@ -151,7 +151,14 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     req = solving.SolveRequest(solver, fix, parse_duration_s(max_solve_time, field="max-solve-time"), seed, workers)
     solving.check_request(req)
     out = out or ("pareto.json" if objective == "pareto" else "plan.json")
-    check_output(out)
+    if objective == "pareto":
+        if out == "-":
+            raise InputError("pareto writes a JSON and a CSV file; give a file name", field="out")
+        json_path = out if out.endswith(".json") else out + ".json"
+        check_output(json_path, allow_stdout=False)
+        check_output(json_path[:-5] + ".csv", allow_stdout=False)
+    else:
+        check_output(out)
     if plot:
         check_output(plot, "--plot", allow_stdout=False)
     inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
