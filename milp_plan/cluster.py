@@ -246,9 +246,10 @@ def load_cluster(spec: str | Path | None) -> Cluster:
         return load_metis_cluster(text.removeprefix("metis:"))
     shipped = shipped_clusters()
     path = Path(text)
-    if not path.exists() and text in shipped:
+    present = path.exists() or path.is_symlink()  # a broken link or a loop: read_text names it
+    if not present and text in shipped:
         path = shipped[text]
-    elif not path.exists():
+    elif not present:
         raise InputError(f"cluster file not found; give a path or one of the shipped clusters: "
                          f"{', '.join(shipped)}", source=text)
     return cluster_from_mapping(load_yaml(path, "cluster file"), str(path))

@@ -296,7 +296,7 @@ def load_model(spec: str | Path | None, default: str = "gpt3-1.3b") -> Model:
     if text in catalog:
         return catalog[text]
     path = Path(text)
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):  # a broken link or a loop: read_text names it
         raise InputError(f"unknown model; use a catalog name ({', '.join(catalog)}) or a model YAML file",
                          source=text)
     data = load_yaml(path, "model file")

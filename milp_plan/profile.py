@@ -241,12 +241,9 @@ def validate_table(table: pd.DataFrame, source: str) -> pd.DataFrame:
                          source=source)
     for col in ("tp", "micro_batch_size", "seq_length"):
         vals = pd.to_numeric(table[col], errors="coerce")
-        if vals.isna().any() or (vals <= 0).any() or (vals != vals.round()).any():
-            raise InputError(f"column '{col}' must hold whole numbers > 0", source=source)
-        table[col] = vals.astype(int)
-    for col in ("tp", "micro_batch_size", "seq_length"):
-        if (table[col] > 2**20).any():
+        if vals.isna().any() or (vals <= 0).any() or (vals > 2**20).any() or (vals != vals.round()).any():
             raise InputError(f"column '{col}' must hold whole numbers from 1 to {2**20}", source=source)
+        table[col] = vals.astype(int)
     for col in ("fwd_ms", "bwd_ms"):
         vals = pd.to_numeric(table[col], errors="coerce")
         bad = vals.isna() | (vals < 0) | (vals > MAX_TIME_MS) | ((vals > 0) & (vals < 1e-9))

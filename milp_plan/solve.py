@@ -76,7 +76,7 @@ def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progres
 def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveResult) -> str:
     """Plain words, with numbers: which constraint makes the instance infeasible."""
     if result.status == "timeout":
-        memory = _memory_diagnosis(inst, Deadline(min(req.max_solve_time_s, 30.0)), only_if_short=True)
+        memory = _memory_diagnosis(inst, Deadline(MEMORY_DIAGNOSIS_S), only_if_short=True)
         if memory:
             return memory  # no time would help
         return (f"no plan found within --max-solve-time {req.max_solve_time_s:g}s "
@@ -107,6 +107,7 @@ def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveRes
     return _memory_diagnosis(inst)
 
 
+MEMORY_DIAGNOSIS_S = 10.0  # the memory scan of a timed-out solve gets this long (well under a second usually)
 RENT_PROBES = 12  # _least_rent: budget bisection steps at most
 
 

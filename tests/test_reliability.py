@@ -145,7 +145,7 @@ def test_hostfile_junk(tmp_path_factory, lines):
        st.sampled_from(["inf", "nan", "1e400", "1e-300", "-1", "x", "0", "²"]))
 def test_profile_csv_junk(tmp_path_factory, header, column, value):
     from milp_plan.profile import read_native
-    lines = profile_csv().splitlines()
+    lines = [line for line in profile_csv().splitlines() if not line.startswith("#")]
     cols = lines[0].split(",")
     row = lines[1].split(",")
     row[cols.index(column)] = value
@@ -314,7 +314,8 @@ def tiny_plan(tmp_path_factory):
     out = d / "plan.json"
     r = subprocess.run([sys.executable, "-c", "from milp_plan.cli import main; main()", "solve", "--cluster",
                         str(d / "c.yaml"), "--model", str(d / "m.yaml"), "--profiles", str(d / "p.csv"),
-                        "--global-batch", "8", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                        "--global-batch", "8", "--fix", "tp=1,dp=8,pp=1", "--out", str(out)], capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return out, r.stdout
 
@@ -338,7 +339,8 @@ def test_verify_checks_input_hashes(files, capsys, tiny_plan):
 
 def test_one_micro_batch_is_singular(tiny_plan):
     _, stdout = tiny_plan
-    assert "1 micro-batches" not in stdout
+    assert "1 stages" not in stdout and "1 micro-batches" not in stdout
+    assert "1 stage on 8 GPUs" in stdout and "1 micro-batch of" in stdout
 
 
 def test_json_error_object(files, capsys):
@@ -376,7 +378,7 @@ def test_out_checked_before_solving(files, capsys, monkeypatch):
 
 def test_out_dash_writes_stdout(files, capsys, tiny_plan):
     code, out, err = run_cli(capsys, "solve", "--cluster", "c.yaml", "--model", "m.yaml", "--profiles", "p.csv",
-                             "--global-batch", "8", "--out", "-")
+                             "--global-batch", "8", "--fix", "tp=1,dp=8,pp=1", "--out", "-")
     assert code == 0, err
     assert json.loads(out)["schema_version"] == "1"
     assert not (files / "-").exists()
