@@ -499,10 +499,11 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     t0 = dl.start
     prepared = prepared or prepare(inst, fix, mode, dl)
     bounded: list[tuple[float, Config | FreeConfig, Coefficients]] = []
-    unbounded_left = prepared.truncated  # the deadline cut enumeration or bounding short: bound 0 stays open
+    unbounded_left = prepared.truncated  # the deadline cut the enumeration short: bound 0 stays open
+    later: list[tuple[float, Config | FreeConfig, Coefficients]] = []  # bounded when popped (bound 0 till then)
     for i, coef in enumerate(prepared.coefs):
         if i % 16 == 0 and (dl.expired() or dl.elapsed() > BOUNDING_SHARE * dl.seconds):
-            unbounded_left = True  # the rest keep bound 0; the heuristic gets the time left
+            later = [(0.0, c.cfg, c) for c in prepared.coefs[i:]]  # the heuristic gets the time left
             break
         lb = config_lower_bound(coef, limits, memory=False)
         if lb is not None:
@@ -546,7 +547,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     solved = pruned = 0
     # Best-first over the configs: a free config with open stage sizes is expanded when it is
     # popped (its children inherit its bound), a complete one is solved.
-    heap = list(bounded)  # sorted, hence a heap
+    heap = sorted(later + bounded, key=lambda x: (x[0], x[1]))  # sorted, hence a heap
+    unbounded = {id(c) for _, _, c in later}
     total = len(prepared.configs)  # and, in free mode, every child made
     while heap:
         lb, cfg, coef = heap[0]
@@ -558,6 +560,12 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             open_bounds += [b for b, _, _ in heap]
             break
         heapq.heappop(heap)
+        if id(coef) in unbounded:  # cut from the cheap bounding by the time limit: bound it now, back in order
+            unbounded.discard(id(coef))
+            cheap = config_lower_bound(coef, limits, memory=False)
+            if cheap is not None:
+                heapq.heappush(heap, (cheap, cfg, coef))
+            continue
         full_lb = config_lower_bound(coef, limits, memory=True)
         if full_lb is None or full_lb >= best_obj * (1 - REL_EPS):
             continue  # no plan fits in memory, or none can beat the incumbent
