@@ -496,3 +496,24 @@ def test_pulp_backends_emit_no_deprecation_warnings(tmp_path, backend):
         warnings.simplefilter("error", DeprecationWarning)
         r = solving.run(inst, solving.SolveRequest(backend, "tp=1,pp=2", 10.0))
     assert r.plan is not None
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(capsys):
+    from milp_plan.cli import _progress_printer
+    from milp_plan.solvers.driver import Progress
+    printer = _progress_printer(True)
+    assert not printer.tty  # pytest captures stderr
+    for t in (0.5, 1.5, 3.0, 7.0, 12.5):
+        printer(Progress(t, 2.0, 1.5, 3, 10))
+    printer.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(line.startswith("  solving: incumbent 2") for line in lines)  # 1.5 s, 7.0 s
+
+
+def test_fasop_complex_array_is_refused(tmp_path):
+    import numpy as np
+    from milp_plan.importers.fasop import read_array
+    from milp_plan.model import load_model
+    np.save(tmp_path / "x.npy", np.array([1 + 2j, 3 + 0j]))
+    with pytest.raises(InputError, match="1-D numeric"):
+        read_array(tmp_path / "x.npy", load_model("gpt3-1.3b"))
