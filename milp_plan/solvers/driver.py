@@ -16,9 +16,14 @@ when the time runs out keep their bounds, valid for everything below them.
 Warm start. Megatron mode: before the exact search, heuristics/warmstart.py builds a
 plan for each of the HEURISTIC_CONFIGS configs of least bound, or more until one has a
 plan (greedy device grouping, bottleneck-optimal layer partition). The best is the first
-incumbent, and each such config's model gets its plan as a hint. A very short
+incumbent, and each such config's model gets its plan as a hint. A short
 --max-solve-time still returns that plan, with its gap. Free mode: the Megatron-mode
 solve (FREE_BASE_SHARE of the time limit) gives the first incumbent, a free plan too.
+
+Deadline (milp_plan/deadline.py): one Deadline bounds the whole search, enumeration,
+bounding, warm start and each backend run, and ends it at once on SIGINT/SIGTERM. The
+cheap bounding stops at BOUNDING_SHARE of the limit; configs it did not reach go on the
+heap with bound 0 and are bounded when popped, so the search stays exact.
 
 Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 (config_lower_bound, _bottleneck_bound).
@@ -524,7 +529,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             best_obj = objective_of(best, limits)
     else:
         # Heuristic first, from the configs of least bound: HEURISTIC_CONFIGS of them, or on until
-        # the first plan (so that even a very short limit returns one), within a tenth of the limit
+        # the first plan (so that a short limit returns one), within a tenth of the limit and the deadline
         h0 = time.perf_counter()
         for tried, (lb, cfg, coef) in enumerate(bounded[:HEURISTIC_MAX_CONFIGS]):
             if lb >= best_obj * (1 - REL_EPS):
