@@ -396,7 +396,9 @@ def test_deadline_bounds_the_search_on_1024_gpus():
     inst = build_instance(InstanceSpec(cluster="scale-1024"))
     t0 = time.perf_counter()
     r = solving.run(inst, solving.SolveRequest("auto", None, 0.5))
-    assert time.perf_counter() - t0 < 0.5 + 0.75  # a busy machine: bounded, not exact
+    # 0.55 s on 2 idle cores (it was 4 s before the deadline reached enumeration and bounding);
+    # the margin is for a machine busy with the rest of the suite
+    assert time.perf_counter() - t0 < 0.5 + 2.0
     assert r.status in ("timeout", "feasible", "optimal")
 
 
