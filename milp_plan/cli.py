@@ -3,7 +3,8 @@
 Exit codes: 0 plan found / check passed, 1 infeasible / no plan / check failed,
 2 bad input (one line naming file, field and fix; never a traceback), 3 internal error
 (a bug: one line asking for a report), 130 / 143 interrupted by SIGINT / SIGTERM (the
-search stops within a second; no output is written unless --save-on-interrupt).
+search stops within a second; no output is written unless --save-on-interrupt), 141 when
+the reader of stdout went away (`milp-plan ... | head`), as a shell reports SIGPIPE.
 With --json an error is also a JSON object on stdout: {"error": ..., "exit_code": ...}.
 """
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Annotated, Optional
 import typer
 import typer.core
 
-from milp_plan.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, InputError, Interrupted, MilpPlanError
+from milp_plan.errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGPIPE, InputError, Interrupted,
+                              MilpPlanError)
 
 
 def _usage_name(self) -> str:
@@ -443,6 +445,10 @@ def main() -> None:
         _fail("interrupted", EXIT_SIGINT)
     except typer.Abort:
         _fail("interrupted", EXIT_SIGINT)
+    except BrokenPipeError:  # `milp-plan solve | head`: the reader left; not a bug, nothing to report
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_SIGPIPE)
     except RecursionError:
         _fail("input nested too deeply to process; simplify it", EXIT_BAD_INPUT)
     except MemoryError:

@@ -14,6 +14,7 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+EXIT_SIGPIPE = 141   # stdout's reader went away (`milp-plan ... | head`)
 
 
 class MilpPlanError(Exception):
