@@ -153,7 +153,7 @@ def render_plan(plan, inst=None, result=None) -> str:
     st0 = plan.stages[0]
     split = (f"{plan.micro_batch_size} per replica" if plan.uniform("micro_batch_size")
              else f"{st0.micro_batch_size * st0.dp} samples, split per stage (mbs x dp)")
-    out = [f"Plan: {plan.pp} stages on {plan.num_gpus} GPUs, {sched}, {plan.num_microbatches} micro-batches of "
+    out = [f"Plan: {plan.pp} stage{'s' if plan.pp != 1 else ''} on {plan.num_gpus} GPUs, {sched}, {plan.num_microbatches} micro-batch{'es' if plan.num_microbatches != 1 else ''} of "
            f"{split} (global batch {plan.global_batch_size})"
            + (", sequence parallel" if plan.sequence_parallel else "")
            + (", distributed optimizer" if plan.distributed_optimizer else ""), ""]

@@ -477,10 +477,12 @@ def test_cli_free_mode_is_deterministic_and_says_it_needs_a_per_stage_runtime(tm
     assert plan["mode"] == "free" and [s["recompute_layers"] for s in plan["stages"]] == [1, 0]
 
 
-def test_free_mode_under_a_tiny_time_limit_returns_its_start_with_an_honest_gap():
+def test_free_mode_under_a_short_time_limit_returns_its_start_with_an_honest_gap():
     inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-13b", global_batch_size=512))
-    res = solve(inst, Limits(), time_limit_s=1e-3, mode="free")
-    assert res.plan is not None and res.plan.mode == "free" and res.status == "feasible"
+    res = solve(inst, Limits(), time_limit_s=1e-3, mode="free")  # honoured (issue 13): no plan yet
+    assert res.wall_time_s < 0.5 and res.plan is None and res.status == "timeout"
+    res = solve(inst, Limits(), time_limit_s=3.0, mode="free")
+    assert res.plan is not None and res.plan.mode == "free" and res.status in ("feasible", "optimal")
     assert res.start == "Megatron-mode" and res.objective <= res.heuristic_objective
-    assert res.best_bound <= res.objective and 0 < res.gap < 1
+    assert res.best_bound <= res.objective and 0 <= res.gap <= 1
     assert check.check_plan(inst, res.plan) == []

@@ -214,9 +214,11 @@ def parse_fix(text: str | None) -> dict[str, object]:
         k, v = (x.strip() for x in item.split("=", 1))
         if k not in FIX_KEYS:
             raise InputError(f"unknown key '{k}'; use {', '.join(sorted(FIX_KEYS))}", field="fix")
+        if k in out:
+            raise InputError(f"{k} is given twice; give each key once", field="fix")
         if k in ("tp", "pp", "dp", "mbs", "vpp"):
-            if not v.isdigit() or int(v) < 1:
-                raise InputError(f"{k} must be a whole number >= 1, got '{v}'", field="fix")
+            if not (v.isascii() and v.isdigit()) or not 1 <= int(v) <= 2**20:
+                raise InputError(f"{k} must be a whole number from 1 to {2**20}, got '{v}'", field="fix")
             out[k] = int(v)
         elif k in ("sp", "distopt"):
             if v not in ("on", "off", "true", "false", "1", "0"):

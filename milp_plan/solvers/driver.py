@@ -16,9 +16,14 @@ when the time runs out keep their bounds, valid for everything below them.
 Warm start. Megatron mode: before the exact search, heuristics/warmstart.py builds a
 plan for each of the HEURISTIC_CONFIGS configs of least bound, or more until one has a
 plan (greedy device grouping, bottleneck-optimal layer partition). The best is the first
-incumbent, and each such config's model gets its plan as a hint. A very short
+incumbent, and each such config's model gets its plan as a hint. A short
 --max-solve-time still returns that plan, with its gap. Free mode: the Megatron-mode
 solve (FREE_BASE_SHARE of the time limit) gives the first incumbent, a free plan too.
+
+Deadline (milp_plan/deadline.py): one Deadline bounds the whole search, enumeration,
+bounding, warm start and each backend run, and ends it at once on SIGINT/SIGTERM. The
+cheap bounding stops at BOUNDING_SHARE of the limit; configs it did not reach go on the
+heap with bound 0 and are bounded when popped, so the search stays exact.
 
 Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 (config_lower_bound, _bottleneck_bound).
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from milp_plan import check, costmodel
+from milp_plan.deadline import Deadline, interrupted
 from milp_plan.errors import InputError, InternalError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
@@ -49,6 +55,7 @@ MAX_CUTS = 32     # plans a config's model may return over a limit (by rounding)
 HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan before the exact search,
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
+BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this share of the time limit
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 
 
@@ -412,6 +419,7 @@ class Prepared:
     base: "Prepared | None" = None
     fix: dict | None = None
     shared: dict = field(default_factory=dict)
+    truncated: bool = False  # the deadline cut the enumeration short: the configs are not all here
 
     def children(self, coef: Coefficients) -> list[Coefficients]:
         """Free mode: a config with open stage sizes, branched on its first open node type."""
@@ -419,8 +427,13 @@ class Prepared:
                 for child in free_children(coef.inst, coef.cfg, self.fix)]
 
 
-def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> Prepared:
-    configs = list(enumerate_configs(inst, fix, mode=mode))
+def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl: Deadline | None = None) -> Prepared:
+    configs, cut = [], False
+    for cfg in enumerate_configs(inst, fix, mode=mode):
+        configs.append(cfg)
+        if dl is not None and dl.expired():
+            cut = True  # the search reports what it could examine, with bound 0 for the rest
+            break
     if not configs:
         if fix:
             raise InputError(f"{explain_fix(inst, fix)}; change --fix", field="fix")
@@ -430,10 +443,15 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> 
     base = None
     if mode == "free":
         try:
-            base = prepare(inst, fix, "megatron")
+            base = prepare(inst, fix, "megatron", dl)
         except InputError:  # no uniform plan passes the rules: the free search starts cold
             base = None
-    return Prepared(configs, [Coefficients(inst, cfg, shared, fix) for cfg in configs], mode, base, fix, shared)
+    coefs = []
+    for cfg in configs:
+        if dl is not None and dl.expired():
+            break
+        coefs.append(Coefficients(inst, cfg, shared, fix))
+    return Prepared(configs[:len(coefs)], coefs, mode, base, fix, shared, cut or len(coefs) < len(configs))
 
 
 def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
@@ -495,20 +513,29 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
         if drift is not None:
             raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
         model.add_no_good(opts, layers, rs)
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= deadline or interrupted():
             break
     return None, bound
 
 
 def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
           time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
-          progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None) -> SolveResult:
+          progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None,
+          dl: Deadline | None = None) -> SolveResult:
+    """The exact search within `time_limit_s` (or the deadline `dl`, which also ends it on an
+    interrupt): configs left unexamined when it runs out count with bound 0 (or theirs)."""
     if backend not in BACKENDS:
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
-    t0 = time.perf_counter()
-    prepared = prepared or prepare(inst, fix, mode)
+    dl = dl or Deadline(time_limit_s)
+    t0 = dl.start
+    prepared = prepared or prepare(inst, fix, mode, dl)
     bounded: list[tuple[float, Config | FreeConfig, Coefficients]] = []
-    for coef in prepared.coefs:
+    unbounded_left = prepared.truncated  # the deadline cut the enumeration short: bound 0 stays open
+    later: list[tuple[float, Config | FreeConfig, Coefficients]] = []  # bounded when popped (bound 0 till then)
+    for i, coef in enumerate(prepared.coefs):
+        if i % 16 == 0 and (dl.expired() or dl.elapsed() > BOUNDING_SHARE * dl.seconds):
+            later = [(0.0, c.cfg, c) for c in prepared.coefs[i:]]  # the heuristic gets the time left
+            break
         lb = config_lower_bound(coef, limits, memory=False)
         if lb is not None:
             bounded.append((lb, coef.cfg, coef))
@@ -521,13 +548,14 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         # Free mode starts from the Megatron-mode optimum: a free plan too (uniform options)
         start = "Megatron-mode"
         sub = solve(inst, limits, backend=backend, time_limit_s=FREE_BASE_SHARE * time_limit_s, seed=seed,
-                    workers=workers, mode="megatron", prepared=prepared.base)
+                    workers=workers, mode="megatron", prepared=prepared.base,
+                    dl=dl.within(FREE_BASE_SHARE * time_limit_s))
         if sub.plan is not None:
             best = sub.plan.with_(mode=mode, solver=None)
             best_obj = objective_of(best, limits)
     else:
         # Heuristic first, from the configs of least bound: HEURISTIC_CONFIGS of them, or on until
-        # the first plan (so that even a very short limit returns one), within a tenth of the limit
+        # the first plan (so that a short limit returns one), within a tenth of the limit and the deadline
         h0 = time.perf_counter()
         for tried, (lb, cfg, coef) in enumerate(bounded[:HEURISTIC_MAX_CONFIGS]):
             if lb >= best_obj * (1 - REL_EPS):
@@ -535,7 +563,9 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if best is not None and (tried >= HEURISTIC_CONFIGS
                                      or time.perf_counter() - h0 > HEURISTIC_SHARE * time_limit_s):
                 break
-            got = heuristic.best_plan(coef, limits, mode)
+            if dl.expired():
+                break
+            got = heuristic.best_plan(coef, limits, mode, dl)
             if got is None:
                 continue
             plan, hints[cfg] = got
@@ -544,22 +574,29 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                 best, best_obj = plan, objective_of(plan, limits)
     heuristic_obj = best_obj if best is not None else None
     warm = best if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
-    open_bounds: list[float] = []
+    open_bounds: list[float] = [0.0] if unbounded_left else []
     solved = pruned = 0
     # Best-first over the configs: a free config with open stage sizes is expanded when it is
     # popped (its children inherit its bound), a complete one is solved.
-    heap = list(bounded)  # sorted, hence a heap
+    heap = sorted(later + bounded, key=lambda x: (x[0], x[1]))  # sorted, hence a heap
+    unbounded = {id(c) for _, _, c in later}
     total = len(prepared.configs)  # and, in free mode, every child made
     while heap:
         lb, cfg, coef = heap[0]
         if lb >= best_obj * (1 - REL_EPS):
             pruned += len(heap)
             break
-        left = time_limit_s - (time.perf_counter() - t0)
+        left = dl.left()
         if left <= 0:
             open_bounds += [b for b, _, _ in heap]
             break
         heapq.heappop(heap)
+        if id(coef) in unbounded:  # cut from the cheap bounding by the time limit: bound it now, back in order
+            unbounded.discard(id(coef))
+            cheap = config_lower_bound(coef, limits, memory=False)
+            if cheap is not None:
+                heapq.heappush(heap, (cheap, cfg, coef))
+            continue
         full_lb = config_lower_bound(coef, limits, memory=True)
         if full_lb is None or full_lb >= best_obj * (1 - REL_EPS):
             continue  # no plan fits in memory, or none can beat the incumbent
