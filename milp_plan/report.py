@@ -168,7 +168,10 @@ def render_plan(plan, inst=None, result=None) -> str:
     if result is not None:
         bound = "-" if result.best_bound is None else f"{result.best_bound:.6g}"
         gap = "-" if result.gap is None else format_gap(result.gap)
-        out.append(f"Solver {result.backend}: {result.status}, objective {result.objective:.6g}, bound {bound}, gap "
+        what = "closed-form step time" if result.objective is None or result.objective == p.step_time_s \
+            else "closed-form $/step"
+        out.append(f"Solver {result.backend}: {result.status} for the {what}, objective {result.objective:.6g}, "
+                   f"bound {bound}, gap "
                    f"{gap}, {result.wall_time_s:.2f} s, seed {result.seed} ({result.configs_solved} of "
                    f"{result.configs_total} configurations solved, {result.configs_pruned} pruned by bounds"
                    + (f"; {result.start} start {result.heuristic_objective:.6g})"
