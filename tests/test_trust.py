@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
 
 from milp_plan import check
 from milp_plan.errors import InternalError
@@ -22,7 +23,7 @@ from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import driver
 from milp_plan.solvers.backends import make_backend
 from milp_plan.solvers.driver import PROOF_TOL, objective_of, solve
-from test_solve import COMPARABLE_BW, write_instance
+from test_solve import COMPARABLE_BW, small_free_instances, small_instances, write_instance
 
 BACKENDS = ("cpsat", "highs", "cbc")
 
@@ -206,20 +207,20 @@ def test_a_drifting_model_term_is_an_internal_error(tmp_path, monkeypatch):
 
 
 def test_resolution_fits_the_backend(default_inst):
+    """min-time: CP-SAT at 1 ns ticks on the default, HiGHS at 1 us (its doubles); with a
+    $/step term the step bound stays below W_MAGNITUDE ticks (CP-SAT proves fast there)."""
     cfg = next(iter(enumerate_configs(default_inst, {"tp": 1, "dp": 8, "pp": 4, "mbs": 1, "schedule": "1f1b",
                                                      "recompute": "none"})))
     coef = Coefficients(default_inst, cfg)
-    for objective in ("min-time", "min-cost"):
-        limits = Limits(objective, time_limit_s=20.0 if objective == "min-cost" else None)
-        cp = PipelineModel(coef, limits, make_backend("cpsat"))
-        assert cp.res.tps == 10**9  # the default's magnitudes allow 1 ns ticks on CP-SAT
-        assert cp._step_upper_bound() < make_backend("cpsat").magnitude
-        mi = PipelineModel(coef, limits, make_backend("highs"))  # doubles: the step bound below 2^30 ticks
-        assert mi._step_upper_bound() <= 2**30 and mi.res.tps >= 10**6 and (mi.res.money, mi.res.w_unit) == (10**4, 1)
-        if objective == "min-cost":  # every price x W in int64 on CP-SAT
-            cp.build()
-            prices = sum(p for p, _ in cp.v.W.values())
-            assert prices * -(-cp._step_upper_bound() // cp.res.w_unit) < 2**62
+    cp = PipelineModel(coef, Limits(), make_backend("cpsat"))
+    assert cp.res.tps == 10**9 and cp._step_upper_bound() < make_backend("cpsat").magnitude
+    mi = PipelineModel(coef, Limits(), make_backend("highs"))
+    assert mi.res.tps == 10**6 and mi._step_upper_bound() <= 2**30 * 1.01
+    for limits in (Limits("min-cost", time_limit_s=20.0), Limits(budget_usd_per_step=1.0)):
+        for be in ("cpsat", "highs"):
+            m = PipelineModel(coef, limits, make_backend(be))
+            assert m.res.tps == 10**6  # the floor: the default's step bound is above W_MAGNITUDE at any tick
+
 
 
 def test_rounding_helpers_are_directed():
@@ -251,3 +252,80 @@ def test_pareto_front_is_strict_complete_and_matches_brute_force(tmp_path):
     assert exhaustive.complete
     assert [(pytest.approx(t, rel=PROOF_TOL), pytest.approx(c, rel=PROOF_TOL)) for t, c in pts] == \
         [(p.predicted.step_time_s, p.predicted.usd_per_step) for p in exhaustive.points]
+
+
+# ---- every config's model against that config's exhaustive optimum ----------------------------
+# The driver's heuristic start and bounds often prove an optimum before a config's model runs,
+# so a model formula can be wrong while every `solve` still agrees with brute force. Here the
+# model of every config is solved on its own (no cutoff, no hint) and must equal the config's
+# best admitted plan, found by enumeration (its objective and plan checked by the driver's
+# drift and limit checks on the way).
+def assert_every_config_model_exact(inst, limits, mode, fix=None) -> int:
+    from test_bounds import config_optimum
+    prepared = driver.prepare(inst, fix, mode)
+    coefs = [c for c in prepared.coefs if getattr(c.cfg, "complete", True)]
+    if mode == "free":
+        coefs = [kid for c in prepared.coefs for kid in _completions(prepared, c)]
+    solved = 0
+    for coef in coefs:
+        best = config_optimum(inst, coef, limits, mode)
+        if not coef.options:  # no node type can host this config's stages: the driver never builds it
+            assert best == math.inf
+            continue
+        plan, bound = driver._solve_config(coef, limits, "cpsat", None, None, 60.0, 1, 1, mode, 0.0)
+        if best == math.inf:
+            assert plan is None, coef.cfg.label()
+            continue
+        got = objective_of(plan, limits)
+        assert best * (1 - 1e-9) <= got <= best * (1 + PROOF_TOL), (coef.cfg.label(), got, best)
+        assert bound is None or bound <= best * (1 + 1e-9)
+        solved += 1
+    return solved
+
+
+def _completions(prepared, coef):
+    if coef.cfg.complete:
+        return [coef]
+    return [c for kid in prepared.children(coef) for c in _completions(prepared, kid)]
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(small_instances())
+def test_every_megatron_config_model_equals_its_exhaustive_optimum(tmp_path_factory, case):
+    from milp_plan.solvers import bruteforce
+    from test_solve import limits_for
+    kw, gbs, objective, flash = case
+    spec = write_instance(tmp_path_factory.mktemp("inst"), **kw)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
+    assume(sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst)) <= 3_000)
+    fastest = bruteforce.solve(inst, Limits())
+    assume(fastest.plan is not None)
+    assert_every_config_model_exact(inst, limits_for(objective, fastest.plan), "megatron")
+
+
+@settings(max_examples=5, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(small_free_instances())
+def test_every_free_config_model_equals_its_exhaustive_optimum(tmp_path_factory, case):
+    from milp_plan.solvers import bruteforce
+    from test_solve import limits_for
+    kw, gbs, objective, flash = case
+    spec = write_instance(tmp_path_factory.mktemp("inst"), **kw)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
+    assume(sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst, mode="free")) <= 2_000)
+    fastest = bruteforce.solve(inst, Limits(), mode="free")
+    assume(fastest.plan is not None)
+    assert_every_config_model_exact(inst, limits_for(objective, fastest.plan), "free")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "interleaved", "1f1b"])
+def test_every_config_model_of_a_fixed_schedule_with_slow_links(tmp_path, schedule):
+    """Each schedule's terms (GPipe's flow shops, interleaved chunks and wrap, 1F1B windows)
+    on 2-GPU nodes, where hops inside a node and between nodes both occur, per-GPU billing."""
+    spec = write_instance(tmp_path, layers=8, gpn=2, counts=(2, 2), bw=COMPARABLE_BW[1], billing=("gpu", "node"),
+                          memory_gb_per_s=1.0)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 8}))
+    fix = {"schedule": schedule, "recompute": "none"}
+    for limits in (Limits(), Limits("min-cost", time_limit_s=1.0)):
+        assert assert_every_config_model_exact(inst, limits, "megatron", fix) >= 3

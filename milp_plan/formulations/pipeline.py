@@ -35,7 +35,7 @@ Variables (symbols as in the math):
             (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b; interleaved (m vpp - 1) z,
             z >= t_s; GPipe (m-1)(zf + zb), zf >= f_s, h_s and zb >= b_s, h_s
   D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  o = max_s opt_s
-  W[b,beta] step time if u[b,beta] else 0 (units of Resolution.w_unit ticks; min-cost and $/step)
+  W[b,beta] step time if u[b,beta] else 0 (ticks; min-cost and $/step budgets)
 """
 from __future__ import annotations
 
@@ -48,12 +48,14 @@ from milp_plan.units import GIB, TICKS_PER_SECOND
 
 NOISE = 1e-12       # relative float noise of the cost model, allowed when rounding (pipeline.md)
 TICKS = (10**9, 10**8, 10**7, 10**6)   # ticks per second, finest first
+# With a $/step term (min-cost, $/step budgets) W = T u links the step to a big-M: CP-SAT then
+# proves a small config in 0.3 s at 1 us ticks (step bound 7e5) but not in 10 s at 0.1 us
+# (7e6), so such models keep the step bound below this many ticks
+W_MAGNITUDE = 2**20
 
 
 class Backend(Protocol):
-    magnitude: int      # largest step bound in ticks (and, with scale_w, price x W) the backend holds exactly
-    money: int          # money units per $/h
-    scale_w: bool       # W[b,beta] in units of Resolution.w_unit ticks (else ticks)
+    magnitude: int      # largest step bound in ticks at which the backend stays exact (and fast)
 
     def new_bool(self, name: str) -> Any: ...
     def new_int(self, lo: int, hi: int, name: str) -> Any: ...
@@ -101,7 +103,6 @@ class Resolution:
 
     tps: int = TICKS_PER_SECOND
     money: int = 10**4
-    w_unit: int = 1     # ticks per unit of W[b,beta] (a $/step term), so price x W stays exact
 
     def t_down(self, seconds: float) -> int:
         return down(seconds * self.tps)
@@ -173,24 +174,18 @@ class PipelineModel:
         return max(aff.a, 0.0) * self.L + max(aff.rho, 0.0) * self.L + max(aff.c, 0.0)
 
     def _resolution(self) -> Resolution:
-        """The finest tick (TICKS) at which the step's upper bound stays below the backend's
-        magnitude, and the unit of W (ticks) at which every price x W does too, so that the
-        backend holds every value exactly."""
-        c, cfg, mag = self.c, self.cfg, self.be.magnitude
+        """The finest tick (TICKS, at least 1 us) at which the step's upper bound stays below
+        the backend's magnitude (W_MAGNITUDE when a $/step term links it to a big-M)."""
+        c, cfg = self.c, self.cfg
+        mag = self.be.magnitude
+        if self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None:
+            mag = min(mag, W_MAGNITUDE)
         t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
         h = max([c.hop_intra(b) for b in self.B] + [c.hop_inter(b, j) for b in self.B for j in self.block_of_type])
         dp = max(self._aff_hi_s(c.dp_time(o, s)) for o in self.O for s in self._positions())
         opt = max(self._aff_hi_s(c.opt_time(o, s)) for o in self.O for s in self._positions())
-        # each rounded-up coefficient adds < 1 tick per unit of its multiplier: (m + pp + 8) (2L + 8) at most
-        slack = (self.c.m + cfg.pp + 8) * (2 * self.L + 8) * v_scale(cfg) ** 2
         step_s = self._step_bound(t, h, dp, opt)
-        tps = next((k for k in TICKS if step_s * k + slack <= mag), TICKS[-1])
-        w_unit, money = 1, self.be.money
-        if self.be.scale_w and (self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None):
-            prices = sum(c.usd_per_hour(b, beta) for b in self.B
-                         for beta in range(c.min_stages(b), c.max_stages(b) + 1)) * money + 1.0
-            w_unit = max(1, math.ceil(prices * (step_s * tps + slack) / mag))
-        return Resolution(tps, money, w_unit)
+        return Resolution(next((k for k in TICKS if step_s * k <= mag), TICKS[-1]))
 
     def _step_bound(self, t: float, h: float, dp: float, opt: float) -> float:
         """An upper bound of the scaled step expression over every plan of the config, given
@@ -485,19 +480,18 @@ class PipelineModel:
         if lim.budget_usd_per_hour is not None:
             be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))
         if lim.objective == "min-cost" or lim.budget_usd_per_step is not None:
-            hi, k = self._step_upper_bound(), res.w_unit
+            hi = self._step_upper_bound()
             for (b, beta), var in v.u.items():
                 if beta == 0 or price[b, beta] == 0:
                     continue
-                # W = floor(T / k) if u else 0:  k W >= T - (k - 1) - hi (1 - u)
-                w = be.new_int(0, -(-hi // k), f"W[{b},{beta}]")
-                be.add(w <= -(-hi // k) * var)
-                be.add(k * w >= v.step - (k - 1) - hi * (1 - var))
+                w = be.new_int(0, hi, f"W[{b},{beta}]")
+                be.add(w <= hi * var)
+                be.add(w >= v.step - hi * (1 - var))
                 v.W[b, beta] = (price[b, beta], w)
             if lim.budget_usd_per_step is not None:
-                # sum price W k / (3600 scale tps money) <= budget
+                # sum price W / (3600 scale tps money) <= budget
                 be.add(be.sum([p * w for p, w in v.W.values()])
-                       <= down(lim.budget_usd_per_step * 3600 * v.scale * res.tps * res.money / k))
+                       <= down(lim.budget_usd_per_step * 3600 * v.scale * res.tps * res.money))
 
     def _step_upper_bound(self) -> int:
         """An upper bound of the scaled step expression (ticks) over every plan of the config."""
@@ -517,7 +511,7 @@ class PipelineModel:
     def _objective_scale(self) -> float:
         """Model objective units per second (min-time) or per $/step (min-cost)."""
         if self.lim.objective == "min-cost":
-            return 3600 * self.v.scale * self.res.tps * self.res.money / self.res.w_unit
+            return 3600 * self.v.scale * self.res.tps * self.res.money
         return self.v.scale * self.res.tps
 
     def build(self) -> Vars:
@@ -574,9 +568,9 @@ class PipelineModel:
             pipe = max(e_t) + 3
         tail = sc * (self.L + 1) + sum(e_t) + sc * cfg.pp
         err = pipe + sum(e_t) + hops + tail + sc * (self.L + 1) + 1
-        if (objective or self.lim.objective) == "min-cost":
-            k, blocks = self.res.w_unit, len({self.c.block_of[o] for o in options})
-            err = usd_per_hour * self.res.money * (err / k + 1) + blocks * (step_s * sc * self.res.tps / k + 1)
+        if (objective or self.lim.objective) == "min-cost":  # price (floored, < 1 unit a block) x W
+            blocks = len({self.c.block_of[o] for o in options})
+            err = usd_per_hour * self.res.money * err + blocks * step_s * sc * self.res.tps
         return err * (1 + 1e-9)
 
     def objective_drift(self, raw: float, value: float, err: float, tight: bool) -> str | None:
@@ -599,7 +593,7 @@ class PipelineModel:
             if sp.peak_memory_gib > sp.capacity_gib + slack:
                 return f"stage {s} needs {sp.peak_memory_gib:.9g} GiB, over the {sp.capacity_gib:.9g} the model allowed"
         t_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-time") / (sc * res.tps)
-        usd_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-cost") * res.w_unit \
+        usd_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-cost") \
             / (3600 * sc * res.tps * res.money)
         blocks = len({self.c.block_of[o] for o in options})
         checks = [(lim.time_limit_s, p.step_time_s, t_err, "s/step"),

@@ -55,10 +55,7 @@ def _plain_cp_model(cp_model):
 
 class CpsatBackend:
     name = "cpsat"
-    # int64 arithmetic: every constraint's and the objective's range stays below 2^63
-    magnitude = 2**61   # the step's upper bound, and every price x W, in model units
-    money = 10**6       # units per $/h
-    scale_w = True      # W in units of k ticks so that price x W stays below `magnitude`
+    magnitude = 2**50   # int64 arithmetic with room: 1 ns ticks wherever a step bound allows
 
     def __init__(self) -> None:
         from ortools.sat.python import cp_model
@@ -115,12 +112,8 @@ class PulpBackend:
     """PuLP model solved by HiGHS (highspy) or CBC."""
 
     # HiGHS and CBC work in doubles with absolute tolerances: with the default instance's
-    # step bound at 6e9 ticks (0.1 us) HiGHS returned a wrong optimum, at 6e8 (1 us) it did
-    # not; W in coarse units moved min-cost optima by %. So: the step bound below 2^30
-    # ticks, 1e-4 $/h, W in ticks
+    # step bound at 6e9 ticks (0.1 us) HiGHS returned a wrong optimum, at 6e8 (1 us) it did not
     magnitude = 2**30
-    money = 10**4
-    scale_w = False
 
     def __init__(self, solver: str) -> None:
         import pulp

@@ -50,7 +50,9 @@ from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, make_backend
 
 REL_EPS = 1e-9
-PROOF_TOL = 1e-6  # `optimal`: no plan better by more than this (relative); the integer models' rounding
+# `optimal`: no plan is better by more than this (relative), the default relative MIP gap of
+# CPLEX, Gurobi and HiGHS; what remains is the integer models' rounding (pipeline.md)
+PROOF_TOL = 1e-4
 MAX_CUTS = 32     # plans a config's model may return over a limit (by rounding) before it is left open
 HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan before the exact search,
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
