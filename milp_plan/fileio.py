@@ -265,19 +265,27 @@ def check_output(path: str | Path, what: str = "output", *, allow_stdout: bool =
         raise InputError(f"cannot write into directory '{parent}'; choose another path", source=str(p), field=field)
 
 
-def write_output(path: str | Path, data: str) -> None:
+def write_output(path: str | Path, data: str, *, after_interrupt: bool = False) -> None:
     """`write_atomic`, or stdout when `path` is '-'."""
     if str(path) == "-":
         sys.stdout.write(data)
         sys.stdout.flush()
         return
-    write_atomic(path, data)
+    write_atomic(path, data, after_interrupt=after_interrupt)
 
 
-def write_atomic(path: str | Path, data: str | bytes) -> None:
+def write_atomic(path: str | Path, data: str | bytes, *, after_interrupt: bool = False) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written output.
-    A path that exists and is not a regular file (a device, a pipe) is never replaced."""
+    A path that exists and is not a regular file (a device, a pipe) is never replaced, and
+    once the user has interrupted the command (SIGINT / SIGTERM) nothing is written unless
+    the caller says the user asked for it (`after_interrupt`)."""
+    from milp_plan import deadline
+    from milp_plan.errors import Interrupted
     p = Path(path)
+    sig = deadline.interrupted()
+    if sig is not None and not after_interrupt:
+        import signal
+        raise Interrupted(f"interrupted by {signal.Signals(sig).name}; {p} left unchanged", 128 + int(sig))
     if p.exists() and not p.is_file():
         raise InputError("exists and is not a regular file; it is left alone; give a file name", source=str(p))
     p.parent.mkdir(parents=True, exist_ok=True)

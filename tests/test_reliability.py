@@ -519,3 +519,20 @@ def test_fasop_complex_array_is_refused(tmp_path):
     np.save(tmp_path / "x.npy", np.array([1 + 2j, 3 + 0j]))
     with pytest.raises(InputError, match="1-D numeric"):
         read_array(tmp_path / "x.npy", load_model("gpt3-1.3b"))
+
+
+def test_interrupted_pareto_writes_nothing(files, capsys):
+    (files / "front.json").write_text("old\n")
+
+    def fire() -> None:
+        time.sleep(2.0)
+        deadline.request_stop(signal.SIGINT)
+    threading.Thread(target=fire, daemon=True).start()
+    try:
+        code, out, err = run_cli(capsys, "solve", "--objective", "pareto", "--cluster", "mixed-128",
+                                 "--out", "front.json")
+    finally:
+        deadline.reset()
+    assert code == 130, err
+    assert (files / "front.json").read_text() == "old\n" and not (files / "front.csv").exists()
+    assert len(err.splitlines()) == 1 and "interrupted by SIGINT" in err
