@@ -288,9 +288,12 @@ def write_atomic(path: str | Path, data: str | bytes, *, after_interrupt: bool =
         raise Interrupted(f"interrupted by {signal.Signals(sig).name}; {p} left unchanged", 128 + int(sig))
     if p.exists() and not p.is_file():
         raise InputError("exists and is not a regular file; it is left alone; give a file name", source=str(p))
-    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:  # read-only, full, no permission: the user's to fix, not a bug
+        raise InputError(f"cannot write here: {exc.strerror or exc}; choose another path", source=str(p)) from None
     mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, mode, **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as fh:
             fh.write(data)
@@ -298,9 +301,12 @@ def write_atomic(path: str | Path, data: str | bytes, *, after_interrupt: bool =
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise InputError(f"cannot write here: {exc.strerror or exc}; {p.name} left unchanged",
+                             source=str(p)) from None
         raise
