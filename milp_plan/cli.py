@@ -445,10 +445,8 @@ def main() -> None:
         _fail(str(exc), exc.exit_code)
     except SystemExit:
         raise
-    except KeyboardInterrupt:  # a second Ctrl-C, or one outside a search
-        _fail("interrupted", EXIT_SIGINT)
-    except typer.Abort:
-        _fail("interrupted", EXIT_SIGINT)
+    except (KeyboardInterrupt, typer.Abort):  # a second Ctrl-C, or one outside a search
+        _fail("interrupted by SIGINT outside the search; nothing written", EXIT_SIGINT)
     except BrokenPipeError:  # `milp-plan solve | head`: the reader left; not a bug, nothing to report
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -437,8 +437,9 @@ def test_sigint_exit_130_keeps_old_output(tmp_path):
     out, err = proc.communicate(timeout=60)
     latency = time.perf_counter() - t0
     assert proc.returncode == 130, err
-    assert latency < 3.0, latency  # under a second unloaded; CI slack
+    assert latency < 5.0, latency  # 0.07-0.5 s on idle cores; slack for a machine busy with the suite
     assert (tmp_path / "plan.json").read_text() == old
+    # in the search (or, on a very busy machine, still loading the inputs)
     assert "interrupted by SIGINT" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
 
