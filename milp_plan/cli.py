@@ -167,9 +167,13 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                                         seq_len, memory_headroom), obj)
     if objective == "pareto":
         from milp_plan.pareto import run_pareto
-        with deadline.handle_signals():
-            run_pareto(inst, req, out=out, plot=plot, json_out=json_out)
-        _raise_if_interrupted("the Pareto sweep", out, wrote=not deadline.interrupted())
+        try:
+            with deadline.handle_signals():  # after an interrupt fileio writes nothing: the old front stays
+                run_pareto(inst, req, out=out, plot=plot, json_out=json_out)
+        except MilpPlanError:
+            _raise_if_interrupted("the Pareto sweep", out)  # the interrupt explains it (e.g. an empty front)
+            raise
+        _raise_if_interrupted("the Pareto sweep", out)
         return
     if not json_out:
         echo_notices(inst)
@@ -192,11 +196,11 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         typer.echo(f"Wrote {'the plan to stdout' if out == '-' else out}", err=out == "-")
 
 
-def _write_solved(plan, result, out: str, record_wall_time: bool) -> None:
+def _write_solved(plan, result, out: str, record_wall_time: bool, after_interrupt: bool = False) -> None:
     from milp_plan.fileio import write_output
     if record_wall_time:
         plan = plan.with_(solver=plan.solver.__class__(**{**plan.solver.__dict__, "wall_time_s": result.wall_time_s}))
-    write_output(out, plan.to_json())
+    write_output(out, plan.to_json(), after_interrupt=after_interrupt)
 
 
 def render_solved(plan, inst, result) -> str:
@@ -235,12 +239,12 @@ def _interrupted_solve(result, out: str, save: bool, record_wall_time: bool) -> 
             f"{'es' if result.plan.num_microbatches != 1 else ''}"
             + (f", gap {result.gap:.1%}" if result.gap is not None else "") + ")")
     if save:
-        _write_solved(result.plan, result, out, record_wall_time)
+        _write_solved(result.plan, result, out, record_wall_time, after_interrupt=True)
         raise Interrupted(f"{head}: {best}; wrote it to {'stdout' if out == '-' else out}", code)
     raise Interrupted(f"{head}: {best}; {out} left unchanged (add --save-on-interrupt to write it)", code)
 
 
-def _raise_if_interrupted(what: str, out: str, wrote: bool) -> None:
+def _raise_if_interrupted(what: str, out: str) -> None:
     from milp_plan import deadline
     if deadline.interrupted():
         name, code = _signal_name()
@@ -441,10 +445,8 @@ def main() -> None:
         _fail(str(exc), exc.exit_code)
     except SystemExit:
         raise
-    except KeyboardInterrupt:  # a second Ctrl-C, or one outside a search
-        _fail("interrupted", EXIT_SIGINT)
-    except typer.Abort:
-        _fail("interrupted", EXIT_SIGINT)
+    except (KeyboardInterrupt, typer.Abort):  # a second Ctrl-C, or one outside a search
+        _fail("interrupted by SIGINT outside the search; nothing written", EXIT_SIGINT)
     except BrokenPipeError:  # `milp-plan solve | head`: the reader left; not a bug, nothing to report
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

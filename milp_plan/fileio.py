@@ -265,24 +265,35 @@ def check_output(path: str | Path, what: str = "output", *, allow_stdout: bool =
         raise InputError(f"cannot write into directory '{parent}'; choose another path", source=str(p), field=field)
 
 
-def write_output(path: str | Path, data: str) -> None:
+def write_output(path: str | Path, data: str, *, after_interrupt: bool = False) -> None:
     """`write_atomic`, or stdout when `path` is '-'."""
     if str(path) == "-":
         sys.stdout.write(data)
         sys.stdout.flush()
         return
-    write_atomic(path, data)
+    write_atomic(path, data, after_interrupt=after_interrupt)
 
 
-def write_atomic(path: str | Path, data: str | bytes) -> None:
+def write_atomic(path: str | Path, data: str | bytes, *, after_interrupt: bool = False) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written output.
-    A path that exists and is not a regular file (a device, a pipe) is never replaced."""
+    A path that exists and is not a regular file (a device, a pipe) is never replaced, and
+    once the user has interrupted the command (SIGINT / SIGTERM) nothing is written unless
+    the caller says the user asked for it (`after_interrupt`)."""
+    from milp_plan import deadline
+    from milp_plan.errors import Interrupted
     p = Path(path)
+    sig = deadline.interrupted()
+    if sig is not None and not after_interrupt:
+        import signal
+        raise Interrupted(f"interrupted by {signal.Signals(sig).name}; {p} left unchanged", 128 + int(sig))
     if p.exists() and not p.is_file():
         raise InputError("exists and is not a regular file; it is left alone; give a file name", source=str(p))
-    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:  # read-only, full, no permission: the user's to fix, not a bug
+        raise InputError(f"cannot write here: {exc.strerror or exc}; choose another path", source=str(p)) from None
     mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, mode, **({} if isinstance(data, bytes) else {"encoding": "utf-8"})) as fh:
             fh.write(data)
@@ -290,9 +301,12 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise InputError(f"cannot write here: {exc.strerror or exc}; {p.name} left unchanged",
+                             source=str(p)) from None
         raise

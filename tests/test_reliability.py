@@ -437,8 +437,9 @@ def test_sigint_exit_130_keeps_old_output(tmp_path):
     out, err = proc.communicate(timeout=60)
     latency = time.perf_counter() - t0
     assert proc.returncode == 130, err
-    assert latency < 3.0, latency  # under a second unloaded; CI slack
+    assert latency < 5.0, latency  # 0.07-0.5 s on idle cores; slack for a machine busy with the suite
     assert (tmp_path / "plan.json").read_text() == old
+    # in the search (or, on a very busy machine, still loading the inputs)
     assert "interrupted by SIGINT" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
 
@@ -519,3 +520,20 @@ def test_fasop_complex_array_is_refused(tmp_path):
     np.save(tmp_path / "x.npy", np.array([1 + 2j, 3 + 0j]))
     with pytest.raises(InputError, match="1-D numeric"):
         read_array(tmp_path / "x.npy", load_model("gpt3-1.3b"))
+
+
+def test_interrupted_pareto_writes_nothing(files, capsys):
+    (files / "front.json").write_text("old\n")
+
+    def fire() -> None:
+        time.sleep(2.0)
+        deadline.request_stop(signal.SIGINT)
+    threading.Thread(target=fire, daemon=True).start()
+    try:
+        code, out, err = run_cli(capsys, "solve", "--objective", "pareto", "--cluster", "mixed-128",
+                                 "--out", "front.json")
+    finally:
+        deadline.reset()
+    assert code == 130, err
+    assert (files / "front.json").read_text() == "old\n" and not (files / "front.csv").exists()
+    assert len(err.splitlines()) == 1 and "interrupted by SIGINT" in err
