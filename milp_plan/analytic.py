@@ -140,6 +140,22 @@ def generate_profile(model: Model, gpus: Iterable[GPU], **kw) -> Profile:
     return Profile(table, [provenance(model)])
 
 
+class Generator:
+    """The analytic profile's own formula as a Profile.generator: the cost of any (tp,
+    micro-batch, sequence length) point of `model` on the GPUs it was built for."""
+
+    def __init__(self, model: Model, gpus: dict[str, GPU]) -> None:
+        self.model, self.gpus = model, dict(gpus)
+
+    def __call__(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str):
+        from milp_plan.profile import LayerCost
+        g = self.gpus.get(gpu)
+        if g is None or model != self.model.name or kind not in self.model.kinds():
+            return None
+        fwd, bwd, core = layer_cost_s(self.model, g, kind, tp, mbs, seq)
+        return LayerCost(fwd * 1e3, bwd * 1e3, core * 1e3, None, False)
+
+
 def shipped_profile_path(model_name: str) -> Path:
     from milp_plan.resources import shipped_dir
     return shipped_dir("profiles") / f"analytic-{model_name}.csv"

@@ -24,13 +24,18 @@ Filling missing points (each fill is recorded and reported with the points used)
    in all), the fitted latency model over all of them, t = max(a, b0 + c x T + d x T x s)
    with T = b x s tokens (d only for block kinds); otherwise the nearest profiled length,
    scaled by the ratio of per-micro-batch FLOPs (model.forward_flops_per_token x tokens).
+
+An analytic profile (shipped, or derived on the fly by `instance.build_instance`) carries a
+`generator`: a point its table lacks is computed by milp_plan.analytic, not filled, so it
+provides every point. The planner's space keeps to the points a profile provides unless
+--extrapolate (formulations/space.py, `covered`); a plan lists the filled points it uses.
 """
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 import yaml
@@ -62,6 +67,9 @@ class Profile:
     table: pd.DataFrame
     provenance: list[dict[str, Any]] = field(default_factory=list)
     fills: dict[tuple, str] = field(default_factory=dict)
+    # analytic profiles: (model, gpu, tp, mbs, seq, kind) -> the generated cost, or None where
+    # the generator does not cover that GPU; a generated point is computed, never filled
+    generator: Callable[[str, str, int, int, int, str], "LayerCost | None"] | None = None
 
     def __post_init__(self) -> None:
         self._points: dict[tuple, LayerCost] = {}
@@ -95,6 +103,22 @@ class Profile:
     def exact(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str) -> LayerCost | None:
         return self._points.get((model, gpu, tp, mbs, seq, kind))
 
+    def generated(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str) -> LayerCost | None:
+        """The analytic generator's cost at a point it covers, else None."""
+        return None if self.generator is None else self.generator(model, gpu, tp, mbs, seq, kind)
+
+    def provides(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kinds: Iterable[str]) -> bool:
+        """Every kind at this point is measured (or imported) or generated: no fill rule needed."""
+        return all((model, gpu, tp, mbs, seq, k) in self._points
+                   or self.generated(model, gpu, tp, mbs, seq, k) is not None for k in kinds)
+
+    def filled(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str) -> str | None:
+        """How the fill rules supply a point the profile neither holds nor generates, else None."""
+        if (model, gpu, tp, mbs, seq, kind) in self._points or self.generated(model, gpu, tp, mbs, seq, kind):
+            return None
+        # the cost model has evaluated the point (it fills with the FLOPs ratio); its note is kept
+        return self.fills.get((model, gpu, tp, mbs, seq, kind), "filled by the rules above")
+
     def cost(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str,
              flops_ratio=None) -> LayerCost:
         """The cost at a point, filled by the documented rules when not profiled.
@@ -109,6 +133,10 @@ class Profile:
         if exact is not None:
             self._cache[key] = exact
             return exact
+        made = self.generated(model, gpu, tp, mbs, seq, kind)
+        if made is not None:
+            self._cache[key] = made
+            return made
         by_tp_seq = self._index.get((model, gpu, kind))
         if not by_tp_seq:
             raise KeyError(key)

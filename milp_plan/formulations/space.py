@@ -13,6 +13,18 @@ type, tp, dp (B / dp samples per replica) and recompute granularity, with its ow
 number of recomputed layers. `stage_options` lists them for both kinds of config, so
 the models, the heuristic and the brute force read one definition of the space.
 
+The space (formulations/pipeline.md, "Decision spaces"): tp over the sizes that divide a
+node's GPU count (a tp group stays in one node) and pass the heads rule; every micro-batch
+size that divides the batch; pp up to the layers; the schedules 1f1b, GPipe and
+interleaved with every vpp >= 2 that gives each stage a whole number of chunks
+(pp x vpp <= L) when m % pp == 0. ZB-H1 is out (it needs the zero-bubble fork).
+
+Profile coverage: a (GPU, tp, micro-batch) point is *covered* when the profile measured it
+for every layer kind the model has at the job's sequence length, or when the profile is
+analytic (it generates every point). Unless the fix dict holds `extrapolate`, a stage
+option runs only on covered points, so a plan never rests on a filled (extrapolated)
+time. `tp<=`, `mbs<=` (from --fix, --max-tp, --max-micro-batch) cap the space.
+
 Dominance, used to keep the space small unless --fix says otherwise: in the cost model
 sequence parallelism never costs time and saves memory and p2p bytes, so it is on
 whenever tp > 1; the distributed optimizer never costs time and saves memory and
@@ -28,9 +40,38 @@ from milp_plan.cluster import NodeType
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance
 
-TPS = (1, 2, 4, 8)
-MAX_MICRO_BATCH = 16
-VPPS = (2, 4)
+SCHEDULES = ("1f1b", "interleaved", "gpipe")  # what `solve` searches by default (ZB-H1 needs a fork)
+
+
+def tp_sizes(inst: Instance, fix: dict[str, object] | None = None) -> list[int]:
+    """tp sizes a stage may use: a divisor of some node type's GPU count (a tp group stays in
+    one node, and a stage packs into whole nodes or divides one), the heads rule, --fix tp
+    or tp<= (--max-tp)."""
+    fix = fix or {}
+    if "tp" in fix:
+        cands = [int(fix["tp"])]
+    else:
+        gpns = {nt.gpus_per_node for nt in inst.cluster.node_types}
+        cands = [t for t in range(1, max(gpns) + 1) if any(g % t == 0 for g in gpns)]
+    cap = fix.get("tp<=")
+    return valid_tps(inst.model, [t for t in cands if cap is None or t <= cap])
+
+
+def micro_batch_sizes(limit: int, fix: dict[str, object] | None = None) -> list[int]:
+    """Micro-batch sizes 1..limit (the caller keeps those dividing its batch), or --fix mbs,
+    capped by mbs<= (--max-micro-batch)."""
+    fix = fix or {}
+    cands = [int(fix["mbs"])] if "mbs" in fix else range(1, limit + 1)
+    cap = fix.get("mbs<=")
+    return [b for b in cands if b <= limit and (cap is None or b <= cap)]
+
+
+def covered(inst: Instance, gpu: str, tp: int, mbs: int, fix: dict[str, object] | None = None) -> bool:
+    """The profile measured (gpu, tp, mbs) for every layer kind at the job's sequence length,
+    or generates it (analytic), or --extrapolate lets the profile's fill rules supply it."""
+    if fix and fix.get("extrapolate"):
+        return True
+    return inst.profile.provides(inst.model.name, gpu, tp, mbs, inst.job.seq_length, inst.model.kinds())
 
 
 @dataclass(frozen=True, order=True)
@@ -145,24 +186,26 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
     options are consecutive); only those that pack into their node type.
 
     Megatron Config: one per node type, with the config's tp, dp, mbs and recompute.
-    FreeConfig: every node type x tp (heads rule, within a node) x dp dividing B (micro-batch
-    B / dp <= MAX_MICRO_BATCH) x recompute granularity, tp x dp = the type's stage size unless
-    it is open (ANY), restricted by --fix tp, dp, mbs, recompute."""
+    FreeConfig: every node type x tp (`tp_sizes`, within the node) x dp dividing B (micro-batch
+    B / dp, `micro_batch_sizes`) x recompute granularity, tp x dp = the type's stage size unless
+    it is open (ANY), restricted by --fix tp, dp, mbs, recompute and the caps.
+    Both: only on points the profile covers (`covered`) unless `extrapolate`."""
     types = inst.cluster.node_types
     if isinstance(cfg, Config):
         return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
-                if _packs(nt, cfg.group)]
+                if _packs(nt, cfg.group) and covered(inst, nt.gpu.name, cfg.tp, cfg.mbs, fix)]
     fix = fix or {}
     out = []
+    mbs_ok = set(micro_batch_sizes(cfg.samples, fix))
     for k, nt in enumerate(types):
-        for tp in valid_tps(inst.model, [fix["tp"]] if "tp" in fix else TPS):
+        for tp in tp_sizes(inst, fix):
             if tp > nt.gpus_per_node:
                 continue
             for dp in ([fix["dp"]] if "dp" in fix else range(1, cfg.samples + 1)):
                 mbs = cfg.samples // dp
-                if cfg.samples % dp or mbs > MAX_MICRO_BATCH or fix.get("mbs", mbs) != mbs:
+                if cfg.samples % dp or mbs not in mbs_ok:
                     continue
-                if not _packs(nt, tp * dp):
+                if not _packs(nt, tp * dp) or not covered(inst, nt.gpu.name, tp, mbs, fix):
                     continue
                 if cfg.groups[k] not in (ANY, tp * dp):
                     continue
@@ -198,17 +241,28 @@ def recompute_choices(inst: Instance) -> tuple[str, ...]:
     return ("none", "full") if inst.job.flash_attention else ("none", "selective", "full")
 
 
-FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt"}
+FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt", "extrapolate"}
+CAP_KEYS = {"tp", "mbs"}   # KEY<=N caps the range (--max-tp, --max-micro-batch write them too)
 
 
 def parse_fix(text: str | None) -> dict[str, object]:
-    """'tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved' -> dict."""
+    """'tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved' -> dict;
+    'tp<=4,mbs<=8' -> {'tp<=': 4, 'mbs<=': 8} (the least cap wins); 'extrapolate=on' opens
+    the points the profile does not cover."""
     if not text:
         return {}
     out: dict[str, object] = {}
     for item in text.split(","):
+        if "<=" in item:
+            k, v = (x.strip() for x in item.split("<=", 1))
+            if k not in CAP_KEYS:
+                raise InputError(f"'{item}': only {' and '.join(sorted(CAP_KEYS))} take a cap (KEY<=N)", field="fix")
+            if not v.isdigit() or int(v) < 1:
+                raise InputError(f"{k}<= needs a whole number >= 1, got '{v}'", field="fix")
+            out[k + "<="] = min(int(v), int(out.get(k + "<=", int(v))))
+            continue
         if "=" not in item:
-            raise InputError(f"'{item}' is not KEY=VALUE; write e.g. tp=8,pp=4", field="fix")
+            raise InputError(f"'{item}' is not KEY=VALUE or KEY<=N; write e.g. tp=8,pp=4 or tp<=4", field="fix")
         k, v = (x.strip() for x in item.split("=", 1))
         if k not in FIX_KEYS:
             raise InputError(f"unknown key '{k}'; use {', '.join(sorted(FIX_KEYS))}", field="fix")
@@ -216,7 +270,7 @@ def parse_fix(text: str | None) -> dict[str, object]:
             if not v.isdigit() or int(v) < 1:
                 raise InputError(f"{k} must be a whole number >= 1, got '{v}'", field="fix")
             out[k] = int(v)
-        elif k in ("sp", "distopt"):
+        elif k in ("sp", "distopt", "extrapolate"):
             if v not in ("on", "off", "true", "false", "1", "0"):
                 raise InputError(f"{k} must be on or off, got '{v}'", field="fix")
             out[k] = v in ("on", "true", "1")
@@ -228,6 +282,9 @@ def parse_fix(text: str | None) -> dict[str, object]:
             if v not in ("1f1b", "interleaved", "gpipe", "zb-h1"):
                 raise InputError(f"schedule must be 1f1b, interleaved, gpipe or zb-h1, got '{v}'", field="fix")
             out[k] = v
+    for k in CAP_KEYS:
+        if k in out and k + "<=" in out and out[k] > out[k + "<="]:
+            raise InputError(f"{k}={out[k]} contradicts {k}<={out[k + '<=']}", field="fix")
     if out.get("vpp", 1) > 1 and out.setdefault("schedule", "interleaved") != "interleaved":
         raise InputError("vpp > 1 needs schedule=interleaved", field="fix")
     return out
@@ -248,7 +305,7 @@ FREE_SP_REFUSAL = ("--mode free plans with sequence parallelism on (in the cost 
 
 
 def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
-                      schedules: tuple[str, ...] = ("1f1b", "interleaved"),
+                      schedules: tuple[str, ...] = SCHEDULES,
                       mode: str = "megatron") -> Iterator[Config | FreeConfig]:
     """Every global choice that passes the divisibility rules (checker's rules, in advance)."""
     fix = fix or {}
@@ -261,16 +318,18 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
     gbs, L, total = job.global_batch_size, m.num_layers, inst.cluster.num_gpus
     max_gpn = max(nt.gpus_per_node for nt in inst.cluster.node_types)
     recomputes = recompute_choices(inst)
-    for tp in valid_tps(m, [fix["tp"]] if "tp" in fix else TPS):
+    for tp in tp_sizes(inst, fix):
         if tp > max_gpn:
             continue
         for dp in ([fix["dp"]] if "dp" in fix else range(1, total // tp + 1)):
             if gbs % dp or not _stage_fits_nodes(inst, tp * dp):
                 continue
-            mbs_opts = [fix["mbs"]] if "mbs" in fix else range(1, min(MAX_MICRO_BATCH, gbs // dp) + 1)
-            for mbs in mbs_opts:
+            for mbs in micro_batch_sizes(gbs // dp, fix):
                 if gbs % (mbs * dp):
                     continue
+                if not any(_packs(nt, tp * dp) and covered(inst, nt.gpu.name, tp, mbs, fix)
+                           for nt in inst.cluster.node_types):
+                    continue  # no node type runs this (tp, mbs) on profiled data
                 n_mb = gbs // (mbs * dp)
                 for pp in ([fix["pp"]] if "pp" in fix else range(1, min(L, total // (tp * dp)) + 1)):
                     if pp * tp * dp > total or pp > L:
@@ -329,21 +388,20 @@ def explain_fix(inst: Instance, fix: dict[str, object]) -> str:
             "for interleaving)")
 
 
+def virtual_stages(fix: dict[str, object], pp: int, n_mb: int, L: int) -> list[int]:
+    """vpp values Megatron runs interleaved with: pp >= 2, m % pp == 0 (its default
+    micro-batch group of pp), and every stage a whole number (>= 1) of layers per chunk:
+    2 <= vpp <= L / pp (the layout string lets stages differ in size, each a multiple of vpp)."""
+    if pp < 2 or n_mb % pp:
+        return []
+    return [v for v in ([fix["vpp"]] if "vpp" in fix else range(2, L // pp + 1)) if v >= 2 and L >= pp * v]
+
+
 def _schedules(fix, schedules, pp, n_mb, L):
-    if "schedule" in fix:
-        s = fix["schedule"]
+    for s in ([fix["schedule"]] if "schedule" in fix else schedules):
         if s == "interleaved":
-            for v in ([fix["vpp"]] if "vpp" in fix else VPPS):
-                if pp >= 2 and n_mb % pp == 0 and v >= 2 and L >= pp * v:
-                    yield s, v
-        else:
-            yield s, 1
-        return
-    for s in schedules:
-        if s == "interleaved":
-            for v in VPPS:
-                if pp >= 2 and n_mb % pp == 0 and L >= pp * v:
-                    yield s, v
+            for v in virtual_stages(fix, pp, n_mb, L):
+                yield s, v
         else:
             yield s, 1
 
