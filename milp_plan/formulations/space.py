@@ -241,6 +241,33 @@ def recompute_choices(inst: Instance) -> tuple[str, ...]:
     return ("none", "full") if inst.job.flash_attention else ("none", "selective", "full")
 
 
+def with_space_options(fix: str | None, extrapolate: bool = False, max_tp: int | None = None,
+                       max_micro_batch: int | None = None) -> str | None:
+    """The --fix text with --extrapolate, --max-tp and --max-micro-batch added (extrapolate=on,
+    tp<=N, mbs<=N), so every path that parses --fix (solve, pareto) sees one space."""
+    parts = [fix] if fix else []
+    for flag, name in ((max_tp, "--max-tp"), (max_micro_batch, "--max-micro-batch")):
+        if flag is not None and flag < 1:
+            raise InputError(f"must be a whole number >= 1, got {flag}", field=name.lstrip("-"))
+    parts += [f"tp<={max_tp}"] if max_tp is not None else []
+    parts += [f"mbs<={max_micro_batch}"] if max_micro_batch is not None else []
+    parts += ["extrapolate=on"] if extrapolate else []
+    return ",".join(parts) or None
+
+
+def plan_fills(inst: Instance, plan) -> tuple:
+    """The profile points a plan's times rest on that no profile measured or generates, each
+    with the fill rule that supplied it (plan.ProfileFill), in a stable order."""
+    from milp_plan.plan import ProfileFill
+    m, seq, out = inst.model, inst.job.seq_length, set()
+    for st in plan.stages:
+        for kind in m.kinds():
+            how = inst.profile.filled(m.name, st.gpu, st.tp, st.micro_batch_size, seq, kind)
+            if how is not None:
+                out.add(ProfileFill(st.gpu, st.tp, st.micro_batch_size, seq, kind, how))
+    return tuple(sorted(out, key=lambda f: (f.gpu, f.tp, f.micro_batch_size, f.seq_length, f.kind)))
+
+
 FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt", "extrapolate"}
 CAP_KEYS = {"tp", "mbs"}   # KEY<=N caps the range (--max-tp, --max-micro-batch write them too)
 
@@ -369,6 +396,9 @@ def explain_fix(inst: Instance, fix: dict[str, object]) -> str:
     m, job, total = inst.model, inst.job, inst.cluster.num_gpus
     max_gpn = max(nt.gpus_per_node for nt in inst.cluster.node_types)
     tp, pp, dp, mbs = (fix.get(k) for k in ("tp", "pp", "dp", "mbs"))
+    uncovered = coverage_gap(inst, fix)
+    if uncovered:
+        return uncovered
     if tp is not None and not valid_tps(m, [tp]):
         return (f"tp={tp} must divide the {m.num_attention_heads} attention heads, and the {m.num_query_groups} "
                 "query groups must divide or be a multiple of it")
@@ -395,6 +425,18 @@ def virtual_stages(fix: dict[str, object], pp: int, n_mb: int, L: int) -> list[i
     if pp < 2 or n_mb % pp:
         return []
     return [v for v in ([fix["vpp"]] if "vpp" in fix else range(2, L // pp + 1)) if v >= 2 and L >= pp * v]
+
+
+def coverage_gap(inst: Instance, fix: dict[str, object]) -> str | None:
+    """Why profile coverage and the caps leave no (tp, micro-batch) point, or None."""
+    gbs = inst.job.global_batch_size
+    for nt in inst.cluster.node_types:
+        for tp in tp_sizes(inst, fix):
+            if any(gbs % b == 0 and covered(inst, nt.gpu.name, tp, b, fix) for b in micro_batch_sizes(gbs, fix)):
+                return None
+    return (f"the profiles measure no tp and micro-batch size within the caps ({', '.join(f'{k}{v}' for k, v in sorted(fix.items()) if k.endswith('<=')) or 'none'}) "
+            f"for every layer kind of {inst.model.name} at sequence length {inst.job.seq_length} on any GPU of the cluster; "
+            "profile those points, raise the caps, or allow filled points with --extrapolate")
 
 
 def _schedules(fix, schedules, pp, n_mb, L):

@@ -36,8 +36,8 @@ from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.pipeline import Limits, PipelineModel
-from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, explain_fix,
-                                          free_children)
+from milp_plan.formulations.space import (Config, FreeConfig, StageOption, coverage_gap, enumerate_configs,
+                                          explain_fix, free_children)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.heuristics import warmstart as heuristic
@@ -420,6 +420,8 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> 
     if not configs:
         if fix:
             raise InputError(f"{explain_fix(inst, fix)}; change --fix", field="fix")
+        if coverage_gap(inst, {}):
+            raise InputError(coverage_gap(inst, {}), field="profiles")
         raise InputError("no tp/dp/pp/micro-batch combination passes the divisibility rules; check "
                          "--global-batch and the cluster", field="global-batch")
     shared: dict = {}
