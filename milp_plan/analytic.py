@@ -147,11 +147,16 @@ class Generator:
     def __init__(self, model: Model, gpus: dict[str, GPU]) -> None:
         self.model, self.gpus = model, dict(gpus)
 
+        self._kinds = frozenset(model.kinds())
+
+    def covers(self, model: str, gpu: str, kind: str) -> bool:
+        return gpu in self.gpus and model == self.model.name and kind in self._kinds
+
     def __call__(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str):
         from milp_plan.profile import LayerCost
-        g = self.gpus.get(gpu)
-        if g is None or model != self.model.name or kind not in self.model.kinds():
+        if not self.covers(model, gpu, kind):
             return None
+        g = self.gpus[gpu]
         fwd, bwd, core = layer_cost_s(self.model, g, kind, tp, mbs, seq)
         return LayerCost(fwd * 1e3, bwd * 1e3, core * 1e3, None, False)
 

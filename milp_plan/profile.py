@@ -35,7 +35,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import pandas as pd
 import yaml
@@ -69,7 +69,7 @@ class Profile:
     fills: dict[tuple, str] = field(default_factory=dict)
     # analytic profiles: (model, gpu, tp, mbs, seq, kind) -> the generated cost, or None where
     # the generator does not cover that GPU; a generated point is computed, never filled
-    generator: Callable[[str, str, int, int, int, str], "LayerCost | None"] | None = None
+    generator: Any = None   # analytic.Generator: covers(model, gpu, kind), __call__(model, gpu, tp, mbs, seq, kind)
 
     def __post_init__(self) -> None:
         self._points: dict[tuple, LayerCost] = {}
@@ -88,6 +88,7 @@ class Profile:
             self._index.setdefault((row.model, row.gpu, row.kind), {}).setdefault(
                 (int(row.tp), int(row.seq_length)), {})[int(row.micro_batch_size)] = cost
         self._cache: dict[tuple, LayerCost] = {}
+        self._provides: dict[tuple, bool] = {}
 
     # ---- queries -----------------------------------------------------------------
     def gpus(self, model: str | None = None) -> list[str]:
@@ -109,12 +110,17 @@ class Profile:
 
     def provides(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kinds: Iterable[str]) -> bool:
         """Every kind at this point is measured (or imported) or generated: no fill rule needed."""
-        return all((model, gpu, tp, mbs, seq, k) in self._points
-                   or self.generated(model, gpu, tp, mbs, seq, k) is not None for k in kinds)
+        key = (model, gpu, tp, mbs, seq, tuple(kinds))
+        got = self._provides.get(key)
+        if got is None:
+            gen = self.generator
+            got = self._provides[key] = all((model, gpu, tp, mbs, seq, k) in self._points
+                                            or (gen is not None and gen.covers(model, gpu, k)) for k in key[5])
+        return got
 
     def filled(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str) -> str | None:
         """How the fill rules supply a point the profile neither holds nor generates, else None."""
-        if (model, gpu, tp, mbs, seq, kind) in self._points or self.generated(model, gpu, tp, mbs, seq, kind):
+        if self.provides(model, gpu, tp, mbs, seq, (kind,)):
             return None
         # the cost model has evaluated the point (it fills with the FLOPs ratio); its note is kept
         return self.fills.get((model, gpu, tp, mbs, seq, kind), "filled by the rules above")

@@ -32,6 +32,7 @@ communication, so it is on whenever dp > 1.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -71,7 +72,13 @@ def covered(inst: Instance, gpu: str, tp: int, mbs: int, fix: dict[str, object] 
     or generates it (analytic), or --extrapolate lets the profile's fill rules supply it."""
     if fix and fix.get("extrapolate"):
         return True
-    return inst.profile.provides(inst.model.name, gpu, tp, mbs, inst.job.seq_length, inst.model.kinds())
+    return inst.profile.provides(inst.model.name, gpu, tp, mbs, inst.job.seq_length, _kinds(inst.model))
+
+
+@functools.lru_cache(maxsize=64)
+def _kinds(model) -> tuple[str, ...]:
+    """model.kinds(), memoised (it scans every layer; `covered` asks per stage option)."""
+    return tuple(model.kinds())
 
 
 @dataclass(frozen=True, order=True)

@@ -238,7 +238,8 @@ class PipelineTerms:
 
 
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
-                    terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS) -> tuple[float, float] | None:
+                    terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
+                    least: tuple[float, float] | None = None) -> tuple[float, float] | None:
     """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
     z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
     (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so
@@ -249,8 +250,10 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     + rest and P >= P_inf, with S_inf, P_inf at unbounded Z (every stage holds as many layers
     as memory lets it). Returns (the bound: T or $/step, S_inf), or None when no Z meets the limits."""
     w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
-    s_inf = terms.extra + _least_layer_sum(math.inf, slots, pp, L, unit)
-    p_inf = max(terms.gpu_usd, _least_usd_per_hour(math.inf, slots, L, unit))
+    layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
+                                    _least_usd_per_hour(math.inf, slots, L, unit))
+    s_inf = terms.extra + layers_inf
+    p_inf = max(terms.gpu_usd, usd_inf)
     cost = limits.objective == "min-cost"
 
     def value(T: float, P: float) -> float | None:
@@ -317,6 +320,25 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     return costmodel.p2p_time_s(hops, wrap, cfg.schedule, cfg.vpp)
 
 
+def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
+    """(breakpoints, bottleneck bound, (least layer sum, least $/h) at unbounded z)."""
+    cands = _breakpoints(slots, L, unit)
+    z = _bottleneck_bound(slots, pp, L, unit, cands)
+    least = None if z is None else (_least_layer_sum(math.inf, slots, pp, L, unit),
+                                    _least_usd_per_hour(math.inf, slots, L, unit))
+    return cands, z, least
+
+
+def _memo_shared(coef: Coefficients, key: tuple | None, make):
+    """make(), memoised in the instance's shared coefficient cache under `key` (None: not memoised)."""
+    if key is None:
+        return make()
+    got = coef._shared.get(key)
+    if got is None:
+        got = coef._shared[key] = make()
+    return got
+
+
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) -> float | None:
     """Valid lower bound on the objective of any plan of this config, or None when none fits.
 
@@ -352,8 +374,12 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     else:  # cheap: each block offers its stages on its own (no GPU sharing where a type's size is open)
         slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types, gpu_hour[k])
                  for k, blocks in sorted(by_type.items()) for block in blocks]
-    cands = _breakpoints(slots, L, cfg.vpp)
-    z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp, cands)
+    # the cheap bound relaxes whole chunks (multiples of vpp) to whole layers, a superset of the
+    # config's splits, so its placement terms are shared by every schedule and vpp of the same
+    # tp, dp, mbs, pp and recompute (memoised: the space has many vpp; pipeline.md)
+    unit = cfg.vpp if memory else 1
+    cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L, unit) if not memory else None,
+                                   lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
         return None
     # each stage recomputes at least one layer where its option recomputes fully
@@ -375,9 +401,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
         return None
     w_z, w_sum = coef.z_weight(), coef.sum_weight()
-    got = _pipeline_bound(slots, cfg.pp, L, cfg.vpp, cands, z, PipelineTerms(w_z, w_sum, ends + cfg.pp * rho, rest,
-                                                                             gpu_usd),
-                          limits, JOINT_STEPS if memory else 0)
+    got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, ends + cfg.pp * rho, rest,
+                                                                          gpu_usd),
+                          limits, JOINT_STEPS if memory else 0, least)
     if got is None:
         return None
     bound, S = got
