@@ -374,10 +374,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     else:  # cheap: each block offers its stages on its own (no GPU sharing where a type's size is open)
         slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types, gpu_hour[k])
                  for k, blocks in sorted(by_type.items()) for block in blocks]
-    # the cheap bound relaxes whole chunks (multiples of vpp) to whole layers, a superset of the
-    # config's splits, so its placement terms are shared by every schedule and vpp of the same
-    # tp, dp, mbs, pp and recompute (memoised: the space has many vpp; pipeline.md)
-    unit = cfg.vpp if memory else 1
+    # the cheap bound's placement terms depend on the slots, pp and vpp only: configs that differ
+    # in schedule alone (1f1b, gpipe) share them (memoised; the space has ~4x the configs it had)
+    unit = cfg.vpp
     cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L, unit) if not memory else None,
                                    lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
