@@ -403,9 +403,6 @@ def explain_fix(inst: Instance, fix: dict[str, object]) -> str:
     m, job, total = inst.model, inst.job, inst.cluster.num_gpus
     max_gpn = max(nt.gpus_per_node for nt in inst.cluster.node_types)
     tp, pp, dp, mbs = (fix.get(k) for k in ("tp", "pp", "dp", "mbs"))
-    uncovered = coverage_gap(inst, fix)
-    if uncovered:
-        return uncovered
     if tp is not None and not valid_tps(m, [tp]):
         return (f"tp={tp} must divide the {m.num_attention_heads} attention heads, and the {m.num_query_groups} "
                 "query groups must divide or be a multiple of it")
@@ -420,6 +417,9 @@ def explain_fix(inst: Instance, fix: dict[str, object]) -> str:
     used = (tp or 1) * (pp or 1) * (dp or 1)
     if used > total:
         return f"tp x pp x dp = {used} GPUs but the cluster has {total}"
+    uncovered = coverage_gap(inst, fix)
+    if uncovered:
+        return uncovered
     return ("no combination of the free choices with the pinned ones passes the divisibility rules "
             "(heads by tp, global batch by micro-batch x dp, a stage packing into a node type, m % pp == 0 "
             "for interleaving)")
