@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from milp_plan import check
 
@@ -104,3 +104,43 @@ def test_a_config_that_fits_only_by_recomputing_every_layer_is_bounded_and_solve
         assert res.status == "optimal" and check.check_plan(inst, res.plan) == []
         assert [(s.recompute_layers, s.num_layers) for s in res.plan.stages] == [(3, 3)]
         assert_within_rounding(inst, res.plan, Limits(), ref.objective)
+
+
+@st.composite
+def slow_link_instances(draw):
+    """Links slow enough that a hop costs about as much as a layer (GPipe's zf, zb >= h and the
+    interleaved wrap matter), 4-8 layers (vpp 3 and 4 at pp 2), memory that may bind."""
+    layers = draw(st.integers(4, 8))
+    f = draw(st.sampled_from([0.5, 1.0]))
+    slow = draw(st.sampled_from([1.0, 2.5]))
+    memory = tuple(draw(st.sampled_from([None, 0.004, 0.006])) for _ in range(3))
+    return dict(layers=layers, fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow), gpn=draw(st.sampled_from([1, 2])),
+                counts=(draw(st.integers(1, 2)), 1), prices=(8.0, draw(st.sampled_from([1.0, 6.0]))),
+                memory_gib=memory, bandwidth_gb_per_s=draw(st.sampled_from([0.002, 0.004, 0.01]))), \
+        draw(st.sampled_from([2, 4, 8])), draw(st.sampled_from(["min-time", "min-cost", "budget-h", "budget-step"])), \
+        True
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(slow_link_instances())
+def test_bounds_hold_for_gpipe_and_every_vpp_on_slow_links(tmp_path_factory, case):
+    """The default space holds GPipe and interleaving with every vpp in 2..L/pp; their bounds
+    (GPipe: zf + zb >= max_s t_s; vpp 3: chunks of L/(3 pp) layers) against enumeration."""
+    check_instance(*case, tmp_path_factory.mktemp("inst"), "megatron", 6_000)
+
+
+def test_the_space_holds_gpipe_vpp_3_and_micro_batches_past_16(tmp_path):
+    """6 layers, 2 single-GPU nodes + 1, global batch 96: pp 2 interleaves with vpp 2 or 3
+    (3 layers per stage, one per chunk; vpp 4 would need 8), pp 3 with vpp 2 only, and every
+    divisor of 96 is a micro-batch size at dp 1 (24, 32, 48 and 96 were cut off at 16): those
+    the profile measured (up to 32, PROFILED_MBS) by default, all with extrapolate."""
+    spec = write_instance(tmp_path, layers=6, gpn=1, counts=(2, 1))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 96}))
+    configs = list(prepare(inst).configs)
+    assert {c.vpp for c in configs if c.pp == 2 and c.schedule == "interleaved"} == {2, 3}
+    assert {c.vpp for c in configs if c.pp == 3 and c.schedule == "interleaved"} == {2}
+    assert any(c.schedule == "gpipe" for c in configs)
+    assert {c.mbs for c in configs if c.dp == 1} == {b for b in range(1, 33) if 96 % b == 0}
+    wide = prepare(inst, {"extrapolate": True}).configs
+    assert {c.mbs for c in wide if c.dp == 1} == {b for b in range(1, 97) if 96 % b == 0}

@@ -45,20 +45,22 @@ PROFILED_MBS = tuple(range(1, 33))
 
 def write_instance(tmp: Path, *, layers=4, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0), prices=(8.0, 2.0),
                    gpn=2, counts=(1, 1), third: bool = False,
-                   memory_gib: tuple[float | None, float | None, float | None] = (None, None, None)) -> InstanceSpec:
+                   memory_gib: tuple[float | None, float | None, float | None] = (None, None, None),
+                   bandwidth_gb_per_s: float = HUGE_BW) -> InstanceSpec:
     """Two node types of `gpn` GPUs: 'fast' (A100-80GB) and 'slow' (A10), and with `third` a
     single 'mid' node of L40S; a tiny GPT whose block costs fwd/bwd ms as given at tp 1,
     micro-batch 1, and mbs / tp times that at the other profiled points (PROFILED_TPS x
     PROFILED_MBS: what the fill rules would give, written out so that the default space, which
     keeps to profiled points, holds them); embedding and head cost nothing.
-    memory_gib overrides each type's GPU memory (the model needs about 1 MiB a layer)."""
+    memory_gib overrides each type's GPU memory (the model needs about 1 MiB a layer);
+    bandwidth_gb_per_s every link's (default: so fast that communication is ~0)."""
     (tmp / "cluster.yaml").write_text(f"""
 name: hand
 node_types:
   - {{name: fast, gpu: {_gpu("A100-80GB", memory_gib[0])}, gpus_per_node: {gpn}, count: {counts[0]},
-      intra_node_gb_per_s: {HUGE_BW}, inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[0]}}}
+      intra_node_gb_per_s: {bandwidth_gb_per_s}, inter_node_gb_per_s: {bandwidth_gb_per_s}, usd_per_hour: {prices[0]}}}
   - {{name: slow, gpu: {_gpu("A10", memory_gib[1])}, gpus_per_node: {gpn}, count: {counts[1]},
-      intra_node_gb_per_s: {HUGE_BW}, inter_node_gb_per_s: {HUGE_BW}, usd_per_hour: {prices[1]}}}
+      intra_node_gb_per_s: {bandwidth_gb_per_s}, inter_node_gb_per_s: {bandwidth_gb_per_s}, usd_per_hour: {prices[1]}}}
 """ + (f"""  - {{name: mid, gpu: {_gpu("L40S", memory_gib[2])}, gpus_per_node: {gpn}, count: 1, intra_node_gb_per_s: 50,
       inter_node_gb_per_s: 5, usd_per_hour: 3.0}}
 """ if third else ""))

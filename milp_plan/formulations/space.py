@@ -200,14 +200,15 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
     types = inst.cluster.node_types
     if isinstance(cfg, Config):
         return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
-                if _packs(nt, cfg.group) and covered(inst, nt.gpu.name, cfg.tp, cfg.mbs, fix)]
+                if nt.gpus_per_node % cfg.tp == 0 and _packs(nt, cfg.group)
+                and covered(inst, nt.gpu.name, cfg.tp, cfg.mbs, fix)]
     fix = fix or {}
     out = []
     mbs_ok = set(micro_batch_sizes(cfg.samples, fix))
     for k, nt in enumerate(types):
         for tp in tp_sizes(inst, fix):
-            if tp > nt.gpus_per_node:
-                continue
+            if nt.gpus_per_node % tp:
+                continue  # a tp group stays inside one node (check_tp_within_node)
             for dp in ([fix["dp"]] if "dp" in fix else range(1, cfg.samples + 1)):
                 mbs = cfg.samples // dp
                 if cfg.samples % dp or mbs not in mbs_ok:
@@ -361,7 +362,7 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
             for mbs in micro_batch_sizes(gbs // dp, fix):
                 if gbs % (mbs * dp):
                     continue
-                if not any(_packs(nt, tp * dp) and covered(inst, nt.gpu.name, tp, mbs, fix)
+                if not any(nt.gpus_per_node % tp == 0 and _packs(nt, tp * dp) and covered(inst, nt.gpu.name, tp, mbs, fix)
                            for nt in inst.cluster.node_types):
                     continue  # no node type runs this (tp, mbs) on profiled data
                 n_mb = gbs // (mbs * dp)
