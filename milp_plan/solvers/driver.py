@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from milp_plan import check, costmodel
@@ -339,20 +339,28 @@ def _memo_shared(coef: Coefficients, key: tuple | None, make):
     return got
 
 
-def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) -> float | None:
+def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
+                       variants: list[Config] | None = None) -> float | None | list[float | None]:
     """Valid lower bound on the objective of any plan of this config, or None when none fits.
 
     Every minimum below is over the stage options a stage may take (one per node type in
     Megatron mode); the bottleneck bound lets a node type's stages share its GPUs (whole
     nodes relaxed to GPUs).
     memory=False skips the memory rooms (every slot may hold all L layers), the transfers and
-    the joint bound over the steady period and the stage sum (`_pipeline_bound`):
-    a weaker, cheaper bound the driver uses to order and cut the search."""
+    the joint bound over the steady period and the stage sum (`_pipeline_bound`), and relaxes
+    whole chunks (layer counts in multiples of vpp) to whole layers: a weaker, cheaper bound
+    the driver uses to order and cut the search. With `variants` (memory=False only: configs
+    that differ from coef.cfg in schedule and vpp alone, so they share its options and every
+    term but the closed form's weights and the reduction at vpp layers) it returns the list
+    of their bounds, computed once."""
+    if variants is not None:
+        assert not memory and all(replace(v, schedule=coef.cfg.schedule, vpp=coef.cfg.vpp) == coef.cfg
+                                  for v in variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
     caps = {b: _affordable_stages(coef, b, limits) for b in range(len(coef.blocks))}
     O = [o for o in range(len(coef.options)) if caps[coef.block_of[o]] > 0]
     if not O or sum(caps.values()) < cfg.pp:
-        return None
+        return None if variants is None else [None] * len(variants)
     t = {o: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
     # memory falls with the position among middle stages (fewer micro-batches in flight), so
     # the most room any position offers is at the first, the last or the last middle stage
@@ -363,7 +371,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
         if rooms[o]:
             alts.setdefault(coef.block_of[o], []).append((t[o][0].a, rooms[o]))
     if coef.required_types - {coef.blocks[b].k for b in alts}:
-        return None  # a node type the config must use holds no layer within memory or budget
+        # a node type the config must use holds no layer within memory or budget
+        return None if variants is None else [None] * len(variants)
     by_type: dict[int, list] = {}
     for b in sorted(alts):
         by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
@@ -374,13 +383,13 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     else:  # cheap: each block offers its stages on its own (no GPU sharing where a type's size is open)
         slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types, gpu_hour[k])
                  for k, blocks in sorted(by_type.items()) for block in blocks]
-    # the cheap bound's placement terms depend on the slots, pp and vpp only: configs that differ
-    # in schedule alone (1f1b, gpipe) share them (memoised; the space has ~4x the configs it had)
-    unit = cfg.vpp
-    cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L, unit) if not memory else None,
+    # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
+    # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
+    unit = cfg.vpp if memory else 1
+    cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L) if not memory else None,
                                    lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
-        return None
+        return None if variants is None else [None] * len(variants)
     # each stage recomputes at least one layer where its option recomputes fully
     rho = min(t[o][0].rho if coef.full(o) else 0.0 for o in O)
     if cfg.pp == 1:
@@ -388,9 +397,6 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     else:
         ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
-    # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
-    rest = ((_p2p_lower_bound(coef) if memory else 0.0) + min(coef.dp_time(o, 0)(cfg.vpp) for o in O)
-            + min(coef.opt_time(o, 0).a for o in O) * biggest)
     usable = [o for o in O if rooms[o]]
     # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
     # rents at least one stage of each node type it gives a stage size
@@ -398,17 +404,41 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     forced = [min(price[o] for o in usable if coef.options[o].k == k) for k in sorted(coef.required_types)]
     gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
-        return None
-    w_z, w_sum = coef.z_weight(), coef.sum_weight()
-    got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, ends + cfg.pp * rho, rest,
-                                                                          gpu_usd),
+        return None if variants is None else [None] * len(variants)
+
+    def finish(cfg: Config | FreeConfig, w_z: float, w_sum: float) -> float | None:
+        # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the
+        # biggest stage's
+        rest = ((_p2p_lower_bound(coef) if memory else 0.0) + min(coef.dp_time(o, 0)(cfg.vpp) for o in O)
+                + min(coef.opt_time(o, 0).a for o in O) * biggest)
+        return _finish_bound(slots, cfg, L, unit, cands, z, least, rest, ends + cfg.pp * rho, gpu_usd, w_z, w_sum,
+                             limits, memory, min(price[o] * t[o][0].a for o in usable))
+    if variants is None:
+        return finish(cfg, coef.z_weight(), coef.sum_weight())
+    # the closed form's weights of each variant, from the one definition (Coefficients.z_weight, sum_weight)
+    return [finish(v, Coefficients.z_weight(view), Coefficients.sum_weight(view))
+            for v in variants for view in [_WeightView(v, coef.m)]]
+
+
+@dataclass(frozen=True)
+class _WeightView:
+    """What Coefficients.z_weight and sum_weight read: the config and its micro-batch count."""
+
+    cfg: Config
+    m: int
+
+
+def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
+                  least_work) -> float | None:
+    """config_lower_bound's last step: the joint bound (`_pipeline_bound`) and, for $, the work bound."""
+    got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd),
                           limits, JOINT_STEPS if memory else 0, least)
     if got is None:
         return None
     bound, S = got
     # $ x s per step >= (sum_s p_s) w_z z + gpu_usd (w_sum S + rest), and (sum_s p_s) z >= L min_o(p_o a_o)
     # because z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan
-    work = (w_z * L * min(price[o] * t[o][0].a for o in usable) + gpu_usd * (w_sum * S + rest)) / 3600
+    work = (w_z * L * least_work + gpu_usd * (w_sum * S + rest)) / 3600
     if limits.budget_usd_per_step is not None and work > limits.budget_usd_per_step * (1 + 1e-9):
         return None
     return max(bound, work) if limits.objective == "min-cost" else bound
@@ -425,14 +455,35 @@ def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config) -> None:
 class Prepared:
     """The configs of an instance with their coefficients, reusable across solves
     (a Pareto sweep solves the same instance under many limits). In free mode `base` holds
-    the Megatron-mode configs whose optimum starts the free search."""
+    the Megatron-mode configs whose optimum starts the free search. Coefficients are made on
+    first use (`coef`): a large space has many configs the search never opens."""
 
     configs: list[Config | FreeConfig]
-    coefs: list[Coefficients]
+    inst: Instance
     mode: str = "megatron"
     base: "Prepared | None" = None
     fix: dict | None = None
     shared: dict = field(default_factory=dict)
+    made: dict = field(default_factory=dict)
+
+    def coef(self, i: int) -> Coefficients:
+        got = self.made.get(i)
+        if got is None:
+            got = self.made[i] = Coefficients(self.inst, self.configs[i], self.shared, self.fix)
+        return got
+
+    @property
+    def coefs(self) -> list[Coefficients]:
+        return [self.coef(i) for i in range(len(self.configs))]
+
+    def families(self) -> list[list[int]]:
+        """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
+        mode each config alone), in enumeration order: the members share a cheap bound's terms."""
+        groups: dict = {}
+        for i, cfg in enumerate(self.configs):
+            key = replace(cfg, schedule="1f1b", vpp=1) if isinstance(cfg, Config) else i
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
 
     def children(self, coef: Coefficients) -> list[Coefficients]:
         """Free mode: a config with open stage sizes, branched on its first open node type."""
@@ -449,14 +500,13 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> 
             raise InputError(coverage_gap(inst, {}), field="profiles")
         raise InputError("no tp/dp/pp/micro-batch combination passes the divisibility rules; check "
                          "--global-batch and the cluster", field="global-batch")
-    shared: dict = {}
     base = None
     if mode == "free":
         try:
             base = prepare(inst, fix, "megatron")
         except InputError:  # no uniform plan passes the rules: the free search starts cold
             base = None
-    return Prepared(configs, [Coefficients(inst, cfg, shared, fix) for cfg in configs], mode, base, fix, shared)
+    return Prepared(configs, inst, mode, base, fix)
 
 
 def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
@@ -508,12 +558,30 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
     t0 = time.perf_counter()
     prepared = prepared or prepare(inst, fix, mode)
-    bounded: list[tuple[float, Config | FreeConfig, Coefficients]] = []
-    for coef in prepared.coefs:
-        lb = config_lower_bound(coef, limits, memory=False)
-        if lb is not None:
-            bounded.append((lb, coef.cfg, coef))
-    bounded.sort(key=lambda x: (x[0], x[1]))
+    # heap entries (bound, config, kind, payload): kind 0 a config and its Coefficients; kind 1 a
+    # family (configs that differ in schedule and vpp alone) at the least of its members' cheap
+    # bounds, with the members' (bound, index): opened into configs when popped
+    bounded: list[tuple[float, Config | FreeConfig, int, object]] = []
+    for members in prepared.families():
+        head = prepared.coef(members[0])
+        if len(members) == 1:
+            lb = config_lower_bound(head, limits, memory=False)
+            if lb is not None:
+                bounded.append((lb, head.cfg, 0, head))
+            continue
+        lbs = config_lower_bound(head, limits, memory=False, variants=[prepared.configs[i] for i in members])
+        kids = sorted((lb, prepared.configs[i], i) for lb, i in zip(lbs, members) if lb is not None)
+        if kids:
+            bounded.append((kids[0][0], kids[0][1], 1, kids))
+    bounded.sort(key=lambda x: x[:3])
+
+    def opened(heap: list) -> tuple[float, Config | FreeConfig, Coefficients]:
+        """Pop the least entry, opening families, until it is a config."""
+        while heap[0][2] == 1:
+            for lb, cfg, i in heapq.heappop(heap)[3]:
+                heapq.heappush(heap, (lb, cfg, 0, prepared.coef(i)))
+        lb, cfg, _, coef = heapq.heappop(heap)
+        return lb, cfg, coef
     best: Plan | None = None
     best_obj = math.inf
     hints: dict[Config | FreeConfig, heuristic.Candidate] = {}
@@ -530,7 +598,11 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         # Heuristic first, from the configs of least bound: HEURISTIC_CONFIGS of them, or on until
         # the first plan (so that even a very short limit returns one), within a tenth of the limit
         h0 = time.perf_counter()
-        for tried, (lb, cfg, coef) in enumerate(bounded[:HEURISTIC_MAX_CONFIGS]):
+        ahead = list(bounded)  # a copy: the heuristic looks ahead without consuming the search
+        for tried in range(HEURISTIC_MAX_CONFIGS):
+            if not ahead:
+                break
+            lb, cfg, coef = opened(ahead)
             if lb >= best_obj * (1 - REL_EPS):
                 break
             if best is not None and (tried >= HEURISTIC_CONFIGS
@@ -551,16 +623,21 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     # popped (its children inherit its bound), a complete one is solved.
     heap = list(bounded)  # sorted, hence a heap
     total = len(prepared.configs)  # and, in free mode, every child made
+
+    def count(entries) -> int:
+        return sum(len(e[3]) if e[2] == 1 else 1 for e in entries)
     while heap:
-        lb, cfg, coef = heap[0]
-        if lb >= best_obj * (1 - REL_EPS):
-            pruned += len(heap)
+        if heap[0][0] >= best_obj * (1 - REL_EPS):
+            pruned += count(heap)
             break
         left = time_limit_s - (time.perf_counter() - t0)
         if left <= 0:
-            open_bounds += [b for b, _, _ in heap]
+            open_bounds += [e[0] for e in heap]
             break
-        heapq.heappop(heap)
+        lb, cfg, coef = opened(heap)
+        if lb >= best_obj * (1 - REL_EPS):  # a family's member may bound above its family
+            heapq.heappush(heap, (lb, cfg, 0, coef))
+            continue
         full_lb = config_lower_bound(coef, limits, memory=True)
         if full_lb is None or full_lb >= best_obj * (1 - REL_EPS):
             continue  # no plan fits in memory, or none can beat the incumbent
@@ -570,7 +647,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                 # a kid with open sizes inherits this bound until it is popped
                 kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
                 if kid_lb is not None:
-                    heapq.heappush(heap, (max(lb, kid_lb), kid.cfg, kid))
+                    heapq.heappush(heap, (max(lb, kid_lb), kid.cfg, 0, kid))
                     total += 1
             continue
         hint = hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
@@ -583,8 +660,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             open_bounds.append(open_lb)
         if progress:
             progress(Progress(time.perf_counter() - t0, None if best is None else best_obj,
-                              min([best_obj] + open_bounds + [b for b, _, _ in heap[:1]]),
-                              total - len(heap), total))
+                              min([best_obj] + open_bounds + [e[0] for e in heap[:1]]),
+                              total - count(heap), total))
     wall = time.perf_counter() - t0
     bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
     if best is None:
