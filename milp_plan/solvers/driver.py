@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 from milp_plan import check, costmodel
@@ -340,7 +340,8 @@ def _memo_shared(coef: Coefficients, key: tuple | None, make):
 
 
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
-                       variants: list[Config] | None = None) -> float | None | list[float | None]:
+                       variants: list[Config] | None = None,
+                       _family: tuple | None = None) -> float | None | list[float | None]:
     """Valid lower bound on the objective of any plan of this config, or None when none fits.
 
     Every minimum below is over the stage options a stage may take (one per node type in
@@ -353,14 +354,13 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     that differ from coef.cfg in schedule and vpp alone, so they share its options and every
     term but the closed form's weights and the reduction at vpp layers) it returns the list
     of their bounds, computed once."""
-    if variants is not None:
-        assert not memory and all(replace(v, schedule=coef.cfg.schedule, vpp=coef.cfg.vpp) == coef.cfg
-                                  for v in variants)
+    assert (variants is None and _family is None) or not memory
+    none = None if variants is None else [None] * len(variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
     caps = {b: _affordable_stages(coef, b, limits) for b in range(len(coef.blocks))}
     O = [o for o in range(len(coef.options)) if caps[coef.block_of[o]] > 0]
     if not O or sum(caps.values()) < cfg.pp:
-        return None if variants is None else [None] * len(variants)
+        return none
     t = {o: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
     # memory falls with the position among middle stages (fewer micro-batches in flight), so
     # the most room any position offers is at the first, the last or the last middle stage
@@ -372,7 +372,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
             alts.setdefault(coef.block_of[o], []).append((t[o][0].a, rooms[o]))
     if coef.required_types - {coef.blocks[b].k for b in alts}:
         # a node type the config must use holds no layer within memory or budget
-        return None if variants is None else [None] * len(variants)
+        return none
     by_type: dict[int, list] = {}
     for b in sorted(alts):
         by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
@@ -389,7 +389,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L) if not memory else None,
                                    lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
-        return None if variants is None else [None] * len(variants)
+        return none
     # each stage recomputes at least one layer where its option recomputes fully
     rho = min(t[o][0].rho if coef.full(o) else 0.0 for o in O)
     if cfg.pp == 1:
@@ -404,20 +404,38 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     forced = [min(price[o] for o in usable if coef.options[o].k == k) for k in sorted(coef.required_types)]
     gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
-        return None if variants is None else [None] * len(variants)
+        return none
 
-    def finish(cfg: Config | FreeConfig, w_z: float, w_sum: float) -> float | None:
-        # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the
-        # biggest stage's
-        rest = ((_p2p_lower_bound(coef) if memory else 0.0) + min(coef.dp_time(o, 0)(cfg.vpp) for o in O)
-                + min(coef.opt_time(o, 0).a for o in O) * biggest)
-        return _finish_bound(slots, cfg, L, unit, cands, z, least, rest, ends + cfg.pp * rho, gpu_usd, w_z, w_sum,
-                             limits, memory, min(price[o] * t[o][0].a for o in usable))
+    least_work = min(price[o] * t[o][0].a for o in usable)
+    # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
+    # optimizer max at least the biggest stage's
+    dp0 = [coef.dp_time(o, 0) for o in O]
+    opt = min(coef.opt_time(o, 0).a for o in O) * biggest + (_p2p_lower_bound(coef) if memory else 0.0)
+
+    def finish(vpps: tuple[int, ...], w_z: float, w_sum: float) -> float | None:
+        # the reduction is affine in the layers: its least over a range of vpp is at an end
+        return _finish_bound(slots, cfg, L, unit, cands, z, least, min(d(v) for d in dp0 for v in vpps) + opt,
+                             ends + cfg.pp * rho, gpu_usd, w_z, w_sum, limits, memory, least_work)
+    if _family is not None:
+        return finish(_family[2], _family[0], _family[1])
     if variants is None:
-        return finish(cfg, coef.z_weight(), coef.sum_weight())
+        return finish((cfg.vpp,), coef.z_weight(), coef.sum_weight())
     # the closed form's weights of each variant, from the one definition (Coefficients.z_weight, sum_weight)
-    return [finish(v, Coefficients.z_weight(view), Coefficients.sum_weight(view))
+    return [finish((v.vpp,), Coefficients.z_weight(view), Coefficients.sum_weight(view))
             for v in variants for view in [_WeightView(v, coef.m)]]
+
+
+def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config]) -> float | None:
+    """At most the least cheap bound of `variants` (configs that differ from coef.cfg in schedule
+    and vpp alone), at the cost of one: the cheap bound T >= w_z X + w_sum S + rest (X, S >= 0;
+    and $ >= its work term) only grows with the weights and the reduction, so the least weights
+    and reduction of any variant bound them all (None: no variant has a plan)."""
+    views = [_WeightView(v, coef.m) for v in variants]
+    w_z = min(Coefficients.z_weight(v) for v in views)
+    w_sum = min(Coefficients.sum_weight(v) for v in views)
+    vpps = sorted({v.vpp for v in variants})
+    return config_lower_bound(coef, limits, memory=False, variants=None,
+                              _family=(w_z, w_sum, (vpps[0], vpps[-1])))
 
 
 @dataclass(frozen=True)
@@ -480,8 +498,9 @@ class Prepared:
         """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
         mode each config alone), in enumeration order: the members share a cheap bound's terms."""
         groups: dict = {}
-        for i, cfg in enumerate(self.configs):
-            key = replace(cfg, schedule="1f1b", vpp=1) if isinstance(cfg, Config) else i
+        for i, c in enumerate(self.configs):
+            key = ((c.tp, c.dp, c.mbs, c.pp, c.recompute, c.sequence_parallel, c.distributed_optimizer)
+                   if isinstance(c, Config) else i)
             groups.setdefault(key, []).append(i)
         return list(groups.values())
 
@@ -569,19 +588,33 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if lb is not None:
                 bounded.append((lb, head.cfg, 0, head))
             continue
-        lbs = config_lower_bound(head, limits, memory=False, variants=[prepared.configs[i] for i in members])
-        kids = sorted((lb, prepared.configs[i], i) for lb, i in zip(lbs, members) if lb is not None)
-        if kids:
-            bounded.append((kids[0][0], kids[0][1], 1, kids))
+        lb = family_lower_bound(head, limits, [prepared.configs[i] for i in members])
+        if lb is not None:
+            bounded.append((lb, head.cfg, 1, members))
     bounded.sort(key=lambda x: x[:3])
 
     def opened(heap: list) -> tuple[float, Config | FreeConfig, Coefficients]:
-        """Pop the least entry, opening families, until it is a config."""
+        """Pop the least entry, opening families into their members (each at the larger of its
+        own cheap bound and the family's), until it is a config."""
         while heap[0][2] == 1:
-            for lb, cfg, i in heapq.heappop(heap)[3]:
-                heapq.heappush(heap, (lb, cfg, 0, prepared.coef(i)))
+            flb, _, _, members = heapq.heappop(heap)
+            lbs = config_lower_bound(prepared.coef(members[0]), limits, memory=False,
+                                     variants=[prepared.configs[i] for i in members])
+            for lb, i in zip(lbs, members):
+                if lb is not None:
+                    heapq.heappush(heap, (max(lb, flb), prepared.configs[i], 0, prepared.coef(i)))
+            if not heap:
+                return None
         lb, cfg, _, coef = heapq.heappop(heap)
         return lb, cfg, coef
+
+    def opened_config(heap: list):
+        """`opened`, or None when the heap holds only families without a plan."""
+        while heap:
+            got = opened(heap)
+            if got is not None:
+                return got
+        return None
     best: Plan | None = None
     best_obj = math.inf
     hints: dict[Config | FreeConfig, heuristic.Candidate] = {}
@@ -600,9 +633,10 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         h0 = time.perf_counter()
         ahead = list(bounded)  # a copy: the heuristic looks ahead without consuming the search
         for tried in range(HEURISTIC_MAX_CONFIGS):
-            if not ahead:
+            got = opened_config(ahead)
+            if got is None:
                 break
-            lb, cfg, coef = opened(ahead)
+            lb, cfg, coef = got
             if lb >= best_obj * (1 - REL_EPS):
                 break
             if best is not None and (tried >= HEURISTIC_CONFIGS
@@ -634,8 +668,11 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         if left <= 0:
             open_bounds += [e[0] for e in heap]
             break
-        lb, cfg, coef = opened(heap)
-        if lb >= best_obj * (1 - REL_EPS):  # a family's member may bound above its family
+        got = opened_config(heap)
+        if got is None:
+            break
+        lb, cfg, coef = got
+        if lb >= best_obj * (1 - REL_EPS):  # a family's members may bound above the family
             heapq.heappush(heap, (lb, cfg, 0, coef))
             continue
         full_lb = config_lower_bound(coef, limits, memory=True)
