@@ -366,14 +366,38 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                            for nt in inst.cluster.node_types):
                     continue  # no node type runs this (tp, mbs) on profiled data
                 n_mb = gbs // (mbs * dp)
+                sp = bool(fix.get("sp", True)) and tp > 1
+                fitting = [rec for rec in ([fix["recompute"]] if "recompute" in fix else recomputes)
+                           if _activations_fit(inst, tp, mbs, rec, sp)]
                 for pp in ([fix["pp"]] if "pp" in fix else range(1, min(L, total // (tp * dp)) + 1)):
                     if pp * tp * dp > total or pp > L:
                         continue
-                    for rec in ([fix["recompute"]] if "recompute" in fix else recomputes):
+                    for rec in fitting:
                         for sched, vpp in _schedules(fix, schedules, pp, n_mb, L):
                             sp = bool(fix.get("sp", True)) and tp > 1
                             distopt = bool(fix.get("distopt", True)) and dp > 1
                             yield Config(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
+
+
+def least_activation_bytes(inst: Instance, tp: int, mbs: int, recompute: str, sequence_parallel: bool) -> float:
+    """At most the activation bytes per GPU of any stage with this tp, micro-batch size and
+    recompute granularity, under any schedule: costmodel.stage_activation_bytes of one block
+    (a stage holds >= 1), one micro-batch in flight (1F1B min(pp - s, m) >= 1, GPipe m >= 1,
+    interleaved >= 1 stage-unit), no embedding or head, and under full recompute that block
+    recomputed (input only, plus its working activations), the least over block kinds."""
+    from milp_plan import costmodel
+    blocks = [k for k in _kinds(inst.model) if k not in ("embedding", "head")]
+    return min(costmodel.stage_activation_bytes(inst, [k], False, False, tp, mbs, sequence_parallel, recompute,
+                                                1 if recompute == "full" else 0, 1.0) for k in blocks)
+
+
+def _activations_fit(inst: Instance, tp: int, mbs: int, recompute: str, sequence_parallel: bool) -> bool:
+    """Some node type that can host a tp group has room for `least_activation_bytes`: otherwise
+    no stage of such a config fits in memory (check_memory_capacity), so it holds no plan."""
+    from milp_plan import costmodel
+    need = least_activation_bytes(inst, tp, mbs, recompute, sequence_parallel)
+    return any(need <= costmodel.usable_memory_bytes(inst, nt) * (1 + 1e-6)
+               for nt in inst.cluster.node_types if nt.gpus_per_node % tp == 0)
 
 
 def _free_configs(inst: Instance, fix: dict[str, object], schedules: tuple[str, ...]) -> Iterator[FreeConfig]:
