@@ -386,8 +386,13 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
     unit = cfg.vpp if memory else 1
-    cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L) if not memory else None,
-                                   lambda: _placement_terms(slots, cfg.pp, L, unit))
+    if _family is not None and _family[3]:
+        # weak: no bottleneck bound (z >= S / pp alone), only the least layer sum and $/h
+        least = (_least_layer_sum(math.inf, slots, cfg.pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit))
+        cands, z = [], (None if least[0] == math.inf else 0.0)
+    else:
+        cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L) if not memory else None,
+                                       lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
         return none
     # each stage recomputes at least one layer where its option recomputes fully
@@ -425,17 +430,19 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
             for v in variants for view in [_WeightView(v, coef.m)]]
 
 
-def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config]) -> float | None:
+def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config], weak: bool = False) -> float | None:
     """At most the least cheap bound of `variants` (configs that differ from coef.cfg in schedule
     and vpp alone), at the cost of one: the cheap bound T >= w_z X + w_sum S + rest (X, S >= 0;
     and $ >= its work term) only grows with the weights and the reduction, so the least weights
-    and reduction of any variant bound them all (None: no variant has a plan)."""
+    and reduction of any variant bound them all (None: no variant has a plan). weak: without
+    the bottleneck bound (X >= S / pp only), a fraction of the cost; the driver tightens it
+    when the family reaches the top of the heap."""
     views = [_WeightView(v, coef.m) for v in variants]
     w_z = min(Coefficients.z_weight(v) for v in views)
     w_sum = min(Coefficients.sum_weight(v) for v in views)
     vpps = sorted({v.vpp for v in variants})
     return config_lower_bound(coef, limits, memory=False, variants=None,
-                              _family=(w_z, w_sum, (vpps[0], vpps[-1])))
+                              _family=(w_z, w_sum, (vpps[0], vpps[-1]), weak))
 
 
 @dataclass(frozen=True)
@@ -578,8 +585,9 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     t0 = time.perf_counter()
     prepared = prepared or prepare(inst, fix, mode)
     # heap entries (bound, config, kind, payload): kind 0 a config and its Coefficients; kind 1 a
-    # family (configs that differ in schedule and vpp alone) at the least of its members' cheap
-    # bounds, with the members' (bound, index): opened into configs when popped
+    # family (configs that differ in schedule and vpp alone, their indices) at a bound of all its
+    # members (family_lower_bound), opened into configs when popped; kind 2 the same at the weak
+    # family bound, tightened when popped
     bounded: list[tuple[float, Config | FreeConfig, int, object]] = []
     for members in prepared.families():
         head = prepared.coef(members[0])
@@ -588,16 +596,23 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if lb is not None:
                 bounded.append((lb, head.cfg, 0, head))
             continue
-        lb = family_lower_bound(head, limits, [prepared.configs[i] for i in members])
+        lb = family_lower_bound(head, limits, [prepared.configs[i] for i in members], weak=True)
         if lb is not None:
-            bounded.append((lb, head.cfg, 1, members))
+            bounded.append((lb, head.cfg, 2, members))
     bounded.sort(key=lambda x: x[:3])
 
     def opened(heap: list) -> tuple[float, Config | FreeConfig, Coefficients]:
         """Pop the least entry, opening families into their members (each at the larger of its
         own cheap bound and the family's), until it is a config."""
-        while heap[0][2] == 1:
-            flb, _, _, members = heapq.heappop(heap)
+        while heap[0][2] >= 1:
+            flb, cfg, kind, members = heapq.heappop(heap)
+            if kind == 2:  # a weakly bounded family: tighten (the bottleneck bound) and push it back
+                lb = family_lower_bound(prepared.coef(members[0]), limits, [prepared.configs[i] for i in members])
+                if lb is not None:
+                    heapq.heappush(heap, (max(lb, flb), cfg, 1, members))
+                if not heap:
+                    return None
+                continue
             lbs = config_lower_bound(prepared.coef(members[0]), limits, memory=False,
                                      variants=[prepared.configs[i] for i in members])
             for lb, i in zip(lbs, members):
@@ -659,7 +674,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     total = len(prepared.configs)  # and, in free mode, every child made
 
     def count(entries) -> int:
-        return sum(len(e[3]) if e[2] == 1 else 1 for e in entries)
+        return sum(len(e[3]) if e[2] >= 1 else 1 for e in entries)
     while heap:
         if heap[0][0] >= best_obj * (1 - REL_EPS):
             pruned += count(heap)
