@@ -19,7 +19,7 @@ from milp_plan import check
 from milp_plan.formulations.pipeline import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
-from milp_plan.solvers.driver import config_lower_bound, objective_of, prepare, solve
+from milp_plan.solvers.driver import config_lower_bound, family_lower_bound, objective_of, prepare, solve
 from test_solve import BACKENDS, assert_within_rounding, limits_for, small_free_instances, small_instances, \
     write_instance
 
@@ -61,6 +61,13 @@ def check_instance(kw, gbs, objective, flash, tmp, mode, most):
     prepared = prepare(inst, None, mode)
     optima = [assert_bounds_valid(inst, prepared, coef, limits, mode) for coef in prepared.coefs]
     assert min(optima) == (bruteforce.solve(inst, limits, mode=mode).objective or math.inf)
+    for members in prepared.families():  # one bound for configs that differ in schedule and vpp alone
+        if len(members) == 1:
+            continue  # free mode: each config bounded alone
+        best = min(optima[i] for i in members)
+        for weak in (True, False):
+            lb = family_lower_bound(prepared.coef(members[0]), limits, [prepared.configs[i] for i in members], weak)
+            assert (best == math.inf) if lb is None else lb <= best * (1 + REL), (members, weak, lb, best)
 
 
 @settings(max_examples=12, deadline=None,
