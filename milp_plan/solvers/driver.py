@@ -417,16 +417,26 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     dp0 = [coef.dp_time(o, 0) for o in O]
     opt = min(coef.opt_time(o, 0).a for o in O) * biggest + (_p2p_lower_bound(coef) if memory else 0.0)
 
-    def finish(vpps: tuple[int, ...], w_z: float, w_sum: float) -> float | None:
+    def finish(vpps: tuple[int, ...], w_z: float, w_sum: float, placed=(unit, cands, z, least)) -> float | None:
         # the reduction is affine in the layers: its least over a range of vpp is at an end
-        return _finish_bound(slots, cfg, L, unit, cands, z, least, min(d(v) for d in dp0 for v in vpps) + opt,
+        u, c, zz, lst = placed
+        if zz is None:
+            return None
+        return _finish_bound(slots, cfg, L, u, c, zz, lst, min(d(v) for d in dp0 for v in vpps) + opt,
                              ends + cfg.pp * rho, gpu_usd, w_z, w_sum, limits, memory, least_work)
     if _family is not None:
         return finish(_family[2], _family[0], _family[1])
     if variants is None:
         return finish((cfg.vpp,), coef.z_weight(), coef.sum_weight())
+
+    def chunks(u: int):
+        """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""
+        if u == unit:
+            return unit, cands, z, least
+        return (u, *_memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L, u),
+                                 lambda: _placement_terms(slots, cfg.pp, L, u)))
     # the closed form's weights of each variant, from the one definition (Coefficients.z_weight, sum_weight)
-    return [finish((v.vpp,), Coefficients.z_weight(view), Coefficients.sum_weight(view))
+    return [finish((v.vpp,), Coefficients.z_weight(view), Coefficients.sum_weight(view), chunks(v.vpp))
             for v in variants for view in [_WeightView(v, coef.m)]]
 
 
