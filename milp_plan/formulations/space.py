@@ -466,9 +466,11 @@ def coverage_gap(inst: Instance, fix: dict[str, object]) -> str | None:
         for tp in tp_sizes(inst, fix):
             if any(gbs % b == 0 and covered(inst, nt.gpu.name, tp, b, fix) for b in micro_batch_sizes(gbs, fix)):
                 return None
-    return (f"the profiles measure no tp and micro-batch size within the caps ({', '.join(f'{k}{v}' for k, v in sorted(fix.items()) if k.endswith('<=')) or 'none'}) "
-            f"for every layer kind of {inst.model.name} at sequence length {inst.job.seq_length} on any GPU of the cluster; "
-            "profile those points, raise the caps, or allow filled points with --extrapolate")
+    limits = ", ".join(f"{k}{v}" if k.endswith("<=") else f"{k}={v}" for k, v in sorted(fix.items())
+                       if k in ("tp", "mbs", "tp<=", "mbs<=")) or "none pinned or capped"
+    return (f"the profiles measure no allowed tp and micro-batch size ({limits}) for every layer kind of "
+            f"{inst.model.name} at sequence length {inst.job.seq_length} on any GPU of the cluster; profile "
+            "those points, change the pins or caps, or allow filled points with --extrapolate")
 
 
 def _schedules(fix, schedules, pp, n_mb, L):
