@@ -1,7 +1,11 @@
 """The `milp-plan` command line: one thin command per verb.
 
 Exit codes: 0 plan found / check passed, 1 infeasible / no plan / check failed,
-2 bad input (one line naming file, field and fix; never a traceback).
+2 bad input (one line naming file, field and fix; never a traceback), 3 internal error
+(a bug: one line asking for a report), 130 / 143 interrupted by SIGINT / SIGTERM (the
+search stops within a second; no output is written unless --save-on-interrupt), 141 when
+the reader of stdout went away (`milp-plan ... | head`), as a shell reports SIGPIPE.
+With --json an error is also a JSON object on stdout: {"error": ..., "exit_code": ...}.
 """
 from __future__ import annotations
 
@@ -10,8 +14,19 @@ import sys
 from typing import Annotated, Optional
 
 import typer
+import typer.core
 
-from milp_plan.errors import EXIT_BAD_INPUT, InputError, MilpPlanError
+from milp_plan.errors import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGPIPE, InputError, Interrupted,
+                              MilpPlanError)
+
+
+def _usage_name(self) -> str:
+    """Usage lines show `PLAN`, not typer 0.29's `{PLAN}` for a required argument."""
+    name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Plan parallel Transformer training on heterogeneous, rented GPU clusters.")
@@ -32,8 +47,20 @@ HeadroomOpt = Annotated[Optional[float], typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of tables.")]
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            v = version("milp-plan")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree
+            v = "unknown (not installed)"
+        typer.echo(f"milp-plan {v}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
     """Plan parallel Transformer training on heterogeneous, rented GPU clusters."""
 
 
@@ -64,7 +91,7 @@ def echo_notices(inst) -> None:
         typer.echo(f"note: {n}", err=True)
 
 
-@app.command()
+@app.command(short_help="Show the instance: cluster, model, job and profile coverage.")
 def inspect(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: ProfilesOpt = None,
             profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
             global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
@@ -82,7 +109,7 @@ def inspect(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
         typer.echo(render_instance(report))
 
 
-@app.command()
+@app.command(short_help="Find the best plan and write plan.json.")
 def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: ProfilesOpt = None,
           profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
           global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
@@ -95,8 +122,9 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                    "stage; needs a per-stage runtime).")] = "megatron",
           solver: Annotated[str, typer.Option(help="auto | cpsat | highs | cbc | brute-force.")] = "auto",
           max_solve_time: Annotated[str, typer.Option("--max-solve-time", help="Bound on the search, e.g. 30s.")] = "30s",
-          seed: Annotated[int, typer.Option(help="Solver seed.")] = 1,
-          workers: Annotated[int, typer.Option(help="Solver threads (1 is deterministic).")] = 1,
+          seed: Annotated[int, typer.Option(help="Solver seed, 0 to 2147483647.")] = 1,
+          workers: Annotated[int, typer.Option(
+              help="CP-SAT search workers, 1 to 64 (1 is deterministic; more may find plans sooner).")] = 1,
           fix: Annotated[Optional[str], typer.Option(
               help="Pin global choices: tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved; "
                    "cap with tp<=4,mbs<=8.")] = None,
@@ -106,81 +134,158 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           max_tp: Annotated[Optional[int], typer.Option("--max-tp", help="Largest tensor-parallel size.")] = None,
           max_micro_batch: Annotated[Optional[int], typer.Option(
               "--max-micro-batch", help="Largest micro-batch size (per data-parallel replica).")] = None,
-          out: Annotated[str, typer.Option("--out", help="Where to write the plan.")] = "plan.json",
+          out: Annotated[Optional[str], typer.Option(
+              "--out", help="Where to write the plan (a regular file, or - for stdout). Default: plan.json; "
+                            "pareto.json with --objective pareto.")] = None,
           plot: Annotated[Optional[str], typer.Option(help="Pareto: write the front as a PNG.")] = None,
           record_wall_time: Annotated[bool, typer.Option(
               "--record-wall-time", help="Store the solve's wall time in plan.json (breaks byte-identity).")] = False,
+          save_on_interrupt: Annotated[bool, typer.Option(
+              "--save-on-interrupt", help="On Ctrl-C / SIGTERM, write the best plan so far to --out "
+                                          "(default: leave --out untouched).")] = False,
+          progress: Annotated[Optional[bool], typer.Option(
+              "--progress/--no-progress", help="Progress on stderr. Default: on when stderr is a terminal "
+                                               "(redrawn), else off; --progress when not a terminal prints a "
+                                               "line every few seconds.")] = None,
           json_out: JsonOpt = False) -> None:
     """Find the best plan (default: fastest step on the shipped default cluster) and write plan.json."""
+    from milp_plan import deadline
     from milp_plan import solve as solving
+    from milp_plan.fileio import check_output
     from milp_plan.instance import build_instance
     from milp_plan.job import Objective
-    from milp_plan.plan import write_plan
-    from milp_plan.report import render_plan
     from milp_plan.units import parse_duration_s, parse_money
     obj = Objective(kind=objective, time_limit_s=None if time_limit is None else parse_duration_s(time_limit,
                     field="time-limit"), budget=None if budget is None else parse_money(budget), mode=mode)
     from milp_plan.formulations.space import with_space_options
     fix = with_space_options(fix, extrapolate, max_tp, max_micro_batch)
     req = solving.SolveRequest(solver, fix, parse_duration_s(max_solve_time, field="max-solve-time"), seed, workers)
+    solving.check_request(req)
+    out = out or ("pareto.json" if objective == "pareto" else "plan.json")
+    if objective == "pareto":
+        if out == "-":
+            raise InputError("pareto writes a JSON and a CSV file; give a file name", field="out")
+        json_path = out if out.endswith(".json") else out + ".json"
+        check_output(json_path, allow_stdout=False)
+        check_output(json_path[:-5] + ".csv", allow_stdout=False)
+    else:
+        check_output(out)
+    if plot:
+        check_output(plot, "--plot", allow_stdout=False)
     inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
                                         seq_len, memory_headroom), obj)
     if objective == "pareto":
         from milp_plan.pareto import run_pareto
-        run_pareto(inst, req, out="pareto.json" if out == "plan.json" else out, plot=plot, json_out=json_out)
+        with deadline.handle_signals():
+            run_pareto(inst, req, out=out, plot=plot, json_out=json_out)
+        _raise_if_interrupted("the Pareto sweep", out, wrote=not deadline.interrupted())
         return
     if not json_out:
         echo_notices(inst)
     limits = solving.limits_for(inst)
-    progress = None if json_out else _progress_printer()
-    result = solving.run(inst, req, limits, progress=progress)
-    if progress is not None:
-        progress.close()
+    show = (not json_out and sys.stderr.isatty()) if progress is None else progress
+    printer = _progress_printer(show)
+    with deadline.handle_signals():
+        result = solving.run(inst, req, limits, progress=printer)
+    printer.close()
+    if deadline.interrupted():
+        _interrupted_solve(result, out, save_on_interrupt, record_wall_time)
     plan = solving.require_plan(inst, req, limits, result)
-    if record_wall_time:
-        plan = plan.with_(solver=plan.solver.__class__(**{**plan.solver.__dict__, "wall_time_s": result.wall_time_s}))
-    write_plan(out, plan)
+    _write_solved(plan, result, out, record_wall_time)
     if json_out:
         doc = plan.to_dict()
         doc["solver"] = {**doc["solver"], "wall_time_s": result.wall_time_s}
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(json.dumps(doc, indent=2), err=out == "-")
     else:
-        from milp_plan.sim import simulate_plan
-        sim = simulate_plan(inst, plan)
-        pred = plan.predicted.step_time_s
-        typer.echo(render_plan(plan, inst, result))
-        typer.echo(f"Simulated event by event: step {sim.step_time_s:.4g} s (closed form "
-                   f"{(pred - sim.step_time_s) / sim.step_time_s:+.2%}); peak memory within "
-                   f"{max(abs(a.peak_memory_gib - b) for a, b in zip(plan.predicted.stages, sim.peak_memory_gib)):.2g} "
-                   "GiB of the prediction")
-        typer.echo(f"Wrote {out}")
+        typer.echo(render_solved(plan, inst, result), err=out == "-")
+        typer.echo(f"Wrote {'the plan to stdout' if out == '-' else out}", err=out == "-")
+
+
+def _write_solved(plan, result, out: str, record_wall_time: bool) -> None:
+    from milp_plan.fileio import write_output
+    if record_wall_time:
+        plan = plan.with_(solver=plan.solver.__class__(**{**plan.solver.__dict__, "wall_time_s": result.wall_time_s}))
+    write_output(out, plan.to_json())
+
+
+def render_solved(plan, inst, result) -> str:
+    """The plan table and its event-by-event simulation (skipped, with the reason, when too large)."""
+    from milp_plan.report import render_plan
+    from milp_plan.sim import simulate_plan, too_large_to_simulate
+    text = render_plan(plan, inst, result)
+    why = too_large_to_simulate(plan)
+    if why:
+        return text + "\n" + why
+    sim = simulate_plan(inst, plan)
+    pred = plan.predicted.step_time_s
+    return text + "\n" + (
+        f"Simulated event by event: step {sim.step_time_s:.4g} s (closed form "
+        f"{(pred - sim.step_time_s) / sim.step_time_s:+.2%}); peak memory within "
+        f"{max(abs(a.peak_memory_gib - b) for a, b in zip(plan.predicted.stages, sim.peak_memory_gib)):.2g} "
+        "GiB of the prediction")
+
+
+def _signal_name() -> tuple[str, int]:
+    import signal as _signal
+    from milp_plan import deadline
+    sig = deadline.interrupted() or _signal.SIGINT
+    return _signal.Signals(sig).name, 128 + int(sig)
+
+
+def _interrupted_solve(result, out: str, save: bool, record_wall_time: bool) -> None:
+    """Say what the best plan so far was; write it only with --save-on-interrupt; exit 130 / 143."""
+    name, code = _signal_name()
+    head = f"interrupted by {name} after {result.wall_time_s:.1f} s"
+    if result.plan is None:
+        raise Interrupted(f"{head}: no plan found yet; {out} left unchanged", code)
+    p = result.plan.predicted
+    best = (f"best plan so far {p.step_time_s:.4g} s/step, {p.usd_per_step:.4g} $/step, "
+            f"{p.usd_per_hour:.2f} $/h (pp {result.plan.pp}, {result.plan.num_microbatches} micro-batch"
+            f"{'es' if result.plan.num_microbatches != 1 else ''}"
+            + (f", gap {result.gap:.1%}" if result.gap is not None else "") + ")")
+    if save:
+        _write_solved(result.plan, result, out, record_wall_time)
+        raise Interrupted(f"{head}: {best}; wrote it to {'stdout' if out == '-' else out}", code)
+    raise Interrupted(f"{head}: {best}; {out} left unchanged (add --save-on-interrupt to write it)", code)
+
+
+def _raise_if_interrupted(what: str, out: str, wrote: bool) -> None:
+    from milp_plan import deadline
+    if deadline.interrupted():
+        name, code = _signal_name()
+        raise Interrupted(f"{what} was interrupted by {name}; {out} left unchanged", code)
 
 
 class _progress_printer:
-    """Incumbent, bound and elapsed time on stderr for solves longer than a second (TTY only)."""
+    """Incumbent, bound and elapsed time on stderr for solves longer than a second: redrawn in
+    place on a terminal (every 0.2 s), one line every PLAIN_EVERY_S seconds elsewhere (CI logs)."""
 
-    def __init__(self) -> None:
-        self.active = sys.stderr.isatty()
+    PLAIN_EVERY_S = 5.0
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+        self.tty = sys.stderr.isatty()
         self.shown = False
         self.last = 0.0
 
     def __call__(self, p) -> None:
-        if not self.active or p.elapsed_s < 1.0 or p.elapsed_s - self.last < 0.2:
+        every = 0.2 if self.tty else self.PLAIN_EVERY_S
+        if not self.active or p.elapsed_s < 1.0 or p.elapsed_s - self.last < every:
             return
         self.last = p.elapsed_s
         inc = "-" if p.incumbent is None else f"{p.incumbent:.6g}"
         bnd = "-" if p.bound is None else f"{p.bound:.6g}"
-        sys.stderr.write(f"\r  solving: incumbent {inc}  bound {bnd}  configs {p.done}/{p.total}  "
-                         f"{p.elapsed_s:.1f}s ")
+        text = f"  solving: incumbent {inc}  bound {bnd}  configs {p.done}/{p.total}  {p.elapsed_s:.1f}s"
+        sys.stderr.write(f"\r{text} " if self.tty else text + "\n")
         sys.stderr.flush()
-        self.shown = True
+        self.shown = self.tty
 
     def close(self) -> None:
         if self.shown:
             sys.stderr.write("\n")
 
 
-@app.command()
+@app.command(short_help="Measure the model's layers with PyTorch; write a native profile.")
 def profile(
     model: Annotated[str, typer.Option("--model", help="Catalog model name or model YAML.")],
     out: Annotated[str, typer.Option("--out", help="Output directory; writes DIR/<model>-<gpu>.csv.")],
@@ -244,9 +349,9 @@ def parse_partitions(text: str | None) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-@app.command()
+@app.command(short_help="Write Megatron-LM flags, launch scripts and a rank table for a plan.")
 def launch(
-    plan: Annotated[str, typer.Argument(help="plan.json written by `milp-plan solve`.")],
+    plan: Annotated[str, typer.Argument(help="plan.json written by `milp-plan solve`.", metavar="PLAN")],
     out: Annotated[str, typer.Option("--out", help="Launch directory to write.")],
     scheduler: Annotated[str, typer.Option("--scheduler", help="torchrun | slurm (adds slurm.sbatch).")] = "torchrun",
     force: Annotated[bool, typer.Option("--force", help="Overwrite files that already exist in --out.")] = False,
@@ -277,7 +382,7 @@ def launch(
     typer.echo(f"wrote {len(res.files)} files to {res.out}: {', '.join(res.files)}")
 
 
-@app.command()
+@app.command(short_help="Re-check a plan, simulate it and compare with its prediction.")
 def verify(
     plan_file: Annotated[str, typer.Argument(help="plan.json to verify.", metavar="PLAN")],
     tolerance: Annotated[str, typer.Option("--tolerance", help="Largest accepted relative difference, e.g. 2%.")] = "2%",
@@ -292,7 +397,13 @@ def verify(
     json_out: JsonOpt = False,
 ) -> None:
     """Re-check a plan, simulate it event by event, compare prediction and simulation (exit 0 / 1 / 2)."""
+    from milp_plan.fileio import check_output
     from milp_plan.verify import parse_tolerance, render_report, report_dict, verify_plan
+    if vpp is not None and not 1 <= vpp <= 64:
+        raise InputError(f"must be between 1 and 64 virtual stages per rank, got {vpp}", field="vpp")
+    for what, path in (("--trace", trace), ("--gantt", gantt)):
+        if path:
+            check_output(path, what, allow_stdout=False)
     report = verify_plan(plan_file, parse_tolerance(tolerance), schedule, vpp, dp_overlap)
     if report.result is not None and trace:
         from milp_plan.sim.trace import write_trace
@@ -305,30 +416,71 @@ def verify(
         sys.exit(report.exit_code)
 
 
+def _fail(message: str, code: int) -> None:
+    """One line on stderr; with --json also {"error", "exit_code"} on stdout; then exit."""
+    message = " ".join(str(message).split())
+    typer.echo(f"error: {message}", err=True)
+    if "--json" in sys.argv[1:]:
+        typer.echo(json.dumps({"error": message, "exit_code": code}))
+    sys.exit(code)
+
+
+def _exit_now() -> None:
+    """After an interrupt: leave without tearing down the solver's large objects (a second or
+    more on 8192 GPUs). Not inside pytest, which calls main() in-process."""
+    import os
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SystemExit) and "pytest" not in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(exc.code or 0))
+
+
 def main() -> None:
-    """Console entry point: user mistakes become one line and exit 2, never a traceback."""
+    """Console entry point: user mistakes become one line and exit 2, never a traceback;
+    anything unexpected is exit 3 with one line asking for a bug report."""
     try:
         app(standalone_mode=False)
+    except Interrupted as exc:
+        try:
+            _fail(str(exc), exc.exit_code)
+        finally:
+            _exit_now()
     except MilpPlanError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code)
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside a search
+        _fail("interrupted", EXIT_SIGINT)
     except typer.Abort:
-        sys.exit(130)
+        _fail("interrupted", EXIT_SIGINT)
+    except BrokenPipeError:  # `milp-plan solve | head`: the reader left; not a bug, nothing to report
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_SIGPIPE)
+    except RecursionError:
+        _fail("input nested too deeply to process; simplify it", EXIT_BAD_INPUT)
+    except MemoryError:
+        _fail("out of memory; the input is too large for this machine", EXIT_BAD_INPUT)
     except Exception as exc:  # usage errors of the command-line parser: one line too
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             if hasattr(exc, "format_message") and type(exc).__name__ != "NoArgsIsHelpError":
                 ctx = getattr(exc, "ctx", None)
                 hint = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
-                typer.echo("error: " + " ".join(exc.format_message().split()).rstrip(".") + hint, err=True)
+                _fail(" ".join(exc.format_message().split()).rstrip(".") + hint, EXIT_BAD_INPUT)
             else:
                 exc.show()  # no arguments: the help text
             sys.exit(EXIT_BAD_INPUT)
-        raise
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None:
+            where = f" at {tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"
+        detail = " ".join(str(exc).split())
+        detail = detail if len(detail) <= 200 else detail[:197] + "..."
+        _fail(f"internal error ({type(exc).__name__}: {detail}{where}); this is a bug in milp-plan: please report it "
+              f"with the command line and the input files", EXIT_INTERNAL)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,6 +18,11 @@ from milp_plan.fileio import check_fields, load_yaml, number, sha256_text
 from milp_plan.resources import catalog_file, shipped_dir
 
 DEFAULT_CLUSTER = "default"
+# Size limits (larger clusters are refused, naming the limit): the search and the plan file grow
+# with the number of GPUs; scale-8192 is the largest shipped.
+MAX_GPUS_PER_NODE = 64
+MAX_NODE_TYPES = 32
+MAX_GPUS = 65536
 
 
 @dataclass(frozen=True)
@@ -179,8 +184,10 @@ def _node_type(spec: Any, i: int, source: str) -> NodeType:
     if spec.get("gpu_memory_gib") is not None:
         mem = number(spec, "gpu_memory_gib", source=source, where=where)
         gpu = GPU(gpu.name, mem, gpu.peak_tflops, gpu.memory_gb_per_s, gpu.source)
-    gpn = number(spec, "gpus_per_node", source=source, where=where, integer=True)
-    count = number(spec, "count", source=source, where=where, integer=True)
+    gpn = number(spec, "gpus_per_node", source=source, where=where, integer=True, maximum=MAX_GPUS_PER_NODE)
+    count = number(spec, "count", source=source, where=where, integer=True, maximum=MAX_GPUS)
+    if not isinstance(spec["name"], (str, int)) or not str(spec["name"]).strip():
+        raise InputError(f"{where}: field 'name' must be a non-empty string", source=source)
     hosts = spec.get("hosts") or ()
     if hosts:
         if not isinstance(hosts, list) or len(hosts) != count:
@@ -207,7 +214,14 @@ def cluster_from_mapping(data: Any, source: str) -> Cluster:
     types = data["node_types"]
     if not isinstance(types, list) or not types:
         raise InputError("cluster: field 'node_types' must be a non-empty list", source=source)
+    if len(types) > MAX_NODE_TYPES:
+        raise InputError(f"cluster: {len(types)} node types, more than the limit of {MAX_NODE_TYPES}",
+                         source=source)
     nts = tuple(_node_type(spec, i, source) for i, spec in enumerate(types))
+    gpus = sum(nt.count * nt.gpus_per_node for nt in nts)
+    if gpus > MAX_GPUS:
+        raise InputError(f"cluster: {gpus:,} GPUs, more than milp-plan's limit of {MAX_GPUS:,} "
+                         "(milp_plan.cluster.MAX_GPUS); plan a part of the cluster", source=source)
     names = [nt.name for nt in nts]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -232,9 +246,10 @@ def load_cluster(spec: str | Path | None) -> Cluster:
         return load_metis_cluster(text.removeprefix("metis:"))
     shipped = shipped_clusters()
     path = Path(text)
-    if not path.exists() and text in shipped:
+    present = path.exists() or path.is_symlink()  # a broken link or a loop: read_text names it
+    if not present and text in shipped:
         path = shipped[text]
-    elif not path.exists():
+    elif not present:
         raise InputError(f"cluster file not found; give a path or one of the shipped clusters: "
                          f"{', '.join(shipped)}", source=text)
     return cluster_from_mapping(load_yaml(path, "cluster file"), str(path))

@@ -12,6 +12,8 @@ MODES = ("megatron", "free")
 
 DEFAULT_MODEL = "gpt3-6.7b"
 DEFAULT_GLOBAL_BATCH = 256
+MAX_GLOBAL_BATCH = 2**24   # samples per step; more is refused (micro-batch counts and the simulation grow with it)
+MAX_SEQ_LENGTH = 2**20
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,15 @@ class Job:
     memory_headroom: float = 0.10
 
     def __post_init__(self) -> None:
-        if self.global_batch_size <= 0:
-            raise InputError(f"global batch size must be > 0, got {self.global_batch_size}", field="global_batch_size")
-        if self.seq_length <= 0:
-            raise InputError(f"sequence length must be > 0, got {self.seq_length}", field="seq_length")
+        from milp_plan.fileio import check_number
+        check_number(self.global_batch_size, "global_batch_size", source=None, where="job", integer=True,
+                     maximum=MAX_GLOBAL_BATCH)
+        check_number(self.seq_length, "seq_length", source=None, where="job", integer=True, maximum=MAX_SEQ_LENGTH)
+        for name in ("flash_attention",):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"must be true or false, got {getattr(self, name)!r}", field=name)
+        if isinstance(self.memory_headroom, bool) or not isinstance(self.memory_headroom, (int, float)):
+            raise InputError(f"must be a number, got {self.memory_headroom!r}", field="memory_headroom")
         if self.precision not in ("bf16", "fp16"):
             raise InputError(f"precision must be bf16 or fp16, got {self.precision!r}", field="precision")
         if self.optimizer != "adam":
@@ -73,8 +80,12 @@ class Objective:
             raise InputError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}", field="mode")
         if self.kind == "min-cost" and self.time_limit_s is None:
             raise InputError("min-cost needs a step-time limit; add --time-limit 1.2s/step", field="time-limit")
-        if self.time_limit_s is not None and self.time_limit_s <= 0:
-            raise InputError(f"time limit must be > 0, got {self.time_limit_s}", field="time-limit")
+        if self.time_limit_s is not None:
+            from milp_plan.units import check_duration_s
+            check_duration_s(self.time_limit_s, field="time-limit")
+        if self.budget is not None:
+            from milp_plan.units import check_money
+            check_money(self.budget, field="budget")
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "time_limit_s": self.time_limit_s, "mode": self.mode,

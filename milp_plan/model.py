@@ -234,6 +234,13 @@ class Model:
 
 
 _REQUIRED = ["num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size", "seq_length"]
+# The largest value of each integer field milp-plan plans for (larger is refused, naming the limit):
+# 100000 layers or a 2^40 hidden size is a typo, and the search grows with the layer count.
+MAX_FIELD = {"num_layers": 1024, "hidden_size": 2**17, "ffn_hidden_size": 2**19, "num_attention_heads": 2**12,
+             "vocab_size": 2**22, "seq_length": 2**20, "num_query_groups": 2**12, "encoder_layers": 1024}
+_BOOLS = ("bias", "dropout", "tied_embeddings")
+_CHOICES = {"mlp": ("gelu", "relu", "swiglu"), "norm": ("layernorm", "rmsnorm"),
+            "position": ("learned", "rope", "relative")}
 _OPTIONAL = ["name", "arch", "num_query_groups", "encoder_layers", "mlp", "norm", "bias", "dropout",
              "tied_embeddings", "position", "description"]
 
@@ -244,10 +251,14 @@ def model_from_mapping(name: str, data: Any, source: str) -> Model:
     arch = data.get("arch", "gpt")
     if arch not in ARCHS:
         raise InputError(f"{where}: field 'arch' must be one of {', '.join(ARCHS)}, got {arch!r}", source=source)
-    ints = {k: number(data, k, source=source, where=where, integer=True) for k in _REQUIRED}
+    ints = {k: number(data, k, source=source, where=where, integer=True, maximum=MAX_FIELD[k]) for k in _REQUIRED}
     heads = ints["num_attention_heads"]
-    groups = number(data, "num_query_groups", source=source, where=where, integer=True, default=heads)
-    enc = number(data, "encoder_layers", source=source, where=where, integer=True, allow_zero=True, default=0)
+    groups = number(data, "num_query_groups", source=source, where=where, integer=True, default=heads,
+                    maximum=MAX_FIELD["num_query_groups"])
+    enc = number(data, "encoder_layers", source=source, where=where, integer=True, allow_zero=True, default=0,
+                 maximum=MAX_FIELD["encoder_layers"])
+    if "name" in data and not isinstance(data["name"], (str, int)):
+        raise InputError(f"{where}: field 'name' must be a string, got {data['name']!r}", source=source)
     if ints["hidden_size"] % heads:
         raise InputError(f"{where}: hidden_size {ints['hidden_size']} must be divisible by num_attention_heads "
                          f"{heads}", source=source)
@@ -260,10 +271,13 @@ def model_from_mapping(name: str, data: Any, source: str) -> Model:
     for key in defaults:
         if key in data:
             defaults[key] = data[key]
-    if defaults["mlp"] not in ("gelu", "relu", "swiglu"):
-        raise InputError(f"{where}: field 'mlp' must be gelu, relu or swiglu", source=source)
-    if defaults["norm"] not in ("layernorm", "rmsnorm"):
-        raise InputError(f"{where}: field 'norm' must be layernorm or rmsnorm", source=source)
+    for key in _BOOLS:
+        if not isinstance(defaults[key], bool):
+            raise InputError(f"{where}: field '{key}' must be true or false, got {defaults[key]!r}", source=source)
+    for key, choices in _CHOICES.items():
+        if not isinstance(defaults[key], str) or defaults[key] not in choices:
+            raise InputError(f"{where}: field '{key}' must be one of {', '.join(choices)}, got {defaults[key]!r}",
+                             source=source)
     return Model(name=str(data.get("name", name)), arch=arch, num_query_groups=groups, encoder_layers=enc,
                  source=source, **ints, **defaults)
 
@@ -282,7 +296,7 @@ def load_model(spec: str | Path | None, default: str = "gpt3-1.3b") -> Model:
     if text in catalog:
         return catalog[text]
     path = Path(text)
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):  # a broken link or a loop: read_text names it
         raise InputError(f"unknown model; use a catalog name ({', '.join(catalog)}) or a model YAML file",
                          source=text)
     data = load_yaml(path, "model file")

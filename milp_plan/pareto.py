@@ -4,18 +4,22 @@ Epsilon-constraint sweep with lexicographic solves, each one exact (solvers/driv
 
 1. T_i = min step time subject to $/step < C_{i-1} (no limit for i = 1);
 2. C_i = min $/step subject to step time <= T_i, so the point is not weakly dominated;
-3. repeat with the budget just below C_i until no plan remains.
+3. repeat with $/step < C_i until no plan remains.
 
-Every point is a proven optimum of both solves, so no plan dominates it, and no
-non-dominated plan lies between two consecutive points. Points whose costs differ by less
-than COST_REL_STEP (relative) are not told apart: the models round times to integer
-microsecond ticks per coefficient, which moves a plan's modelled cost by up to ~1e-5.
+"<" is exact: the budget is the largest float below C_{i-1}, and every limit is checked on
+the cost model's numbers (the integer models are relaxations, their plans checked and cut
+off when over a limit). So every point is a proven optimum of both solves: no plan
+dominates it, no non-dominated plan lies between two consecutive points, each point is
+strictly faster or strictly cheaper than its neighbours, and none repeats. The front is
+`complete` only when every solve was proven optimal and the last min-time solve proved that
+no cheaper plan exists.
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
 from dataclasses import dataclass
 
 import typer
@@ -27,15 +31,13 @@ from milp_plan.instance import Instance
 from milp_plan.plan import Plan
 from milp_plan.report import table
 
-COST_REL_STEP = 1e-4
-TIME_REL_SLACK = 1e-6
 MAX_POINTS = 200
 
 
 @dataclass
 class Front:
     points: list[Plan]
-    complete: bool          # False when a solve hit --max-solve-time
+    complete: bool          # every solve proven optimal, and the end proven (no cheaper plan)
     wall_time_s: float
 
 
@@ -47,21 +49,27 @@ def pareto_front(inst: Instance, req) -> Front:
     t0 = time.perf_counter()
     prepared = None if req.solver == "brute-force" else prepare(inst, parse_fix(req.fix), inst.objective.mode)
     points: list[Plan] = []
-    budget: float | None = None
-    complete = True
+    below: float | None = None  # the next point costs strictly less than this
+    proven = True
+    ended = False
     while len(points) < MAX_POINTS:
+        budget = None if below is None else math.nextafter(below, 0.0)
         fastest = solving.run(inst, req, Limits("min-time", budget_usd_per_step=budget), prepared=prepared)
         if fastest.plan is None:
-            complete = fastest.status == "infeasible"
+            ended = fastest.status == "infeasible"
             break
         t = fastest.plan.predicted.step_time_s
-        cheapest = solving.run(inst, req, Limits("min-cost", time_limit_s=t * (1 + TIME_REL_SLACK),
-                                                 budget_usd_per_step=budget), prepared=prepared)
+        cheapest = solving.run(inst, req, Limits("min-cost", time_limit_s=t, budget_usd_per_step=budget),
+                               prepared=prepared)
         plan = cheapest.plan or fastest.plan
-        complete &= fastest.status == "optimal" and cheapest.status in ("optimal", "infeasible")
+        proven &= fastest.status == "optimal" and cheapest.status == "optimal"
+        # each plan costs strictly less than the last point; one that is no slower dominates it
+        # (possible within the solves' proof tolerance, driver.PROOF_TOL): the last point goes
+        while points and plan.predicted.step_time_s <= points[-1].predicted.step_time_s:
+            points.pop()
         points.append(plan)
-        budget = plan.predicted.usd_per_step * (1 - COST_REL_STEP)
-    return Front(points, complete, time.perf_counter() - t0)
+        below = plan.predicted.usd_per_step
+    return Front(points, proven and ended, time.perf_counter() - t0)
 
 
 def _per_stage(plan: Plan, attr: str):
@@ -111,7 +119,8 @@ def run_pareto(inst: Instance, req, *, out: str, plot: str | None, json_out: boo
         typer.echo(json.dumps(doc, indent=2))
         return
     typer.echo(f"Pareto front: {len(rows)} non-dominated plans"
-               + ("" if front.complete else " (incomplete: a solve hit --max-solve-time)")
+               + ("" if front.complete else " (not proven complete: a solve was not proven optimal within "
+                                             "--max-solve-time, or the sweep stopped at " + str(MAX_POINTS) + " points)")
                + f", {front.wall_time_s:.1f} s")
     typer.echo(table(["step s", "$/step", "$/h", "tokens/s", "GPUs", "tp/dp/pp", "mbs", "schedule", "stages"],
                      [[f"{r['step_time_s']:.3f}", f"{r['usd_per_step']:.4f}", f"{r['usd_per_hour']:.2f}",

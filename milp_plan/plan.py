@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from milp_plan.errors import InputError
-from milp_plan.fileio import read_text, write_atomic
+from milp_plan.fileio import parse_json, read_text, write_atomic
 
 SCHEMA_VERSION = "1"
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
@@ -219,12 +219,7 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan") -> Plan:
 
 
 def read_plan(path: str | Path) -> Plan:
-    text = read_text(path, "plan file")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", source=str(path)) from None
-    return plan_from_dict(data, str(path))
+    return plan_from_dict(parse_json(read_text(path, "plan file"), str(path)), str(path))
 
 
 def write_plan(path: str | Path, plan: Plan) -> None:

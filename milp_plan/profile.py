@@ -42,13 +42,15 @@ import yaml
 
 from milp_plan import latency
 from milp_plan.errors import InputError
-from milp_plan.fileio import read_text, sha256_file, write_atomic
+from milp_plan.fileio import parse_yaml, read_text, sha256_file, write_atomic
 
 KEY = ["model", "gpu", "tp", "micro_batch_size", "seq_length", "kind"]
 REQUIRED = KEY + ["fwd_ms", "bwd_ms"]
 OPTIONAL = ["attn_core_fwd_ms", "act_bytes", "fwd_ms_spread", "bwd_ms_spread", "param_bytes",
             "bwd_full_recompute_ms"]
 KINDS = ("embedding", "block", "encoder_block", "decoder_block", "head")
+MAX_TIME_MS = 1e9       # a layer time above this (11 days) is refused as a unit error
+MAX_OPTIONAL = 1e15     # bytes or ms in the optional columns
 
 
 @dataclass(frozen=True)
@@ -273,15 +275,24 @@ def validate_table(table: pd.DataFrame, source: str) -> pd.DataFrame:
                          source=source)
     for col in ("tp", "micro_batch_size", "seq_length"):
         vals = pd.to_numeric(table[col], errors="coerce")
-        if vals.isna().any() or (vals <= 0).any() or (vals != vals.round()).any():
-            raise InputError(f"column '{col}' must hold whole numbers > 0", source=source)
+        if vals.isna().any() or (vals <= 0).any() or (vals > 2**20).any() or (vals != vals.round()).any():
+            raise InputError(f"column '{col}' must hold whole numbers from 1 to {2**20}", source=source)
         table[col] = vals.astype(int)
     for col in ("fwd_ms", "bwd_ms"):
         vals = pd.to_numeric(table[col], errors="coerce")
-        if vals.isna().any() or (vals < 0).any():
-            row = int(vals.index[(vals.isna()) | (vals < 0)][0]) + 1
-            raise InputError(f"column '{col}' must hold times >= 0 in ms (data row {row})", source=source)
+        bad = vals.isna() | (vals < 0) | (vals > MAX_TIME_MS) | ((vals > 0) & (vals < 1e-9))
+        if bad.any():
+            row = int(vals.index[bad][0]) + 1
+            raise InputError(f"column '{col}' must hold finite times from 0 to {MAX_TIME_MS:g} ms, 0 or at least "
+                             f"1e-9 (data row {row}: {table[col].iloc[row - 1]!r:.30})", source=source)
         table[col] = vals.astype(float)
+    if len(table) and not ((table.fwd_ms > 0) | (table.bwd_ms > 0)).any():
+        raise InputError("every fwd_ms and bwd_ms is 0; a profile must hold measured times", source=source)
+    for col in OPTIONAL:
+        if col in table.columns and pd.api.types.is_numeric_dtype(table[col]):
+            vals = table[col].astype(float)
+            if ((vals.abs() > MAX_OPTIONAL) | (vals.isin([float("inf"), float("-inf")]))).any():
+                raise InputError(f"column '{col}' must hold finite values up to {MAX_OPTIONAL:g}", source=source)
     return table
 
 
@@ -291,10 +302,15 @@ def read_native(path: str | Path) -> Profile:
     for line in text.splitlines(keepends=True):
         (header if line.startswith("#") and not body else body).append(line)
     try:
-        prov = yaml.safe_load("".join(l[1:] for l in header)) or {}
-    except yaml.YAMLError:
-        raise InputError("profile provenance header is not valid YAML ('# key: value' lines)",
-                         source=str(path)) from None
+        prov = parse_yaml("".join(l[1:] for l in header), str(path)) or {}
+    except InputError as exc:
+        raise InputError(f"profile provenance header is not '# key: value' lines ({exc})", source=str(path)) from None
+    if not isinstance(prov, dict):
+        raise InputError("profile provenance header must be '# key: value' lines, got "
+                         f"{type(prov).__name__}", source=str(path))
+    if not isinstance(prov.get("tp_comm_included", False), bool):
+        raise InputError(f"header field 'tp_comm_included' must be true or false, got {prov['tp_comm_included']!r}",
+                         source=str(path))
     try:
         table = pd.read_csv(io.StringIO("".join(body)))
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:

@@ -153,7 +153,7 @@ def render_plan(plan, inst=None, result=None) -> str:
     st0 = plan.stages[0]
     split = (f"{plan.micro_batch_size} per replica" if plan.uniform("micro_batch_size")
              else f"{st0.micro_batch_size * st0.dp} samples, split per stage (mbs x dp)")
-    out = [f"Plan: {plan.pp} stages on {plan.num_gpus} GPUs, {sched}, {plan.num_microbatches} micro-batches of "
+    out = [f"Plan: {plan.pp} stage{'s' if plan.pp != 1 else ''} on {plan.num_gpus} GPUs, {sched}, {plan.num_microbatches} micro-batch{'es' if plan.num_microbatches != 1 else ''} of "
            f"{split} (global batch {plan.global_batch_size})"
            + (", sequence parallel" if plan.sequence_parallel else "")
            + (", distributed optimizer" if plan.distributed_optimizer else ""), ""]
@@ -172,10 +172,19 @@ def render_plan(plan, inst=None, result=None) -> str:
     out.append("Runs on stock Megatron-LM" if not reasons else "Needs a per-stage runtime: " + "; ".join(reasons))
     if result is not None:
         bound = "-" if result.best_bound is None else f"{result.best_bound:.6g}"
-        gap = "-" if result.gap is None else f"{result.gap:.2%}"
-        out.append(f"Solver {result.backend}: {result.status}, objective {result.objective:.6g}, bound {bound}, gap "
+        gap = "-" if result.gap is None else format_gap(result.gap)
+        what = "closed-form step time" if result.objective is None or result.objective == p.step_time_s \
+            else "closed-form $/step"
+        out.append(f"Solver {result.backend}: {result.status} for the {what}, objective {result.objective:.6g}, "
+                   f"bound {bound}, gap "
                    f"{gap}, {result.wall_time_s:.2f} s, seed {result.seed} ({result.configs_solved} of "
                    f"{result.configs_total} configurations solved, {result.configs_pruned} pruned by bounds"
                    + (f"; {result.start} start {result.heuristic_objective:.6g})"
                       if result.heuristic_objective is not None else ")"))
     return "\n".join(out)
+
+
+def format_gap(gap: float) -> str:
+    """A relative gap as a percentage; below 0.01% (the integer models' rounding) in full."""
+    return f"{gap:.2%}" if gap == 0 or gap >= 1e-4 else f"{gap:.1e}"
+

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from milp_plan.deadline import Deadline
 from milp_plan.errors import Infeasible, InputError
 from milp_plan.formulations.pipeline import Limits
 from milp_plan.formulations.space import parse_fix, plan_fills
@@ -37,15 +38,31 @@ def limits_for(inst: Instance) -> Limits:
     return Limits("min-cost" if o.kind == "min-cost" else "min-time", o.time_limit_s, per_h, per_step)
 
 
+MAX_SEED = 2**31 - 1          # CP-SAT's and HiGHS's seeds are non-negative 32-bit integers
+MAX_WORKERS = 64
+MAX_SOLVE_TIME_S = 7 * 86400.0
+
+
+def check_request(req: SolveRequest) -> None:
+    """Every field of a request in range, before any work (InputError naming the option)."""
+    if req.solver not in SOLVERS:
+        raise InputError(f"unknown solver '{req.solver}'; use {', '.join(SOLVERS)}", field="solver")
+    if not 0 < req.max_solve_time_s <= MAX_SOLVE_TIME_S:
+        raise InputError(f"must be > 0 and at most {MAX_SOLVE_TIME_S / 86400:g} days, e.g. 30s",
+                         field="max-solve-time")
+    if not 1 <= req.workers <= MAX_WORKERS:
+        raise InputError(f"must be between 1 and {MAX_WORKERS} (1 is deterministic), got {req.workers}",
+                         field="workers")
+    if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed <= MAX_SEED:
+        raise InputError(f"must be a whole number between 0 and {MAX_SEED} (the solvers' seed range), "
+                         f"got {req.seed}", field="seed")
+    parse_fix(req.fix)
+
+
 def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progress=None,
         prepared=None) -> SolveResult:
     """One exact solve; `prepared` (driver.prepare) reuses configs and coefficients across solves."""
-    if req.solver not in SOLVERS:
-        raise InputError(f"unknown solver '{req.solver}'; use {', '.join(SOLVERS)}", field="solver")
-    if req.max_solve_time_s <= 0:
-        raise InputError("must be > 0, e.g. 30s", field="max-solve-time")
-    if req.workers < 1:
-        raise InputError(f"must be >= 1 (1 is deterministic), got {req.workers}", field="workers")
+    check_request(req)
     limits = limits or limits_for(inst)
     fix = parse_fix(req.fix)
     if req.solver == "brute-force":
@@ -63,6 +80,9 @@ def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progres
 def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveResult) -> str:
     """Plain words, with numbers: which constraint makes the instance infeasible."""
     if result.status == "timeout":
+        memory = _memory_diagnosis(inst, Deadline(MEMORY_DIAGNOSIS_S), only_if_short=True)
+        if memory:
+            return memory  # no time would help
         return (f"no plan found within --max-solve-time {req.max_solve_time_s:g}s "
                 f"({result.configs_solved} of {result.configs_total} configurations examined); allow more time")
     relaxed = Limits("min-time")
@@ -77,8 +97,9 @@ def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveRes
             cheapest = run(inst, req, Limits("min-cost"))
             cp = cheapest.plan.predicted if cheapest.plan else p
             if limits.budget_usd_per_hour is not None:
-                parts.append(f"the cheapest plan rents {cp.usd_per_hour:.2f} $/h against a budget of "
-                             f"{limits.budget_usd_per_hour:.2f} $/h" if cp.usd_per_hour > limits.budget_usd_per_hour
+                rent = _least_rent(inst, req, limits, min(p.usd_per_hour, cp.usd_per_hour))
+                parts.append(f"the cheapest plan rents {rent} against a budget of "
+                             f"{limits.budget_usd_per_hour:.2f} $/h" if rent
                              else "no plan meets the time limit and the hourly budget together")
             if limits.budget_usd_per_step is not None:
                 parts.append(f"the cheapest plan costs {cp.usd_per_step:.4f} $/step against a budget of "
@@ -90,12 +111,50 @@ def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveRes
     return _memory_diagnosis(inst)
 
 
-def _memory_diagnosis(inst: Instance) -> str:
-    """The smallest per-GPU memory a plan needs (most sharding, full recompute) vs the largest GPU."""
+MEMORY_DIAGNOSIS_S = 10.0  # the memory scan of a timed-out solve gets this long (well under a second usually)
+RENT_PROBES = 12  # _least_rent: budget bisection steps at most
+
+
+def _least_rent(inst: Instance, req: SolveRequest, limits: Limits, known: float) -> str | None:
+    """What the $/h budget limits, minimised: the least $/h of any plan under the other limits,
+    by bisection on the budget between the failed one and `known` (the $/h of a plan that
+    exists). Each probe is a min-time solve under a trial $/h budget; the search ends when the
+    interval is within 1%, after RENT_PROBES probes, or at --max-solve-time. Returns the
+    figure as text ('16.29 $/h', or 'at least 12.10 $/h (a plan at 16.29 $/h exists)'),
+    or None when a plan within the budget appears (no plan meets the limits together)."""
+    lo, hi = limits.budget_usd_per_hour, known
+    if lo is None or hi <= lo:
+        return None
+    dl = Deadline(req.max_solve_time_s)
+    probe_req = SolveRequest(req.solver, req.fix, req.max_solve_time_s, req.seed, req.workers)
+    for _ in range(RENT_PROBES):
+        if hi - lo <= 0.01 * hi or dl.expired():
+            break
+        mid = (lo + hi) / 2
+        got = run(inst, SolveRequest(probe_req.solver, probe_req.fix, max(dl.left(), 0.05), probe_req.seed,
+                                     probe_req.workers),
+                  Limits("min-time", limits.time_limit_s, mid, limits.budget_usd_per_step))
+        if got.plan is not None:
+            hi = got.plan.predicted.usd_per_hour
+        elif got.status == "infeasible":
+            lo = mid
+        else:
+            break  # timed out: keep what is proven
+    if hi - lo <= 0.01 * hi:
+        return f"{hi:.2f} $/h"
+    return f"at least {lo:.2f} $/h (a plan at {hi:.2f} $/h exists)"
+
+
+def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short: bool = False) -> str | None:
+    """The smallest per-GPU memory a plan needs (most sharding, full recompute) vs the largest GPU.
+    only_if_short: None unless every configuration was scanned and none fits in memory."""
     from milp_plan.formulations.coefficients import Coefficients
     from milp_plan.formulations.space import enumerate_configs
-    best = None
+    best, complete = None, True
     for cfg in enumerate_configs(inst, {"mbs": 1, "recompute": "full", "schedule": "1f1b"}):
+        if dl is not None and dl.expired():
+            complete = False
+            break
         coef = Coefficients(inst, cfg)
         n = math.ceil(inst.model.num_layers / cfg.pp)
         for k in range(len(coef.options)):
@@ -104,8 +163,10 @@ def _memory_diagnosis(inst: Instance) -> str:
                 best = (need, cfg, k)
     cap = max(nt.memory_gib * (1 - inst.job.memory_headroom) for nt in inst.cluster.node_types)
     if best is None:
-        return "no tp/dp/pp combination fits the cluster's GPU counts"
+        return None if only_if_short else "no tp/dp/pp combination fits the cluster's GPU counts"
     need, cfg, k = best
+    if only_if_short and (not complete or need / 2**30 <= cap):
+        return None
     return (f"the smallest per-GPU memory any plan needs is {need / 2**30:.1f} GiB ({cfg.label()}, "
             f"full recompute, micro-batch 1) but the largest GPU offers {cap:.1f} GiB after the "
             f"{inst.job.memory_headroom:.0%} headroom; use more GPUs, a smaller model or a shorter sequence")

@@ -9,6 +9,7 @@ Accepted spellings (case-insensitive, spaces ignored):
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -31,21 +32,58 @@ def _clean(text: str) -> str:
     return str(text).strip().replace(" ", "").lower()
 
 
+# Accepted ranges (in the base unit): a quantity outside is refused, naming the range.
+DURATION_RANGE_S = (1e-6, 365 * 86400.0)     # 1 us .. 1 year
+MONEY_MAX_USD = 1e9                          # per hour or per step; 0 is allowed
+MEMORY_RANGE_BYTES = (1.0, 2.0**60)
+BANDWIDTH_RANGE_GB_PER_S = (1e-6, 1e7)
+
+
 def _split(text: str, what: str, example: str) -> tuple[float, str]:
     m = re.fullmatch(_NUM + r"(.*)", _clean(text).lstrip("$"))
     if not m:
-        raise InputError(f"cannot read {what} '{text}'; write it like '{example}'")
-    return float(m.group(1)), m.group(2)
+        raise InputError(f"cannot read {what} '{_short(text)}'; write it like '{example}'")
+    value = float(m.group(1))
+    if not math.isfinite(value):
+        raise InputError(f"'{_short(text)}' is not a finite number; write it like '{example}'", field=what)
+    return value, m.group(2)
+
+
+def _short(text: object) -> str:
+    t = " ".join(str(text).split())
+    return t if len(t) <= 40 else t[:37] + "..."
+
+
+def _in_range(value: float, lo: float, hi: float, text: object, field: str, unit: str) -> float:
+    if math.isfinite(value) and value <= 0 < lo:
+        raise InputError(f"'{_short(text)}' must be > 0 (at least {lo:g} {unit})", field=field)
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise InputError(f"'{_short(text)}' is outside the accepted range {lo:g} to {hi:g} {unit}", field=field)
+    return value
+
+
+def check_duration_s(seconds: float, *, field: str = "time", text: object = None) -> float:
+    """A duration in seconds within DURATION_RANGE_S (finite, > 0)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise InputError(f"must be a duration in seconds, got {seconds!r}", field=field)
+    return _in_range(float(seconds), *DURATION_RANGE_S, seconds if text is None else text, field, "s")
+
+
+def check_money(money: "Money", *, field: str = "budget") -> "Money":
+    if isinstance(money.usd, bool) or not isinstance(money.usd, (int, float)) or money.per not in ("h", "step"):
+        raise InputError(f"must be dollars per h or per step, got {money!r}", field=field)
+    _in_range(float(money.usd), 0.0, MONEY_MAX_USD, f"{money.usd}$/{money.per}", field, "$")
+    return money
 
 
 def parse_duration_s(text: str, *, field: str = "time") -> float:
-    """'1.2s/step' | '1200ms' -> seconds (float)."""
+    """'1.2s/step' | '1200ms' -> seconds (float), within DURATION_RANGE_S."""
     value, unit = _split(text, f"{field}", "1.2s/step")
     unit = unit.removesuffix("/step")
     if unit not in _TIME_UNITS_S:
-        raise InputError(f"unknown time unit '{unit}' in '{text}'; use s, ms, us or min (e.g. 1.2s/step)",
-                         field=field)
-    return value * _TIME_UNITS_S[unit]
+        raise InputError(f"unknown time unit '{_short(unit)}' in '{_short(text)}'; use s, ms, us or min "
+                         "(e.g. 1.2s/step)", field=field)
+    return check_duration_s(value * _TIME_UNITS_S[unit], field=field, text=text)
 
 
 @dataclass(frozen=True)
@@ -69,32 +107,38 @@ def parse_money(text: str, *, field: str = "budget") -> Money:
     if per is None:
         raise InputError(f"'{text}' must be per hour or per step, like '40$/h' or '0.02$/step'", field=field)
     if value < 0:
-        raise InputError(f"'{text}' must not be negative", field=field)
-    return Money(value, per)
+        raise InputError(f"'{_short(text)}' must not be negative", field=field)
+    return check_money(Money(value, per), field=field)
 
 
 def parse_memory_bytes(text: str | int | float, *, field: str = "memory") -> float:
-    """'80GiB' -> bytes. A bare number is taken as GiB."""
+    """'80GiB' -> bytes. A bare number is taken as GiB. Within MEMORY_RANGE_BYTES."""
+    if isinstance(text, bool):
+        raise InputError(f"must be an amount of memory like '80GiB', got {text!r}", field=field)
     if isinstance(text, (int, float)):
-        return float(text) * GIB
+        return _in_range(float(text) * GIB, *MEMORY_RANGE_BYTES, text, field, "bytes")
     value, unit = _split(text, field, "80GiB")
     if unit == "":
-        return value * GIB
+        return _in_range(value * GIB, *MEMORY_RANGE_BYTES, text, field, "bytes")
     if unit not in _MEM_UNITS_BYTES:
-        raise InputError(f"unknown memory unit '{unit}' in '{text}'; use GiB, GB, MiB or TiB", field=field)
-    return value * _MEM_UNITS_BYTES[unit]
+        raise InputError(f"unknown memory unit '{_short(unit)}' in '{_short(text)}'; use GiB, GB, MiB or TiB",
+                         field=field)
+    return _in_range(value * _MEM_UNITS_BYTES[unit], *MEMORY_RANGE_BYTES, text, field, "bytes")
 
 
 def parse_bandwidth_gb_per_s(text: str | int | float, *, field: str = "bandwidth") -> float:
     """'25GB/s' | '200Gbit/s' -> GB/s (10^9 bytes per second). A bare number is GB/s."""
+    if isinstance(text, bool):
+        raise InputError(f"must be a bandwidth like '25GB/s', got {text!r}", field=field)
     if isinstance(text, (int, float)):
-        return float(text)
+        return _in_range(float(text), *BANDWIDTH_RANGE_GB_PER_S, text, field, "GB/s")
     value, unit = _split(text, field, "25GB/s")
     if unit == "":
-        return value
+        return _in_range(value, *BANDWIDTH_RANGE_GB_PER_S, text, field, "GB/s")
     if unit not in _BW_UNITS_GB_PER_S:
-        raise InputError(f"unknown bandwidth unit '{unit}' in '{text}'; use GB/s or Gbit/s", field=field)
-    return value * _BW_UNITS_GB_PER_S[unit]
+        raise InputError(f"unknown bandwidth unit '{_short(unit)}' in '{_short(text)}'; use GB/s or Gbit/s",
+                         field=field)
+    return _in_range(value * _BW_UNITS_GB_PER_S[unit], *BANDWIDTH_RANGE_GB_PER_S, text, field, "GB/s")
 
 
 def seconds_to_ticks(seconds: float) -> int:

@@ -120,7 +120,7 @@ BAD = {
     "model unknown field": (["inspect", "--model", "badmodel.yaml"], ["badmodel.yaml", "unknown field 'dropout_rate'"]),
     "model heads": (["inspect", "--model", "heads.yaml"], ["heads.yaml", "hidden_size 512", "num_attention_heads 7"]),
     "unknown option": (["inspect", "--colour", "red"], ["--colour"]),
-    "zero workers": (["solve", "--workers", "0"], ["'workers'", ">= 1", "got 0"]),
+    "zero workers": (["solve", "--workers", "0"], ["'workers'", "between 1 and", "got 0"]),
     "zero solve time": (["solve", "--max-solve-time", "0s"], ["'max-solve-time'", "> 0"]),
     "impossible fix": (["solve", "--fix", "tp=3"], ["'fix'", "tp=3 must divide the 32 attention heads"]),
     "zb-h1 fix": (["solve", "--fix", "schedule=zb-h1"], ["'fix'", "zero-bubble fork"]),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from milp_plan.formulations.pipeline import Limits
 from milp_plan.formulations.space import parse_fix
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
-from milp_plan.solvers.driver import objective_of, solve
+from milp_plan.solvers.driver import PROOF_TOL, objective_of, solve
 
 BACKENDS = ("cpsat", "highs", "cbc")
 HUGE_BW = 1e9  # GB/s: communication ~0, so the hand derivation is pure compute
@@ -31,12 +32,21 @@ HUGE_BW = 1e9  # GB/s: communication ~0, so the hand derivation is pure compute
 GPUS = {"A100-80GB": (312.0, 2039), "A10": (125.0, 600), "L40S": (362.05, 864)}  # catalog TFLOP/s, GB/s
 
 
-def _gpu(name: str, memory_gib: float | None) -> str:
-    """A catalog GPU, or the same GPU with `memory_gib` of memory (inline) to make memory bind."""
-    if memory_gib is None:
+# (intra, inter) GB/s at which the tiny model's hops (4 KiB per micro-batch) and gradient
+# reductions (~100 kB a layer) take about as long as a stage (0.5-5 ms): the terms that the
+# steady-period windows, the reduction tail and the interleaved wrap price
+COMPARABLE_BW = ((0.05, 0.005), (0.02, 0.002))
+SLOW_MEMORY_GB_PER_S = 1.0  # the optimizer step (16 B a parameter) then costs ~1 ms a layer
+
+
+def _gpu(name: str, memory_gib: float | None, memory_gb_per_s: float | None = None) -> str:
+    """A catalog GPU, or the same GPU inline with `memory_gib` of memory (to make memory bind)
+    and `memory_gb_per_s` of memory bandwidth (to make the optimizer step count)."""
+    if memory_gib is None and memory_gb_per_s is None:
         return name
     tflops, bw = GPUS[name]
-    return f"{{name: {name}, memory_gib: {memory_gib}, peak_tflops: {tflops}, memory_gb_per_s: {bw}}}"
+    mem = 80 if memory_gib is None else memory_gib
+    return f"{{name: {name}, memory_gib: {mem}, peak_tflops: {tflops}, memory_gb_per_s: {memory_gb_per_s or bw}}}"
 
 
 PROFILED_TPS = (1, 2, 4, 8)
@@ -46,22 +56,24 @@ PROFILED_MBS = tuple(range(1, 33))
 def write_instance(tmp: Path, *, layers=4, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0), prices=(8.0, 2.0),
                    gpn=2, counts=(1, 1), third: bool = False,
                    memory_gib: tuple[float | None, float | None, float | None] = (None, None, None),
-                   bandwidth_gb_per_s: float = HUGE_BW) -> InstanceSpec:
+                   bw: tuple[float, float] = (HUGE_BW, HUGE_BW), billing: tuple[str, str] = ("node", "node"),
+                   memory_gb_per_s: float | None = None) -> InstanceSpec:
     """Two node types of `gpn` GPUs: 'fast' (A100-80GB) and 'slow' (A10), and with `third` a
     single 'mid' node of L40S; a tiny GPT whose block costs fwd/bwd ms as given at tp 1,
     micro-batch 1, and mbs / tp times that at the other profiled points (PROFILED_TPS x
     PROFILED_MBS: what the fill rules would give, written out so that the default space, which
     keeps to profiled points, holds them); embedding and head cost nothing.
-    memory_gib overrides each type's GPU memory (the model needs about 1 MiB a layer);
-    bandwidth_gb_per_s every link's (default: so fast that communication is ~0)."""
+    memory_gib overrides each type's GPU memory (the model needs about 1 MiB a layer); bw is
+    (intra, inter) GB/s of the first two types; billing their `billing`."""
+    mbw = memory_gb_per_s
     (tmp / "cluster.yaml").write_text(f"""
 name: hand
 node_types:
-  - {{name: fast, gpu: {_gpu("A100-80GB", memory_gib[0])}, gpus_per_node: {gpn}, count: {counts[0]},
-      intra_node_gb_per_s: {bandwidth_gb_per_s}, inter_node_gb_per_s: {bandwidth_gb_per_s}, usd_per_hour: {prices[0]}}}
-  - {{name: slow, gpu: {_gpu("A10", memory_gib[1])}, gpus_per_node: {gpn}, count: {counts[1]},
-      intra_node_gb_per_s: {bandwidth_gb_per_s}, inter_node_gb_per_s: {bandwidth_gb_per_s}, usd_per_hour: {prices[1]}}}
-""" + (f"""  - {{name: mid, gpu: {_gpu("L40S", memory_gib[2])}, gpus_per_node: {gpn}, count: 1, intra_node_gb_per_s: 50,
+  - {{name: fast, gpu: {_gpu("A100-80GB", memory_gib[0], mbw)}, gpus_per_node: {gpn}, count: {counts[0]},
+      intra_node_gb_per_s: {bw[0]}, inter_node_gb_per_s: {bw[1]}, usd_per_hour: {prices[0]}, billing: {billing[0]}}}
+  - {{name: slow, gpu: {_gpu("A10", memory_gib[1], mbw)}, gpus_per_node: {gpn}, count: {counts[1]},
+      intra_node_gb_per_s: {bw[0]}, inter_node_gb_per_s: {bw[1]}, usd_per_hour: {prices[1]}, billing: {billing[1]}}}
+""" + (f"""  - {{name: mid, gpu: {_gpu("L40S", memory_gib[2], mbw)}, gpus_per_node: {gpn}, count: 1, intra_node_gb_per_s: 50,
       inter_node_gb_per_s: 5, usd_per_hour: 3.0}}
 """ if third else ""))
     (tmp / "model.yaml").write_text(f"""
@@ -169,10 +181,23 @@ def test_option_sequence_count_matches_enumeration(tmp_path, third, gpn, mode):
 
 # ---- random small instances: every backend agrees with brute force ----------------------
 
+def _realism(draw) -> dict:
+    """Bandwidth (near infinite, or hops and reductions comparable to stage time), optimizer
+    memory speed, and per-node or per-GPU billing of the first two node types."""
+    return dict(bw=draw(st.sampled_from(((HUGE_BW, HUGE_BW),) + COMPARABLE_BW)),
+                billing=(draw(st.sampled_from(["node", "gpu"])), draw(st.sampled_from(["node", "gpu"]))),
+                memory_gb_per_s=draw(st.sampled_from([None, SLOW_MEMORY_GB_PER_S])))
+
+
+OBJECTIVES = ["min-time", "min-cost", "min-cost-loose", "min-cost-on-limit", "budget-h", "budget-step",
+              "budget-step-on-limit"]
+
+
 @st.composite
 def small_instances(draw):
     """Up to 3 node types (the third: L40S), 1-4 GPUs per node (up to 20 GPUs), up to 12 layers, free tp/dp/mbs/pp,
-    recompute and schedule: every global choice the planner enumerates."""
+    recompute and schedule: every global choice the planner enumerates; realistic transfers,
+    per-GPU billing, limits exactly on a plan's value, and loose min-cost limits (pp = 1 wins)."""
     layers = draw(st.integers(2, 12))
     f = draw(st.sampled_from([0.5, 1.0, 1.5, 2.0]))
     slow = draw(st.sampled_from([1.0, 1.5, 2.5]))  # slow / fast speed ratio
@@ -181,36 +206,46 @@ def small_instances(draw):
     prices = (draw(st.sampled_from([4.0, 8.0])), draw(st.sampled_from([1.0, 2.0, 6.0])))
     third = draw(st.booleans())
     gbs = draw(st.sampled_from([2, 4, 8]))
-    objective = draw(st.sampled_from(["min-time", "min-cost", "budget-h", "budget-step"]))
+    objective = draw(st.sampled_from(OBJECTIVES))
     flash = draw(st.booleans())  # without flash attention selective recompute is in the space
     return dict(layers=layers, fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow), gpn=gpn, counts=counts,
-                prices=prices, third=third), gbs, objective, flash
+                prices=prices, third=third, **_realism(draw)), gbs, objective, flash
 
 
-def limits_for(objective: str, fastest: float) -> Limits:
-    # Limits sit off round numbers: a plan exactly on a limit may fall either side of it
-    # after integer-tick rounding, which is the tolerance the models document.
-    if objective == "min-cost":
-        return Limits("min-cost", time_limit_s=fastest * 1.613)
-    if objective == "budget-h":
-        return Limits(budget_usd_per_hour=6.37)
-    if objective == "budget-step":
-        return Limits(budget_usd_per_step=6.37 * fastest * 1.47 / 3600)
-    return Limits()
+def limits_for(objective: str, fastest) -> Limits:
+    """Limits for a random instance, given brute force's fastest plan: off round numbers, on
+    a plan's exact value ("-on-limit": that plan must be found), or so loose that the
+    cheapest plan is a single stage."""
+    t, usd = fastest.predicted.step_time_s, fastest.predicted.usd_per_step
+    return {"min-cost": Limits("min-cost", time_limit_s=t * 1.613),
+            "min-cost-loose": Limits("min-cost", time_limit_s=t * 50),
+            "min-cost-on-limit": Limits("min-cost", time_limit_s=t),
+            "budget-h": Limits(budget_usd_per_hour=6.37),
+            "budget-step": Limits(budget_usd_per_step=6.37 * t * 1.47 / 3600),
+            "budget-step-on-limit": Limits(budget_usd_per_step=usd)}.get(objective, Limits())
 
 
-def assert_within_rounding(inst, plan, limits, exhaustive: float) -> None:
-    """Brute force is exhaustive, so no backend may beat it; the model may lose to it by
-    its rounding: every coefficient is rounded to a 1 us tick, a per-layer one is multiplied
-    by up to L layers, and the steady period z enters (m - 1) times besides the sums, so
-    |model T - true T| <= 0.5 us x (m + pp) x (L + 4) (x $/h / 3600 for a cost)."""
-    got = objective_of(plan, limits)
-    per_s = plan.predicted.usd_per_hour / 3600 if limits.objective == "min-cost" else 1.0
-    tol = 0.5e-6 * (plan.num_microbatches + plan.pp) * (inst.model.num_layers + 4) * per_s
-    assert exhaustive * (1 - 1e-9) <= got <= exhaustive + tol, (got, exhaustive, tol)
+def assert_agrees(inst, res, ref, limits) -> None:
+    """Brute force is exhaustive: no backend may beat it, and the gap a backend reports must
+    cover its distance to brute force (so `optimal` is within driver.PROOF_TOL of it). The
+    plan meets every limit by the cost model's own numbers."""
+    assert (res.plan is None) == (ref.plan is None), (res.status, ref.status)
+    if ref.plan is None:
+        assert res.status == ref.status
+        return
+    assert check.check_plan(inst, res.plan) == [] and limits.admit(res.plan)
+    got = objective_of(res.plan, limits)
+    assert got == res.objective and res.best_bound <= got
+    assert ref.objective * (1 - 1e-9) <= got <= ref.objective + res.gap * got + 1e-15, (got, ref.objective, res.gap)
+    assert res.best_bound <= ref.objective * (1 + 1e-9)  # the bound is a bound
+    if res.status == "optimal":
+        assert got <= ref.objective * (1 + PROOF_TOL)
 
 
-@settings(max_examples=15, deadline=None,
+EXAMPLES = int(os.environ.get("MILP_PLAN_EXAMPLES", "1"))  # x this many examples in the random cross-checks
+
+
+@settings(max_examples=15 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_instances())
 def test_backends_agree_with_brute_force(tmp_path_factory, case):
@@ -221,16 +256,11 @@ def test_backends_agree_with_brute_force(tmp_path_factory, case):
     from milp_plan.formulations.space import enumerate_configs
     # keep brute force to seconds: at most 20,000 candidate plans (~1 ms each)
     assume(sum(bruteforce.count_candidates(inst, c) for c in enumerate_configs(inst)) <= 20_000)
-    fastest = bruteforce.solve(inst, Limits()).objective
+    fastest = bruteforce.solve(inst, Limits()).plan
     limits = limits_for(objective, fastest)
     ref = bruteforce.solve(inst, limits)
     for backend in BACKENDS:
-        res = solve(inst, limits, backend=backend, time_limit_s=60)
-        assert res.status == ref.status
-        if ref.plan is None:
-            continue
-        assert check.check_plan(inst, res.plan) == []
-        assert_within_rounding(inst, res.plan, limits, ref.objective)
+        assert_agrees(inst, solve(inst, limits, backend=backend, time_limit_s=60), ref, limits)
 
 
 @pytest.mark.parametrize("objective", ["min-time", "budget-step"])
@@ -242,14 +272,13 @@ def test_fixed_gpipe_agrees_with_brute_force(tmp_path, objective):
                           third=True)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 8}))
     fix = {"schedule": schedule}
-    fastest = bruteforce.solve(inst, Limits(), fix=fix).objective
+    fastest = bruteforce.solve(inst, Limits(), fix=fix).plan
     limits = limits_for(objective, fastest)
     ref = bruteforce.solve(inst, limits, fix=fix)
     for backend in BACKENDS:
         res = solve(inst, limits, backend=backend, fix=fix, time_limit_s=60)
-        assert res.status == ref.status == "optimal"
-        assert res.plan.schedule == schedule and check.check_plan(inst, res.plan) == []
-        assert_within_rounding(inst, res.plan, limits, ref.objective)
+        assert ref.status == "optimal" and res.plan.schedule == schedule
+        assert_agrees(inst, res, ref, limits)
 
 
 def test_selective_recompute_is_dominated_under_flash_attention(tmp_path):
@@ -285,7 +314,8 @@ def test_cli_solve_default_is_deterministic(tmp_path):
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     plan = json.loads(outs[0])
-    assert plan["solver"]["status"] == "optimal" and plan["solver"]["gap"] == 0.0
+    # the gap is the integer model's rounding, honestly reported (driver.PROOF_TOL)
+    assert plan["solver"]["status"] == "optimal" and 0.0 <= plan["solver"]["gap"] <= 1e-6
 
 
 def test_cli_infeasible_exit_1_with_diagnosis(tmp_path):
@@ -372,12 +402,11 @@ def small_free_instances(draw):
     return dict(layers=layers, fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow), gpn=draw(st.sampled_from([1, 2])),
                 counts=(draw(st.integers(1, 2)), draw(st.integers(1, 2))),
                 prices=(draw(st.sampled_from([4.0, 8.0])), draw(st.sampled_from([1.0, 2.0, 6.0]))),
-                third=draw(st.booleans()), memory_gib=memory), \
-        draw(st.sampled_from([2, 4])), draw(st.sampled_from(["min-time", "min-cost", "budget-h", "budget-step"])), \
-        draw(st.booleans())
+                third=draw(st.booleans()), memory_gib=memory, **_realism(draw)), \
+        draw(st.sampled_from([2, 4])), draw(st.sampled_from(OBJECTIVES)), draw(st.booleans())
 
 
-@settings(max_examples=12, deadline=None,
+@settings(max_examples=12 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_free_instances())
 def test_free_mode_backends_agree_with_brute_force(tmp_path_factory, case):
@@ -387,18 +416,15 @@ def test_free_mode_backends_agree_with_brute_force(tmp_path_factory, case):
     assume(sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst, mode="free")) <= 20_000)
     fastest = bruteforce.solve(inst, Limits(), mode="free")
     assume(fastest.plan is not None)
-    limits = limits_for(objective, fastest.objective)
+    limits = limits_for(objective, fastest.plan)
     ref = bruteforce.solve(inst, limits, mode="free")
     uniform = bruteforce.solve(inst, limits, mode="megatron")
     if uniform.plan is not None:  # Megatron-mode plans are free plans too
         assert ref.objective <= uniform.objective * (1 + 1e-9)
     for backend in BACKENDS:
         res = solve(inst, limits, backend=backend, mode="free", time_limit_s=60)
-        assert res.status == ref.status
-        if ref.plan is None:
-            continue
-        assert res.plan.mode == "free" and check.check_plan(inst, res.plan) == []
-        assert_within_rounding(inst, res.plan, limits, ref.objective)
+        assert_agrees(inst, res, ref, limits)
+        assert res.plan is None or res.plan.mode == "free"
 
 
 @st.composite
@@ -414,11 +440,11 @@ def issue_scale_free_instances(draw):
     return dict(layers=layers, fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow), gpn=draw(st.sampled_from([2, 4])),
                 counts=(draw(st.integers(1, 2)), draw(st.integers(1, 2))),
                 prices=(draw(st.sampled_from([4.0, 8.0])), draw(st.sampled_from([1.0, 2.0, 6.0]))),
-                third=True, memory_gib=memory), \
-        draw(st.sampled_from([4, 8])), draw(st.sampled_from(["min-time", "min-cost", "budget-h", "budget-step"]))
+                third=True, memory_gib=memory, **_realism(draw)), \
+        draw(st.sampled_from([4, 8])), draw(st.sampled_from(OBJECTIVES))
 
 
-@settings(max_examples=4, deadline=None,
+@settings(max_examples=4 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(issue_scale_free_instances())
 @example(({"layers": 12, "fast_ms": (1.0, 2.0), "slow_ms": (2.5, 5.0), "gpn": 4, "counts": (2, 1), "prices": (8.0, 2.0),
@@ -434,15 +460,12 @@ def test_free_mode_agrees_with_brute_force_at_the_issue_scale(tmp_path_factory, 
            <= 15_000)
     fastest = bruteforce.solve(inst, Limits(), fix=fix, mode="free")
     assume(fastest.plan is not None)
-    limits = limits_for(objective, fastest.objective)
+    limits = limits_for(objective, fastest.plan)
     ref = bruteforce.solve(inst, limits, fix=fix, mode="free")
     for backend in BACKENDS:
         res = solve(inst, limits, backend=backend, fix=fix, mode="free", time_limit_s=60)
-        assert res.status == ref.status
-        if ref.plan is None:
-            continue
-        assert res.plan.mode == "free" and check.check_plan(inst, res.plan) == []
-        assert_within_rounding(inst, res.plan, limits, ref.objective)
+        assert_agrees(inst, res, ref, limits)
+        assert res.plan is None or res.plan.mode == "free"
 
 
 def test_cli_free_mode_is_deterministic_and_says_it_needs_a_per_stage_runtime(tmp_path):
@@ -464,10 +487,12 @@ def test_cli_free_mode_is_deterministic_and_says_it_needs_a_per_stage_runtime(tm
     assert plan["mode"] == "free" and [s["recompute_layers"] for s in plan["stages"]] == [1, 0]
 
 
-def test_free_mode_under_a_tiny_time_limit_returns_its_start_with_an_honest_gap():
+def test_free_mode_under_a_short_time_limit_returns_its_start_with_an_honest_gap():
     inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-13b", global_batch_size=512))
-    res = solve(inst, Limits(), time_limit_s=1e-3, mode="free")
-    assert res.plan is not None and res.plan.mode == "free" and res.status == "feasible"
+    res = solve(inst, Limits(), time_limit_s=1e-3, mode="free")  # honoured (issue 13): no plan yet
+    assert res.wall_time_s < 0.5 and res.plan is None and res.status == "timeout"
+    res = solve(inst, Limits(), time_limit_s=3.0, mode="free")
+    assert res.plan is not None and res.plan.mode == "free" and res.status in ("feasible", "optimal")
     assert res.start == "Megatron-mode" and res.objective <= res.heuristic_objective
-    assert res.best_bound <= res.objective and 0 < res.gap < 1
+    assert res.best_bound <= res.objective and 0 <= res.gap <= 1
     assert check.check_plan(inst, res.plan) == []

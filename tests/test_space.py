@@ -76,7 +76,7 @@ def test_gpipe_beats_the_old_space_on_slow_links(tmp_path, backend):
       interleaved vpp 2: m z + (sum t - z) / 2 + 2 (2 h + h_wrap) = 24 + 3 + 6.144 = 33.144 ms
     (+ ~2 us of optimizer). Before issue 21 GPipe was only reachable with --fix schedule=gpipe."""
     spec = write_instance(tmp_path, layers=4, gpn=1, counts=(2, 1), memory_gib=(0.004, 0.004, None),
-                          bandwidth_gb_per_s=0.004)
+                          bw=(0.004, 0.004))
     inst = build_instance(spec)
     got = solve(inst, Limits(), backend=backend)
     assert got.status == "optimal"

@@ -130,6 +130,17 @@ def test_schedule_change_compares_with_the_closed_form_of_that_schedule(monkeypa
     assert code == report["exit_code"]
 
 
+def test_a_schedule_change_is_a_what_if_that_reports_and_does_not_fail(monkeypatch, capsys, inst, plan_file):
+    """Issue 12 §3: `verify --schedule X` simulates a plan that was not solved for X; a closed
+    form off by more than the tolerance there is information, not a failed check."""
+    report = verify_plan(plan_file, tolerance=1e-9, schedule="interleaved")
+    assert report.schedule_changed and report.comparisons and not all(c.ok for c in report.comparisons)
+    assert report.ok and report.exit_code == 0
+    code, out, _ = run_cli(capsys, "verify", str(plan_file), "--schedule", "interleaved", "--tolerance", "0.0001%")
+    assert code == 0 and "WHAT-IF" in out and "beyond" in out
+    assert not verify_plan(plan_file, tolerance=1e-9).schedule_changed  # the plan as written is judged
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "gpipe"])
 def test_an_interleaved_plan_under_another_schedule_is_laid_out_again(monkeypatch, capsys, tmp_path, inst,
                                                                        schedule):

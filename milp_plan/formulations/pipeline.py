@@ -1,9 +1,17 @@
 """The per-stage model for one config (formulations/pipeline.md is its math).
 
 Written once against a small backend interface (`Backend`: new_bool, new_int, add,
-minimize), so CP-SAT, HiGHS and CBC solve the very same integer model. Times are integer
-ticks (units.seconds_to_ticks), memory integer KiB (coefficients rounded up, capacity
-down: the model is never optimistic about memory), money integer 1e-4 $/h.
+minimize), so CP-SAT, HiGHS and CBC solve the very same integer model.
+
+Rounding (formulations/pipeline.md, "Rounding: a relaxation, then an exact check"): times
+are integer ticks (`Resolution.tps` per second, as fine as the model's magnitudes allow),
+memory integer bytes, money integer units of 1/`Resolution.money` $/h. Every coefficient
+is rounded in the direction that makes the model a relaxation of the cost model: for
+every plan of the config the model's step time, $/h, $/step and memory are at most the
+cost model's. So no plan the cost model accepts is cut off by rounding, and the model's
+optimum is a valid lower bound. The driver then evaluates the returned plan with the cost
+model, cuts it off (`add_no_good`) if it breaks a limit, and checks that the model's
+objective lies within `rounding_error` below the cost model's (`objective_drift`).
 
 A stage option o (space.StageOption) is a node type with tp, dp, micro-batch and
 recompute; the options of a node type share its stage size and form its block b. In
@@ -23,9 +31,9 @@ Variables (symbols as in the math):
   x[s,b,j]  stage s in block b, stage s+1 on another type j  (bool, exact AND)
   h[s]      one-direction transfer time of hop s (ticks, exact expression of e, g, x)
   Q[s]      sum_{j<s} (t_j + 2 h_j): prefix sums for the steady-period windows
-  z         steady period (ticks): (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b
-            (max_s t_s for interleaved)
-  zf, zb    GPipe: max_s f_s and max_s b_s (and every hop h_s): two flow shops
+  P         the steady-period term, weights applied before rounding: 1F1B (m-1) z with
+            (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b; interleaved (m vpp - 1) z,
+            z >= t_s; GPipe (m-1)(zf + zb), zf >= f_s, h_s and zb >= b_s, h_s
   D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  o = max_s opt_s
   W[b,beta] step time if u[b,beta] else 0 (ticks; min-cost and $/step budgets)
 """
@@ -36,13 +44,19 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from milp_plan.formulations.coefficients import Affine, Coefficients
-from milp_plan.units import TICKS_PER_SECOND
+from milp_plan.units import GIB, TICKS_PER_SECOND
 
-KIB = 1024.0
-MONEY_SCALE = 1e4  # 1e-4 $/h
+NOISE = 1e-12       # relative float noise of the cost model, allowed when rounding (pipeline.md)
+TICKS = (10**9, 10**8, 10**7, 10**6)   # ticks per second, finest first
+# With a $/step term (min-cost, $/step budgets) W = T u links the step to a big-M: CP-SAT then
+# proves a small config in 0.3 s at 1 us ticks (step bound 7e5) but not in 10 s at 0.1 us
+# (7e6), so such models keep the step bound below this many ticks
+W_MAGNITUDE = 2**20
 
 
 class Backend(Protocol):
+    magnitude: int      # largest step bound in ticks at which the backend stays exact (and fast)
+
     def new_bool(self, name: str) -> Any: ...
     def new_int(self, lo: int, hi: int, name: str) -> Any: ...
     def add(self, constraint: Any) -> None: ...
@@ -72,12 +86,32 @@ class Limits:
         return self.budget_usd_per_step is None or p.usd_per_step <= self.budget_usd_per_step
 
 
-def ticks(seconds: float) -> int:
-    return int(round(seconds * TICKS_PER_SECOND))
+def down(x: float) -> int:
+    """Largest integer <= x, up to the cost model's float noise (a plan's rounded term never
+    exceeds its true value by more than NOISE relative)."""
+    return math.floor(x + abs(x) * NOISE)
 
 
-def kib_up(n_bytes: float) -> int:
-    return int(math.ceil(n_bytes / KIB - 1e-9))
+def up(x: float) -> int:
+    """Smallest integer >= x, up to the cost model's float noise."""
+    return math.ceil(x - abs(x) * NOISE)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Integer units of one model: `tps` ticks per second, `money` units per $/h."""
+
+    tps: int = TICKS_PER_SECOND
+    money: int = 10**4
+
+    def t_down(self, seconds: float) -> int:
+        return down(seconds * self.tps)
+
+    def t_up(self, seconds: float) -> int:
+        return up(seconds * self.tps)
+
+    def usd_down(self, usd_per_hour: float) -> int:
+        return down(usd_per_hour * self.money)
 
 
 @dataclass
@@ -90,20 +124,21 @@ class Vars:
     x: dict = field(default_factory=dict)
     W: dict = field(default_factory=dict)
     t: list = field(default_factory=list)   # stage time expressions (ticks)
-    bwd: list = field(default_factory=list)  # stage backward expressions (ticks)
-    h: list = field(default_factory=list)   # hop time expressions (ticks)
+    h: list = field(default_factory=list)   # hop time expressions (ticks, rounded down)
+    hop_terms: list = field(default_factory=list)  # per hop: (var, seconds, seconds subtracted)
+    h_up: list = field(default_factory=list)  # the same hops rounded up (subtracted in the dp tail)
+    bwd_up: list = field(default_factory=list)  # stage backward rounded up (subtracted in the dp tail)
     e: dict = field(default_factory=dict)
     g: dict = field(default_factory=dict)
     wrap: Any = 0                           # last -> first transfer (interleaved)
     r: Any = None
-    z: Any = None
-    zf: Any = None                          # GPipe: max forward, max backward (ticks)
-    zb: Any = None
+    pipe: Any = None                        # steady-period term: (m-1) z, (m vpp - 1) z, (m-1)(zf + zb)
     D: Any = None
     o: Any = None
     step: Any = None                        # step time expression, ticks x scale
     scale: int = 1                          # step = scale x T (interleaved keeps integers)
-    usd_h: Any = None                       # 1e-4 $/h
+    cuts: list = field(default_factory=list)  # plans cut off by add_no_good
+    usd_h: Any = None                       # money units ($/h x Resolution.money)
     objective: Any = None
 
 
@@ -123,38 +158,68 @@ class PipelineModel:
         assert len(self.block_of_type) == len(coef.blocks), "a solved config has one stage size per node type"
         self.L = coef.inst.model.num_layers
         self.v = Vars()
+        self.res = self._resolution()
         self.t_hi = self._time_upper_bound()
         self.h_hi = self._hop_upper_bound()
         self.dp_hi = self._stage_upper_bound(coef.dp_time)
         self.opt_hi = self._stage_upper_bound(coef.opt_time)
 
-    # ---- helpers ---------------------------------------------------------------------
-    def _aff_ticks(self, aff: Affine, s: int, o: int):
-        v = self.v
-        expr = [ticks(aff.a) * v.n[s, o], ticks(aff.c) * v.y[s, o]]
+    # ---- rounding -------------------------------------------------------------------------
+    def _positions(self) -> list[int]:
+        """One stage position of each kind the cost model tells apart: first, a middle one, last."""
+        return sorted({0, min(1, self.cfg.pp - 1), self.cfg.pp - 1})
+
+    def _aff_hi_s(self, aff: Affine) -> float:
+        """Seconds: the most a n + rho r + c y takes over 0 <= r <= n <= L, y in {0, 1}."""
+        return max(aff.a, 0.0) * self.L + max(aff.rho, 0.0) * self.L + max(aff.c, 0.0)
+
+    def _resolution(self) -> Resolution:
+        """The finest tick (TICKS, at least 1 us) at which the step's upper bound stays below
+        the backend's magnitude (W_MAGNITUDE when a $/step term links it to a big-M)."""
+        c, cfg = self.c, self.cfg
+        mag = self.be.magnitude
+        if self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None:
+            mag = min(mag, W_MAGNITUDE)
+        t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
+        h = max([c.hop_intra(b) for b in self.B] + [c.hop_inter(b, j) for b in self.B for j in self.block_of_type])
+        dp = max(self._aff_hi_s(c.dp_time(o, s)) for o in self.O for s in self._positions())
+        opt = max(self._aff_hi_s(c.opt_time(o, s)) for o in self.O for s in self._positions())
+        step_s = self._step_bound(t, h, dp, opt)
+        return Resolution(next((k for k in TICKS if step_s * k <= mag), TICKS[-1]))
+
+    def _step_bound(self, t: float, h: float, dp: float, opt: float) -> float:
+        """An upper bound of the scaled step expression over every plan of the config, given
+        bounds of a stage time, a hop, a reduction and an optimizer step (any unit)."""
+        cfg, sc, m = self.cfg, v_scale(self.cfg), self.c.m
+        z = t + 2 * h  # bounds z, zf + zb, and t_s + 2 h_s
+        return (sc * m * z + cfg.pp * t + 2 * sc * sc * cfg.pp * h + 2 * sc * sc * h
+                + sc * dp + sc * opt + sc * cfg.pp * (t + h))
+
+    def _aff_ticks(self, aff: Affine, s: int, o: int, rnd=None):
+        """a n + rho r + c y in ticks, each coefficient rounded by `rnd` (default: down)."""
+        v, rnd = self.v, rnd or self.res.t_down
+        expr = [rnd(aff.a) * v.n[s, o], rnd(aff.c) * v.y[s, o]]
         if (s, o) in v.rr:
-            expr.append(ticks(aff.rho) * v.rr[s, o])
+            expr.append(rnd(aff.rho) * v.rr[s, o])
         return self.be.sum(expr)
 
+    def _aff_hi(self, aff: Affine) -> int:
+        """Ticks: the most the rounded a n + rho r + c y takes (rounded-up coefficients bound
+        the rounded-down ones), so no variable bound cuts off a plan."""
+        up_ = self.res.t_up
+        return max(up_(aff.a), 0) * self.L + max(up_(aff.rho), 0) * self.L + max(up_(aff.c), 0)
+
     def _time_upper_bound(self) -> int:
-        c, L = self.c, self.L
-        worst = 0.0
-        for o in self.O:
-            for s in (0, self.cfg.pp - 1):
-                t, _ = c.time(o, s)
-                worst = max(worst, t(L, L if c.full(o) else 0))
-        t_hi = ticks(worst) + 1
-        return t_hi
+        return max(self._aff_hi(self.c.time(o, s)[0]) for o in self.O for s in self._positions())
 
     def _hop_upper_bound(self) -> int:
         c = self.c
         worst = [max(c.hop_intra(b), *(c.hop_inter(b, j) for j in self.block_of_type)) for b in self.B]
-        return ticks(max(worst, default=0.0)) + 1
+        return self.res.t_up(max(worst, default=0.0))
 
     def _stage_upper_bound(self, coefficient) -> int:
-        """Most ticks a per-stage term (reduction, optimizer step) takes with all L layers."""
-        ends = {0, min(1, self.cfg.pp - 1), self.cfg.pp - 1}
-        return max((ticks(coefficient(o, s)(self.L)) for o in self.O for s in ends), default=0) + 1
+        """Most ticks a per-stage term (reduction, optimizer step) takes in the model."""
+        return max((self._aff_hi(coefficient(o, s)) for o in self.O for s in self._positions()), default=0)
 
     def _on_block(self, s: int, b: int):
         """Y[s,b]: stage s runs as one of block b's options (a 0/1 expression)."""
@@ -236,31 +301,35 @@ class PipelineModel:
                    == be.sum([beta * v.u[b, beta] for beta in betas]))
 
     def add_memory_capacity(self) -> None:
-        """Per GPU: a n + rho r + c <= usable capacity of the option's node type (KiB, rounded safe)."""
+        """Per GPU: a n + rho r + c <= usable capacity of the option's node type (integer bytes,
+        coefficients rounded down and capacity down: a relaxation, checked exactly afterwards)."""
         be, v = self.be, self.v
         for s in self.S:
             for o in self.O:
                 mem = self.c.memory(o, s)
-                terms = [kib_up(mem.a) * v.n[s, o], kib_up(mem.c) * v.y[s, o]]
+                terms = [down(mem.a) * v.n[s, o], down(mem.c) * v.y[s, o]]
                 if (s, o) in v.rr:
-                    terms.append(kib_up(mem.rho) * v.rr[s, o])
-                be.add(be.sum(terms) <= int(self.c.capacity(o) // KIB))
+                    terms.append(down(mem.rho) * v.rr[s, o])
+                be.add(be.sum(terms) <= down(self.c.capacity(o)))
+
+    def _stage_expr(self, s: int, part: int, factor: int = 1, rnd=None):
+        """factor x (t_s if part == 0, b_s if 1, f_s = t_s - b_s if 2) in ticks, the factor
+        applied before rounding (by `rnd`, default down): the error stays < 1 tick per unit
+        of n, r, y whatever the factor."""
+        terms = []
+        for o in self.O:
+            t, b = self.c.time(o, s)
+            aff = (t, b, Affine(t.a - b.a, t.rho - b.rho, t.c - b.c))[part]
+            terms.append(self._aff_ticks(Affine(factor * aff.a, factor * aff.rho, factor * aff.c), s, o, rnd))
+        return self.be.sum(terms)
 
     def add_stage_time(self) -> None:
-        """t_s = sum_o (a n + rho r + c y) ticks; z >= t_s (GPipe: zf >= f_s, zb >= b_s)."""
-        be, v = self.be, self.v
-        v.z = be.new_int(0, self.t_hi + 2 * self.h_hi, "z")  # a 1F1B window adds its hops
+        """t_s = sum_o (a n + rho r + c y) ticks, and b_s rounded up for the dp tail where it
+        is subtracted."""
+        v = self.v
         for s in self.S:
-            t = be.sum([self._aff_ticks(self.c.time(o, s)[0], s, o) for o in self.O])
-            v.t.append(t)
-            v.bwd.append(be.sum([self._aff_ticks(self.c.time(o, s)[1], s, o) for o in self.O]))
-            be.add(v.z >= t)
-            if self.cfg.schedule == "gpipe":  # two flow shops: zf >= f_s = t_s - b_s, zb >= b_s
-                if s == 0:
-                    v.zf = be.new_int(0, self.t_hi + self.h_hi, "zf")
-                    v.zb = be.new_int(0, self.t_hi + self.h_hi, "zb")
-                be.add(v.zf >= be.sum([t, -1 * v.bwd[-1]]))
-                be.add(v.zb >= v.bwd[-1])
+            v.t.append(self._stage_expr(s, 0))
+            v.bwd_up.append(self._stage_expr(s, 1, rnd=self.res.t_up))
 
     def _and(self, name: str, *bools):
         """An exact AND of 0/1 expressions: w <= each, w >= sum - (n - 1)."""
@@ -272,8 +341,8 @@ class PipelineModel:
         return w
 
     def _leaving(self, s: int, s2: int, b: int, name: str) -> list:
-        """Cost terms of a transfer from stage s in block b to stage s2 on another node type:
-        x[s,b,j] = Y[s,b] AND (s2 on type j), one per node type j != b's."""
+        """Cost terms (var, seconds) of a transfer from stage s in block b to stage s2 on another
+        node type: x[s,b,j] = Y[s,b] AND (s2 on type j), one per node type j != b's."""
         terms = []
         for j in sorted(self.block_of_type):
             if j == self.c.blocks[b].k:
@@ -281,16 +350,22 @@ class PipelineModel:
             x = self._and(f"{name}[{s},{b},{j}]", self._on_block(s, b),
                           self._on_block(s2, self.block_of_type[j]))
             self.v.x[s, b, j] = x
-            terms.append(ticks(self.c.hop_inter(b, j)) * x)
+            terms.append((x, self.c.hop_inter(b, j), 0.0))
         return terms
+
+    def _hop_expr(self, terms: list, rnd):
+        """sum of (rnd(plus) - rnd(minus)) var: each case (a set of true vars) sums to rnd of
+        its own transfer time, so rounding down (up) gives a lower (upper) bound of it."""
+        return self.be.sum([(rnd(plus) - (rnd(minus) if minus else 0)) * var for var, plus, minus in terms])
 
     def add_hops(self) -> None:
         """h[s] exactly: same block -> intra-node unless a node boundary lies between the two
         stages (canonical placement: a block starts on a fresh node and puts q_b =
-        stages_per_node stages on each); otherwise another node -> inter-node."""
+        stages_per_node stages on each); otherwise another node -> inter-node. Kept rounded
+        down (h) and up (h_up: subtracted in the dp tail)."""
         be, v, c = self.be, self.v, self.c
         for s in list(self.S)[:-1]:
-            terms = []
+            terms = []  # (var, seconds, seconds subtracted)
             for b in self.B:
                 v.e[s, b] = self._and(f"e[{s},{b}]", self._on_block(s, b), self._on_block(s + 1, b))
                 q = c.blocks[b].place.stages_per_node
@@ -302,53 +377,82 @@ class PipelineModel:
                         be.add(v.g[s, b] <= v.e[s, b])
                         be.add(v.g[s, b] <= boundary)
                         be.add(v.g[s, b] >= v.e[s, b] + boundary - 1)
-                        terms += [ticks(c.hop_intra(b)) * v.e[s, b],
-                                  (ticks(c.hop_inter(b, c.blocks[b].k)) - ticks(c.hop_intra(b))) * v.g[s, b]]
+                        terms += [(v.e[s, b], c.hop_intra(b), 0.0),
+                                  (v.g[s, b], c.hop_inter(b, c.blocks[b].k), c.hop_intra(b))]
                     else:
-                        terms.append(ticks(c.hop_intra(b)) * v.e[s, b])
+                        terms.append((v.e[s, b], c.hop_intra(b), 0.0))
                 else:
-                    terms.append(ticks(c.hop_inter(b, c.blocks[b].k)) * v.e[s, b])
+                    terms.append((v.e[s, b], c.hop_inter(b, c.blocks[b].k), 0.0))
                 terms += self._leaving(s, s + 1, b, "x")
-            v.h.append(be.sum(terms))
-            if self.cfg.schedule == "gpipe":  # a link is a machine of both flow shops
-                be.add(v.zf >= v.h[-1])
-                be.add(v.zb >= v.h[-1])
+            v.hop_terms.append(terms)
+            v.h.append(self._hop_expr(terms, self.res.t_down))
+            v.h_up.append(self._hop_expr(terms, self.res.t_up))
         if self.cfg.schedule == "interleaved" and self.cfg.vpp > 1 and self.cfg.pp > 1:
             last, terms = self.cfg.pp - 1, []
             for b in self.B:
                 # the wrap stays inside one node only when the whole pipeline is block b on one node
                 one_node = 0 < self.cfg.pp <= c.blocks[b].place.stages_per_node
                 w = self._and(f"wrap[{b},{b}]", self._on_block(last, b), self._on_block(0, b))
-                terms.append(ticks(c.hop_intra(b) if one_node else c.hop_inter(b, c.blocks[b].k)) * w)
+                terms.append((w, c.hop_intra(b) if one_node else c.hop_inter(b, c.blocks[b].k), 0.0))
                 terms += self._leaving(last, 0, b, "wrap")
-            v.wrap = be.sum(terms)
+            v.wrap = self._hop_expr(terms, self.res.t_down)
+
+    def _scaled_hop(self, s: int, factor: int):
+        return self._hop_expr(self.v.hop_terms[s], lambda x: self.res.t_down(factor * x))
 
     def add_steady_period(self) -> None:
-        """(b - a + 1) z >= sum_{a..b} t + 2 sum_{a..b-1} h  (costmodel.steady_period_s)."""
-        if (self.cfg.schedule == "interleaved" and self.cfg.vpp > 1) or self.cfg.schedule == "gpipe":
-            return  # interleaved: z >= t_s (add_stage_time) is its closed form; GPipe uses zf, zb
-        be, v, pp = self.be, self.v, self.cfg.pp
-        if pp < 2:
+        """The steady-period term P of the step (costmodel.pipeline_time_s), each stage time and
+        hop multiplied by its weight before rounding:
+          1F1B:        P = (m-1) z, (b-a+1) z >= sum_{a..b} t + 2 sum_{a..b-1} h for every window
+                       (costmodel.steady_period_s): P >= floor((m-1) window / (b-a+1));
+          interleaved: P = (m vpp - 1) z, z >= t_s;
+          GPipe:       P = (m-1) (zf + zb), zf >= f_s, h_s and zb >= b_s, h_s (two flow shops).
+        P is at most the cost model's (a relaxation, exact up to a few ticks)."""
+        be, v, cfg, m, pp = self.be, self.v, self.cfg, self.c.m, self.cfg.pp
+        hi = m * v_scale(cfg) * (self.t_hi + 2 * self.h_hi)
+        if cfg.schedule == "interleaved" and cfg.vpp > 1:
+            w = m * cfg.vpp - 1
+            v.pipe = be.new_int(0, hi, "P")
+            for s in self.S:
+                be.add(v.pipe >= self._stage_expr(s, 0, w))
             return
-        hi = pp * (self.t_hi + 2 * self.h_hi)
+        w = m - 1
+        if cfg.schedule == "gpipe":
+            zf, zb = be.new_int(0, hi, "(m-1)zf"), be.new_int(0, hi, "(m-1)zb")
+            for s in self.S:
+                be.add(zf >= self._stage_expr(s, 2, w))
+                be.add(zb >= self._stage_expr(s, 1, w))
+            for s in range(pp - 1):  # a link is a machine of both flow shops
+                be.add(zf >= self._scaled_hop(s, w))
+                be.add(zb >= self._scaled_hop(s, w))
+            v.pipe = be.sum([zf, zb])
+            return
+        v.pipe = be.new_int(0, hi, "P")
+        ts = [self._stage_expr(s, 0, w) for s in self.S]
+        for s in self.S:
+            be.add(v.pipe >= ts[s])
+        if pp < 2 or w == 0:
+            return
         Q = [0]
         for s in range(pp - 1):
-            q = be.new_int(0, hi, f"Q[{s + 1}]")
-            be.add(q == (Q[-1] if s else 0) + v.t[s] + 2 * v.h[s])
+            q = be.new_int(0, hi * pp, f"Q[{s + 1}]")
+            be.add(q == (Q[-1] if s else 0) + ts[s] + 2 * self._scaled_hop(s, w))
             Q.append(q)
         for a in range(pp):
             for b in range(a + 1, pp):
-                be.add((b - a + 1) * v.z >= Q[b] - (Q[a] if a else 0) + v.t[b])
+                k = b - a + 1  # k P >= window - (k - 1)  <=>  P >= floor(window / k)
+                be.add(k * v.pipe >= Q[b] - (Q[a] if a else 0) + ts[b] - (k - 1))
 
     def add_dp_optimizer(self) -> None:
         """D >= scale (dp_s - sum_{k<s} (b_k / v + h_k)) and o >= opt_s for every stage
-        (costmodel.dp_tail_s; D is scale x the reduction tail)."""
+        (costmodel.dp_tail_s; D is scale x the reduction tail). The subtracted b_k and h_k
+        are rounded up, dp_s down, so D is at most the cost model's."""
         be, v = self.be, self.v
         sc = v_scale(self.cfg)
         v.D = be.new_int(0, sc * self.dp_hi, "D")
         v.o = be.new_int(0, self.opt_hi, "o")
         for s in self.S:
-            slack = [v.bwd[k] + sc * v.h[k] for k in range(s)]
+            slack = [v.bwd_up[k] + sc * v.h_up[k] for k in range(s)]
             for o in self.O:
                 dp = self._aff_ticks(self.c.dp_time(o, s), s, o)
                 be.add(v.D >= be.sum([sc * dp, -1 * be.sum(slack)]) if slack else v.D >= sc * dp)
@@ -357,27 +461,24 @@ class PipelineModel:
     def add_step_time(self) -> None:
         """T (scaled): costmodel.pipeline_time_s + p2p_time_s + dp_tail_s + max optimizer."""
         be, v, cfg = self.be, self.v, self.cfg
-        m = self.c.m
         hops = be.sum(v.h) if v.h else 0
         if cfg.schedule == "interleaved" and cfg.vpp > 1:
             vp = cfg.vpp
             v.scale = vp  # vpp T = (m vpp - 1) z + sum t + vpp (2 (vpp sum h + (vpp-1) wrap) + o) + D
-            v.step = be.sum([(m * vp - 1) * v.z, be.sum(v.t), 2 * vp * vp * hops, 2 * vp * (vp - 1) * v.wrap,
-                             v.D, vp * v.o])
-        elif cfg.schedule == "gpipe":  # (m-1)(zf + zb) + sum t + 2 sum h
-            v.step = be.sum([(m - 1) * v.zf, (m - 1) * v.zb, be.sum(v.t), 2 * hops, v.D, v.o])
-        else:
-            v.step = be.sum([(m - 1) * v.z, be.sum(v.t), 2 * hops, v.D, v.o])
+            v.step = be.sum([v.pipe, be.sum(v.t), 2 * vp * vp * hops, 2 * vp * (vp - 1) * v.wrap, v.D, vp * v.o])
+        else:  # 1F1B: (m-1) z + sum t + 2 sum h;  GPipe: (m-1)(zf + zb) + sum t + 2 sum h
+            v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D, v.o])
         if self.lim.time_limit_s is not None:
-            be.add(v.step <= v.scale * ticks(self.lim.time_limit_s))
+            be.add(v.step <= down(v.scale * self.lim.time_limit_s * self.res.tps))
 
     def add_cost(self) -> None:
-        """$/h from block sizes; W[b,beta] = T u[b,beta] (binary x bounded integer, exact) for $/step."""
-        be, v, lim = self.be, self.v, self.lim
-        price = {(b, beta): int(round(self.c.usd_per_hour(b, beta) * MONEY_SCALE)) for (b, beta) in v.u}
+        """$/h from block sizes (prices rounded down); W[b,beta] = T u[b,beta] (binary x
+        bounded integer, exact) for $/step."""
+        be, v, lim, res = self.be, self.v, self.lim, self.res
+        price = {(b, beta): res.usd_down(self.c.usd_per_hour(b, beta)) for (b, beta) in v.u}
         v.usd_h = be.sum([price[key] * v.u[key] for key in v.u])
         if lim.budget_usd_per_hour is not None:
-            be.add(v.usd_h <= int(math.floor(lim.budget_usd_per_hour * MONEY_SCALE)))
+            be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))
         if lim.objective == "min-cost" or lim.budget_usd_per_step is not None:
             hi = self._step_upper_bound()
             for (b, beta), var in v.u.items():
@@ -388,15 +489,13 @@ class PipelineModel:
                 be.add(w >= v.step - hi * (1 - var))
                 v.W[b, beta] = (price[b, beta], w)
             if lim.budget_usd_per_step is not None:
-                # sum price W / (3600 scale ticks/s MONEY_SCALE) <= budget
-                rhs = lim.budget_usd_per_step * 3600 * v.scale * TICKS_PER_SECOND * MONEY_SCALE
-                be.add(be.sum([p * w for p, w in v.W.values()]) <= int(math.floor(rhs)))
+                # sum price W / (3600 scale tps money) <= budget
+                be.add(be.sum([p * w for p, w in v.W.values()])
+                       <= down(lim.budget_usd_per_step * 3600 * v.scale * res.tps * res.money))
 
     def _step_upper_bound(self) -> int:
         """An upper bound of the scaled step expression (ticks) over every plan of the config."""
-        cfg, sc = self.cfg, v_scale(self.cfg)
-        per_mb = self.t_hi + 2 * self.h_hi  # bounds z, zf + zb, and t_s + 2 h_s
-        return sc * (2 * (self.c.m + cfg.pp) + 2 * cfg.vpp * (cfg.pp + 1)) * per_mb + sc * (self.dp_hi + self.opt_hi)
+        return self._step_bound(self.t_hi, self.h_hi, self.dp_hi, self.opt_hi) + 1
 
     def set_objective(self) -> None:
         be, v = self.be, self.v
@@ -405,13 +504,15 @@ class PipelineModel:
         else:
             v.objective = v.step
         if self.cutoff is not None and not isinstance(v.objective, int):
-            be.add(v.objective <= int(math.floor(self.cutoff * self._objective_scale())))
+            # a plan better than the cutoff has model objective <= its own < cutoff (a relaxation)
+            be.add(v.objective <= down(self.cutoff * self._objective_scale()))
         be.minimize(v.objective)
 
     def _objective_scale(self) -> float:
+        """Model objective units per second (min-time) or per $/step (min-cost)."""
         if self.lim.objective == "min-cost":
-            return 3600 * self.v.scale * TICKS_PER_SECOND * MONEY_SCALE
-        return self.v.scale * TICKS_PER_SECOND
+            return 3600 * self.v.scale * self.res.tps * self.res.money
+        return self.v.scale * self.res.tps
 
     def build(self) -> Vars:
         for family in (self.add_stage_type, self.add_layer_cover, self.add_recompute, self.add_contiguity,
@@ -433,6 +534,76 @@ class PipelineModel:
                 if (s, o) in v.rr:
                     be.hint(v.rr[s, o], rs[s] if on else 0)
 
+    def add_no_good(self, options: Sequence[int], layers: Sequence[int], rs: Sequence[int]) -> None:
+        """Cut off one plan of this config (option, layers and recomputed layers per stage):
+        some stage takes another option, or another layer or recomputed-layer count
+        (indicator d = 1 only if the count lies below, or above, the cut plan's)."""
+        be, v, L = self.be, self.v, self.L
+        k = len(v.cuts)
+        differs = []
+        for s, (o, n, r) in enumerate(zip(options, layers, rs)):
+            differs.append(1 - v.y[s, o])
+            counts = [(v.n[s, o], n)] + ([(v.rr[s, o], r)] if (s, o) in v.rr else [])
+            for i, (var, val) in enumerate(counts):
+                lo, hi = be.new_bool(f"cut{k}<[{s},{i}]"), be.new_bool(f"cut{k}>[{s},{i}]")
+                be.add(var <= val - 1 + (L + 1) * (1 - lo))
+                be.add(var >= (val + 1) * hi)
+                differs += [lo, hi]
+        be.add(be.sum(differs) >= 1)
+        v.cuts.append((tuple(options), tuple(layers), tuple(rs)))
+
+    def rounding_error(self, options: Sequence[int], layers: Sequence[int], rs: Sequence[int],
+                       usd_per_hour: float, step_s: float, objective: str | None = None) -> float:
+        """Most the model objective of this plan lies below the cost model's (model units):
+        a rounded coefficient errs by < 1 unit per unit of its multiplier (n, r, y), counted
+        through every term of the step time (pipeline.md, "Rounding")."""
+        cfg, sc = self.cfg, v_scale(self.cfg)
+        e_t = [n + r + 1 for n, r in zip(layers, rs)]
+        hops = 2 * sc * sc * (cfg.pp - 1) + 2 * sc * (sc - 1)
+        if cfg.schedule == "interleaved" and cfg.vpp > 1:
+            pipe = max(e_t)
+        elif cfg.schedule == "gpipe":
+            pipe = 2 * (max(e_t) + 1)
+        else:  # a window's mean errs by < max e_t + 2 hops' worth, and the floor by < 1
+            pipe = max(e_t) + 3
+        tail = sc * (self.L + 1) + sum(e_t) + sc * cfg.pp
+        err = pipe + sum(e_t) + hops + tail + sc * (self.L + 1) + 1
+        if (objective or self.lim.objective) == "min-cost":  # price (floored, < 1 unit a block) x W
+            blocks = len({self.c.block_of[o] for o in options})
+            err = usd_per_hour * self.res.money * err + blocks * step_s * sc * self.res.tps
+        return err * (1 + 1e-9)
+
+    def objective_drift(self, raw: float, value: float, err: float, tight: bool) -> str | None:
+        """None when the model's objective `raw` (model units) lies in [value - err, value] for
+        the cost model's `value` (seconds or $/step), up to float noise; else what is wrong.
+        Only a proven optimum (`tight`) has every maximum (P, D, o, W) at its least, so only
+        there may the objective not exceed the cost model's."""
+        return _drift("objective", raw, value * self._objective_scale(), err, tight)
+
+    def usd_per_hour_drift(self, raw: float, usd_per_hour: float, options: Sequence[int]) -> str | None:
+        """The same for the plan's $/h: each block's price is rounded down by < 1 unit."""
+        return _drift("$/h", raw, usd_per_hour * self.res.money, len({self.c.block_of[o] for o in options}))
+
+    def limit_drift(self, plan, options: Sequence[int], layers: Sequence[int], rs: Sequence[int]) -> str | None:
+        """A plan the model accepted may break a limit or memory only by the rounding (the model
+        is a relaxation): by more, the model's constraint has drifted from the cost model."""
+        p, lim, res, sc = plan.predicted, self.lim, self.res, self.v.scale
+        for s, sp in enumerate(p.stages):  # bytes: a n + rho r + c, < 1 byte per unit of n, r, y
+            slack = (layers[s] + rs[s] + 2) / GIB + sp.capacity_gib * 1e-9
+            if sp.peak_memory_gib > sp.capacity_gib + slack:
+                return f"stage {s} needs {sp.peak_memory_gib:.9g} GiB, over the {sp.capacity_gib:.9g} the model allowed"
+        t_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-time") / (sc * res.tps)
+        usd_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-cost") \
+            / (3600 * sc * res.tps * res.money)
+        blocks = len({self.c.block_of[o] for o in options})
+        checks = [(lim.time_limit_s, p.step_time_s, t_err, "s/step"),
+                  (lim.budget_usd_per_hour, p.usd_per_hour, (blocks + 1) / res.money, "$/h"),
+                  (lim.budget_usd_per_step, p.usd_per_step, usd_err, "$/step")]
+        for limit, value, slack, unit in checks:
+            if limit is not None and value > limit * (1 + 1e-9) + slack:
+                return f"the plan's {value:.9g} {unit} breaks the limit {limit:.9g} by more than the rounding"
+        return None
+
     # ---- reading a solution --------------------------------------------------------------
     def objective_in_units(self, raw: float) -> float:
         """Model objective -> seconds (min-time) or $/step (min-cost)."""
@@ -447,6 +618,15 @@ class PipelineModel:
             layers.append(int(round(value(self.v.n[s, o]))))
             rs.append(int(round(value(self.v.rr[s, o]))) if (s, o) in self.v.rr else 0)
         return opts, layers, rs
+
+
+def _drift(what: str, raw: float, exact: float, err: float, tight: bool = True) -> str | None:
+    if tight and raw > exact * (1 + 1e-9) + 1:
+        return f"the model's {what} {raw:.0f} exceeds the cost model's {exact:.0f} (a rounded model must not)"
+    if raw < exact - err - 1:
+        return (f"the model's {what} {raw:.0f} lies {exact - raw:.0f} below the cost model's {exact:.0f}, "
+                f"more than its rounding ({err:.0f})")
+    return None
 
 
 def v_scale(cfg) -> int:

@@ -182,9 +182,11 @@ def placement(nt: NodeType, group: int) -> Placement | None:
     return None
 
 
-def _packs(nt: NodeType, group: int) -> bool:
+def _packs(nt: NodeType, group: int, tp: int) -> bool:
+    """A stage of `group` GPUs packs into node type nt, and its tp groups (tp consecutive
+    local GPUs) stay inside one node: tp divides the GPUs per node."""
     pl = placement(nt, group)
-    return pl is not None and pl.max_stages > 0
+    return pl is not None and pl.max_stages > 0 and nt.gpus_per_node % tp == 0
 
 
 def stage_options(inst: Instance, cfg: "Config | FreeConfig",
@@ -200,20 +202,19 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
     types = inst.cluster.node_types
     if isinstance(cfg, Config):
         return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
-                if nt.gpus_per_node % cfg.tp == 0 and _packs(nt, cfg.group)
-                and covered(inst, nt.gpu.name, cfg.tp, cfg.mbs, fix)]
+                if _packs(nt, cfg.group, cfg.tp) and covered(inst, nt.gpu.name, cfg.tp, cfg.mbs, fix)]
     fix = fix or {}
     out = []
     mbs_ok = set(micro_batch_sizes(cfg.samples, fix))
     for k, nt in enumerate(types):
         for tp in tp_sizes(inst, fix):
             if nt.gpus_per_node % tp:
-                continue  # a tp group stays inside one node (check_tp_within_node)
+                continue  # a tp group stays inside one node (_packs, check_tp_within_node)
             for dp in ([fix["dp"]] if "dp" in fix else range(1, cfg.samples + 1)):
                 mbs = cfg.samples // dp
                 if cfg.samples % dp or mbs not in mbs_ok:
                     continue
-                if not _packs(nt, tp * dp) or not covered(inst, nt.gpu.name, tp, mbs, fix):
+                if not _packs(nt, tp * dp, tp) or not covered(inst, nt.gpu.name, tp, mbs, fix):
                     continue
                 if cfg.groups[k] not in (ANY, tp * dp):
                     continue
@@ -301,9 +302,11 @@ def parse_fix(text: str | None) -> dict[str, object]:
         k, v = (x.strip() for x in item.split("=", 1))
         if k not in FIX_KEYS:
             raise InputError(f"unknown key '{k}'; use {', '.join(sorted(FIX_KEYS))}", field="fix")
+        if k in out:
+            raise InputError(f"{k} is given twice; give each key once", field="fix")
         if k in ("tp", "pp", "dp", "mbs", "vpp"):
-            if not v.isdigit() or int(v) < 1:
-                raise InputError(f"{k} must be a whole number >= 1, got '{v}'", field="fix")
+            if not (v.isascii() and v.isdigit()) or not 1 <= int(v) <= 2**20:
+                raise InputError(f"{k} must be a whole number from 1 to {2**20}, got '{v}'", field="fix")
             out[k] = int(v)
         elif k in ("sp", "distopt", "extrapolate"):
             if v not in ("on", "off", "true", "false", "1", "0"):
@@ -362,7 +365,7 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
             for mbs in micro_batch_sizes(gbs // dp, fix):
                 if gbs % (mbs * dp):
                     continue
-                if not any(nt.gpus_per_node % tp == 0 and _packs(nt, tp * dp) and covered(inst, nt.gpu.name, tp, mbs, fix)
+                if not any(_packs(nt, tp * dp, tp) and covered(inst, nt.gpu.name, tp, mbs, fix)
                            for nt in inst.cluster.node_types):
                     continue  # no node type runs this (tp, mbs) on profiled data
                 n_mb = gbs // (mbs * dp)

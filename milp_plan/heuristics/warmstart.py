@@ -26,6 +26,7 @@ from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.pipeline import Limits
 from milp_plan.plan import Plan
+from milp_plan.deadline import Deadline
 
 Candidate = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (option, layers, recomputed layers) per stage
 
@@ -107,12 +108,15 @@ def partition(coef: Coefficients, types: Sequence[int], r: int) -> tuple[int, ..
     return tuple(caps) if surplus == 0 else None
 
 
-def candidates(coef: Coefficients) -> list[Candidate]:
+def candidates(coef: Coefficients, dl: Deadline | None = None) -> list[Candidate]:
+    """One candidate per type sequence; those found before the deadline `dl` when it runs out."""
     out = []
     unit, L = coef.cfg.vpp, coef.inst.model.num_layers
     for types in type_sequences(coef):
         rs = range(unit, L // len(types) + 1, unit) if coef.shared_r else (0,)
         for r in rs:  # fewest recomputed layers that fit: least recompute time
+            if dl is not None and dl.expired():
+                return out
             layers = partition(coef, types, r)
             if layers is not None:
                 out.append((types, layers, (r,) * len(types)))
@@ -120,11 +124,13 @@ def candidates(coef: Coefficients) -> list[Candidate]:
     return out
 
 
-def best_plan(coef: Coefficients, limits: Limits, mode: str = "megatron") -> tuple[Plan, Candidate] | None:
-    """The best heuristic plan of this Config under the limits (objective from the plan), or None."""
+def best_plan(coef: Coefficients, limits: Limits, mode: str = "megatron",
+              dl: Deadline | None = None) -> tuple[Plan, Candidate] | None:
+    """The best heuristic plan of this Config under the limits (objective from the plan), or None
+    (also when the deadline `dl` runs out first)."""
     from milp_plan.solvers.driver import objective_of
     best = None
-    for opts, layers, rs in candidates(coef):
+    for opts, layers, rs in candidates(coef, dl):
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
         if limits.admit(plan):
             key = objective_of(plan, limits)

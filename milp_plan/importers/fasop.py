@@ -71,12 +71,15 @@ def pick_model(found: list[str], model: Model, source: str) -> str:
 
 def read_array(path: Path, model: Model) -> list[float]:
     """Per-slot forward seconds: a 1-D array of finite numbers >= 0, one per slot."""
+    from milp_plan.fileio import resolve_input
+    resolve_input(path, "FASOP profile")  # a regular file of sane size: never a FIFO or device
     try:
         arr = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise InputError(f"not a readable .npy array ({str(exc).splitlines()[0]}); write it with numpy.save",
                          source=str(path)) from None
-    if not isinstance(arr, np.ndarray) or arr.ndim != 1 or not np.issubdtype(arr.dtype, np.number):
+    if not isinstance(arr, np.ndarray) or arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer)
+                                                                or np.issubdtype(arr.dtype, np.floating)):
         raise InputError("a FASOP profile must be a 1-D numeric array (forward seconds per layer slot)",
                          source=str(path))
     values = slots.check_numbers([float(v) for v in arr], str(path), "array")

@@ -42,20 +42,21 @@ tp, so `tp_comm_included` is true.
 """
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from milp_plan.cluster import GPU, Cluster, NodeType, gpu_catalog, valid_host
+from milp_plan.cluster import GPU, MAX_GPUS, Cluster, NodeType, gpu_catalog, valid_host
 from milp_plan.errors import InputError
+from milp_plan import fileio
 from milp_plan.fileio import check_fields, number, read_text
 from milp_plan.importers import slots
 from milp_plan.model import Model
 from milp_plan.profile import Profile
 
 HOSTFILE_NAMES = ("hostfile", "hostfile.txt")
+MAX_SLOTS = 64            # GPUs per host (cluster.MAX_GPUS_PER_NODE)
 BYTES_PER_S_ABOVE = 1e6   # a bandwidth above this is bytes/s
 GB_PER_S_UP_TO = 1e4      # a bandwidth up to this is GB/s
 _HOST_FIELDS = ["instance_type", "inter_bandwidth", "intra_bandwidth", "memory"]
@@ -63,12 +64,8 @@ _PROFILE_NAME = re.compile(r"^DeviceType\.(?P<gpu>.+?)_tp(?P<tp>\d+)_bs(?P<bs>\d
 
 
 def load_json(path: Path, what: str) -> Any:
-    text = read_text(path, what)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"JSON syntax error at line {exc.lineno}, column {exc.colno}: {exc.msg}; fix the syntax",
-                         source=str(path)) from None
+    """fileio.load_json: syntax, NaN/Infinity and nesting depth checked in one place."""
+    return fileio.load_json(path, what)
 
 
 # ---- cluster -------------------------------------------------------------------------
@@ -109,8 +106,10 @@ def _hostfile_line(tokens: list[str], path: Path, lineno: int) -> tuple[str, int
         raise InputError(f"line {lineno}: {tokens[0]!r} is not an IP address or RFC 1123 host name "
                          f"(letters, digits, hyphens and dots only); {form}", source=str(path))
     count = tokens[1].removeprefix("slots=") if len(tokens) == 2 else ""
-    if not count.isdigit() or int(count) <= 0:
-        raise InputError(f"line {lineno}: {' '.join(tokens)!r} has no GPU count > 0; {form}", source=str(path))
+    # ASCII digits only: str.isdigit() accepts '²' and other digits int() cannot read
+    if not re.fullmatch(r"[0-9]{1,4}", count) or not 0 < int(count) <= MAX_SLOTS:
+        raise InputError(f"line {lineno}: {' '.join(tokens)[:60]!r} has no GPU count from 1 to {MAX_SLOTS}; {form}",
+                         source=str(path))
     return tokens[0], int(count)
 
 
@@ -150,9 +149,9 @@ def _host_record(host: str, spec: Any, source: str) -> tuple[tuple, dict[str, st
         raise InputError(f"{where}: field 'instance_type' must be a GPU name like A100", source=source)
     memory = number(spec, "memory", source=source, where=where)
     gpu = match_catalog_gpu(itype.strip(), memory, source, where)
-    intra, u_intra = bandwidth_gb_per_s(number(spec, "intra_bandwidth", source=source, where=where),
+    intra, u_intra = bandwidth_gb_per_s(number(spec, "intra_bandwidth", source=source, where=where, maximum=1e15),
                                         source, where, "intra_bandwidth")
-    inter, u_inter = bandwidth_gb_per_s(number(spec, "inter_bandwidth", source=source, where=where),
+    inter, u_inter = bandwidth_gb_per_s(number(spec, "inter_bandwidth", source=source, where=where, maximum=1e15),
                                         source, where, "inter_bandwidth")
     return (gpu, intra, inter), {"intra_bandwidth": u_intra, "inter_bandwidth": u_inter}
 
@@ -202,7 +201,12 @@ def load_metis_cluster(spec: str) -> Cluster:
     """A Cluster from `CLUSTER.json,HOSTFILE` (or `CLUSTER.json` with a hostfile beside it)."""
     json_path, host_path = split_spec(spec)
     hosts = _read_hosts(json_path)
-    types, units = _group_nodes(parse_hostfile(host_path), hosts, json_path, host_path)
+    nodes = parse_hostfile(host_path)
+    gpus = sum(n for _, n in nodes)
+    if gpus > MAX_GPUS:
+        raise InputError(f"{gpus:,} GPUs, more than milp-plan's limit of {MAX_GPUS:,} (milp_plan.cluster.MAX_GPUS)",
+                         source=str(host_path))
+    types, units = _group_nodes(nodes, hosts, json_path, host_path)
     return Cluster(f"metis-{json_path.stem}", types, source=f"metis:{json_path},{host_path}",
                    description=_notice(units))
 

@@ -43,9 +43,13 @@ def check_numbers(values: Any, source: str, what: str) -> list[float]:
         raise InputError(f"{what} must be a non-empty list of numbers", source=source)
     out = []
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise InputError(f"{what}[{i}] must be a finite number >= 0, got {v!r}", source=source)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or v > 1e12:
+            raise InputError(f"{what}[{i}] must be a finite number from 0 to 1e12, got {v!r:.40}", source=source)
+        if 0 < v < 1e-9:
+            raise InputError(f"{what}[{i}] = {v!r} is below 1e-9; write 0 or a real value", source=source)
         out.append(float(v))
+    if not any(out):
+        raise InputError(f"{what} is all zeros; a profile must hold measured values", source=source)
     return out
 
 

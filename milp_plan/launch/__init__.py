@@ -126,7 +126,7 @@ def _summary(plan: Plan) -> list[str]:
     counts = "/".join(str(s.num_layers) for s in plan.stages)
     sched = plan.schedule + (f", {plan.vpp} virtual stages per rank" if plan.vpp > 1 else "")
     return [f"Plan: pp {plan.pp} x tp {st.tp} x dp {st.dp} = {plan.num_gpus} GPUs; layers per stage {counts};",
-            f"schedule {sched}; {plan.num_microbatches} micro-batches of {st.micro_batch_size} per replica;",
+            f"schedule {sched}; {plan.num_microbatches} micro-batch{'es' if plan.num_microbatches != 1 else ''} of {st.micro_batch_size} per replica;",
             f"recompute {st.recompute}" + (f" ({st.recompute_layers} layers per stage)" if st.recompute == "full"
                                            else "") + ".",
             f"Model {scripts.comment_text(model.get('name', 'model'))}: the plan assumed a vocabulary of "

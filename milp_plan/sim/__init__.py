@@ -4,3 +4,21 @@ from milp_plan.sim.schedules import SIM_SCHEDULES, Action, device_orders
 
 __all__ = ["Action", "OpRecord", "PipelineSpec", "SimResult", "SIM_SCHEDULES", "device_orders", "simulate_pipeline",
            "simulate_plan", "spec_from_plan"]
+
+SIM_MAX_OPERATIONS = 500_000  # a plan with more pipeline operations is not simulated event by event
+
+
+def operation_count(plan) -> int:
+    """Forward and backward operations the simulator would run for one step of `plan`
+    (three per micro-batch and chunk under ZB-H1, which splits the backward)."""
+    per = 3 if plan.schedule == "zb-h1" else 2
+    return per * int(plan.num_microbatches) * int(plan.pp) * max(1, int(plan.vpp))
+
+
+def too_large_to_simulate(plan) -> str | None:
+    """Why `plan` is not simulated event by event (too many operations), or None."""
+    n = operation_count(plan)
+    if n <= SIM_MAX_OPERATIONS:
+        return None
+    return (f"not simulated: {n:.3g} pipeline operations exceed the simulator's limit of {SIM_MAX_OPERATIONS:,} "
+            "(milp_plan.sim.SIM_MAX_OPERATIONS); the closed form stands alone")

@@ -55,7 +55,7 @@ def gantt_png(result: SimResult) -> bytes:
     ax.set_xlabel("time (s)")
     spec = result.spec
     vpp = f", vpp {spec.vpp}" if spec.vpp > 1 else ""
-    ax.set_title(f"{spec.schedule}{vpp}: pp {pp}, {spec.num_microbatches} micro-batches, "
+    ax.set_title(f"{spec.schedule}{vpp}: pp {pp}, {spec.num_microbatches} micro-batch{'es' if spec.num_microbatches != 1 else ''}, "
                  f"step {result.step_time_s:.4g} s", loc="left", fontsize=10)
     kinds = sorted({k for _, k in bars}, key=list(COLOURS).index)
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in kinds], labels=kinds,

@@ -2,14 +2,30 @@
 (HiGHS through highspy, CBC through PuLP's bundled binary), and run with a time limit,
 a seed and optional hints. Each run returns a BackendRun with the status mapped to
 optimal | feasible | infeasible | timeout.
+
+Interrupts: CP-SAT and HiGHS run in a worker thread (deadline.run_native) so that SIGINT /
+SIGTERM reach Python at once and stop them (CpSolver.stop_search, Highs.cancelSolve); CP-SAT's
+own SIGINT catching is off. CBC runs as a child process and stops at its time limit (Ctrl-C
+in a terminal reaches it directly).
+
+PuLP 3.3 API: variables come from LpProblem.add_variable and CBC from COIN_CMD with the
+bundled binary's path (no PuLP 4.0 deprecation warnings).
+
+Workers: CP-SAT runs `workers` parallel search workers with its default portfolio. (With
+interleave_search on, OR-Tools 9.15 aborts with `heuristics.fixed_search != nullptr` on
+models with hints; determinism with several workers is not promised.)
 """
 from __future__ import annotations
 
 import functools
+import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from milp_plan import deadline
 
 BACKENDS = ("cpsat", "highs", "cbc")
 
@@ -39,6 +55,7 @@ def _plain_cp_model(cp_model):
 
 class CpsatBackend:
     name = "cpsat"
+    magnitude = 2**50   # int64 arithmetic with room: 1 ns ticks wherever a step bound allows
 
     def __init__(self) -> None:
         from ortools.sat.python import cp_model
@@ -70,8 +87,7 @@ class CpsatBackend:
         p.max_time_in_seconds = max(0.01, time_limit_s)
         p.random_seed = seed
         p.num_workers = workers
-        if workers > 1:
-            p.interleave_search = True
+        p.catch_sigint_signal = False  # SIGINT goes to Python (deadline.handle_signals), which stops us
         cb = None
         if on_progress is not None:
             class _CB(self.cp.CpSolverSolutionCallback):
@@ -79,7 +95,8 @@ class CpsatBackend:
                     on_progress(inner.objective_value, inner.best_objective_bound)
             cb = _CB()
         t0 = time.perf_counter()
-        status = solver.solve(self.model, cb) if cb else solver.solve(self.model)
+        status = deadline.run_native(lambda: solver.solve(self.model, cb) if cb else solver.solve(self.model),
+                                     solver.stop_search)
         wall = time.perf_counter() - t0
         cp = self.cp
         if status == cp.OPTIMAL:
@@ -93,6 +110,10 @@ class CpsatBackend:
 
 class PulpBackend:
     """PuLP model solved by HiGHS (highspy) or CBC."""
+
+    # HiGHS and CBC work in doubles with absolute tolerances: with the default instance's
+    # step bound at 6e9 ticks (0.1 us) HiGHS returned a wrong optimum, at 6e8 (1 us) it did not
+    magnitude = 2**30
 
     def __init__(self, solver: str) -> None:
         import pulp
@@ -109,10 +130,10 @@ class PulpBackend:
         return clean
 
     def new_bool(self, name: str):
-        return self.pulp.LpVariable(self._name(name), cat="Binary")
+        return self.prob.add_variable(self._name(name), 0, 1, cat="Integer")
 
     def new_int(self, lo: int, hi: int, name: str):
-        return self.pulp.LpVariable(self._name(name), int(lo), int(hi), cat="Integer")
+        return self.prob.add_variable(self._name(name), int(lo), int(hi), cat="Integer")
 
     def add(self, ct) -> None:
         self.prob += ct
@@ -133,10 +154,13 @@ class PulpBackend:
         if self.name == "highs":
             solver = pulp.HiGHS(msg=False, timeLimit=limit, gapRel=0.0, threads=workers, random_seed=seed)
         else:
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, gapRel=0.0, threads=workers,
-                                       options=[f"randomSeed {seed}", f"randomCbcSeed {seed}"])
+            solver = pulp.COIN_CMD(path=_cbc_path(), msg=False, timeLimit=limit, gapRel=0.0, threads=workers,
+                                   options=[f"randomSeed {seed}", f"randomCbcSeed {seed}"])
         t0 = time.perf_counter()
-        self.prob.solve(solver)
+        if self.name == "highs":
+            deadline.run_native(lambda: self.prob.solve(solver), self._cancel_highs)
+        else:
+            self.prob.solve(solver)
         wall = time.perf_counter() - t0
         st = self.prob.sol_status
         value = (lambda v: 0.0 if isinstance(v, (int, float)) else (v.value() or 0.0))
@@ -154,6 +178,28 @@ class PulpBackend:
         if st == pulp.LpSolutionInfeasible or self.prob.status == pulp.LpStatusInfeasible:
             return BackendRun("infeasible", None, None, None, wall)
         return BackendRun("timeout", None, None, None, wall)
+
+
+    def _cancel_highs(self) -> None:
+        model = getattr(self.prob, "solverModel", None)
+        if model is not None:
+            model.cancelSolve()
+
+
+@functools.cache
+def _cbc_path() -> str:
+    """A CBC binary: one on PATH (pulp[cbc]), else the one bundled with PuLP 3.x."""
+    found = shutil.which("cbc")
+    if found:
+        return found
+    from pulp.apis import coin_api
+    path = coin_api.COIN_CMD.executableExtension(coin_api.pulp_cbc_path)
+    if os.name != "nt" and not os.access(path, os.X_OK):  # what PULP_CBC_CMD did on import
+        try:
+            os.chmod(path, 0o755)
+        except OSError:
+            pass
+    return path
 
 
 def make_backend(name: str):

@@ -16,9 +16,14 @@ when the time runs out keep their bounds, valid for everything below them.
 Warm start. Megatron mode: before the exact search, heuristics/warmstart.py builds a
 plan for each of the HEURISTIC_CONFIGS configs of least bound, or more until one has a
 plan (greedy device grouping, bottleneck-optimal layer partition). The best is the first
-incumbent, and each such config's model gets its plan as a hint. A very short
+incumbent, and each such config's model gets its plan as a hint. A short
 --max-solve-time still returns that plan, with its gap. Free mode: the Megatron-mode
 solve (FREE_BASE_SHARE of the time limit) gives the first incumbent, a free plan too.
+
+Deadline (milp_plan/deadline.py): one Deadline bounds the whole search, enumeration,
+bounding, warm start and each backend run, and ends it at once on SIGINT/SIGTERM. The
+cheap bounding stops at BOUNDING_SHARE of the limit; configs it did not reach go on the
+heap with bound 0 and are bounded when popped, so the search stays exact.
 
 Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 (config_lower_bound, _bottleneck_bound).
@@ -32,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from milp_plan import check, costmodel
-from milp_plan.errors import InputError
+from milp_plan.deadline import Deadline, interrupted
+from milp_plan.errors import InputError, InternalError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.pipeline import Limits, PipelineModel
@@ -44,9 +50,14 @@ from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, make_backend
 
 REL_EPS = 1e-9
+# `optimal`: no plan is better by more than this (relative), the default relative MIP gap of
+# CPLEX, Gurobi and HiGHS; what remains is the integer models' rounding (pipeline.md)
+PROOF_TOL = 1e-4
+MAX_CUTS = 32     # plans a config's model may return over a limit (by rounding) before it is left open
 HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan before the exact search,
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
+BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this share of the time limit
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 
 
@@ -480,10 +491,12 @@ def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_
 
 
 def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config) -> None:
-    violations = check.check_plan(inst, plan)
-    if violations:  # the checker is the source of truth: a model/checker mismatch is a bug to report
-        raise RuntimeError(f"{who} returned a plan the checker rejects for {cfg.label()}: "
-                           + "; ".join(map(str, violations)))
+    """The checker is the source of truth: a plan it rejects for anything but memory (which a
+    rounded model relaxes and `Limits.admit` decides) is a model/checker mismatch, a bug."""
+    violations = [v for v in check.check_plan(inst, plan) if v.rule != "memory_capacity"]
+    if violations:
+        raise InternalError(f"{who} returned a plan the checker rejects for {cfg.label()}: "
+                            + "; ".join(map(str, violations)))
 
 
 @dataclass
@@ -520,6 +533,7 @@ class Prepared:
                    if isinstance(c, Config) else i)
             groups.setdefault(key, []).append(i)
         return list(groups.values())
+    truncated: bool = False  # the deadline cut the enumeration short: the configs are not all here
 
     def children(self, coef: Coefficients) -> list[Coefficients]:
         """Free mode: a config with open stage sizes, branched on its first open node type."""
@@ -527,8 +541,13 @@ class Prepared:
                 for child in free_children(coef.inst, coef.cfg, self.fix)]
 
 
-def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> Prepared:
-    configs = list(enumerate_configs(inst, fix, mode=mode))
+def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl: Deadline | None = None) -> Prepared:
+    configs, cut = [], False
+    for cfg in enumerate_configs(inst, fix, mode=mode):
+        configs.append(cfg)
+        if dl is not None and dl.expired():
+            cut = True  # the search reports what it could examine, with bound 0 for the rest
+            break
     if not configs:
         if fix:
             raise InputError(f"{explain_fix(inst, fix)}; change --fix", field="fix")
@@ -539,10 +558,10 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> 
     base = None
     if mode == "free":
         try:
-            base = prepare(inst, fix, "megatron")
+            base = prepare(inst, fix, "megatron", dl)
         except InputError:  # no uniform plan passes the rules: the free search starts cold
             base = None
-    return Prepared(configs, inst, mode, base, fix)
+    return Prepared(configs, inst, mode, base, fix, truncated=cut)
 
 
 def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
@@ -568,38 +587,70 @@ def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
 def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: float | None,
                   hint: heuristic.Candidate | None, time_s: float, seed: int, workers: int, mode: str,
                   lb: float) -> tuple[Plan | None, float | None]:
-    """Solve one complete config's per-stage model (objective <= cutoff when given). Returns its
-    plan (checked) or None, and the bound it leaves open (None when proven: "infeasible" under
-    the cutoff means no plan of this config beats the incumbent)."""
+    """Solve one complete config's per-stage model (objective <= cutoff when given). The model
+    is a relaxation of the cost model (pipeline.md, "Rounding"): each plan it returns is
+    evaluated exactly, cut off and solved again when it breaks a limit or memory (at most
+    MAX_CUTS times), and its objective must agree with the model's within the rounding.
+    Returns the admitted plan or None, and the bound the config leaves (None when proven
+    empty: "infeasible" under the cutoff means no plan of this config beats the incumbent)."""
     be = make_backend(backend)
     model = PipelineModel(coef, limits, be, cutoff=cutoff)
     model.build()
     if hint is not None:
         model.hint(*hint)
-    run = be.solve(time_s, seed, workers)
-    plan = None
-    if run.status in ("optimal", "feasible"):
+    deadline = time.perf_counter() + time_s
+    bound = lb
+    for _ in range(MAX_CUTS + 1):
+        run = be.solve(deadline - time.perf_counter(), seed, workers)
+        if run.status == "infeasible":
+            return None, None
+        if run.status == "timeout":
+            return None, bound
+        if run.bound is not None:
+            bound = max(bound, model.objective_in_units(run.bound))
         opts, layers, rs = model.extract(run.value)
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
         _require_valid(coef.inst, plan, backend, coef.cfg)
-    if run.status == "feasible":
-        return plan, max(lb, model.objective_in_units(run.bound) if run.bound is not None else lb)
-    return plan, (lb if run.status == "timeout" else None)
+        value = objective_of(plan, limits)
+        err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
+        drift = (model.objective_drift(run.objective, value, err, run.status == "optimal")
+                 or model.usd_per_hour_drift(run.value(model.v.usd_h), plan.predicted.usd_per_hour, opts))
+        if drift is not None:
+            raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
+        if limits.admit(plan):
+            return plan, bound
+        drift = model.limit_drift(plan, opts, layers, rs)
+        if drift is not None:
+            raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
+        model.add_no_good(opts, layers, rs)
+        if time.perf_counter() >= deadline or interrupted():
+            break
+    return None, bound
 
 
 def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
           time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
-          progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None) -> SolveResult:
+          progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None,
+          dl: Deadline | None = None) -> SolveResult:
+    """The exact search within `time_limit_s` (or the deadline `dl`, which also ends it on an
+    interrupt): configs left unexamined when it runs out count with bound 0 (or theirs)."""
     if backend not in BACKENDS:
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
-    t0 = time.perf_counter()
-    prepared = prepared or prepare(inst, fix, mode)
+    dl = dl or Deadline(time_limit_s)
+    t0 = dl.start
+    prepared = prepared or prepare(inst, fix, mode, dl)
     # heap entries (bound, config, kind, payload): kind 0 a config and its Coefficients; kind 1 a
     # family (configs that differ in schedule and vpp alone, their indices) at a bound of all its
     # members (family_lower_bound), opened into configs when popped; kind 2 the same at the weak
-    # family bound, tightened when popped
+    # family bound (or at 0, cut from the cheap bounding by the time limit), tightened when popped
     bounded: list[tuple[float, Config | FreeConfig, int, object]] = []
-    for members in prepared.families():
+    unbounded_left = prepared.truncated  # the deadline cut the enumeration short: bound 0 stays open
+    later: list[tuple[float, Config | FreeConfig, int, object]] = []  # bounded when popped (bound 0 till then)
+    families = prepared.families()
+    for f, members in enumerate(families):
+        if f % 16 == 0 and (dl.expired() or dl.elapsed() > BOUNDING_SHARE * dl.seconds):
+            later = [(0.0, prepared.configs[ms[0]], 2, ms) for ms in families[f:]]  # the heuristic gets the rest
+            break
         head = prepared.coef(members[0])
         if len(members) == 1:
             lb = config_lower_bound(head, limits, memory=False)
@@ -648,13 +699,14 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         # Free mode starts from the Megatron-mode optimum: a free plan too (uniform options)
         start = "Megatron-mode"
         sub = solve(inst, limits, backend=backend, time_limit_s=FREE_BASE_SHARE * time_limit_s, seed=seed,
-                    workers=workers, mode="megatron", prepared=prepared.base)
+                    workers=workers, mode="megatron", prepared=prepared.base,
+                    dl=dl.within(FREE_BASE_SHARE * time_limit_s))
         if sub.plan is not None:
             best = sub.plan.with_(mode=mode, solver=None)
             best_obj = objective_of(best, limits)
     else:
         # Heuristic first, from the configs of least bound: HEURISTIC_CONFIGS of them, or on until
-        # the first plan (so that even a very short limit returns one), within a tenth of the limit
+        # the first plan (so that a short limit returns one), within a tenth of the limit and the deadline
         h0 = time.perf_counter()
         ahead = list(bounded)  # a copy: the heuristic looks ahead without consuming the search
         for tried in range(HEURISTIC_MAX_CONFIGS):
@@ -667,7 +719,9 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if best is not None and (tried >= HEURISTIC_CONFIGS
                                      or time.perf_counter() - h0 > HEURISTIC_SHARE * time_limit_s):
                 break
-            got = heuristic.best_plan(coef, limits, mode)
+            if dl.expired():
+                break
+            got = heuristic.best_plan(coef, limits, mode, dl)
             if got is None:
                 continue
             plan, hints[cfg] = got
@@ -676,11 +730,11 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                 best, best_obj = plan, objective_of(plan, limits)
     heuristic_obj = best_obj if best is not None else None
     warm = best if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
-    open_bounds: list[float] = []
+    open_bounds: list[float] = [0.0] if unbounded_left else []
     solved = pruned = 0
     # Best-first over the configs: a free config with open stage sizes is expanded when it is
     # popped (its children inherit its bound), a complete one is solved.
-    heap = list(bounded)  # sorted, hence a heap
+    heap = sorted(later + bounded, key=lambda x: x[:3])  # sorted, hence a heap
     total = len(prepared.configs)  # and, in free mode, every child made
 
     def count(entries) -> int:
@@ -689,7 +743,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         if heap[0][0] >= best_obj * (1 - REL_EPS):
             pruned += count(heap)
             break
-        left = time_limit_s - (time.perf_counter() - t0)
+        left = dl.left()
         if left <= 0:
             open_bounds += [e[0] for e in heap]
             break
@@ -731,7 +785,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         return SolveResult(status, None, bound, None, wall, seed, backend, None, total, solved, pruned,
                            heuristic_obj, start)
     gap = 0.0 if bound is None else max(0.0, (best_obj - bound) / max(abs(best_obj), 1e-12))
-    status = "optimal" if not open_bounds or gap <= 1e-9 else "feasible"
+    status = "optimal" if gap <= PROOF_TOL else "feasible"
     record = SolverRecord(backend, status, best_obj, bound, gap, None, seed)
     return SolveResult(status, best_obj, bound, gap, wall, seed, backend, best.with_(solver=record),
                        total, solved, pruned, heuristic_obj, start)

@@ -1,0 +1,177 @@
+"""Mutation check of the integer model: does a wrong formula get caught?
+
+Applies each small formula mutation below, one at a time, to a copy of milp_plan/ and runs
+a probe on it: CP-SAT solves of small random instances (realistic transfers, per-GPU and
+per-node billing, binding memory, every objective, both modes) compared with brute force
+(which reads only costmodel.evaluate and the checker), plus the default instance. A
+mutation is caught when the probe fails: an InternalError (the model's objective drifts
+from the cost model's beyond its rounding), a checker rejection, a plan over a limit, or an
+objective that differs from brute force's beyond the reported gap.
+
+    python tests/mutation/mutate.py            # every mutation; prints caught / total
+    python tests/mutation/mutate.py --list     # the mutations
+    python tests/mutation/mutate.py --only 3   # one of them
+
+Not part of the test run (several minutes).
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPE = "milp_plan/formulations/pipeline.py"
+COEF = "milp_plan/formulations/coefficients.py"
+
+# (file, description, original text, mutated text): each a plausible slip in a formula
+MUTATIONS = [
+    (PIPE, "1F1B window counts each hop once (2 h -> 1 h)",
+     "ts[s] + 2 * self._scaled_hop(s, w)", "ts[s] + 1 * self._scaled_hop(s, w)"),
+    (COEF, "per-GPU billing charged per node",
+     'if nt.billing == "gpu":', 'if nt.billing == "never":'),
+    (PIPE, "1F1B windows dropped (z = max t_s only)",
+     "be.add(k * v.pipe >= Q[b] - (Q[a] if a else 0) + ts[b] - (k - 1))", "pass"),
+    (PIPE, "interleaved steady weight m vpp - 1 -> m vpp - 2",
+     "w = m * cfg.vpp - 1", "w = m * cfg.vpp - 2"),
+    (PIPE, "interleaved fill/drain hops vpp^2 -> vpp",
+     "2 * vp * vp * hops", "2 * vp * hops"),
+    (PIPE, "interleaved wrap transfer dropped",
+     "2 * vp * (vp - 1) * v.wrap", "0 * v.wrap"),
+    (PIPE, "dp tail hides twice the hops",
+     "slack = [v.bwd_up[k] + sc * v.h_up[k] for k in range(s)]",
+     "slack = [v.bwd_up[k] + 2 * sc * v.h_up[k] for k in range(s)]"),
+    (PIPE, "interleaved optimizer step not scaled by vpp",
+     "v.D, vp * v.o])", "v.D, v.o])"),
+    (PIPE, "memory capacity 10% larger",
+     "be.add(be.sum(terms) <= down(self.c.capacity(o)))", "be.add(be.sum(terms) <= down(1.1 * self.c.capacity(o)))"),
+    (PIPE, "GPipe backward flow shop reads the whole stage time",
+     "be.add(zb >= self._stage_expr(s, 1, w))", "be.add(zb >= self._stage_expr(s, 0, w))"),
+    (PIPE, "a hop inside a node priced as one between nodes",
+     "terms += [(v.e[s, b], c.hop_intra(b), 0.0),", "terms += [(v.e[s, b], c.hop_inter(b, c.blocks[b].k), 0.0),"),
+    (PIPE, "full recompute may recompute no layer",
+     "be.add(v.rr[s, o] >= vpp * v.y[s, o])", "be.add(v.rr[s, o] >= 0 * v.y[s, o])"),
+    (PIPE, "step time drops the optimizer step (1F1B, GPipe)",
+     "v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D, v.o])", "v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D])"),
+    (PIPE, "1F1B steady weight m - 1 -> m",
+     "        w = m - 1\n", "        w = m\n"),
+    (PIPE, "dp tail slack uses the full stage time",
+     "self._stage_expr(s, 1, rnd=self.res.t_up)", "self._stage_expr(s, 0, rnd=self.res.t_up)"),
+    (PIPE, "$/h budget 10% looser in the model",
+     "be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))",
+     "be.add(v.usd_h <= down(1.1 * lim.budget_usd_per_hour * res.money))"),
+]
+
+PROBE = r'''
+import sys, random
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from milp_plan.formulations.pipeline import Limits
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.solvers import bruteforce
+from milp_plan.solvers.driver import solve
+from test_solve import write_instance, limits_for, assert_agrees, COMPARABLE_BW, HUGE_BW, OBJECTIVES
+import tempfile
+
+rng = random.Random(7)
+tmp = Path(tempfile.mkdtemp())
+cases = 0
+for i in range(400):
+    if cases >= int(sys.argv[2]):
+        break
+    mode = "free" if i % 3 == 2 else "megatron"
+    kw = dict(layers=rng.randint(2, 6 if mode == "free" else 8), gpn=rng.choice([1, 2, 4] if mode == "megatron" else [1, 2]),
+              counts=(rng.randint(1, 2), rng.randint(1, 2)), third=rng.random() < 0.4,
+              prices=(rng.choice([4.0, 8.0]), rng.choice([1.0, 2.0, 6.0])),
+              bw=rng.choice(COMPARABLE_BW + ((HUGE_BW, HUGE_BW),)), billing=(rng.choice(["node", "gpu"]), rng.choice(["node", "gpu"])),
+              memory_gb_per_s=rng.choice([None, 1.0]),
+              memory_gib=tuple(rng.choice([None, None, 0.003, 0.004]) for _ in range(3)))
+    f, slow = rng.choice([0.5, 1.0]), rng.choice([1.0, 1.5, 2.5])
+    kw.update(fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow))
+    d = tmp / f"i{i}"; d.mkdir()
+    spec = write_instance(d, **kw)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": rng.choice([2, 4, 8])}))
+    if sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst, mode=mode)) > 3000:
+        continue
+    fastest = bruteforce.solve(inst, Limits(), mode=mode)
+    if fastest.plan is None:
+        continue
+    objective = OBJECTIVES[cases % len(OBJECTIVES)]
+    fix = {"schedule": "gpipe"} if (mode == "megatron" and cases % 4 == 3) else None
+    if fix:
+        fastest = bruteforce.solve(inst, Limits(), fix=fix, mode=mode)
+        if fastest.plan is None:
+            continue
+    limits = limits_for(objective, fastest.plan)
+    ref = bruteforce.solve(inst, limits, fix=fix, mode=mode)
+    res = solve(inst, limits, backend="cpsat", fix=fix, mode=mode, time_limit_s=60)
+    assert_agrees(inst, res, ref, limits)
+    cases += 1
+inst = build_instance(InstanceSpec())
+for limits in (Limits(), Limits("min-cost", time_limit_s=7.91984)):
+    res = solve(inst, limits)
+    assert res.status == "optimal" and limits.admit(res.plan)
+# two stages of 4 GPUs share each node: hops inside a node and between nodes, each schedule
+for sched in ("1f1b", "interleaved", "gpipe"):
+    # (GPipe holds all 64 micro-batches' activations: it fits only recomputing)
+    fix = {"tp": 1, "dp": 4, "pp": 4, "mbs": 1, "recompute": "full" if sched == "gpipe" else "none", "schedule": sched}
+    res = solve(inst, Limits(), fix=fix)
+    assert res.status == "optimal", (sched, res.status)
+print("probe passed", cases, "random cases")
+'''
+
+
+def run_probe(pkg_root: Path, cases: int) -> tuple[bool, str]:
+    r = subprocess.run([sys.executable, "-c", PROBE, str(pkg_root), str(cases)], capture_output=True, text=True,
+                       cwd=ROOT / "tests", env={"PYTHONPATH": f"{pkg_root}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin"})
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    return r.returncode == 0, lines[-1] if lines else ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--only", type=int, action="append")
+    ap.add_argument("--cases", type=int, default=24, help="random instances per probe")
+    args = ap.parse_args()
+    if args.list:
+        for i, (f, what, _, _) in enumerate(MUTATIONS):
+            print(f"{i:2d}  {f}: {what}")
+        return
+    with tempfile.TemporaryDirectory() as td:
+        base = Path(td) / "base"
+        shutil.copytree(ROOT / "milp_plan", base / "milp_plan")
+        shutil.copytree(ROOT / "clusters", base / "milp_plan" / "shipped" / "clusters")
+        shutil.copytree(ROOT / "profiles", base / "milp_plan" / "shipped" / "profiles")
+        t0 = time.perf_counter()
+        ok, last = run_probe(base, args.cases)
+        print(f"unmutated: {'passes' if ok else 'FAILS'} ({time.perf_counter() - t0:.0f} s): {last}")
+        if not ok:
+            sys.exit(1)
+        caught = 0
+        chosen = args.only or range(len(MUTATIONS))
+        for i in chosen:
+            f, what, old, new = MUTATIONS[i]
+            work = Path(td) / f"m{i}"
+            shutil.copytree(base, work)
+            path = work / f
+            text = path.read_text()
+            if text.count(old) != 1:
+                print(f"{i:2d}  SKIPPED (pattern not found once): {what}")
+                continue
+            path.write_text(text.replace(old, new))
+            t0 = time.perf_counter()
+            ok, last = run_probe(work, args.cases)
+            caught += not ok
+            print(f"{i:2d}  {'caught  ' if not ok else 'SURVIVED'} {what} ({time.perf_counter() - t0:.0f} s)"
+                  + (f": {last[:160]}" if not ok else ""))
+            shutil.rmtree(work)
+        print(f"caught {caught} of {len(list(chosen))} mutations")
+
+
+if __name__ == "__main__":
+    main()
