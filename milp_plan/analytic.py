@@ -140,6 +140,27 @@ def generate_profile(model: Model, gpus: Iterable[GPU], **kw) -> Profile:
     return Profile(table, [provenance(model)])
 
 
+class Generator:
+    """The analytic profile's own formula as a Profile.generator: the cost of any (tp,
+    micro-batch, sequence length) point of `model` on the GPUs it was built for."""
+
+    def __init__(self, model: Model, gpus: dict[str, GPU]) -> None:
+        self.model, self.gpus = model, dict(gpus)
+
+        self._kinds = frozenset(model.kinds())
+
+    def covers(self, model: str, gpu: str, kind: str) -> bool:
+        return gpu in self.gpus and model == self.model.name and kind in self._kinds
+
+    def __call__(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str):
+        from milp_plan.profile import LayerCost
+        if not self.covers(model, gpu, kind):
+            return None
+        g = self.gpus[gpu]
+        fwd, bwd, core = layer_cost_s(self.model, g, kind, tp, mbs, seq)
+        return LayerCost(fwd * 1e3, bwd * 1e3, core * 1e3, None, False)
+
+
 def shipped_profile_path(model_name: str) -> Path:
     from milp_plan.resources import shipped_dir
     return shipped_dir("profiles") / f"analytic-{model_name}.csv"

@@ -126,7 +126,14 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           workers: Annotated[int, typer.Option(
               help="CP-SAT search workers, 1 to 64 (1 is deterministic; more may find plans sooner).")] = 1,
           fix: Annotated[Optional[str], typer.Option(
-              help="Pin global choices: tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved.")] = None,
+              help="Pin global choices: tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved; "
+                   "cap with tp<=4,mbs<=8.")] = None,
+          extrapolate: Annotated[bool, typer.Option(
+              "--extrapolate", help="Also plan on tp and micro-batch sizes the profiles did not measure (filled "
+                                    "by the profile's rules; the plan lists every filled point).")] = False,
+          max_tp: Annotated[Optional[int], typer.Option("--max-tp", help="Largest tensor-parallel size.")] = None,
+          max_micro_batch: Annotated[Optional[int], typer.Option(
+              "--max-micro-batch", help="Largest micro-batch size (per data-parallel replica).")] = None,
           out: Annotated[Optional[str], typer.Option(
               "--out", help="Where to write the plan (a regular file, or - for stdout). Default: plan.json; "
                             "pareto.json with --objective pareto.")] = None,
@@ -150,6 +157,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     from milp_plan.units import parse_duration_s, parse_money
     obj = Objective(kind=objective, time_limit_s=None if time_limit is None else parse_duration_s(time_limit,
                     field="time-limit"), budget=None if budget is None else parse_money(budget), mode=mode)
+    from milp_plan.formulations.space import with_space_options
+    fix = with_space_options(fix, extrapolate, max_tp, max_micro_batch)
     req = solving.SolveRequest(solver, fix, parse_duration_s(max_solve_time, field="max-solve-time"), seed, workers)
     solving.check_request(req)
     out = out or ("pareto.json" if objective == "pareto" else "plan.json")

@@ -153,6 +153,12 @@ def build_instance(spec: InstanceSpec | None = None, objective: Objective | None
                                "derived an analytic profile on the fly")
             derived = analytic.generate_profile(model, missing, seq_lengths=[job.seq_length])
             profile = derived if profile is None else profile.merged(derived)
+        # an analytic profile generates every point: its planner space is not limited to the
+        # table's tp and micro-batch sizes (profile.py, `generator`)
+        from milp_plan.cluster import gpu_catalog
+        catalog = gpu_catalog()
+        profile.generator = analytic.Generator(model, {name: (gpu if gpu in missing else catalog.get(name, gpu))
+                                                       for name, gpu in cluster_gpus.items()})
     return Instance(cluster, model, profile, job, objective or Objective(), spec, tuple(notices),
                     tuple(sorted(gpu_map.items())))
 

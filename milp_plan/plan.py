@@ -81,6 +81,19 @@ class SolverRecord:
 
 
 @dataclass(frozen=True)
+class ProfileFill:
+    """A profile point the plan's times rest on that no profile measured or generated: the
+    fill rule of profile.py that supplied it (only with --extrapolate)."""
+
+    gpu: str
+    tp: int
+    micro_batch_size: int
+    seq_length: int
+    kind: str
+    how: str
+
+
+@dataclass(frozen=True)
 class Plan:
     stages: tuple[Stage, ...]
     global_batch_size: int
@@ -93,6 +106,7 @@ class Plan:
     predicted: Prediction | None = None
     solver: SolverRecord | None = None
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    profile_fills: tuple[ProfileFill, ...] = ()   # filled profile points the plan uses (--extrapolate)
 
     @property
     def pp(self) -> int:
@@ -165,6 +179,7 @@ class Plan:
             "predicted": None if self.predicted is None else asdict(self.predicted),
             "solver": None if self.solver is None else asdict(self.solver),
             "inputs": copy.deepcopy(dict(self.inputs)),
+            "profile_fills": [asdict(f) for f in self.profile_fills],
         }
         return d
 
@@ -199,7 +214,8 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan") -> Plan:
     return Plan(stages=stages, global_batch_size=d["global_batch_size"], num_microbatches=d["num_microbatches"],
                 schedule=d["schedule"], vpp=d["vpp"], distributed_optimizer=d["distributed_optimizer"],
                 sequence_parallel=d["sequence_parallel"], mode=d["mode"], predicted=pred,
-                solver=None if solver is None else SolverRecord(**solver), inputs=d.get("inputs") or {})
+                solver=None if solver is None else SolverRecord(**solver), inputs=d.get("inputs") or {},
+                profile_fills=tuple(ProfileFill(**f) for f in d.get("profile_fills") or ()))
 
 
 def read_plan(path: str | Path) -> Plan:

@@ -24,6 +24,11 @@ Filling missing points (each fill is recorded and reported with the points used)
    in all), the fitted latency model over all of them, t = max(a, b0 + c x T + d x T x s)
    with T = b x s tokens (d only for block kinds); otherwise the nearest profiled length,
    scaled by the ratio of per-micro-batch FLOPs (model.forward_flops_per_token x tokens).
+
+An analytic profile (shipped, or derived on the fly by `instance.build_instance`) carries a
+`generator`: a point its table lacks is computed by milp_plan.analytic, not filled, so it
+provides every point. The planner's space keeps to the points a profile provides unless
+--extrapolate (formulations/space.py, `covered`); a plan lists the filled points it uses.
 """
 from __future__ import annotations
 
@@ -64,6 +69,9 @@ class Profile:
     table: pd.DataFrame
     provenance: list[dict[str, Any]] = field(default_factory=list)
     fills: dict[tuple, str] = field(default_factory=dict)
+    # analytic profiles: (model, gpu, tp, mbs, seq, kind) -> the generated cost, or None where
+    # the generator does not cover that GPU; a generated point is computed, never filled
+    generator: Any = None   # analytic.Generator: covers(model, gpu, kind), __call__(model, gpu, tp, mbs, seq, kind)
 
     def __post_init__(self) -> None:
         self._points: dict[tuple, LayerCost] = {}
@@ -82,6 +90,7 @@ class Profile:
             self._index.setdefault((row.model, row.gpu, row.kind), {}).setdefault(
                 (int(row.tp), int(row.seq_length)), {})[int(row.micro_batch_size)] = cost
         self._cache: dict[tuple, LayerCost] = {}
+        self._provides: dict[tuple, bool] = {}
 
     # ---- queries -----------------------------------------------------------------
     def gpus(self, model: str | None = None) -> list[str]:
@@ -97,6 +106,27 @@ class Profile:
     def exact(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str) -> LayerCost | None:
         return self._points.get((model, gpu, tp, mbs, seq, kind))
 
+    def generated(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str) -> LayerCost | None:
+        """The analytic generator's cost at a point it covers, else None."""
+        return None if self.generator is None else self.generator(model, gpu, tp, mbs, seq, kind)
+
+    def provides(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kinds: Iterable[str]) -> bool:
+        """Every kind at this point is measured (or imported) or generated: no fill rule needed."""
+        key = (model, gpu, tp, mbs, seq, tuple(kinds))
+        got = self._provides.get(key)
+        if got is None:
+            gen = self.generator
+            got = self._provides[key] = all((model, gpu, tp, mbs, seq, k) in self._points
+                                            or (gen is not None and gen.covers(model, gpu, k)) for k in key[5])
+        return got
+
+    def filled(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str) -> str | None:
+        """How the fill rules supply a point the profile neither holds nor generates, else None."""
+        if self.provides(model, gpu, tp, mbs, seq, (kind,)):
+            return None
+        # the cost model has evaluated the point (it fills with the FLOPs ratio); its note is kept
+        return self.fills.get((model, gpu, tp, mbs, seq, kind), "filled by the rules above")
+
     def cost(self, model: str, gpu: str, tp: int, mbs: int, seq: int, kind: str,
              flops_ratio=None) -> LayerCost:
         """The cost at a point, filled by the documented rules when not profiled.
@@ -111,6 +141,10 @@ class Profile:
         if exact is not None:
             self._cache[key] = exact
             return exact
+        made = self.generated(model, gpu, tp, mbs, seq, kind)
+        if made is not None:
+            self._cache[key] = made
+            return made
         by_tp_seq = self._index.get((model, gpu, kind))
         if not by_tp_seq:
             raise KeyError(key)

@@ -163,6 +163,11 @@ def render_plan(plan, inst=None, result=None) -> str:
             f"{format_duration(p.bubble_s)}, p2p {format_duration(p.p2p_s)}, dp all-reduce "
             f"{format_duration(p.dp_allreduce_s)}, optimizer {format_duration(p.optimizer_s)}",
             f"Throughput {p.tokens_per_s:,.0f} tokens/s; cost {p.usd_per_hour:.2f} $/h, {p.usd_per_step:.4f} $/step"]
+    if plan.profile_fills:
+        out.append(f"Extrapolated: {len(plan.profile_fills)} profile point(s) not measured, filled by the profile's rules "
+                   "(--extrapolate):")
+        out += [f"  {f.gpu} tp={f.tp} micro_batch={f.micro_batch_size} seq={f.seq_length} {f.kind}: {f.how}"
+                for f in plan.profile_fills]
     reasons = plan.megatron_incompatibilities()
     out.append("Runs on stock Megatron-LM" if not reasons else "Needs a per-stage runtime: " + "; ".join(reasons))
     if result is not None:

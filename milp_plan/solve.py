@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from milp_plan.deadline import Deadline
 from milp_plan.errors import Infeasible, InputError
 from milp_plan.formulations.pipeline import Limits
-from milp_plan.formulations.space import parse_fix
+from milp_plan.formulations.space import parse_fix, plan_fills
 from milp_plan.instance import Instance
 from milp_plan.solvers.driver import SolveResult, solve as exact_solve
 from milp_plan.units import format_duration
@@ -67,10 +67,14 @@ def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progres
     fix = parse_fix(req.fix)
     if req.solver == "brute-force":
         from milp_plan.solvers.bruteforce import solve as brute
-        return brute(inst, limits, fix=fix, mode=inst.objective.mode)
-    backend = "cpsat" if req.solver == "auto" else req.solver
-    return exact_solve(inst, limits, backend=backend, fix=fix, time_limit_s=req.max_solve_time_s, seed=req.seed,
-                       workers=req.workers, mode=inst.objective.mode, progress=progress, prepared=prepared)
+        result = brute(inst, limits, fix=fix, mode=inst.objective.mode)
+    else:
+        backend = "cpsat" if req.solver == "auto" else req.solver
+        result = exact_solve(inst, limits, backend=backend, fix=fix, time_limit_s=req.max_solve_time_s, seed=req.seed,
+                             workers=req.workers, mode=inst.objective.mode, progress=progress, prepared=prepared)
+    if result.plan is not None:  # the filled profile points it rests on (only with extrapolate=on)
+        result.plan = result.plan.with_(profile_fills=plan_fills(inst, result.plan))
+    return result
 
 
 def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveResult) -> str:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from milp_plan import check
 
 from milp_plan.formulations.pipeline import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
-from milp_plan.solvers.driver import config_lower_bound, objective_of, prepare, solve
+from milp_plan.solvers.driver import config_lower_bound, family_lower_bound, objective_of, prepare, solve
 from test_solve import BACKENDS, assert_agrees, limits_for, small_free_instances, small_instances, \
     write_instance
 
@@ -61,6 +61,17 @@ def check_instance(kw, gbs, objective, flash, tmp, mode, most):
     prepared = prepare(inst, None, mode)
     optima = [assert_bounds_valid(inst, prepared, coef, limits, mode) for coef in prepared.coefs]
     assert min(optima) == (bruteforce.solve(inst, limits, mode=mode).objective or math.inf)
+    for members in prepared.families():  # one bound for configs that differ in schedule and vpp alone
+        if len(members) == 1:
+            continue  # free mode: each config bounded alone
+        best = min(optima[i] for i in members)
+        variants = [prepared.configs[i] for i in members]
+        for weak in (True, False):
+            lb = family_lower_bound(prepared.coef(members[0]), limits, variants, weak)
+            assert (best == math.inf) if lb is None else lb <= best * (1 + REL), (members, weak, lb, best)
+        # each member's own cheap bound as the opened family computes it (whole chunks of its vpp)
+        for i, lb in zip(members, config_lower_bound(prepared.coef(members[0]), limits, False, variants)):
+            assert (optima[i] == math.inf) if lb is None else lb <= optima[i] * (1 + REL), (i, lb, optima[i])
 
 
 @settings(max_examples=12, deadline=None,
@@ -103,3 +114,43 @@ def test_a_config_that_fits_only_by_recomputing_every_layer_is_bounded_and_solve
         res = solve(inst, Limits(), backend=backend, fix=fix, mode=mode, time_limit_s=30)
         assert res.plan is not None and [(s.recompute_layers, s.num_layers) for s in res.plan.stages] == [(3, 3)]
         assert_agrees(inst, res, ref, Limits())
+
+
+@st.composite
+def slow_link_instances(draw):
+    """Links slow enough that a hop costs about as much as a layer (GPipe's zf, zb >= h and the
+    interleaved wrap matter), 4-8 layers (vpp 3 and 4 at pp 2), memory that may bind."""
+    layers = draw(st.integers(4, 8))
+    f = draw(st.sampled_from([0.5, 1.0]))
+    slow = draw(st.sampled_from([1.0, 2.5]))
+    memory = tuple(draw(st.sampled_from([None, 0.004, 0.006])) for _ in range(3))
+    return dict(layers=layers, fast_ms=(f, 2 * f), slow_ms=(f * slow, 2 * f * slow), gpn=draw(st.sampled_from([1, 2])),
+                counts=(draw(st.integers(1, 2)), 1), prices=(8.0, draw(st.sampled_from([1.0, 6.0]))),
+                memory_gib=memory, bw=(b := draw(st.sampled_from([0.002, 0.004, 0.01])), b)), \
+        draw(st.sampled_from([2, 4, 8])), draw(st.sampled_from(["min-time", "min-cost", "budget-h", "budget-step"])), \
+        True
+
+
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(slow_link_instances())
+def test_bounds_hold_for_gpipe_and_every_vpp_on_slow_links(tmp_path_factory, case):
+    """The default space holds GPipe and interleaving with every vpp in 2..L/pp; their bounds
+    (GPipe: zf + zb >= max_s t_s; vpp 3: chunks of L/(3 pp) layers) against enumeration."""
+    check_instance(*case, tmp_path_factory.mktemp("inst"), "megatron", 6_000)
+
+
+def test_the_space_holds_gpipe_vpp_3_and_micro_batches_past_16(tmp_path):
+    """6 layers, 2 single-GPU nodes + 1, global batch 96: pp 2 interleaves with vpp 2 or 3
+    (3 layers per stage, one per chunk; vpp 4 would need 8), pp 3 with vpp 2 only, and every
+    divisor of 96 is a micro-batch size at dp 1 (24, 32, 48 and 96 were cut off at 16): those
+    the profile measured (up to 32, PROFILED_MBS) by default, all with extrapolate."""
+    spec = write_instance(tmp_path, layers=6, gpn=1, counts=(2, 1))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 96}))
+    configs = list(prepare(inst).configs)
+    assert {c.vpp for c in configs if c.pp == 2 and c.schedule == "interleaved"} == {2, 3}
+    assert {c.vpp for c in configs if c.pp == 3 and c.schedule == "interleaved"} == {2}
+    assert any(c.schedule == "gpipe" for c in configs)
+    assert {c.mbs for c in configs if c.dp == 1} == {b for b in range(1, 33) if 96 % b == 0}
+    wide = prepare(inst, {"extrapolate": True}).configs
+    assert {c.mbs for c in wide if c.dp == 1} == {b for b in range(1, 97) if 96 % b == 0}

@@ -5,6 +5,8 @@ recomputes its objective from the plan alone (costmodel.evaluate via objective_o
 """
 from __future__ import annotations
 
+import itertools
+
 import json
 import os
 import re
@@ -47,6 +49,10 @@ def _gpu(name: str, memory_gib: float | None, memory_gb_per_s: float | None = No
     return f"{{name: {name}, memory_gib: {mem}, peak_tflops: {tflops}, memory_gb_per_s: {memory_gb_per_s or bw}}}"
 
 
+PROFILED_TPS = (1, 2, 4, 8)
+PROFILED_MBS = tuple(range(1, 33))
+
+
 def write_instance(tmp: Path, *, layers=4, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0), prices=(8.0, 2.0),
                    gpn=2, counts=(1, 1), third: bool = False,
                    memory_gib: tuple[float | None, float | None, float | None] = (None, None, None),
@@ -54,7 +60,9 @@ def write_instance(tmp: Path, *, layers=4, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0
                    memory_gb_per_s: float | None = None) -> InstanceSpec:
     """Two node types of `gpn` GPUs: 'fast' (A100-80GB) and 'slow' (A10), and with `third` a
     single 'mid' node of L40S; a tiny GPT whose block costs fwd/bwd ms as given at tp 1,
-    micro-batch 1 (other points by the profile's fill rules); embedding and head cost nothing.
+    micro-batch 1, and mbs / tp times that at the other profiled points (PROFILED_TPS x
+    PROFILED_MBS: what the fill rules would give, written out so that the default space, which
+    keeps to profiled points, holds them); embedding and head cost nothing.
     memory_gib overrides each type's GPU memory (the model needs about 1 MiB a layer); bw is
     (intra, inter) GB/s of the first two types; billing their `billing`."""
     mbw = memory_gb_per_s
@@ -84,8 +92,10 @@ seq_length: 32
             "model,gpu,tp,micro_batch_size,seq_length,kind,fwd_ms,bwd_ms,attn_core_fwd_ms"]
     mid = ((fast_ms[0] + slow_ms[0]) / 2, (fast_ms[1] + slow_ms[1]) / 2)
     for gpu, (f, b) in (("A100-80GB", fast_ms), ("A10", slow_ms), ("L40S", mid)):
-        rows += [f"hand-gpt,{gpu},1,1,32,embedding,0,0,0", f"hand-gpt,{gpu},1,1,32,block,{f},{b},0",
-                 f"hand-gpt,{gpu},1,1,32,head,0,0,0"]
+        for tp, mbs in itertools.product(PROFILED_TPS, PROFILED_MBS):  # profiled, so inside the default space
+            rows += [f"hand-gpt,{gpu},{tp},{mbs},32,embedding,0,0,0",
+                     f"hand-gpt,{gpu},{tp},{mbs},32,block,{f * mbs / tp!r},{b * mbs / tp!r},0",
+                     f"hand-gpt,{gpu},{tp},{mbs},32,head,0,0,0"]
     (prof / "hand.csv").write_text("\n".join(rows) + "\n")
     return InstanceSpec(cluster=str(tmp / "cluster.yaml"), model=str(tmp / "model.yaml"), profiles=str(prof),
                         global_batch_size=4)

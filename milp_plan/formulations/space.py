@@ -13,6 +13,18 @@ type, tp, dp (B / dp samples per replica) and recompute granularity, with its ow
 number of recomputed layers. `stage_options` lists them for both kinds of config, so
 the models, the heuristic and the brute force read one definition of the space.
 
+The space (formulations/pipeline.md, "Decision spaces"): tp over the sizes that divide a
+node's GPU count (a tp group stays in one node) and pass the heads rule; every micro-batch
+size that divides the batch; pp up to the layers; the schedules 1f1b, GPipe and
+interleaved with every vpp >= 2 that gives each stage a whole number of chunks
+(pp x vpp <= L) when m % pp == 0. ZB-H1 is out (it needs the zero-bubble fork).
+
+Profile coverage: a (GPU, tp, micro-batch) point is *covered* when the profile measured it
+for every layer kind the model has at the job's sequence length, or when the profile is
+analytic (it generates every point). Unless the fix dict holds `extrapolate`, a stage
+option runs only on covered points, so a plan never rests on a filled (extrapolated)
+time. `tp<=`, `mbs<=` (from --fix, --max-tp, --max-micro-batch) cap the space.
+
 Dominance, used to keep the space small unless --fix says otherwise: in the cost model
 sequence parallelism never costs time and saves memory and p2p bytes, so it is on
 whenever tp > 1; the distributed optimizer never costs time and saves memory and
@@ -20,6 +32,7 @@ communication, so it is on whenever dp > 1.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -28,9 +41,44 @@ from milp_plan.cluster import NodeType
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance
 
-TPS = (1, 2, 4, 8)
-MAX_MICRO_BATCH = 16
-VPPS = (2, 4)
+SCHEDULES = ("1f1b", "interleaved", "gpipe")  # what `solve` searches by default (ZB-H1 needs a fork)
+
+
+def tp_sizes(inst: Instance, fix: dict[str, object] | None = None) -> list[int]:
+    """tp sizes a stage may use: a divisor of some node type's GPU count (a tp group stays in
+    one node, and a stage packs into whole nodes or divides one), the heads rule, --fix tp
+    or tp<= (--max-tp)."""
+    fix = fix or {}
+    if "tp" in fix:
+        cands = [int(fix["tp"])]
+    else:
+        gpns = {nt.gpus_per_node for nt in inst.cluster.node_types}
+        cands = [t for t in range(1, max(gpns) + 1) if any(g % t == 0 for g in gpns)]
+    cap = fix.get("tp<=")
+    return valid_tps(inst.model, [t for t in cands if cap is None or t <= cap])
+
+
+def micro_batch_sizes(limit: int, fix: dict[str, object] | None = None) -> list[int]:
+    """Micro-batch sizes 1..limit (the caller keeps those dividing its batch), or --fix mbs,
+    capped by mbs<= (--max-micro-batch)."""
+    fix = fix or {}
+    cands = [int(fix["mbs"])] if "mbs" in fix else range(1, limit + 1)
+    cap = fix.get("mbs<=")
+    return [b for b in cands if b <= limit and (cap is None or b <= cap)]
+
+
+def covered(inst: Instance, gpu: str, tp: int, mbs: int, fix: dict[str, object] | None = None) -> bool:
+    """The profile measured (gpu, tp, mbs) for every layer kind at the job's sequence length,
+    or generates it (analytic), or --extrapolate lets the profile's fill rules supply it."""
+    if fix and fix.get("extrapolate"):
+        return True
+    return inst.profile.provides(inst.model.name, gpu, tp, mbs, inst.job.seq_length, _kinds(inst.model))
+
+
+@functools.lru_cache(maxsize=64)
+def _kinds(model) -> tuple[str, ...]:
+    """model.kinds(), memoised (it scans every layer; `covered` asks per stage option)."""
+    return tuple(model.kinds())
 
 
 @dataclass(frozen=True, order=True)
@@ -147,24 +195,26 @@ def stage_options(inst: Instance, cfg: "Config | FreeConfig",
     options are consecutive); only those that pack into their node type.
 
     Megatron Config: one per node type, with the config's tp, dp, mbs and recompute.
-    FreeConfig: every node type x tp (heads rule, within a node) x dp dividing B (micro-batch
-    B / dp <= MAX_MICRO_BATCH) x recompute granularity, tp x dp = the type's stage size unless
-    it is open (ANY), restricted by --fix tp, dp, mbs, recompute."""
+    FreeConfig: every node type x tp (`tp_sizes`, within the node) x dp dividing B (micro-batch
+    B / dp, `micro_batch_sizes`) x recompute granularity, tp x dp = the type's stage size unless
+    it is open (ANY), restricted by --fix tp, dp, mbs, recompute and the caps.
+    Both: only on points the profile covers (`covered`) unless `extrapolate`."""
     types = inst.cluster.node_types
     if isinstance(cfg, Config):
         return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
-                if _packs(nt, cfg.group, cfg.tp)]
+                if _packs(nt, cfg.group, cfg.tp) and covered(inst, nt.gpu.name, cfg.tp, cfg.mbs, fix)]
     fix = fix or {}
     out = []
+    mbs_ok = set(micro_batch_sizes(cfg.samples, fix))
     for k, nt in enumerate(types):
-        for tp in valid_tps(inst.model, [fix["tp"]] if "tp" in fix else TPS):
-            if tp > nt.gpus_per_node:
-                continue
+        for tp in tp_sizes(inst, fix):
+            if nt.gpus_per_node % tp:
+                continue  # a tp group stays inside one node (_packs, check_tp_within_node)
             for dp in ([fix["dp"]] if "dp" in fix else range(1, cfg.samples + 1)):
                 mbs = cfg.samples // dp
-                if cfg.samples % dp or mbs > MAX_MICRO_BATCH or fix.get("mbs", mbs) != mbs:
+                if cfg.samples % dp or mbs not in mbs_ok:
                     continue
-                if not _packs(nt, tp * dp, tp):
+                if not _packs(nt, tp * dp, tp) or not covered(inst, nt.gpu.name, tp, mbs, fix):
                     continue
                 if cfg.groups[k] not in (ANY, tp * dp):
                     continue
@@ -200,17 +250,55 @@ def recompute_choices(inst: Instance) -> tuple[str, ...]:
     return ("none", "full") if inst.job.flash_attention else ("none", "selective", "full")
 
 
-FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt"}
+def with_space_options(fix: str | None, extrapolate: bool = False, max_tp: int | None = None,
+                       max_micro_batch: int | None = None) -> str | None:
+    """The --fix text with --extrapolate, --max-tp and --max-micro-batch added (extrapolate=on,
+    tp<=N, mbs<=N), so every path that parses --fix (solve, pareto) sees one space."""
+    parts = [fix] if fix else []
+    for flag, name in ((max_tp, "--max-tp"), (max_micro_batch, "--max-micro-batch")):
+        if flag is not None and flag < 1:
+            raise InputError(f"must be a whole number >= 1, got {flag}", field=name.lstrip("-"))
+    parts += [f"tp<={max_tp}"] if max_tp is not None else []
+    parts += [f"mbs<={max_micro_batch}"] if max_micro_batch is not None else []
+    parts += ["extrapolate=on"] if extrapolate else []
+    return ",".join(parts) or None
+
+
+def plan_fills(inst: Instance, plan) -> tuple:
+    """The profile points a plan's times rest on that no profile measured or generates, each
+    with the fill rule that supplied it (plan.ProfileFill), in a stable order."""
+    from milp_plan.plan import ProfileFill
+    m, seq, out = inst.model, inst.job.seq_length, set()
+    for st in plan.stages:
+        for kind in m.kinds():
+            how = inst.profile.filled(m.name, st.gpu, st.tp, st.micro_batch_size, seq, kind)
+            if how is not None:
+                out.add(ProfileFill(st.gpu, st.tp, st.micro_batch_size, seq, kind, how))
+    return tuple(sorted(out, key=lambda f: (f.gpu, f.tp, f.micro_batch_size, f.seq_length, f.kind)))
+
+
+FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt", "extrapolate"}
+CAP_KEYS = {"tp", "mbs"}   # KEY<=N caps the range (--max-tp, --max-micro-batch write them too)
 
 
 def parse_fix(text: str | None) -> dict[str, object]:
-    """'tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved' -> dict."""
+    """'tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved' -> dict;
+    'tp<=4,mbs<=8' -> {'tp<=': 4, 'mbs<=': 8} (the least cap wins); 'extrapolate=on' opens
+    the points the profile does not cover."""
     if not text:
         return {}
     out: dict[str, object] = {}
     for item in text.split(","):
+        if "<=" in item:
+            k, v = (x.strip() for x in item.split("<=", 1))
+            if k not in CAP_KEYS:
+                raise InputError(f"'{item}': only {' and '.join(sorted(CAP_KEYS))} take a cap (KEY<=N)", field="fix")
+            if not v.isdigit() or int(v) < 1:
+                raise InputError(f"{k}<= needs a whole number >= 1, got '{v}'", field="fix")
+            out[k + "<="] = min(int(v), int(out.get(k + "<=", int(v))))
+            continue
         if "=" not in item:
-            raise InputError(f"'{item}' is not KEY=VALUE; write e.g. tp=8,pp=4", field="fix")
+            raise InputError(f"'{item}' is not KEY=VALUE or KEY<=N; write e.g. tp=8,pp=4 or tp<=4", field="fix")
         k, v = (x.strip() for x in item.split("=", 1))
         if k not in FIX_KEYS:
             raise InputError(f"unknown key '{k}'; use {', '.join(sorted(FIX_KEYS))}", field="fix")
@@ -220,7 +308,7 @@ def parse_fix(text: str | None) -> dict[str, object]:
             if not (v.isascii() and v.isdigit()) or not 1 <= int(v) <= 2**20:
                 raise InputError(f"{k} must be a whole number from 1 to {2**20}, got '{v}'", field="fix")
             out[k] = int(v)
-        elif k in ("sp", "distopt"):
+        elif k in ("sp", "distopt", "extrapolate"):
             if v not in ("on", "off", "true", "false", "1", "0"):
                 raise InputError(f"{k} must be on or off, got '{v}'", field="fix")
             out[k] = v in ("on", "true", "1")
@@ -232,6 +320,9 @@ def parse_fix(text: str | None) -> dict[str, object]:
             if v not in ("1f1b", "interleaved", "gpipe", "zb-h1"):
                 raise InputError(f"schedule must be 1f1b, interleaved, gpipe or zb-h1, got '{v}'", field="fix")
             out[k] = v
+    for k in CAP_KEYS:
+        if k in out and k + "<=" in out and out[k] > out[k + "<="]:
+            raise InputError(f"{k}={out[k]} contradicts {k}<={out[k + '<=']}", field="fix")
     if out.get("vpp", 1) > 1 and out.setdefault("schedule", "interleaved") != "interleaved":
         raise InputError("vpp > 1 needs schedule=interleaved", field="fix")
     return out
@@ -252,7 +343,7 @@ FREE_SP_REFUSAL = ("--mode free plans with sequence parallelism on (in the cost 
 
 
 def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
-                      schedules: tuple[str, ...] = ("1f1b", "interleaved"),
+                      schedules: tuple[str, ...] = SCHEDULES,
                       mode: str = "megatron") -> Iterator[Config | FreeConfig]:
     """Every global choice that passes the divisibility rules (checker's rules, in advance)."""
     fix = fix or {}
@@ -265,25 +356,51 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
     gbs, L, total = job.global_batch_size, m.num_layers, inst.cluster.num_gpus
     max_gpn = max(nt.gpus_per_node for nt in inst.cluster.node_types)
     recomputes = recompute_choices(inst)
-    for tp in valid_tps(m, [fix["tp"]] if "tp" in fix else TPS):
+    for tp in tp_sizes(inst, fix):
         if tp > max_gpn:
             continue
         for dp in ([fix["dp"]] if "dp" in fix else range(1, total // tp + 1)):
             if gbs % dp or not _stage_fits_nodes(inst, tp * dp):
                 continue
-            mbs_opts = [fix["mbs"]] if "mbs" in fix else range(1, min(MAX_MICRO_BATCH, gbs // dp) + 1)
-            for mbs in mbs_opts:
+            for mbs in micro_batch_sizes(gbs // dp, fix):
                 if gbs % (mbs * dp):
                     continue
+                if not any(_packs(nt, tp * dp, tp) and covered(inst, nt.gpu.name, tp, mbs, fix)
+                           for nt in inst.cluster.node_types):
+                    continue  # no node type runs this (tp, mbs) on profiled data
                 n_mb = gbs // (mbs * dp)
+                sp = bool(fix.get("sp", True)) and tp > 1
+                fitting = [rec for rec in ([fix["recompute"]] if "recompute" in fix else recomputes)
+                           if _activations_fit(inst, tp, mbs, rec, sp)]
                 for pp in ([fix["pp"]] if "pp" in fix else range(1, min(L, total // (tp * dp)) + 1)):
                     if pp * tp * dp > total or pp > L:
                         continue
-                    for rec in ([fix["recompute"]] if "recompute" in fix else recomputes):
+                    for rec in fitting:
                         for sched, vpp in _schedules(fix, schedules, pp, n_mb, L):
                             sp = bool(fix.get("sp", True)) and tp > 1
                             distopt = bool(fix.get("distopt", True)) and dp > 1
                             yield Config(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
+
+
+def least_activation_bytes(inst: Instance, tp: int, mbs: int, recompute: str, sequence_parallel: bool) -> float:
+    """At most the activation bytes per GPU of any stage with this tp, micro-batch size and
+    recompute granularity, under any schedule: costmodel.stage_activation_bytes of one block
+    (a stage holds >= 1), one micro-batch in flight (1F1B min(pp - s, m) >= 1, GPipe m >= 1,
+    interleaved >= 1 stage-unit), no embedding or head, and under full recompute that block
+    recomputed (input only, plus its working activations), the least over block kinds."""
+    from milp_plan import costmodel
+    blocks = [k for k in _kinds(inst.model) if k not in ("embedding", "head")]
+    return min(costmodel.stage_activation_bytes(inst, [k], False, False, tp, mbs, sequence_parallel, recompute,
+                                                1 if recompute == "full" else 0, 1.0) for k in blocks)
+
+
+def _activations_fit(inst: Instance, tp: int, mbs: int, recompute: str, sequence_parallel: bool) -> bool:
+    """Some node type that can host a tp group has room for `least_activation_bytes`: otherwise
+    no stage of such a config fits in memory (check_memory_capacity), so it holds no plan."""
+    from milp_plan import costmodel
+    need = least_activation_bytes(inst, tp, mbs, recompute, sequence_parallel)
+    return any(need <= costmodel.usable_memory_bytes(inst, nt) * (1 + 1e-6)
+               for nt in inst.cluster.node_types if nt.gpus_per_node % tp == 0)
 
 
 def _free_configs(inst: Instance, fix: dict[str, object], schedules: tuple[str, ...]) -> Iterator[FreeConfig]:
@@ -328,26 +445,42 @@ def explain_fix(inst: Instance, fix: dict[str, object]) -> str:
     used = (tp or 1) * (pp or 1) * (dp or 1)
     if used > total:
         return f"tp x pp x dp = {used} GPUs but the cluster has {total}"
+    uncovered = coverage_gap(inst, fix)
+    if uncovered:
+        return uncovered
     return ("no combination of the free choices with the pinned ones passes the divisibility rules "
             "(heads by tp, global batch by micro-batch x dp, a stage packing into a node type, m % pp == 0 "
             "for interleaving)")
 
 
+def virtual_stages(fix: dict[str, object], pp: int, n_mb: int, L: int) -> list[int]:
+    """vpp values Megatron runs interleaved with: pp >= 2, m % pp == 0 (its default
+    micro-batch group of pp), and every stage a whole number (>= 1) of layers per chunk:
+    2 <= vpp <= L / pp (the layout string lets stages differ in size, each a multiple of vpp)."""
+    if pp < 2 or n_mb % pp:
+        return []
+    return [v for v in ([fix["vpp"]] if "vpp" in fix else range(2, L // pp + 1)) if v >= 2 and L >= pp * v]
+
+
+def coverage_gap(inst: Instance, fix: dict[str, object]) -> str | None:
+    """Why profile coverage and the caps leave no (tp, micro-batch) point, or None."""
+    gbs = inst.job.global_batch_size
+    for nt in inst.cluster.node_types:
+        for tp in tp_sizes(inst, fix):
+            if any(gbs % b == 0 and covered(inst, nt.gpu.name, tp, b, fix) for b in micro_batch_sizes(gbs, fix)):
+                return None
+    limits = ", ".join(f"{k}{v}" if k.endswith("<=") else f"{k}={v}" for k, v in sorted(fix.items())
+                       if k in ("tp", "mbs", "tp<=", "mbs<=")) or "none pinned or capped"
+    return (f"the profiles measure no allowed tp and micro-batch size ({limits}) for every layer kind of "
+            f"{inst.model.name} at sequence length {inst.job.seq_length} on any GPU of the cluster; profile "
+            "those points, change the pins or caps, or allow filled points with --extrapolate")
+
+
 def _schedules(fix, schedules, pp, n_mb, L):
-    if "schedule" in fix:
-        s = fix["schedule"]
+    for s in ([fix["schedule"]] if "schedule" in fix else schedules):
         if s == "interleaved":
-            for v in ([fix["vpp"]] if "vpp" in fix else VPPS):
-                if pp >= 2 and n_mb % pp == 0 and v >= 2 and L >= pp * v:
-                    yield s, v
-        else:
-            yield s, 1
-        return
-    for s in schedules:
-        if s == "interleaved":
-            for v in VPPS:
-                if pp >= 2 and n_mb % pp == 0 and L >= pp * v:
-                    yield s, v
+            for v in virtual_stages(fix, pp, n_mb, L):
+                yield s, v
         else:
             yield s, 1
 

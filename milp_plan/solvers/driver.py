@@ -42,8 +42,8 @@ from milp_plan.errors import InputError, InternalError
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.pipeline import Limits, PipelineModel
-from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, explain_fix,
-                                          free_children)
+from milp_plan.formulations.space import (Config, FreeConfig, StageOption, coverage_gap, enumerate_configs,
+                                          explain_fix, free_children)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.heuristics import warmstart as heuristic
@@ -249,7 +249,8 @@ class PipelineTerms:
 
 
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
-                    terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS) -> tuple[float, float] | None:
+                    terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
+                    least: tuple[float, float] | None = None) -> tuple[float, float] | None:
     """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
     z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
     (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so
@@ -260,8 +261,10 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     + rest and P >= P_inf, with S_inf, P_inf at unbounded Z (every stage holds as many layers
     as memory lets it). Returns (the bound: T or $/step, S_inf), or None when no Z meets the limits."""
     w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
-    s_inf = terms.extra + _least_layer_sum(math.inf, slots, pp, L, unit)
-    p_inf = max(terms.gpu_usd, _least_usd_per_hour(math.inf, slots, L, unit))
+    layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
+                                    _least_usd_per_hour(math.inf, slots, L, unit))
+    s_inf = terms.extra + layers_inf
+    p_inf = max(terms.gpu_usd, usd_inf)
     cost = limits.objective == "min-cost"
 
     def value(T: float, P: float) -> float | None:
@@ -328,20 +331,47 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     return costmodel.p2p_time_s(hops, wrap, cfg.schedule, cfg.vpp)
 
 
-def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) -> float | None:
+def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
+    """(breakpoints, bottleneck bound, (least layer sum, least $/h) at unbounded z)."""
+    cands = _breakpoints(slots, L, unit)
+    z = _bottleneck_bound(slots, pp, L, unit, cands)
+    least = None if z is None else (_least_layer_sum(math.inf, slots, pp, L, unit),
+                                    _least_usd_per_hour(math.inf, slots, L, unit))
+    return cands, z, least
+
+
+def _memo_shared(coef: Coefficients, key: tuple | None, make):
+    """make(), memoised in the instance's shared coefficient cache under `key` (None: not memoised)."""
+    if key is None:
+        return make()
+    got = coef._shared.get(key)
+    if got is None:
+        got = coef._shared[key] = make()
+    return got
+
+
+def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
+                       variants: list[Config] | None = None,
+                       _family: tuple | None = None) -> float | None | list[float | None]:
     """Valid lower bound on the objective of any plan of this config, or None when none fits.
 
     Every minimum below is over the stage options a stage may take (one per node type in
     Megatron mode); the bottleneck bound lets a node type's stages share its GPUs (whole
     nodes relaxed to GPUs).
     memory=False skips the memory rooms (every slot may hold all L layers), the transfers and
-    the joint bound over the steady period and the stage sum (`_pipeline_bound`):
-    a weaker, cheaper bound the driver uses to order and cut the search."""
+    the joint bound over the steady period and the stage sum (`_pipeline_bound`), and relaxes
+    whole chunks (layer counts in multiples of vpp) to whole layers: a weaker, cheaper bound
+    the driver uses to order and cut the search. With `variants` (memory=False only: configs
+    that differ from coef.cfg in schedule and vpp alone, so they share its options and every
+    term but the closed form's weights and the reduction at vpp layers) it returns the list
+    of their bounds, computed once."""
+    assert (variants is None and _family is None) or not memory
+    none = None if variants is None else [None] * len(variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
     caps = {b: _affordable_stages(coef, b, limits) for b in range(len(coef.blocks))}
     O = [o for o in range(len(coef.options)) if caps[coef.block_of[o]] > 0]
     if not O or sum(caps.values()) < cfg.pp:
-        return None
+        return none
     t = {o: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
     # memory falls with the position among middle stages (fewer micro-batches in flight), so
     # the most room any position offers is at the first, the last or the last middle stage
@@ -352,7 +382,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
         if rooms[o]:
             alts.setdefault(coef.block_of[o], []).append((t[o][0].a, rooms[o]))
     if coef.required_types - {coef.blocks[b].k for b in alts}:
-        return None  # a node type the config must use holds no layer within memory or budget
+        # a node type the config must use holds no layer within memory or budget
+        return none
     by_type: dict[int, list] = {}
     for b in sorted(alts):
         by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
@@ -363,10 +394,18 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     else:  # cheap: each block offers its stages on its own (no GPU sharing where a type's size is open)
         slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types, gpu_hour[k])
                  for k, blocks in sorted(by_type.items()) for block in blocks]
-    cands = _breakpoints(slots, L, cfg.vpp)
-    z = _bottleneck_bound(slots, cfg.pp, L, cfg.vpp, cands)
+    # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
+    # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
+    unit = cfg.vpp if memory else 1
+    if _family is not None and _family[3]:
+        # weak: no bottleneck bound (z >= S / pp alone), only the least layer sum and $/h
+        least = (_least_layer_sum(math.inf, slots, cfg.pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit))
+        cands, z = [], (None if least[0] == math.inf else 0.0)
+    else:
+        cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L) if not memory else None,
+                                       lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
-        return None
+        return none
     # each stage recomputes at least one layer where its option recomputes fully
     rho = min(t[o][0].rho if coef.full(o) else 0.0 for o in O)
     if cfg.pp == 1:
@@ -374,9 +413,6 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     else:
         ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
-    # the dp tail is at least stage 0's reduction (nothing hides it); the optimizer max at least the biggest stage's
-    rest = ((_p2p_lower_bound(coef) if memory else 0.0) + min(coef.dp_time(o, 0)(cfg.vpp) for o in O)
-            + min(coef.opt_time(o, 0).a for o in O) * biggest)
     usable = [o for o in O if rooms[o]]
     # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
     # rents at least one stage of each node type it gives a stage size
@@ -384,17 +420,71 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True) 
     forced = [min(price[o] for o in usable if coef.options[o].k == k) for k in sorted(coef.required_types)]
     gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
-        return None
-    w_z, w_sum = coef.z_weight(), coef.sum_weight()
-    got = _pipeline_bound(slots, cfg.pp, L, cfg.vpp, cands, z, PipelineTerms(w_z, w_sum, ends + cfg.pp * rho, rest,
-                                                                             gpu_usd),
-                          limits, JOINT_STEPS if memory else 0)
+        return none
+
+    least_work = min(price[o] * t[o][0].a for o in usable)
+    # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
+    # optimizer max at least the biggest stage's
+    dp0 = [coef.dp_time(o, 0) for o in O]
+    opt = min(coef.opt_time(o, 0).a for o in O) * biggest + (_p2p_lower_bound(coef) if memory else 0.0)
+
+    def finish(vpps: tuple[int, ...], w_z: float, w_sum: float, placed=(unit, cands, z, least)) -> float | None:
+        # the reduction is affine in the layers: its least over a range of vpp is at an end
+        u, c, zz, lst = placed
+        if zz is None:
+            return None
+        return _finish_bound(slots, cfg, L, u, c, zz, lst, min(d(v) for d in dp0 for v in vpps) + opt,
+                             ends + cfg.pp * rho, gpu_usd, w_z, w_sum, limits, memory, least_work)
+    if _family is not None:
+        return finish(_family[2], _family[0], _family[1])
+    if variants is None:
+        return finish((cfg.vpp,), coef.z_weight(), coef.sum_weight())
+
+    def chunks(u: int):
+        """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""
+        if u == unit:
+            return unit, cands, z, least
+        return (u, *_memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L, u),
+                                 lambda: _placement_terms(slots, cfg.pp, L, u)))
+    # the closed form's weights of each variant, from the one definition (Coefficients.z_weight, sum_weight)
+    return [finish((v.vpp,), Coefficients.z_weight(view), Coefficients.sum_weight(view), chunks(v.vpp))
+            for v in variants for view in [_WeightView(v, coef.m)]]
+
+
+def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config], weak: bool = False) -> float | None:
+    """At most the least cheap bound of `variants` (configs that differ from coef.cfg in schedule
+    and vpp alone), at the cost of one: the cheap bound T >= w_z X + w_sum S + rest (X, S >= 0;
+    and $ >= its work term) only grows with the weights and the reduction, so the least weights
+    and reduction of any variant bound them all (None: no variant has a plan). weak: without
+    the bottleneck bound (X >= S / pp only), a fraction of the cost; the driver tightens it
+    when the family reaches the top of the heap."""
+    views = [_WeightView(v, coef.m) for v in variants]
+    w_z = min(Coefficients.z_weight(v) for v in views)
+    w_sum = min(Coefficients.sum_weight(v) for v in views)
+    vpps = sorted({v.vpp for v in variants})
+    return config_lower_bound(coef, limits, memory=False, variants=None,
+                              _family=(w_z, w_sum, (vpps[0], vpps[-1]), weak))
+
+
+@dataclass(frozen=True)
+class _WeightView:
+    """What Coefficients.z_weight and sum_weight read: the config and its micro-batch count."""
+
+    cfg: Config
+    m: int
+
+
+def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
+                  least_work) -> float | None:
+    """config_lower_bound's last step: the joint bound (`_pipeline_bound`) and, for $, the work bound."""
+    got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd),
+                          limits, JOINT_STEPS if memory else 0, least)
     if got is None:
         return None
     bound, S = got
     # $ x s per step >= (sum_s p_s) w_z z + gpu_usd (w_sum S + rest), and (sum_s p_s) z >= L min_o(p_o a_o)
     # because z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan
-    work = (w_z * L * min(price[o] * t[o][0].a for o in usable) + gpu_usd * (w_sum * S + rest)) / 3600
+    work = (w_z * L * least_work + gpu_usd * (w_sum * S + rest)) / 3600
     if limits.budget_usd_per_step is not None and work > limits.budget_usd_per_step * (1 + 1e-9):
         return None
     return max(bound, work) if limits.objective == "min-cost" else bound
@@ -413,14 +503,36 @@ def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config) -> None:
 class Prepared:
     """The configs of an instance with their coefficients, reusable across solves
     (a Pareto sweep solves the same instance under many limits). In free mode `base` holds
-    the Megatron-mode configs whose optimum starts the free search."""
+    the Megatron-mode configs whose optimum starts the free search. Coefficients are made on
+    first use (`coef`): a large space has many configs the search never opens."""
 
     configs: list[Config | FreeConfig]
-    coefs: list[Coefficients]
+    inst: Instance
     mode: str = "megatron"
     base: "Prepared | None" = None
     fix: dict | None = None
     shared: dict = field(default_factory=dict)
+    made: dict = field(default_factory=dict)
+
+    def coef(self, i: int) -> Coefficients:
+        got = self.made.get(i)
+        if got is None:
+            got = self.made[i] = Coefficients(self.inst, self.configs[i], self.shared, self.fix)
+        return got
+
+    @property
+    def coefs(self) -> list[Coefficients]:
+        return [self.coef(i) for i in range(len(self.configs))]
+
+    def families(self) -> list[list[int]]:
+        """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
+        mode each config alone), in enumeration order: the members share a cheap bound's terms."""
+        groups: dict = {}
+        for i, c in enumerate(self.configs):
+            key = ((c.tp, c.dp, c.mbs, c.pp, c.recompute, c.sequence_parallel, c.distributed_optimizer)
+                   if isinstance(c, Config) else i)
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
     truncated: bool = False  # the deadline cut the enumeration short: the configs are not all here
 
     def children(self, coef: Coefficients) -> list[Coefficients]:
@@ -439,21 +551,17 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl:
     if not configs:
         if fix:
             raise InputError(f"{explain_fix(inst, fix)}; change --fix", field="fix")
+        if coverage_gap(inst, {}):
+            raise InputError(coverage_gap(inst, {}), field="profiles")
         raise InputError("no tp/dp/pp/micro-batch combination passes the divisibility rules; check "
                          "--global-batch and the cluster", field="global-batch")
-    shared: dict = {}
     base = None
     if mode == "free":
         try:
             base = prepare(inst, fix, "megatron", dl)
         except InputError:  # no uniform plan passes the rules: the free search starts cold
             base = None
-    coefs = []
-    for cfg in configs:
-        if dl is not None and dl.expired():
-            break
-        coefs.append(Coefficients(inst, cfg, shared, fix))
-    return Prepared(configs[:len(coefs)], coefs, mode, base, fix, shared, cut or len(coefs) < len(configs))
+    return Prepared(configs, inst, mode, base, fix, truncated=cut)
 
 
 def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
@@ -531,17 +639,58 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     dl = dl or Deadline(time_limit_s)
     t0 = dl.start
     prepared = prepared or prepare(inst, fix, mode, dl)
-    bounded: list[tuple[float, Config | FreeConfig, Coefficients]] = []
+    # heap entries (bound, config, kind, payload): kind 0 a config and its Coefficients; kind 1 a
+    # family (configs that differ in schedule and vpp alone, their indices) at a bound of all its
+    # members (family_lower_bound), opened into configs when popped; kind 2 the same at the weak
+    # family bound (or at 0, cut from the cheap bounding by the time limit), tightened when popped
+    bounded: list[tuple[float, Config | FreeConfig, int, object]] = []
     unbounded_left = prepared.truncated  # the deadline cut the enumeration short: bound 0 stays open
-    later: list[tuple[float, Config | FreeConfig, Coefficients]] = []  # bounded when popped (bound 0 till then)
-    for i, coef in enumerate(prepared.coefs):
-        if i % 16 == 0 and (dl.expired() or dl.elapsed() > BOUNDING_SHARE * dl.seconds):
-            later = [(0.0, c.cfg, c) for c in prepared.coefs[i:]]  # the heuristic gets the time left
+    later: list[tuple[float, Config | FreeConfig, int, object]] = []  # bounded when popped (bound 0 till then)
+    families = prepared.families()
+    for f, members in enumerate(families):
+        if f % 16 == 0 and (dl.expired() or dl.elapsed() > BOUNDING_SHARE * dl.seconds):
+            later = [(0.0, prepared.configs[ms[0]], 2, ms) for ms in families[f:]]  # the heuristic gets the rest
             break
-        lb = config_lower_bound(coef, limits, memory=False)
+        head = prepared.coef(members[0])
+        if len(members) == 1:
+            lb = config_lower_bound(head, limits, memory=False)
+            if lb is not None:
+                bounded.append((lb, head.cfg, 0, head))
+            continue
+        lb = family_lower_bound(head, limits, [prepared.configs[i] for i in members], weak=True)
         if lb is not None:
-            bounded.append((lb, coef.cfg, coef))
-    bounded.sort(key=lambda x: (x[0], x[1]))
+            bounded.append((lb, head.cfg, 2, members))
+    bounded.sort(key=lambda x: x[:3])
+
+    def opened(heap: list) -> tuple[float, Config | FreeConfig, Coefficients]:
+        """Pop the least entry, opening families into their members (each at the larger of its
+        own cheap bound and the family's), until it is a config."""
+        while heap[0][2] >= 1:
+            flb, cfg, kind, members = heapq.heappop(heap)
+            if kind == 2:  # a weakly bounded family: tighten (the bottleneck bound) and push it back
+                lb = family_lower_bound(prepared.coef(members[0]), limits, [prepared.configs[i] for i in members])
+                if lb is not None:
+                    heapq.heappush(heap, (max(lb, flb), cfg, 1, members))
+                if not heap:
+                    return None
+                continue
+            lbs = config_lower_bound(prepared.coef(members[0]), limits, memory=False,
+                                     variants=[prepared.configs[i] for i in members])
+            for lb, i in zip(lbs, members):
+                if lb is not None:
+                    heapq.heappush(heap, (max(lb, flb), prepared.configs[i], 0, prepared.coef(i)))
+            if not heap:
+                return None
+        lb, cfg, _, coef = heapq.heappop(heap)
+        return lb, cfg, coef
+
+    def opened_config(heap: list):
+        """`opened`, or None when the heap holds only families without a plan."""
+        while heap:
+            got = opened(heap)
+            if got is not None:
+                return got
+        return None
     best: Plan | None = None
     best_obj = math.inf
     hints: dict[Config | FreeConfig, heuristic.Candidate] = {}
@@ -559,7 +708,12 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         # Heuristic first, from the configs of least bound: HEURISTIC_CONFIGS of them, or on until
         # the first plan (so that a short limit returns one), within a tenth of the limit and the deadline
         h0 = time.perf_counter()
-        for tried, (lb, cfg, coef) in enumerate(bounded[:HEURISTIC_MAX_CONFIGS]):
+        ahead = list(bounded)  # a copy: the heuristic looks ahead without consuming the search
+        for tried in range(HEURISTIC_MAX_CONFIGS):
+            got = opened_config(ahead)
+            if got is None:
+                break
+            lb, cfg, coef = got
             if lb >= best_obj * (1 - REL_EPS):
                 break
             if best is not None and (tried >= HEURISTIC_CONFIGS
@@ -580,24 +734,25 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     solved = pruned = 0
     # Best-first over the configs: a free config with open stage sizes is expanded when it is
     # popped (its children inherit its bound), a complete one is solved.
-    heap = sorted(later + bounded, key=lambda x: (x[0], x[1]))  # sorted, hence a heap
-    unbounded = {id(c) for _, _, c in later}
+    heap = sorted(later + bounded, key=lambda x: x[:3])  # sorted, hence a heap
     total = len(prepared.configs)  # and, in free mode, every child made
+
+    def count(entries) -> int:
+        return sum(len(e[3]) if e[2] >= 1 else 1 for e in entries)
     while heap:
-        lb, cfg, coef = heap[0]
-        if lb >= best_obj * (1 - REL_EPS):
-            pruned += len(heap)
+        if heap[0][0] >= best_obj * (1 - REL_EPS):
+            pruned += count(heap)
             break
         left = dl.left()
         if left <= 0:
-            open_bounds += [b for b, _, _ in heap]
+            open_bounds += [e[0] for e in heap]
             break
-        heapq.heappop(heap)
-        if id(coef) in unbounded:  # cut from the cheap bounding by the time limit: bound it now, back in order
-            unbounded.discard(id(coef))
-            cheap = config_lower_bound(coef, limits, memory=False)
-            if cheap is not None:
-                heapq.heappush(heap, (cheap, cfg, coef))
+        got = opened_config(heap)
+        if got is None:
+            break
+        lb, cfg, coef = got
+        if lb >= best_obj * (1 - REL_EPS):  # a family's members may bound above the family
+            heapq.heappush(heap, (lb, cfg, 0, coef))
             continue
         full_lb = config_lower_bound(coef, limits, memory=True)
         if full_lb is None or full_lb >= best_obj * (1 - REL_EPS):
@@ -608,7 +763,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                 # a kid with open sizes inherits this bound until it is popped
                 kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
                 if kid_lb is not None:
-                    heapq.heappush(heap, (max(lb, kid_lb), kid.cfg, kid))
+                    heapq.heappush(heap, (max(lb, kid_lb), kid.cfg, 0, kid))
                     total += 1
             continue
         hint = hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
@@ -621,8 +776,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             open_bounds.append(open_lb)
         if progress:
             progress(Progress(time.perf_counter() - t0, None if best is None else best_obj,
-                              min([best_obj] + open_bounds + [b for b, _, _ in heap[:1]]),
-                              total - len(heap), total))
+                              min([best_obj] + open_bounds + [e[0] for e in heap[:1]]),
+                              total - count(heap), total))
     wall = time.perf_counter() - t0
     bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
     if best is None:

@@ -1,0 +1,170 @@
+"""The search space: every schedule and size the product launches, within the profiled points.
+
+Issue 21 §3: GPipe, interleaving with vpp outside {2, 4} and micro-batches past 16 were only
+reachable under --fix, so an `optimal` plan could be beaten by a plan --fix accepts.
+Issue 12 §4: tp 8 and micro-batch 8 were planned on a profile measured up to tp 4 and
+micro-batch 4, extrapolated, and nothing said so. Each test below fails on the code before
+the fix (noted per test).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import pytest
+
+from milp_plan import analytic, check
+from milp_plan.errors import InputError
+from milp_plan.formulations.pipeline import Limits
+from milp_plan.formulations.space import enumerate_configs, parse_fix, plan_fills, with_space_options
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.plan import plan_from_dict, read_plan, schema
+from milp_plan.solvers import bruteforce
+from milp_plan.solvers.driver import solve
+from clitools import run_cli
+from test_solve import BACKENDS, write_instance
+from tiny_instance import tiny_instance, write_inputs
+
+MS = 1e-3
+OLD_SPACE = [{"schedule": "1f1b", "mbs<=": 16}, {"schedule": "interleaved", "vpp": 2, "mbs<=": 16},
+             {"schedule": "interleaved", "vpp": 4, "mbs<=": 16}]
+
+
+def old_space_optimum(inst) -> float:
+    """The best plan of the space searched before issue 21: 1F1B, or interleaved with vpp 2 or
+    4, micro-batch <= 16 (each solved exactly; a fix no config passes holds no plan)."""
+    best = math.inf
+    for fix in OLD_SPACE:
+        try:
+            r = solve(inst, Limits(), fix=fix)
+        except InputError:
+            continue
+        if r.plan is not None:
+            best = min(best, r.objective)
+    return best
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_interleaving_with_vpp_3_beats_the_old_space(tmp_path, backend):
+    """6 layers; 2 A100 nodes of 1 GPU (block f 1 + b 2 = 3 ms) + 1 A10; links ~free; 4 GiB/1000
+    of memory holds at most 3 layers a GPU, so the plan is pp 2 on the A100s with 3 + 3 layers,
+    t = 9 ms a stage, m = 4 micro-batches of 1.
+      interleaved vpp 3 (one layer a chunk): T = m z + (sum t - z) / 3 = 36 + 3 = 39 ms
+      1F1B:                               T = (m - 1) z + sum t       = 27 + 18 = 45 ms
+      interleaved vpp 2 (stages 2 + 4):   T = 4 x 12 + 6 / 2          = 51 ms; vpp 4 needs 8 layers.
+    (+ ~3 us of optimizer and transfers.) Before issue 21 the default returned the 45 ms plan."""
+    spec = write_instance(tmp_path, layers=6, gpn=1, counts=(2, 1), memory_gib=(0.004, 0.004, None))
+    inst = build_instance(spec)
+    got = solve(inst, Limits(), backend=backend)
+    assert got.status == "optimal"
+    p = got.plan
+    assert (p.schedule, p.vpp, [s.num_layers for s in p.stages]) == ("interleaved", 3, [3, 3])
+    assert got.objective == pytest.approx(39.003 * MS, abs=0.002 * MS)
+    assert not check.check_plan(inst, p)
+    assert bruteforce.solve(inst, Limits()).objective == pytest.approx(got.objective, rel=1e-6)
+    assert old_space_optimum(inst) == pytest.approx(45.003 * MS, abs=0.002 * MS)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpipe_beats_the_old_space_on_slow_links(tmp_path, backend):
+    """4 layers on 2 single-A100 nodes (the memory holds 2 layers a GPU: pp 2, 2 + 2 layers,
+    f = 2, b = 4, t = 6 ms a stage), m = 4, links of 0.004 GB/s: a hop sends 1 x 32 x 64 x 2 B
+    = 4096 B in h = 1.024 ms.
+      GPipe: (m - 1)(max(f, h) + max(b, h)) + sum t + 2 h = 18 + 12 + 2.048 = 32.048 ms
+      1F1B: z >= (t0 + 2h + t1) / 2 = 7.024, T = 3 z + 12 + 2h = 35.12 ms
+      interleaved vpp 2: m z + (sum t - z) / 2 + 2 (2 h + h_wrap) = 24 + 3 + 6.144 = 33.144 ms
+    (+ ~2 us of optimizer). Before issue 21 GPipe was only reachable with --fix schedule=gpipe."""
+    spec = write_instance(tmp_path, layers=4, gpn=1, counts=(2, 1), memory_gib=(0.004, 0.004, None),
+                          bw=(0.004, 0.004))
+    inst = build_instance(spec)
+    got = solve(inst, Limits(), backend=backend)
+    assert got.status == "optimal"
+    assert (got.plan.schedule, [s.num_layers for s in got.plan.stages]) == ("gpipe", [2, 2])
+    assert got.objective == pytest.approx(32.050 * MS, abs=0.002 * MS)
+    assert bruteforce.solve(inst, Limits()).objective == pytest.approx(got.objective, rel=1e-6)
+    assert old_space_optimum(inst) == pytest.approx(33.146 * MS, abs=0.002 * MS)
+
+
+def test_caps_parse_and_bound_the_space(tmp_path):
+    assert parse_fix("tp<=4,mbs<=8,mbs<=2") == {"tp<=": 4, "mbs<=": 2}
+    assert parse_fix(with_space_options("pp=2", True, 2, 4)) == {"pp": 2, "tp<=": 2, "mbs<=": 4, "extrapolate": True}
+    for bad in ("pp<=2", "tp<=0", "tp=4,tp<=2", "tp<4"):
+        with pytest.raises(InputError):
+            parse_fix(bad)
+    inst = build_instance(InstanceSpec())
+    configs = list(enumerate_configs(inst, parse_fix("tp<=2,mbs<=4")))
+    assert configs and {c.tp for c in configs} == {1, 2} and max(c.mbs for c in configs) == 4
+
+
+def test_an_analytic_profile_generates_every_point():
+    """The shipped analytic table stops at micro-batch 16; past it the analytic formula itself
+    (not a fill rule) gives the time, so the default space holds micro-batch 32 and a plan on
+    it lists no filled point."""
+    inst = build_instance(InstanceSpec())
+    model, gpu = inst.model, inst.cluster.node_types[0].gpu
+    cost = inst.profile.cost(model.name, gpu.name, 2, 32, inst.job.seq_length, "block")
+    fwd, bwd, _ = analytic.layer_cost_s(model, gpu, "block", 2, 32, inst.job.seq_length)
+    assert (cost.fwd_ms, cost.bwd_ms) == pytest.approx((fwd * 1e3, bwd * 1e3), rel=1e-12)
+    assert not inst.profile.fills
+    assert any(c.mbs == 32 for c in enumerate_configs(inst, {"tp": 1, "dp": 8}))
+
+
+def solve_cli(capsys, d, *extra):
+    return run_cli(capsys, "solve", "--cluster", str(d / "tiny-cluster.yaml"), "--model", str(d / "tiny-model.yaml"),
+               "--profiles", str(d / "tiny-profile.csv"), "--global-batch", "8", *extra)
+
+
+def test_the_default_stays_inside_the_profile_and_extrapolate_lists_what_it_fills(tmp_path):
+    """The tiny profile measures tp 1, 2 and micro-batch 1, 2 only (nodes of 4 G GPUs allow tp 4).
+    Filled by the rules, tp 4 halves tp 2's times: the unrestricted optimum is tp 4 / dp 1 on
+    both big nodes, 33.40 ms. Inside the profile the best is tp 2 / dp 2, 35.25 ms. Before
+    issue 12 the default planned the tp 4 plan and recorded nothing."""
+    inst = tiny_instance(tmp_path)
+    inside = solve(inst, Limits())
+    assert inside.status == "optimal"
+    assert all(s.tp <= 2 and s.micro_batch_size <= 2 for s in inside.plan.stages)
+    assert inside.objective == pytest.approx(35.25 * MS, abs=0.01 * MS)
+    assert plan_fills(inst, inside.plan) == ()
+    wide = solve(inst, Limits(), fix={"extrapolate": True})
+    assert [s.tp for s in wide.plan.stages] == [4, 4]
+    assert wide.objective == pytest.approx(33.40 * MS, abs=0.01 * MS) and wide.objective < inside.objective
+    fills = plan_fills(inst, wide.plan)
+    assert {(f.gpu, f.tp, f.micro_batch_size, f.kind) for f in fills} == {("G", 4, 1, k) for k in
+                                                                        ("embedding", "block", "head")}
+    assert all("scaled from tp=2" in f.how for f in fills)
+    assert bruteforce.solve(inst, Limits(), fix={"extrapolate": True}).objective == pytest.approx(wide.objective,
+                                                                                                  rel=1e-6)
+    with pytest.raises(InputError, match="--extrapolate"):
+        solve(inst, Limits(), fix={"tp": 4})
+
+
+def test_plan_json_lists_the_filled_points_and_stays_byte_identical(tmp_path, capsys):
+    d = tmp_path / "in"
+    write_inputs(d)
+    code, _, err = solve_cli(capsys, d, "--out", str(tmp_path / "plain.json"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "plain.json").read_text())["profile_fills"] == []
+    outs = []
+    for name in ("a.json", "b.json"):
+        code, out, err = solve_cli(capsys, d, "--extrapolate", "--out", str(tmp_path / name))
+        assert code == 0, err
+        outs.append((tmp_path / name).read_bytes())
+    assert outs[0] == outs[1]
+    assert "Extrapolated: 3 profile point(s)" in out
+    doc = json.loads(outs[0])
+    jsonschema.validate(doc, schema())
+    assert {(f["tp"], f["kind"]) for f in doc["profile_fills"]} == {(4, k) for k in ("embedding", "block", "head")}
+    assert read_plan(tmp_path / "a.json").profile_fills == plan_from_dict(doc).profile_fills
+    code, _, err = solve_cli(capsys, d, "--extrapolate", "--max-tp", "2", "--max-micro-batch", "1", "--out",
+                             str(tmp_path / "c.json"))
+    assert code == 0, err
+    stages = json.loads((tmp_path / "c.json").read_text())["stages"]
+    assert all(s["tp"] <= 2 and s["micro_batch_size"] == 1 for s in stages)
+
+
+def test_a_profile_that_covers_nothing_says_how_to_go_on(tmp_path):
+    """The tiny profile is measured at sequence length 500; at 1000 no point is measured."""
+    inst = tiny_instance(tmp_path, seq_length=1000)
+    with pytest.raises(InputError, match="sequence length 1000.*--extrapolate"):
+        solve(inst, Limits())
