@@ -297,34 +297,31 @@ def _completions(prepared, coef):
     return [c for kid in prepared.children(coef) for c in _completions(prepared, kid)]
 
 
+def check_every_config_model(tmp, case, mode: str, most: int) -> None:
+    """A random instance (test_solve's strategies) whose brute force stays under `most` candidates."""
+    from milp_plan.solvers import bruteforce
+    from test_solve import limits_for
+    kw, gbs, objective, flash = case
+    spec = write_instance(tmp, **kw)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
+    assume(sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst, mode=mode)) <= most)
+    fastest = bruteforce.solve(inst, Limits(), mode=mode)
+    assume(fastest.plan is not None)
+    assert_every_config_model_exact(inst, without_usd_per_step(limits_for(objective, fastest.plan)), mode)
+
+
 @settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_instances())
 def test_every_megatron_config_model_equals_its_exhaustive_optimum(tmp_path_factory, case):
-    from milp_plan.solvers import bruteforce
-    from test_solve import limits_for
-    kw, gbs, objective, flash = case
-    spec = write_instance(tmp_path_factory.mktemp("inst"), **kw)
-    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
-    assume(sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst)) <= 3_000)
-    fastest = bruteforce.solve(inst, Limits())
-    assume(fastest.plan is not None)
-    assert_every_config_model_exact(inst, without_usd_per_step(limits_for(objective, fastest.plan)), "megatron")
+    check_every_config_model(tmp_path_factory.mktemp("inst"), case, "megatron", 3_000)
 
 
 @settings(max_examples=5, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_free_instances())
 def test_every_free_config_model_equals_its_exhaustive_optimum(tmp_path_factory, case):
-    from milp_plan.solvers import bruteforce
-    from test_solve import limits_for
-    kw, gbs, objective, flash = case
-    spec = write_instance(tmp_path_factory.mktemp("inst"), **kw)
-    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
-    assume(sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst, mode="free")) <= 2_000)
-    fastest = bruteforce.solve(inst, Limits(), mode="free")
-    assume(fastest.plan is not None)
-    assert_every_config_model_exact(inst, without_usd_per_step(limits_for(objective, fastest.plan)), "free")
+    check_every_config_model(tmp_path_factory.mktemp("inst"), case, "free", 2_000)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "interleaved", "1f1b"])
@@ -337,3 +334,18 @@ def test_every_config_model_of_a_fixed_schedule_with_slow_links(tmp_path, schedu
     fix = {"schedule": schedule, "recompute": "none"}
     for limits in (Limits(), Limits(budget_usd_per_hour=6.0)):
         assert assert_every_config_model_exact(inst, limits, "megatron", fix) >= 3
+
+
+def test_free_mode_min_cost_at_the_free_optimum_s_own_time(tmp_path):
+    """Issue 21 §4: a free-mode min-cost solve at the free optimum's own step time exited 1
+    ("no plan meets all limits together"); the optimum itself meets that limit."""
+    spec = write_instance(tmp_path, layers=4, gpn=2, counts=(1, 2), bw=COMPARABLE_BW[0], billing=("node", "gpu"),
+                          memory_gib=(0.003, None, None))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    fastest = solve(inst, Limits(), mode="free", time_limit_s=60)
+    t = fastest.plan.predicted.step_time_s
+    limits = Limits("min-cost", time_limit_s=t)
+    res = solve(inst, limits, mode="free", time_limit_s=60)
+    assert res.plan is not None and res.plan.predicted.step_time_s <= t
+    assert res.objective <= fastest.plan.predicted.usd_per_step
+    assert_admitted(inst, res.plan, limits)
