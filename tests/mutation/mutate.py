@@ -1,9 +1,11 @@
 """Mutation check of the integer model: does a wrong formula get caught?
 
 Applies each small formula mutation below, one at a time, to a copy of milp_plan/ and runs
-a probe on it: CP-SAT solves of small random instances (realistic transfers, per-GPU and
-per-node billing, binding memory, every objective, both modes) compared with brute force
-(which reads only costmodel.evaluate and the checker), plus the default instance. A
+a probe on it: every config's model of a small instance solved on its own against that
+config's exhaustive optimum (each schedule, slow links, per-GPU billing), CP-SAT solves of
+small random instances (realistic transfers, per-GPU and per-node billing, binding memory,
+every objective, both modes) compared with brute force (which reads only costmodel.evaluate
+and the checker), and the default instance. A
 mutation is caught when the probe fails: an InternalError (the model's objective drifts
 from the cost model's beyond its rounding), a checker rejection, a plan over a limit, or an
 objective that differs from brute force's beyond the reported gap.
@@ -77,6 +79,16 @@ from milp_plan.solvers.driver import solve
 from test_solve import write_instance, limits_for, assert_agrees, COMPARABLE_BW, HUGE_BW, OBJECTIVES
 import tempfile
 
+# every config's model on its own (no heuristic or bound can hide it), each schedule, slow
+# links, per-GPU billing, against each config's exhaustive optimum (tests/test_trust.py)
+from test_trust import assert_every_config_model_exact
+d0 = Path(tempfile.mkdtemp())
+spec = write_instance(d0, layers=8, gpn=2, counts=(2, 2), bw=COMPARABLE_BW[1], billing=("gpu", "node"),
+                      memory_gb_per_s=1.0)
+inst0 = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 8}))
+for sched in ("gpipe", "interleaved", "1f1b"):
+    for limits in (Limits(), Limits(budget_usd_per_hour=6.0)):
+        assert_every_config_model_exact(inst0, limits, "megatron", {"schedule": sched, "recompute": "none"})
 rng = random.Random(7)
 tmp = Path(tempfile.mkdtemp())
 cases = 0
