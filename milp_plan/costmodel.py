@@ -94,9 +94,15 @@ def tp_comm_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str)
 
 
 def _flops_ratio(inst: Instance, kind: str):
+    """How a layer's time scales from one sequence length to another (the profile's fill
+    rule): by its forward FLOPs per sequence; a layer without FLOPs (the embedding lookup,
+    memory-bound) by its tokens."""
     def ratio(seq_from: int, seq_to: int) -> float:
         m = inst.model
-        return (m.forward_flops_per_token(kind, seq_to) * seq_to) / (m.forward_flops_per_token(kind, seq_from) * seq_from)
+        before = m.forward_flops_per_token(kind, seq_from) * seq_from
+        if before == 0:
+            return seq_to / seq_from
+        return (m.forward_flops_per_token(kind, seq_to) * seq_to) / before
     return ratio
 
 

@@ -68,6 +68,19 @@ def test_layer_times_add_tp_comm(inst, big, small):
     assert (lt.fwd_s, lt.bwd_s) == (approx(8 * MS), approx(16 * MS))
 
 
+def test_a_layer_without_flops_is_filled_at_another_length_by_its_tokens(tmp_path):
+    """The embedding has no FLOPs; filling it at another sequence length divided 0 by 0
+    (ZeroDivisionError, reachable with --extrapolate). Profiled at seq 500 (0.1 / 0.2 ms at
+    micro-batch 1, tp 1 on G), at seq 1000 it takes twice that (a lookup per token); the block
+    scales by its FLOPs per sequence, which grow faster than the tokens (attention)."""
+    inst = tiny_instance(tmp_path, seq_length=1000)
+    g = inst.cluster.node_types[0]
+    emb = cm.layer_times(inst, g, 1, 1, "embedding")
+    assert (emb.fwd_s, emb.bwd_s) == (approx(2 * 0.1e-3), approx(2 * 0.2e-3))
+    ratio = cm._flops_ratio(inst, "block")(500, 1000)
+    assert ratio > 2 and cm.layer_times(inst, g, 1, 1, "block").fwd_s == approx(2.0e-3 * ratio)
+
+
 def test_attention_core_estimated_by_flop_share(tmp_path, big):
     # a profile without attn_core_fwd_ms: core = fwd x (4 s h) / (2 (2h^2 + 2h kv + 2hf) + 4 s h)
     #   = 2 ms x 2e6 / (2 x (2e6 + 2e6 + 8e6) + 2e6) = 2 ms / 13
