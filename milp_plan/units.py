@@ -1,4 +1,4 @@
-"""Parsing of quantities with units, and the one place floats become integer ticks.
+"""Parsing of quantities with units. (Solver integer units: formulations/pipeline.Resolution.)
 
 Accepted spellings (case-insensitive, spaces ignored):
 
@@ -25,7 +25,7 @@ _MEM_UNITS_BYTES = {
 _BW_UNITS_GB_PER_S = {"gb/s": 1.0, "gbyte/s": 1.0, "gbit/s": 0.125, "gbps": 0.125, "gb/sec": 1.0, "tb/s": 1000.0}
 
 GIB = 2**30
-TICKS_PER_SECOND = 1_000_000  # solver integer time unit: one microsecond
+TICKS_PER_SECOND = 1_000_000  # the coarsest solver tick (pipeline.Resolution picks finer ones)
 
 
 def _clean(text: str) -> str:
@@ -139,15 +139,6 @@ def parse_bandwidth_gb_per_s(text: str | int | float, *, field: str = "bandwidth
         raise InputError(f"unknown bandwidth unit '{_short(unit)}' in '{_short(text)}'; use GB/s or Gbit/s",
                          field=field)
     return _in_range(value * _BW_UNITS_GB_PER_S[unit], *BANDWIDTH_RANGE_GB_PER_S, text, field, "GB/s")
-
-
-def seconds_to_ticks(seconds: float) -> int:
-    """The single float -> integer conversion for solvers: rounds to the nearest microsecond."""
-    return int(round(seconds * TICKS_PER_SECOND))
-
-
-def ticks_to_seconds(ticks: int | float) -> float:
-    return float(ticks) / TICKS_PER_SECOND
 
 
 def format_duration(seconds: float) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from milp_plan.errors import InputError
-from milp_plan.units import (GIB, TICKS_PER_SECOND, Money, format_duration, format_gib, parse_bandwidth_gb_per_s,
-                             parse_duration_s, parse_memory_bytes, parse_money, seconds_to_ticks, ticks_to_seconds)
+from milp_plan.units import (GIB, Money, format_duration, format_gib, parse_bandwidth_gb_per_s,
+                             parse_duration_s, parse_memory_bytes, parse_money)
 
 
 # ---- durations ------------------------------------------------------------------------
@@ -114,23 +114,7 @@ def test_parse_bandwidth_rejects(text):
         parse_bandwidth_gb_per_s(text, field="inter_node_gb_per_s")
 
 
-# ---- ticks and formatting ---------------------------------------------------------------
-def test_ticks_are_microseconds():
-    assert TICKS_PER_SECOND == 1_000_000
-    assert seconds_to_ticks(1.2) == 1_200_000
-    assert seconds_to_ticks(0.0) == 0
-    assert seconds_to_ticks(3.4e-6) == 3             # rounds to the nearest microsecond
-    assert seconds_to_ticks(3.6e-6) == 4
-    assert isinstance(seconds_to_ticks(0.5), int)
-    assert ticks_to_seconds(1_200_000) == pytest.approx(1.2, rel=1e-15)
-    assert ticks_to_seconds(7) == pytest.approx(7e-6, rel=1e-15)
-
-
-@pytest.mark.parametrize("seconds", [0.0, 1e-7, 0.0123456789, 1.2345678, 3600.0])
-def test_ticks_round_trip_within_half_a_tick(seconds):
-    assert abs(ticks_to_seconds(seconds_to_ticks(seconds)) - seconds) <= 0.5e-6 + 1e-15
-
-
+# ---- formatting ---------------------------------------------------------------------------
 def test_format():
     assert format_duration(1.5) == "1.500 s"
     assert format_duration(0.0123) == "12.30 ms"
