@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from milp_plan import costmodel
+from milp_plan import costmodel, schedules
 from milp_plan.instance import Instance
-from milp_plan.plan import SCHEDULES, Plan
+from milp_plan.plan import Plan
 
 REL_TOL = 1e-6
 
@@ -138,26 +138,12 @@ def check_recompute(inst: Instance, plan: Plan) -> list[Violation]:
 
 
 def check_schedule(inst: Instance, plan: Plan) -> list[Violation]:
-    out = []
-    if plan.schedule not in SCHEDULES:
-        return [Violation("schedule", f"unknown schedule {plan.schedule!r}; use {', '.join(SCHEDULES)}")]
-    if plan.schedule == "interleaved":
-        if plan.vpp < 2:
-            out.append(Violation("schedule", "interleaved needs vpp >= 2"))
-        if plan.pp < 2:
-            out.append(Violation("schedule", "interleaved needs at least 2 pipeline stages"))
-        if plan.num_microbatches % plan.pp:
-            out.append(Violation("schedule", f"interleaved needs micro-batches {plan.num_microbatches} divisible "
-                                             f"by pp {plan.pp} (Megatron refuses it otherwise)"))
-        for i, st in enumerate(plan.stages):
-            if plan.vpp >= 2 and st.num_layers % plan.vpp:
-                out.append(Violation("schedule", f"stage {i}: {st.num_layers} layers not divisible by vpp "
-                                                 f"{plan.vpp}"))
-        if plan.vpp >= 2 and not out and plan.stages[0].first_layer != 0:
-            out.append(Violation("schedule", "stage 0 must start at layer 0"))
-    elif plan.vpp != 1:
-        out.append(Violation("schedule", f"vpp {plan.vpp} needs the interleaved schedule"))
-    return out
+    if not schedules.known(plan.schedule):
+        return [Violation("schedule", f"unknown schedule {plan.schedule!r}; use {', '.join(schedules.NAMES)}")]
+    sched = schedules.schedule_of(plan.schedule, plan.vpp)
+    return [Violation("schedule", msg) for msg in sched.violations(
+        plan.pp, plan.num_microbatches, [st.num_layers for st in plan.stages],
+        plan.stages[0].first_layer if plan.stages else 0)]
 
 
 def check_megatron_rules(inst: Instance, plan: Plan) -> list[Violation]:

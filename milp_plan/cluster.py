@@ -237,13 +237,10 @@ def shipped_clusters() -> dict[str, Path]:
 
 
 def load_cluster(spec: str | Path | None) -> Cluster:
-    """A shipped cluster name, a YAML path, or `metis:CLUSTER.json,HOSTFILE` (a Metis cluster)."""
+    """A shipped cluster name or a YAML path (importers.load_cluster also reads Metis clusters)."""
     if spec is None:
         spec = DEFAULT_CLUSTER
     text = str(spec)
-    if text.startswith("metis:") or text.endswith(".json"):
-        from milp_plan.importers.metis import load_metis_cluster
-        return load_metis_cluster(text.removeprefix("metis:"))
     shipped = shipped_clusters()
     path = Path(text)
     present = path.exists() or path.is_symlink()  # a broken link or a loop: read_text names it

@@ -55,6 +55,7 @@ from milp_plan.analytic import MEMORY_EFFICIENCY
 from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, Prediction, Stage, StagePrediction
+from milp_plan.schedules import W_FRACTION_OF_BWD, schedule_of, steady_period_s  # noqa: F401 (part of the cost model's API)
 from milp_plan.units import GIB
 
 WEIGHT_BYTES = 2.0          # bf16 parameters
@@ -62,7 +63,6 @@ GRAD_BYTES = 4.0            # fp32 main gradients
 OPTIMIZER_BYTES = 12.0      # fp32 master weights + Adam m and v
 OPTIMIZER_BYTES_PER_PARAM = 30.0  # read grad 4, r/w master 8, m 8, v 8, write bf16 param 2
 ACT_BYTES = 2.0             # bf16 activations on the wire
-W_FRACTION_OF_BWD = 0.5     # ZB-H1: weight-gradient share of the backward pass
 SECONDS_PER_HOUR = 3600.0
 
 
@@ -202,27 +202,13 @@ def model_state_bytes(params_per_gpu: float, dp: int, distributed_optimizer: boo
 
 
 def inflight_microbatches(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:
-    """Micro-batches whose activations a stage holds at its peak (in whole-stage units).
-
-    ZB-H1 holds min(pp, m) on every stage: a micro-batch's activations stay until its
-    deferred weight-gradient pass (PyTorch's ZB1P order, checked by the simulator)."""
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "zb-h1":
-        return float(min(pp, m))
-    if schedule == "interleaved" and vpp > 1:
-        chunks = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
-        return chunks / vpp
-    return float(min(pp - stage, m))
+    """Micro-batches whose activations a stage holds at its peak (schedules.Schedule.in_flight)."""
+    return schedule_of(schedule, vpp).in_flight(pp, stage, m)
 
 
 def end_inflight(schedule: str, pp: int, m: int, vpp: int, inflight: float) -> tuple[float, float]:
-    """(embedding, head) in-flight micro-batches. Interleaved: the embedding lives only in
-    chunk 0 of stage 0, held min(2 pp - 1, m) times; the head only in the last chunk of
-    the last stage, whose backward follows its forward at once (held once)."""
-    if schedule == "interleaved" and vpp > 1:
-        return float(min(2 * pp - 1, m)), 1.0
-    return inflight, inflight
+    """(embedding, head) in-flight micro-batches (schedules.Schedule.end_in_flight)."""
+    return schedule_of(schedule, vpp).end_in_flight(pp, m, inflight)
 
 
 def stage_activation_bytes(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_head: bool, tp: int,
@@ -271,60 +257,24 @@ def optimizer_s(params_updated: float, node_type: NodeType) -> float:
 
 
 # ---- pipeline time -----------------------------------------------------------------
-def steady_period_s(t: Sequence[float], hop: Sequence[float]) -> float:
-    """z: time per micro-batch in the steady state of 1F1B-like schedules.
-
-    A stage holds at most pp - s micro-batches, so a run of consecutive stages a..b
-    (with the 2 transfers on each inner hop) is a cycle:
-        z = max over a <= b of (sum_{a..b} t_s + 2 sum_{a..b-1} h_s) / (b - a + 1).
-    Window a = b gives max_s t_s; with no communication z = max_s t_s exactly."""
-    best, pp = 0.0, len(t)
-    for a in range(pp):
-        acc = 0.0
-        for b in range(a, pp):
-            acc += t[b] + (2.0 * hop[b - 1] if b > a else 0.0)
-            best = max(best, acc / (b - a + 1))
-    return best
-
-
 def pipeline_time_s(fwd_s: Sequence[float], bwd_s: Sequence[float], m: int, schedule: str,
                     vpp: int = 1, hop_s: Sequence[float] | None = None) -> tuple[float, float]:
-    """(compute, bubble) of the closed form, given per-stage f_s, b_s per micro-batch.
-
-    With t_s = f_s + b_s and z the steady period (steady_period_s; max_s t_s without hops):
+    """(compute, bubble) of the closed form, given per-stage f_s, b_s per micro-batch; each
+    schedule's form is in its class (schedules.py). With t_s = f_s + b_s and z the steady
+    period (steady_period_s; max_s t_s without hops):
       1F1B:          T = m z + (sum_s t_s - z)                      [= (m-1) z + sum_s t_s]
-      GPipe:         all forwards, then all backwards: two flow shops of m identical jobs,
-                     T = (m-1)(zf + zb) + sum_s t_s with zf = max(f_s, h_s), zb = max(b_s, h_s)
-                     (a hop is a machine of the flow shop too); reported as compute m (zf + zb)
+      GPipe:         T = (m-1)(zf + zb) + sum_s t_s,  zf = max(f_s, h_s), zb = max(b_s, h_s)
       interleaved:   T = m z + (sum_s t_s - z) / vpp,   z = max_s t_s
-      ZB-H1:         T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = W_FRACTION_OF_BWD b_s,
-                     t'_s = t_s - 2 w_s; at equal stages this is m t + (p-1)(F + B - W), the
-                     published ZB-H1 time (used by `verify --schedule zb-h1`; the exact
-                     formulations cover 1F1B, interleaved and GPipe only).
+      ZB-H1:         T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = W_FRACTION_OF_BWD b_s
     """
-    t = [f + b for f, b in zip(fwd_s, bwd_s)]
-    hops = list(hop_s) if hop_s is not None else [0.0] * (len(t) - 1)
-    if schedule == "interleaved" and vpp > 1:
-        z = max(t)
-        return m * z, (sum(t) - z) / vpp
-    if schedule == "gpipe":
-        zf, zb = max([*fwd_s, *hops]), max([*bwd_s, *hops])
-        return m * (zf + zb), sum(t) - zf - zb
-    z = steady_period_s(t, hops)
-    if schedule == "zb-h1":
-        w = [W_FRACTION_OF_BWD * b for b in bwd_s]
-        return m * z, sum(ti - 2 * wi for ti, wi in zip(t, w)) + 2 * max(w) - z
-    return m * z, sum(t) - z
+    hops = list(hop_s) if hop_s is not None else [0.0] * (len(fwd_s) - 1)
+    return schedule_of(schedule, vpp).pipeline_time(fwd_s, bwd_s, m, hops)
 
 
 def p2p_time_s(hop_s: Sequence[float], wrap_hop_s: float, schedule: str, vpp: int = 1) -> float:
     """Transfers on the critical path: 2 sum h (1F1B, GPipe); 4 sum h (ZB-H1);
     2 (vpp sum h + (vpp - 1) h_wrap) (interleaved: fill and drain cross every chunk boundary)."""
-    if schedule == "interleaved" and vpp > 1:
-        return 2.0 * (vpp * sum(hop_s) + (vpp - 1) * wrap_hop_s)
-    if schedule == "zb-h1":
-        return 4.0 * sum(hop_s)
-    return 2.0 * sum(hop_s)
+    return schedule_of(schedule, vpp).p2p_time(hop_s, wrap_hop_s)
 
 
 def dp_tail_s(dp_s: Sequence[float], bwd_s: Sequence[float], hop_s: Sequence[float], schedule: str,
@@ -332,7 +282,7 @@ def dp_tail_s(dp_s: Sequence[float], bwd_s: Sequence[float], hop_s: Sequence[flo
     """Gradient reduction not hidden by the pipeline drain: stage s finishes its last
     backward sum_{k<s} (b_k / v + h_k) before stage 0 does, so
         dp = max_s (dp_s - sum_{k<s} (b_k / v + h_k))   (>= dp_0 >= 0)."""
-    v = vpp if (schedule == "interleaved" and vpp > 1) else 1
+    v = schedule_of(schedule, vpp).chunks
     best, slack = 0.0, 0.0
     for s, d in enumerate(dp_s):
         if s:

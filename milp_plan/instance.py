@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from milp_plan import analytic
-from milp_plan.cluster import Cluster, cluster_from_mapping, load_cluster
+from milp_plan.cluster import Cluster, cluster_from_mapping
+from milp_plan.importers import load_cluster
 from milp_plan.errors import InputError
 from milp_plan.job import DEFAULT_GLOBAL_BATCH, DEFAULT_MODEL, Job, Objective
 from milp_plan.model import Model, load_model, model_catalog, model_from_mapping

@@ -15,11 +15,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from milp_plan import schedules
+from milp_plan.schedules import OneFOneB
 from milp_plan.errors import InputError
 from milp_plan.fileio import parse_json, read_text, write_atomic
 
 SCHEMA_VERSION = "1"
-SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
 STATUSES = ("optimal", "feasible", "infeasible", "timeout", "evaluated")
 
 
@@ -98,7 +99,7 @@ class Plan:
     stages: tuple[Stage, ...]
     global_batch_size: int
     num_microbatches: int
-    schedule: str = "1f1b"
+    schedule: str = OneFOneB.name
     vpp: int = 1                   # virtual stages per rank (interleaved only)
     distributed_optimizer: bool = False
     sequence_parallel: bool = False
@@ -157,8 +158,9 @@ class Plan:
         for attr, what in attrs:
             if not self.uniform(attr):
                 reasons.append(f"{what} differs between stages ({', '.join(str(getattr(s, attr)) for s in self.stages)})")
-        if self.schedule == "zb-h1":
-            reasons.append("ZB-H1 needs the zero-bubble fork of Megatron-LM")
+        fork = schedules.schedule_of(self.schedule, self.vpp).needs_fork if schedules.known(self.schedule) else None
+        if fork:
+            reasons.append(fork)
         return reasons
 
     # ---- JSON ----------------------------------------------------------------

@@ -151,7 +151,9 @@ def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short:
     from milp_plan.formulations.coefficients import Coefficients
     from milp_plan.formulations.space import enumerate_configs
     best, complete = None, True
-    for cfg in enumerate_configs(inst, {"mbs": 1, "recompute": "full", "schedule": "1f1b"}):
+    from milp_plan.schedules import OneFOneB
+    # the fewest micro-batches in flight of any schedule the planner searches
+    for cfg in enumerate_configs(inst, {"mbs": 1, "recompute": "full", "schedule": OneFOneB.name}):
         if dl is not None and dl.expired():
             complete = False
             break

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from milp_plan import check, costmodel
+from milp_plan import check, costmodel, schedules
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance, instance_from_inputs
-from milp_plan.plan import SCHEDULES, Plan, Prediction, read_plan
+from milp_plan.plan import Plan, Prediction, read_plan
 from milp_plan.report import table
 from milp_plan.sim import SimResult, simulate_plan, too_large_to_simulate
-from milp_plan.sim.schedules import device_orders
 
 DEFAULT_TOLERANCE = 0.02
 
@@ -114,22 +113,20 @@ def target_plan(plan: Plan, schedule: str | None, vpp: int | None) -> Plan:
     if schedule is None and vpp is None:
         return plan
     schedule = schedule or plan.schedule
-    if schedule not in SCHEDULES:
-        raise InputError(f"unknown schedule {schedule!r}; use {', '.join(SCHEDULES)}", field="schedule")
-    if schedule != "interleaved":
+    if not schedules.has_chunks(schedules.schedule_of(schedule).name):
         if vpp not in (None, 1):
-            raise InputError(f"--vpp {vpp} needs --schedule interleaved", field="vpp")
+            raise InputError(f"--vpp {vpp} needs --schedule {schedules.INTERLEAVED}", field="vpp")
         vpp = 1
     else:
         vpp = vpp or (plan.vpp if plan.vpp > 1 else 2)
-        device_orders("interleaved", plan.pp, plan.num_microbatches, vpp)  # Megatron's rules, as InputError
+        schedules.schedule_of(schedule, vpp).check_runtime(plan.pp, plan.num_microbatches)  # Megatron's rules
         bad = [i for i, s in enumerate(plan.stages) if s.num_layers % vpp]
         if bad:
             raise InputError(f"stage {bad[0]} holds {plan.stages[bad[0]].num_layers} layers, not divisible by "
                              f"vpp {vpp}; choose a vpp that divides every stage's layer count", field="vpp")
     target = plan.with_schedule(schedule, vpp)
-    if schedule == "zb-h1" and plan.mode == "megatron":
-        target = target.with_(mode="free")  # a what-if: ZB-H1 runs on the zero-bubble fork, not stock Megatron
+    if schedules.schedule_of(schedule, vpp).needs_fork and plan.mode == "megatron":
+        target = target.with_(mode="free")  # a what-if: the schedule runs on a fork, not stock Megatron
     return target
 
 
@@ -166,7 +163,7 @@ def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule
         predicted = fresh
         report.notes.append(f"schedule changed to {target.schedule}" + (f" (vpp {target.vpp})" if target.vpp > 1
                             else "") + ": compared with the cost model's closed form for it"
-                            + ("; ZB-H1 needs the zero-bubble fork of Megatron-LM" if target.schedule == "zb-h1"
+                            + (f"; {fork}" if (fork := schedules.schedule_of(target.schedule, target.vpp).needs_fork)
                                else ""))
     elif plan.predicted is None:
         predicted = fresh

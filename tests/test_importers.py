@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from milp_plan.cluster import load_cluster
+from milp_plan.importers import load_cluster
 from milp_plan.errors import InputError
 from milp_plan.importers.fasop import load_fasop_profiles, normalise
 from milp_plan.importers.metis import load_metis_cluster, load_metis_profiles

@@ -236,12 +236,8 @@ class Coefficients:
 
     # ---- the closed form's constants ------------------------------------------------------
     def z_weight(self) -> float:
-        """Coefficient of z = max_s t_s in T (see costmodel.pipeline_time_s)."""
-        cfg = self.cfg
-        if cfg.schedule == "interleaved" and cfg.vpp > 1:
-            return self.m - 1.0 / cfg.vpp
-        return self.m - 1.0
+        """Coefficient of z = max_s t_s in T (see schedules.Schedule.z_weight)."""
+        return self.cfg.sched.z_weight(self.m)
 
     def sum_weight(self) -> float:
-        cfg = self.cfg
-        return 1.0 / cfg.vpp if (cfg.schedule == "interleaved" and cfg.vpp > 1) else 1.0
+        return self.cfg.sched.sum_weight()

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from milp_plan.formulations.coefficients import Affine, Coefficients
+from milp_plan.schedules import Period
 from milp_plan.units import GIB, TICKS_PER_SECOND
 
 NOISE = 1e-12       # relative float noise of the cost model, allowed when rounding (pipeline.md)
@@ -388,7 +389,7 @@ class PipelineModel:
             v.hop_terms.append(terms)
             v.h.append(self._hop_expr(terms, self.res.t_down))
             v.h_up.append(self._hop_expr(terms, self.res.t_up))
-        if self.cfg.schedule == "interleaved" and self.cfg.vpp > 1 and self.cfg.pp > 1:
+        if self.cfg.sched.chunks > 1 and self.cfg.pp > 1:  # chunk j of the last rank feeds chunk j+1 of rank 0
             last, terms = self.cfg.pp - 1, []
             for b in self.B:
                 # the wrap stays inside one node only when the whole pipeline is block b on one node
@@ -411,14 +412,14 @@ class PipelineModel:
         P is at most the cost model's (a relaxation, exact up to a few ticks)."""
         be, v, cfg, m, pp = self.be, self.v, self.cfg, self.c.m, self.cfg.pp
         hi = m * v_scale(cfg) * (self.t_hi + 2 * self.h_hi)
-        if cfg.schedule == "interleaved" and cfg.vpp > 1:
+        if cfg.sched.period is Period.BOTTLENECK:
             w = m * cfg.vpp - 1
             v.pipe = be.new_int(0, hi, "P")
             for s in self.S:
                 be.add(v.pipe >= self._stage_expr(s, 0, w))
             return
         w = m - 1
-        if cfg.schedule == "gpipe":
+        if cfg.sched.period is Period.FLOW_SHOP:
             zf, zb = be.new_int(0, hi, "(m-1)zf"), be.new_int(0, hi, "(m-1)zb")
             for s in self.S:
                 be.add(zf >= self._stage_expr(s, 2, w))
@@ -463,7 +464,7 @@ class PipelineModel:
         """T (scaled): costmodel.pipeline_time_s + p2p_time_s + dp_tail_s + max optimizer."""
         be, v, cfg = self.be, self.v, self.cfg
         hops = be.sum(v.h) if v.h else 0
-        if cfg.schedule == "interleaved" and cfg.vpp > 1:
+        if cfg.sched.chunks > 1:
             vp = cfg.vpp
             v.scale = vp  # vpp T = (m vpp - 1) z + sum t + vpp (2 (vpp sum h + (vpp-1) wrap) + o) + D
             v.step = be.sum([v.pipe, be.sum(v.t), 2 * vp * vp * hops, 2 * vp * (vp - 1) * v.wrap, v.D, vp * v.o])
@@ -561,9 +562,9 @@ class PipelineModel:
         cfg, sc = self.cfg, v_scale(self.cfg)
         e_t = [n + r + 1 for n, r in zip(layers, rs)]
         hops = 2 * sc * sc * (cfg.pp - 1) + 2 * sc * (sc - 1)
-        if cfg.schedule == "interleaved" and cfg.vpp > 1:
+        if cfg.sched.period is Period.BOTTLENECK:
             pipe = max(e_t)
-        elif cfg.schedule == "gpipe":
+        elif cfg.sched.period is Period.FLOW_SHOP:
             pipe = 2 * (max(e_t) + 1)
         else:  # a window's mean errs by < max e_t + 2 hops' worth, and the floor by < 1
             pipe = max(e_t) + 3
@@ -631,4 +632,5 @@ def _drift(what: str, raw: float, exact: float, err: float, tight: bool = True) 
 
 
 def v_scale(cfg) -> int:
-    return cfg.vpp if (cfg.schedule == "interleaved" and cfg.vpp > 1) else 1
+    """The model's time scale: the step is modelled as chunks x T (whole ticks for T / vpp terms)."""
+    return cfg.sched.chunks

@@ -36,12 +36,14 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Iterator
 
+from milp_plan import schedules
+from milp_plan.schedules import OneFOneB
 from milp_plan.analytic import valid_tps
 from milp_plan.cluster import NodeType
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance
 
-SCHEDULES = ("1f1b", "interleaved", "gpipe")  # what `solve` searches by default (ZB-H1 needs a fork)
+SCHEDULES = schedules.MODELLED  # what `solve` searches by default (ZB-H1 needs a fork)
 
 
 def tp_sizes(inst: Instance, fix: dict[str, object] | None = None) -> list[int]:
@@ -88,10 +90,14 @@ class Config:
     mbs: int
     pp: int
     recompute: str        # none | selective | full
-    schedule: str = "1f1b"
+    schedule: str = OneFOneB.name
     vpp: int = 1
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+
+    @property
+    def sched(self) -> schedules.Schedule:
+        return schedules.schedule_of(self.schedule, self.vpp)
 
     @property
     def group(self) -> int:
@@ -122,11 +128,15 @@ class FreeConfig:
 
     samples: int          # B: samples per micro-batch = micro-batch size x dp of every stage
     pp: int
-    schedule: str = "1f1b"
+    schedule: str = OneFOneB.name
     vpp: int = 1
     sequence_parallel: bool = True
     distributed_optimizer: bool = True
     groups: tuple[int, ...] = ()
+
+    @property
+    def sched(self) -> schedules.Schedule:
+        return schedules.schedule_of(self.schedule, self.vpp)
 
     @property
     def complete(self) -> bool:
@@ -317,14 +327,15 @@ def parse_fix(text: str | None) -> dict[str, object]:
                 raise InputError(f"recompute must be none, selective or full, got '{v}'", field="fix")
             out[k] = v
         elif k == "schedule":
-            if v not in ("1f1b", "interleaved", "gpipe", "zb-h1"):
-                raise InputError(f"schedule must be 1f1b, interleaved, gpipe or zb-h1, got '{v}'", field="fix")
+            if not schedules.known(v):
+                raise InputError(f"schedule must be {', '.join(schedules.NAMES[:-1])} or {schedules.NAMES[-1]}, "
+                                 f"got '{v}'", field="fix")
             out[k] = v
     for k in CAP_KEYS:
         if k in out and k + "<=" in out and out[k] > out[k + "<="]:
             raise InputError(f"{k}={out[k]} contradicts {k}<={out[k + '<=']}", field="fix")
-    if out.get("vpp", 1) > 1 and out.setdefault("schedule", "interleaved") != "interleaved":
-        raise InputError("vpp > 1 needs schedule=interleaved", field="fix")
+    if out.get("vpp", 1) > 1 and not schedules.has_chunks(out.setdefault("schedule", schedules.INTERLEAVED)):
+        raise InputError(f"vpp > 1 needs schedule={schedules.INTERLEAVED}", field="fix")
     return out
 
 
@@ -343,14 +354,14 @@ FREE_SP_REFUSAL = ("--mode free plans with sequence parallelism on (in the cost 
 
 
 def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
-                      schedules: tuple[str, ...] = SCHEDULES,
+                      names: tuple[str, ...] = SCHEDULES,
                       mode: str = "megatron") -> Iterator[Config | FreeConfig]:
     """Every global choice that passes the divisibility rules (checker's rules, in advance)."""
     fix = fix or {}
-    if fix.get("schedule") == "zb-h1":
+    if "schedule" in fix and not schedules.schedule_of(fix["schedule"]).modelled:
         raise InputError(ZB_H1_REFUSAL, field="fix")
     if mode == "free":
-        yield from _free_configs(inst, fix, schedules)
+        yield from _free_configs(inst, fix, names)
         return
     m, job = inst.model, inst.job
     gbs, L, total = job.global_batch_size, m.num_layers, inst.cluster.num_gpus
@@ -376,7 +387,7 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                     if pp * tp * dp > total or pp > L:
                         continue
                     for rec in fitting:
-                        for sched, vpp in _schedules(fix, schedules, pp, n_mb, L):
+                        for sched, vpp in _schedules(fix, names, pp, n_mb, L):
                             sp = bool(fix.get("sp", True)) and tp > 1
                             distopt = bool(fix.get("distopt", True)) and dp > 1
                             yield Config(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
@@ -403,7 +414,7 @@ def _activations_fit(inst: Instance, tp: int, mbs: int, recompute: str, sequence
                for nt in inst.cluster.node_types if nt.gpus_per_node % tp == 0)
 
 
-def _free_configs(inst: Instance, fix: dict[str, object], schedules: tuple[str, ...]) -> Iterator[FreeConfig]:
+def _free_configs(inst: Instance, fix: dict[str, object], names: tuple[str, ...]) -> Iterator[FreeConfig]:
     """B (samples per micro-batch) dividing the global batch, pp up to the layers and to the
     stages the cluster holds at the smallest stage size, and the schedules."""
     if fix.get("sp") is False:
@@ -421,7 +432,7 @@ def _free_configs(inst: Instance, fix: dict[str, object], schedules: tuple[str, 
         for pp in ([fix["pp"]] if "pp" in fix else range(1, min(L, most) + 1)):
             if pp > L or pp > most:
                 continue
-            for sched, vpp in _schedules(fix, schedules, pp, m, L):
+            for sched, vpp in _schedules(fix, names, pp, m, L):
                 yield FreeConfig(samples, pp, sched, vpp, True, distopt, (ANY,) * len(inst.cluster.node_types))
 
 
@@ -476,9 +487,9 @@ def coverage_gap(inst: Instance, fix: dict[str, object]) -> str | None:
             "those points, change the pins or caps, or allow filled points with --extrapolate")
 
 
-def _schedules(fix, schedules, pp, n_mb, L):
-    for s in ([fix["schedule"]] if "schedule" in fix else schedules):
-        if s == "interleaved":
+def _schedules(fix, names, pp, n_mb, L):
+    for s in ([fix["schedule"]] if "schedule" in fix else names):
+        if schedules.has_chunks(s):
             for v in virtual_stages(fix, pp, n_mb, L):
                 yield s, v
         else:

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from milp_plan import schedules
 from milp_plan.check import check_plan
-from milp_plan.cluster import Cluster, load_cluster
+from milp_plan.cluster import Cluster
+from milp_plan.importers import load_cluster
 from milp_plan.errors import InputError
 from milp_plan.fileio import sha256_file, write_atomic
 from milp_plan.instance import Instance, instance_from_inputs
@@ -109,8 +111,9 @@ def require_hosts(plan: Plan, cluster: Cluster) -> None:
 # ---- rendering ---------------------------------------------------------------------------
 def _notes(plan: Plan, layout: RankLayout) -> list[str]:
     notes = []
-    if plan.schedule == "gpipe":
-        notes.append("schedule gpipe runs as Megatron's 1F1B: the same bubble, fewer micro-batches in flight")
+    note = schedules.schedule_of(plan.schedule, plan.vpp).megatron_note
+    if note:
+        notes.append(note)
     if plan.sequence_parallel and plan.stages[0].tp == 1:
         notes.append("sequence parallelism needs tp > 1; --sequence-parallel is not emitted")
     for host in layout.hosts():

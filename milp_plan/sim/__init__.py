@@ -1,6 +1,6 @@
 """Discrete-event pipeline simulator: engine, schedules, op DAG of a plan, trace and Gantt export."""
 from milp_plan.sim.pipeline import OpRecord, PipelineSpec, SimResult, simulate_pipeline, simulate_plan, spec_from_plan
-from milp_plan.sim.schedules import SIM_SCHEDULES, Action, device_orders
+from milp_plan.schedules import NAMES as SIM_SCHEDULES, Action, device_orders, schedule_of
 
 __all__ = ["Action", "OpRecord", "PipelineSpec", "SimResult", "SIM_SCHEDULES", "device_orders", "simulate_pipeline",
            "simulate_plan", "spec_from_plan"]
@@ -11,8 +11,7 @@ SIM_MAX_OPERATIONS = 500_000  # a plan with more pipeline operations is not simu
 def operation_count(plan) -> int:
     """Forward and backward operations the simulator would run for one step of `plan`
     (three per micro-batch and chunk under ZB-H1, which splits the backward)."""
-    per = 3 if plan.schedule == "zb-h1" else 2
-    return per * int(plan.num_microbatches) * int(plan.pp) * max(1, int(plan.vpp))
+    return schedule_of(plan.schedule, int(plan.vpp)).operations(int(plan.pp), int(plan.num_microbatches))
 
 
 def too_large_to_simulate(plan) -> str | None:

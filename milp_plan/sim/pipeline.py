@@ -6,7 +6,7 @@ written by hand. The step it simulates, with G = pp x vpp virtual stages:
 
 * compute  F(g, i), B(g, i) on rank g mod pp, each chunk taking f_s / vpp and b_s / vpp
            (ZB-H1: B split into I = (1 - W_FRACTION_OF_BWD) b and W = W_FRACTION_OF_BWD b);
-           each rank runs its actions in the schedule's order (schedules.py).
+           each rank runs its actions in the schedule's order (milp_plan/schedules.py).
 * p2p      F(g, i) -> transfer -> F(g+1, i) and B(g+1, i) -> transfer -> B(g, i) (I for ZB),
            each transfer hop_s[h] on link h in its direction (a serial, first-come
            first-served resource); with interleaving, the hop from the last rank to rank 0
@@ -35,7 +35,7 @@ from milp_plan.errors import InputError
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan
 from milp_plan.sim.engine import OpGraph, Timing, run_graph
-from milp_plan.sim.schedules import Action, device_orders
+from milp_plan.schedules import Action, device_orders, schedule_of
 from milp_plan.units import GIB
 
 COMPUTE_KINDS = ("F", "B", "I", "W")
@@ -145,9 +145,10 @@ class _Builder:
     def __init__(self, spec: PipelineSpec):
         self.spec, self.pp, self.v, self.m = spec, spec.pp, spec.vpp, spec.num_microbatches
         self.G = self.pp * self.v
-        self.kinds = ("F", "I", "W") if spec.schedule == "zb-h1" else ("F", "B")
-        self.bkind = "I" if spec.schedule == "zb-h1" else "B"      # sends the input gradient
-        self.gkind = "W" if spec.schedule == "zb-h1" else "B"      # produces the weight gradient
+        sched = schedule_of(spec.schedule, spec.vpp)
+        self.kinds = sched.op_kinds
+        self.bkind = sched.send_kind      # sends the input gradient
+        self.gkind = sched.grad_kind      # produces the weight gradient
         self.g = OpGraph(4 * self.pp + 1)
         self.x0 = len(self.kinds) * self.G * self.m
         self.extra: dict[int, tuple] = {}
@@ -283,7 +284,7 @@ def memory_walk(spec: PipelineSpec, rank: int, order: Sequence[Action]) -> tuple
     A rank runs its actions serially, so the order alone fixes its memory timeline."""
     act = spec.per_chunk(spec.act_bytes, 0.0)[rank]
     work = spec.per_chunk(spec.working_bytes, 0.0)[rank]
-    free_kind = "W" if spec.schedule == "zb-h1" else "B"
+    free_kind = schedule_of(spec.schedule, spec.vpp).grad_kind
     cur = peak = inflight = peak_inflight = 0.0
     for a in order:
         if a.kind == "F":

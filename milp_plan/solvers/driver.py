@@ -446,9 +446,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
             return unit, cands, z, least
         return (u, *_memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L, u),
                                  lambda: _placement_terms(slots, cfg.pp, L, u)))
-    # the closed form's weights of each variant, from the one definition (Coefficients.z_weight, sum_weight)
-    return [finish((v.vpp,), Coefficients.z_weight(view), Coefficients.sum_weight(view), chunks(v.vpp))
-            for v in variants for view in [_WeightView(v, coef.m)]]
+    # the closed form's weights of each variant, from the one definition (schedules.Schedule.z_weight, sum_weight)
+    return [finish((v.vpp,), v.sched.z_weight(coef.m), v.sched.sum_weight(), chunks(v.vpp))
+            for v in variants]
 
 
 def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config], weak: bool = False) -> float | None:
@@ -458,20 +458,11 @@ def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config
     and reduction of any variant bound them all (None: no variant has a plan). weak: without
     the bottleneck bound (X >= S / pp only), a fraction of the cost; the driver tightens it
     when the family reaches the top of the heap."""
-    views = [_WeightView(v, coef.m) for v in variants]
-    w_z = min(Coefficients.z_weight(v) for v in views)
-    w_sum = min(Coefficients.sum_weight(v) for v in views)
+    w_z = min(v.sched.z_weight(coef.m) for v in variants)
+    w_sum = min(v.sched.sum_weight() for v in variants)
     vpps = sorted({v.vpp for v in variants})
     return config_lower_bound(coef, limits, memory=False, variants=None,
                               _family=(w_z, w_sum, (vpps[0], vpps[-1]), weak))
-
-
-@dataclass(frozen=True)
-class _WeightView:
-    """What Coefficients.z_weight and sum_weight read: the config and its micro-batch count."""
-
-    cfg: Config
-    m: int
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,

@@ -1,0 +1,367 @@
+"""Pipeline schedules: every rule that depends on the schedule, in one place per schedule.
+
+A plan names its schedule by a string (plan.json's `schedule`, with `vpp`); `schedule_of`
+turns the name into an object, which gives
+  * memory      the micro-batches a stage holds at its peak (`in_flight`, `end_in_flight`);
+  * time        the closed form of the pipeline (`pipeline_time`), the transfers on its
+                critical path (`p2p_time`), the chunks that shorten the reduction tail
+                (`chunks`); costmodel.py composes them into the step time;
+  * model       how the exact formulation models the steady period (`period`) and the
+                weights of the closed form (`z_weight`, `sum_weight`);
+  * simulator   the order each rank runs its operations (`device_orders`, `op_kinds`);
+  * rules       what Megatron-LM (or the zero-bubble fork) accepts (`violations`,
+                `check_runtime`) and whether the exact formulations cover it (`modelled`).
+
+An action is (kind, chunk, micro-batch): kind F (forward), B (full backward), I (backward
+for the input gradient) or W (backward for the weight gradient); chunk j of rank r is
+virtual stage j * pp + r (chunk 0 unless interleaved).
+
+gpipe        all m forwards, then all m backwards (micro-batch 0 first, as PyTorch's
+             ScheduleGPipe).
+1f1b         PipeDream-flush as Megatron-LM runs it: w_r = min(pp - r - 1, m) warm-up
+             forwards, then one forward and one backward alternately, then the remaining
+             backwards.
+interleaved  Megatron-LM's interleaved 1F1B with v chunks per rank and micro-batch
+             groups of `group` (default pp): the k-th forward of a rank is chunk
+             (k // group) mod v of micro-batch (k // (group v)) group + k mod group; the
+             k-th backward walks the same table with the chunk reversed (v - 1 - chunk).
+             Warm-up: min(2 (pp - r - 1) + (v - 1) group, m v) forwards. Megatron refuses
+             m mod pp != 0 (default group); so do we. With v = 1 it is 1F1B.
+zb-h1        Zero-bubble H1 (Qi et al. 2024) in PyTorch's order: w_r = min(pp - r - 1, m)
+             warm-up forwards, then F, I pairs; from the (r+1)-th pair on, each pair is
+             followed by the oldest pending W; the cool-down issues I (+ W from index r on),
+             then every remaining W.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+from typing import ClassVar, NamedTuple, Sequence
+
+from milp_plan.errors import InputError
+
+W_FRACTION_OF_BWD = 0.5     # ZB-H1: weight-gradient share of the backward pass
+
+
+class Action(NamedTuple):
+    kind: str    # F | B | I | W
+    chunk: int   # local chunk index (virtual stage = chunk * pp + rank)
+    mb: int      # micro-batch index
+
+    def __str__(self) -> str:
+        return f"{self.chunk}{self.kind}{self.mb}"
+
+
+_tuple_new = tuple.__new__
+
+
+def _act(kind: str, chunk: int, mb: int) -> Action:
+    return _tuple_new(Action, (kind, chunk, mb))   # Action(...) without the keyword-argument layer
+
+
+class Period(enum.Enum):
+    """How the exact formulation models the steady-state term of the closed form."""
+    WINDOWS = "windows"          # 1F1B: (m-1) z, z over every window of stages with its hops
+    BOTTLENECK = "bottleneck"    # interleaved: (m vpp - 1) z, z = max_s t_s
+    FLOW_SHOP = "flow-shop"      # GPipe: (m-1) (zf + zb), two flow shops
+
+
+def steady_period_s(t: Sequence[float], hop: Sequence[float]) -> float:
+    """z: time per micro-batch in the steady state of 1F1B-like schedules.
+
+    A stage holds at most pp - s micro-batches, so a run of consecutive stages a..b
+    (with the 2 transfers on each inner hop) is a cycle:
+        z = max over a <= b of (sum_{a..b} t_s + 2 sum_{a..b-1} h_s) / (b - a + 1).
+    Window a = b gives max_s t_s; with no communication z = max_s t_s exactly."""
+    best, pp = 0.0, len(t)
+    for a in range(pp):
+        acc = 0.0
+        for b in range(a, pp):
+            acc += t[b] + (2.0 * hop[b - 1] if b > a else 0.0)
+            best = max(best, acc / (b - a + 1))
+    return best
+
+
+class Schedule:
+    """The rules of one schedule at a given vpp (see the module docstring)."""
+    name: ClassVar[str]
+    modelled: ClassVar[bool] = True          # the exact formulations cover it (so `solve` searches it)
+    period: ClassVar[Period] = Period.WINDOWS
+    op_kinds: ClassVar[tuple[str, ...]] = ("F", "B")
+    send_kind: ClassVar[str] = "B"           # the backward operation that sends the input gradient
+    grad_kind: ClassVar[str] = "B"           # the backward operation that produces the weight gradient
+    needs_fork: ClassVar[str | None] = None  # why stock Megatron-LM cannot run it, or None
+    megatron_note: ClassVar[str | None] = None  # how Megatron-LM runs it, where that differs from its name
+
+    def __init__(self, vpp: int = 1):
+        self.vpp = vpp
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vpp={self.vpp})"
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per rank that the step's terms divide by (vpp where it applies, else 1)."""
+        return 1
+
+    # ---- memory -------------------------------------------------------------------------
+    def in_flight(self, pp: int, stage: int, m: int) -> float:
+        """Micro-batches whose activations a stage holds at its peak (in whole-stage units)."""
+        return float(min(pp - stage, m))
+
+    def end_in_flight(self, pp: int, m: int, inflight: float) -> tuple[float, float]:
+        """(embedding, head) in-flight micro-batches."""
+        return inflight, inflight
+
+    # ---- time ---------------------------------------------------------------------------
+    def pipeline_time(self, fwd_s: Sequence[float], bwd_s: Sequence[float], m: int,
+                      hops: Sequence[float]) -> tuple[float, float]:
+        """(compute, bubble) of the closed form, given per-stage f_s, b_s per micro-batch.
+        1F1B, with t_s = f_s + b_s and z the steady period (steady_period_s):
+            T = m z + (sum_s t_s - z)          [= (m-1) z + sum_s t_s]"""
+        t = [f + b for f, b in zip(fwd_s, bwd_s)]
+        z = steady_period_s(t, hops)
+        return m * z, sum(t) - z
+
+    def p2p_time(self, hop_s: Sequence[float], wrap_hop_s: float) -> float:
+        """Transfers on the critical path: 2 sum h (one down, one up per hop)."""
+        return 2.0 * sum(hop_s)
+
+    def z_weight(self, m: int) -> float:
+        """Coefficient of z = max_s t_s in T (the exact formulation's closed form)."""
+        return m - 1.0
+
+    def sum_weight(self) -> float:
+        """Coefficient of sum_s t_s in T."""
+        return 1.0
+
+    # ---- simulator ----------------------------------------------------------------------
+    def rank_order(self, pp: int, rank: int, m: int) -> list[Action]:
+        warmup = min(pp - rank - 1, m)
+        out = [_act("F", 0, i) for i in range(warmup)]
+        for i in range(m - warmup):
+            out += [_act("F", 0, warmup + i), _act("B", 0, i)]
+        out += [_act("B", 0, i) for i in range(m - warmup, m)]
+        return out
+
+    def device_orders(self, pp: int, m: int) -> list[list[Action]]:
+        """The order of every rank 0..pp-1 with m micro-batches."""
+        if pp < 1 or m < 1:
+            raise InputError(f"need pp >= 1 and at least one micro-batch, got pp={pp}, m={m}",
+                             field="num_microbatches")
+        self.check_runtime(pp, m)
+        return [self.rank_order(pp, r, m) for r in range(pp)]
+
+    def operations(self, pp: int, m: int) -> int:
+        """Forward and backward operations of one step (what the simulator runs)."""
+        return len(self.op_kinds) * m * pp * max(1, self.vpp)
+
+    # ---- rules --------------------------------------------------------------------------
+    def check_runtime(self, pp: int, m: int) -> None:
+        """InputError where the runtime refuses this schedule at pp and m."""
+        if self.vpp != 1:
+            raise InputError(f"vpp {self.vpp} needs the interleaved schedule, not {self.name!r}", field="vpp")
+
+    def violations(self, pp: int, m: int, layers: Sequence[int], first_layer: int) -> list[str]:
+        """The checker's rules for a plan under this schedule (stage layer counts given)."""
+        return [] if self.vpp == 1 else [f"vpp {self.vpp} needs the interleaved schedule"]
+
+
+class OneFOneB(Schedule):
+    name = "1f1b"
+
+
+class GPipe(Schedule):
+    name = "gpipe"
+    period = Period.FLOW_SHOP
+    megatron_note = "schedule gpipe runs as Megatron's 1F1B: the same bubble, fewer micro-batches in flight"
+
+    def in_flight(self, pp: int, stage: int, m: int) -> float:
+        return float(m)
+
+    def pipeline_time(self, fwd_s, bwd_s, m, hops):
+        """GPipe: all forwards, then all backwards: two flow shops of m identical jobs,
+            T = (m-1)(zf + zb) + sum_s t_s,  zf = max(f_s, h_s), zb = max(b_s, h_s)
+        (a hop is a machine of the flow shop too); reported as compute m (zf + zb)."""
+        t = [f + b for f, b in zip(fwd_s, bwd_s)]
+        zf, zb = max([*fwd_s, *hops]), max([*bwd_s, *hops])
+        return m * (zf + zb), sum(t) - zf - zb
+
+    def rank_order(self, pp, rank, m):
+        return [_act("F", 0, i) for i in range(m)] + [_act("B", 0, i) for i in range(m)]
+
+
+class Interleaved(OneFOneB):
+    """Megatron-LM's interleaved 1F1B; with vpp = 1 every formula is 1F1B's."""
+    name = "interleaved"
+
+    @property
+    def chunks(self) -> int:
+        return self.vpp if self.vpp > 1 else 1
+
+    @property
+    def period(self) -> Period:  # type: ignore[override]
+        return Period.BOTTLENECK if self.vpp > 1 else Period.WINDOWS
+
+    def in_flight(self, pp, stage, m):
+        if self.vpp == 1:
+            return super().in_flight(pp, stage, m)
+        chunks = min(2 * (pp - stage - 1) + (self.vpp - 1) * pp + 1, m * self.vpp)
+        return chunks / self.vpp
+
+    def end_in_flight(self, pp, m, inflight):
+        """The embedding lives only in chunk 0 of stage 0, held min(2 pp - 1, m) times; the
+        head only in the last chunk of the last stage, whose backward follows its forward at
+        once (held once)."""
+        if self.vpp == 1:
+            return super().end_in_flight(pp, m, inflight)
+        return float(min(2 * pp - 1, m)), 1.0
+
+    def pipeline_time(self, fwd_s, bwd_s, m, hops):
+        """interleaved: T = m z + (sum_s t_s - z) / vpp,  z = max_s t_s."""
+        if self.vpp == 1:
+            return super().pipeline_time(fwd_s, bwd_s, m, hops)
+        t = [f + b for f, b in zip(fwd_s, bwd_s)]
+        z = max(t)
+        return m * z, (sum(t) - z) / self.vpp
+
+    def p2p_time(self, hop_s, wrap_hop_s):
+        """2 (vpp sum h + (vpp - 1) h_wrap): fill and drain cross every chunk boundary."""
+        if self.vpp == 1:
+            return super().p2p_time(hop_s, wrap_hop_s)
+        return 2.0 * (self.vpp * sum(hop_s) + (self.vpp - 1) * wrap_hop_s)
+
+    def z_weight(self, m):
+        return m - 1.0 / self.vpp if self.vpp > 1 else m - 1.0
+
+    def sum_weight(self):
+        return 1.0 / self.vpp if self.vpp > 1 else 1.0
+
+    def group(self, pp: int, m: int, group: int | None = None) -> int:
+        """Megatron's run-time rules for the interleaved schedule; returns the group size."""
+        group = pp if group is None else group
+        if self.vpp < 2:
+            raise InputError(f"the interleaved schedule needs vpp >= 2, got {self.vpp}", field="vpp")
+        if pp < 2:
+            raise InputError("the interleaved schedule needs at least 2 pipeline stages", field="stages")
+        if not pp <= group <= m:
+            raise InputError(f"micro-batch group {group} must lie in [pp={pp}, m={m}] (Megatron-LM refuses it); "
+                             f"use at least {pp} micro-batches", field="num_microbatches")
+        if m % group:
+            raise InputError(f"interleaved needs the number of micro-batches {m} divisible by pp {pp} "
+                             f"(Megatron-LM refuses m % pp != 0); use a multiple of {pp}", field="num_microbatches")
+        return group
+
+    def check_runtime(self, pp, m):
+        self.group(pp, m)
+
+    def rank_order(self, pp, rank, m, group: int | None = None):
+        vpp = self.vpp
+        group = self.group(pp, m, group)
+        total = m * vpp
+        warmup = min(2 * (pp - rank - 1) + (vpp - 1) * group, total)
+
+        def entry(k: int) -> tuple[int, int]:
+            """(chunk, micro-batch) of the k-th forward of a rank in Megatron's schedule table."""
+            return (k // group) % vpp, (k // (group * vpp)) * group + k % group
+
+        def fwd(k: int) -> Action:
+            c, i = entry(k)
+            return _act("F", c, i)
+
+        def bwd(k: int) -> Action:
+            c, i = entry(k)
+            return _act("B", vpp - 1 - c, i)
+
+        out = [fwd(k) for k in range(warmup)]
+        for k in range(total - warmup):
+            out += [fwd(warmup + k), bwd(k)]
+        out += [bwd(k) for k in range(total - warmup, total)]
+        return out
+
+    def violations(self, pp, m, layers, first_layer):
+        out = []
+        if self.vpp < 2:
+            out.append("interleaved needs vpp >= 2")
+        if pp < 2:
+            out.append("interleaved needs at least 2 pipeline stages")
+        if m % pp:
+            out.append(f"interleaved needs micro-batches {m} divisible by pp {pp} (Megatron refuses it otherwise)")
+        for i, n in enumerate(layers):
+            if self.vpp >= 2 and n % self.vpp:
+                out.append(f"stage {i}: {n} layers not divisible by vpp {self.vpp}")
+        if self.vpp >= 2 and not out and first_layer != 0:
+            out.append("stage 0 must start at layer 0")
+        return out
+
+
+class ZeroBubbleH1(Schedule):
+    name = "zb-h1"
+    modelled = False
+    op_kinds = ("F", "I", "W")
+    send_kind, grad_kind = "I", "W"
+    needs_fork = "ZB-H1 needs the zero-bubble fork of Megatron-LM"
+
+    def in_flight(self, pp, stage, m):
+        """min(pp, m) on every stage: a micro-batch's activations stay until its deferred
+        weight-gradient pass (PyTorch's ZB1P order, checked by the simulator)."""
+        return float(min(pp, m))
+
+    def pipeline_time(self, fwd_s, bwd_s, m, hops):
+        """ZB-H1: T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = W_FRACTION_OF_BWD b_s,
+        t'_s = t_s - 2 w_s; at equal stages this is m t + (p-1)(F + B - W), the published
+        ZB-H1 time (used by `verify --schedule zb-h1`; the exact formulations cover 1F1B,
+        interleaved and GPipe only)."""
+        t = [f + b for f, b in zip(fwd_s, bwd_s)]
+        z = steady_period_s(t, hops)
+        w = [W_FRACTION_OF_BWD * b for b in bwd_s]
+        return m * z, sum(ti - 2 * wi for ti, wi in zip(t, w)) + 2 * max(w) - z
+
+    def p2p_time(self, hop_s, wrap_hop_s):
+        """4 sum h."""
+        return 4.0 * sum(hop_s)
+
+    def rank_order(self, pp, rank, m):
+        warmup = min(pp - rank - 1, m)
+        out = [_act("F", 0, i) for i in range(warmup)]
+        next_w = 0
+        for k in range(m):
+            if k < m - warmup:
+                out.append(_act("F", 0, warmup + k))
+            out.append(_act("I", 0, k))
+            if k >= rank:
+                out.append(_act("W", 0, next_w))
+                next_w += 1
+        out += [_act("W", 0, i) for i in range(next_w, m)]
+        return out
+
+
+_CLASSES: dict[str, type[Schedule]] = {c.name: c for c in (OneFOneB, Interleaved, GPipe, ZeroBubbleH1)}
+NAMES: tuple[str, ...] = tuple(_CLASSES)                                  # every schedule a plan may name
+MODELLED: tuple[str, ...] = tuple(n for n, c in _CLASSES.items() if c.modelled)  # solve's default space
+INTERLEAVED = Interleaved.name
+
+
+def known(name: str) -> bool:
+    return name in _CLASSES
+
+
+@functools.lru_cache(maxsize=256)
+def schedule_of(name: str, vpp: int = 1) -> Schedule:
+    """The schedule object of plan.json's (schedule, vpp); InputError for an unknown name."""
+    cls = _CLASSES.get(name)
+    if cls is None:
+        raise InputError(f"unknown schedule {name!r}; use {', '.join(NAMES)}", field="schedule")
+    return cls(vpp)
+
+
+def has_chunks(name: str) -> bool:
+    """Whether the schedule takes a vpp (virtual stages per rank) other than 1."""
+    return _CLASSES[name] is Interleaved
+
+
+def device_orders(schedule: str, pp: int, m: int, vpp: int = 1) -> list[list[Action]]:
+    """The order of every rank 0..pp-1 for `schedule` with m micro-batches."""
+    if pp < 1 or m < 1:
+        raise InputError(f"need pp >= 1 and at least one micro-batch, got pp={pp}, m={m}", field="num_microbatches")
+    return schedule_of(schedule, vpp).device_orders(pp, m)
