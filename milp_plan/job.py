@@ -87,6 +87,15 @@ class Objective:
             from milp_plan.units import check_money
             check_money(self.budget, field="budget")
 
+    def limits(self) -> "Limits":
+        """The limits of one solve of this objective (a Pareto sweep sets its own per point)."""
+        per_h = self.budget.usd if (self.budget and self.budget.per == "h") else None
+        per_step = self.budget.usd if (self.budget and self.budget.per == "step") else None
+        if self.kind == "min-cost" and self.budget is not None:
+            raise InputError("min-cost minimises the budget itself; drop --budget or use --objective min-time",
+                             field="budget")
+        return Limits("min-cost" if self.kind == "min-cost" else "min-time", self.time_limit_s, per_h, per_step)
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "time_limit_s": self.time_limit_s, "mode": self.mode,
                 "budget": None if self.budget is None else {"usd": self.budget.usd, "per": self.budget.per}}
@@ -97,3 +106,27 @@ class Objective:
         return cls(kind=data.get("kind", "min-time"), time_limit_s=data.get("time_limit_s"),
                    budget=None if b is None else Money(float(b["usd"]), str(b["per"])),
                    mode=data.get("mode", "megatron"))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One solve's objective and limits, in the cost model's units (s, $/h, $/step): what
+    `Objective` (what the user asked, with a pareto kind and a budget in either unit) becomes
+    for each solve (`Objective.limits`; a Pareto sweep makes one per point)."""
+
+    objective: str = "min-time"          # min-time | min-cost
+    time_limit_s: float | None = None
+    budget_usd_per_hour: float | None = None
+    budget_usd_per_step: float | None = None
+
+    def admit(self, plan) -> bool:
+        """The plan fits in memory and meets every limit, by the cost model's numbers
+        (plan.predicted), never a model's."""
+        p = plan.predicted
+        if any(sp.peak_memory_gib > sp.capacity_gib * (1 + 1e-9) for sp in p.stages):
+            return False
+        if self.time_limit_s is not None and p.step_time_s > self.time_limit_s:
+            return False
+        if self.budget_usd_per_hour is not None and p.usd_per_hour > self.budget_usd_per_hour:
+            return False
+        return self.budget_usd_per_step is None or p.usd_per_step <= self.budget_usd_per_step

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import typer
 
+from milp_plan import planners
 from milp_plan.errors import Infeasible, InputError
 from milp_plan.fileio import write_atomic
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan
 from milp_plan.report import table
@@ -47,7 +48,8 @@ def pareto_front(inst: Instance, req) -> Front:
     from milp_plan.solvers.driver import prepare
     import time
     t0 = time.perf_counter()
-    prepared = None if req.solver == "brute-force" else prepare(inst, parse_fix(req.fix), inst.objective.mode)
+    exact = isinstance(planners.get(req.solver), planners.ExactPlanner)  # reuses configs and coefficients
+    prepared = prepare(inst, parse_fix(req.fix), inst.objective.mode) if exact else None
     points: list[Plan] = []
     below: float | None = None  # the next point costs strictly less than this
     proven = True

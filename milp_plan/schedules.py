@@ -309,8 +309,8 @@ class ZeroBubbleH1(Schedule):
 
     def pipeline_time(self, fwd_s, bwd_s, m, hops):
         """ZB-H1: T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = W_FRACTION_OF_BWD b_s,
-        t'_s = t_s - 2 w_s; at equal stages this is m t + (p-1)(F + B - W), the published
-        ZB-H1 time (used by `verify --schedule zb-h1`; the exact formulations cover 1F1B,
+        t'_s = t_s - 2 w_s; at equal stages this is m t + (p-1)(F + I - W) with I = b - w the
+        input-gradient pass, the published ZB-H1 time (the paper's (p-1)(T_F + T_B - T_W)) (used by `verify --schedule zb-h1`; the exact formulations cover 1F1B,
         interleaved and GPipe only)."""
         t = [f + b for f, b in zip(fwd_s, bwd_s)]
         z = steady_period_s(t, hops)

@@ -1,22 +1,24 @@
 """`milp-plan solve`: objective and limits -> backend run -> plan, or a diagnosis.
 
-Backends: cpsat | highs | cbc (one shared per-stage model, solvers/driver.py),
-brute-force (solvers/bruteforce.py, an independent enumerator), auto (= cpsat).
+Planners (planners.py): cpsat | highs | cbc (the exact search on one shared per-stage model,
+solvers/driver.py), brute-force (solvers/bruteforce.py, an independent enumerator), warm-start
+(the exact search's heuristic alone, no bound), auto (= cpsat).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from milp_plan import planners
 from milp_plan.deadline import Deadline
 from milp_plan.errors import Infeasible, InputError
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.formulations.space import parse_fix, plan_fills
 from milp_plan.instance import Instance
-from milp_plan.solvers.driver import SolveResult, solve as exact_solve
+from milp_plan.result import SolveResult
 from milp_plan.units import format_duration
 
-SOLVERS = ("auto", "cpsat", "highs", "cbc", "brute-force")
+SOLVERS = planners.NAMES
 
 
 @dataclass(frozen=True)
@@ -26,16 +28,6 @@ class SolveRequest:
     max_solve_time_s: float = 30.0
     seed: int = 1
     workers: int = 1
-
-
-def limits_for(inst: Instance) -> Limits:
-    o = inst.objective
-    per_h = o.budget.usd if (o.budget and o.budget.per == "h") else None
-    per_step = o.budget.usd if (o.budget and o.budget.per == "step") else None
-    if o.kind == "min-cost" and o.budget is not None:
-        raise InputError("min-cost minimises the budget itself; drop --budget or use --objective min-time",
-                         field="budget")
-    return Limits("min-cost" if o.kind == "min-cost" else "min-time", o.time_limit_s, per_h, per_step)
 
 
 MAX_SEED = 2**31 - 1          # CP-SAT's and HiGHS's seeds are non-negative 32-bit integers
@@ -63,15 +55,10 @@ def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progres
         prepared=None) -> SolveResult:
     """One exact solve; `prepared` (driver.prepare) reuses configs and coefficients across solves."""
     check_request(req)
-    limits = limits or limits_for(inst)
+    limits = limits or inst.objective.limits()
     fix = parse_fix(req.fix)
-    if req.solver == "brute-force":
-        from milp_plan.solvers.bruteforce import solve as brute
-        result = brute(inst, limits, fix=fix, mode=inst.objective.mode)
-    else:
-        backend = "cpsat" if req.solver == "auto" else req.solver
-        result = exact_solve(inst, limits, backend=backend, fix=fix, time_limit_s=req.max_solve_time_s, seed=req.seed,
-                             workers=req.workers, mode=inst.objective.mode, progress=progress, prepared=prepared)
+    result = planners.get(req.solver).plan(inst, limits, Deadline(req.max_solve_time_s), fix=fix, seed=req.seed,
+                                           workers=req.workers, progress=progress, prepared=prepared)
     if result.plan is not None:  # the filled profile points it rests on (only with extrapolate=on)
         result.plan = result.plan.with_(profile_fills=plan_fills(inst, result.plan))
     return result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.sim import simulate_plan
 from milp_plan.solvers.driver import solve

@@ -16,10 +16,12 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from milp_plan import check
 
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
-from milp_plan.solvers.driver import config_lower_bound, family_lower_bound, objective_of, prepare, solve
+from milp_plan.result import objective_of
+from milp_plan.solvers.bounds import config_lower_bound, family_lower_bound
+from milp_plan.solvers.driver import prepare, solve
 from test_solve import BACKENDS, assert_agrees, limits_for, small_free_instances, small_instances, \
     write_instance
 

@@ -6,12 +6,13 @@ import pytest
 
 from milp_plan import check
 from milp_plan.formulations.coefficients import Coefficients
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.formulations.space import enumerate_configs
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers import bruteforce
-from milp_plan.solvers.driver import objective_of, solve
+from milp_plan.result import objective_of
+from milp_plan.solvers.driver import solve
 from test_solve import FIX, write_instance
 
 

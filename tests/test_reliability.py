@@ -511,7 +511,7 @@ def test_pulp_backends_emit_no_deprecation_warnings(tmp_path, backend):
 
 def test_progress_lines_when_stderr_is_not_a_terminal(capsys):
     from milp_plan.cli import _progress_printer
-    from milp_plan.solvers.driver import Progress
+    from milp_plan.result import Progress
     printer = _progress_printer(True)
     assert not printer.tty  # pytest captures stderr
     for t in (0.5, 1.5, 3.0, 7.0, 12.5):

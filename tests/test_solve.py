@@ -19,11 +19,12 @@ from hypothesis import HealthCheck, assume, example, given, settings, strategies
 
 from milp_plan import check
 from milp_plan.errors import InputError
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.formulations.space import parse_fix
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
-from milp_plan.solvers.driver import PROOF_TOL, objective_of, solve
+from milp_plan.result import objective_of
+from milp_plan.solvers.driver import PROOF_TOL, solve
 
 BACKENDS = ("cpsat", "highs", "cbc")
 HUGE_BW = 1e9  # GB/s: communication ~0, so the hand derivation is pure compute

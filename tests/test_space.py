@@ -16,7 +16,7 @@ import pytest
 
 from milp_plan import analytic, check
 from milp_plan.errors import InputError
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.formulations.space import enumerate_configs, parse_fix, plan_fills, with_space_options
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.plan import plan_from_dict, read_plan, schema

@@ -17,12 +17,14 @@ from milp_plan import check
 from milp_plan.errors import InternalError
 from milp_plan.formulations import pipeline
 from milp_plan.formulations.coefficients import Coefficients
-from milp_plan.formulations.pipeline import Limits, PipelineModel
+from milp_plan.formulations.pipeline import PipelineModel
+from milp_plan.job import Limits
 from milp_plan.formulations.space import Config, enumerate_configs, stage_options
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import driver
 from milp_plan.solvers.backends import make_backend
-from milp_plan.solvers.driver import PROOF_TOL, objective_of, solve
+from milp_plan.result import objective_of
+from milp_plan.solvers.driver import PROOF_TOL, solve
 from test_bounds import config_optimum
 from test_solve import COMPARABLE_BW, small_free_instances, small_instances, write_instance
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from milp_plan.formulations.coefficients import Affine, Coefficients
+from milp_plan.job import Limits
 from milp_plan.schedules import Period
 from milp_plan.units import GIB, TICKS_PER_SECOND
 
@@ -64,28 +65,6 @@ class Backend(Protocol):
     def add(self, constraint: Any) -> None: ...
     def sum(self, terms: list) -> Any: ...
     def minimize(self, expr: Any) -> None: ...
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Objective and side constraints, in model units."""
-
-    objective: str = "min-time"          # min-time | min-cost
-    time_limit_s: float | None = None
-    budget_usd_per_hour: float | None = None
-    budget_usd_per_step: float | None = None
-
-    def admit(self, plan) -> bool:
-        """The plan fits in memory and meets every limit, by the cost model's numbers
-        (plan.predicted), never a model's."""
-        p = plan.predicted
-        if any(sp.peak_memory_gib > sp.capacity_gib * (1 + 1e-9) for sp in p.stages):
-            return False
-        if self.time_limit_s is not None and p.step_time_s > self.time_limit_s:
-            return False
-        if self.budget_usd_per_hour is not None and p.usd_per_hour > self.budget_usd_per_hour:
-            return False
-        return self.budget_usd_per_step is None or p.usd_per_step <= self.budget_usd_per_step
 
 
 def down(x: float) -> int:

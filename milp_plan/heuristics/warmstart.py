@@ -24,7 +24,8 @@ from typing import Sequence
 
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
+from milp_plan.result import objective_of
 from milp_plan.plan import Plan
 from milp_plan.deadline import Deadline
 
@@ -128,7 +129,6 @@ def best_plan(coef: Coefficients, limits: Limits, mode: str = "megatron",
               dl: Deadline | None = None) -> tuple[Plan, Candidate] | None:
     """The best heuristic plan of this Config under the limits (objective from the plan), or None
     (also when the deadline `dl` runs out first)."""
-    from milp_plan.solvers.driver import objective_of
     best = None
     for opts, layers, rs in candidates(coef, dl):
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)

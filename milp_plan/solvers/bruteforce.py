@@ -28,7 +28,8 @@ from typing import Iterator
 
 from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
+from milp_plan.result import SolveResult, objective_of
 from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, free_completions,
                                           placement, stage_options)
 from milp_plan.instance import Instance
@@ -147,7 +148,6 @@ def candidate_plans(inst: Instance, cfg: Config | FreeConfig, fix: dict | None =
 
 
 def solve(inst: Instance, limits: Limits, fix: dict | None = None, mode: str = "megatron"):
-    from milp_plan.solvers.driver import SolveResult, objective_of
     t0 = time.perf_counter()
     configs = solved_configs(inst, fix, mode)
     total = sum(count_candidates(inst, c, fix) for c in configs)

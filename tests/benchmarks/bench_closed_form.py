@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from milp_plan import costmodel
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.formulations.space import enumerate_configs
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.sim import PipelineSpec, simulate_plan, simulate_pipeline

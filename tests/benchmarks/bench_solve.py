@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers.driver import solve
 

@@ -72,7 +72,7 @@ PROBE = r'''
 import sys, random
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from milp_plan.formulations.pipeline import Limits
+from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
 from milp_plan.solvers.driver import solve

@@ -1,0 +1,100 @@
+"""Planners behind one protocol: `plan(instance, limits, deadline, ...) -> SolveResult`.
+
+Every planner scores its plans with the same cost model and returns them through the same
+checker (`Limits.admit` and `check`); what differs is how it searches and what it proves:
+
+  cpsat, highs, cbc  the exact search (solvers/driver.py) on one backend-neutral per-stage
+                     model (formulations/pipeline.py): optimal or an honest gap.
+  brute-force        every plan of the space enumerated (solvers/bruteforce.py): small
+                     instances only, optimal by enumeration; the exact search's cross-check.
+  warm-start         the exact search's starting heuristic on its own (heuristics/warmstart.py):
+                     greedy device grouping and a bottleneck-optimal layer partition per
+                     config, no bound (status feasible), Megatron-mode configs only.
+
+`PLANNERS` is the registry; `get(name)` resolves `auto` to cpsat.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from milp_plan.deadline import Deadline
+from milp_plan.errors import InputError
+from milp_plan.instance import Instance
+from milp_plan.job import Limits
+from milp_plan.plan import SolverRecord
+from milp_plan.result import Progress, SolveResult, Status, objective_of
+
+
+class Planner(Protocol):
+    name: str
+    proves: bool   # whether its `optimal` is a proof over the whole space
+
+    def plan(self, inst: Instance, limits: Limits, deadline: Deadline, *, fix: dict | None = None,
+             seed: int = 1, workers: int = 1, progress: Callable[[Progress], None] | None = None,
+             prepared=None) -> SolveResult: ...
+
+
+@dataclass(frozen=True)
+class ExactPlanner:
+    backend: str
+    proves: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.backend
+
+    def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
+        from milp_plan.solvers.driver import solve
+        return solve(inst, limits, backend=self.backend, fix=fix, time_limit_s=deadline.seconds, seed=seed,
+                     workers=workers, mode=inst.objective.mode, progress=progress, prepared=prepared, dl=deadline)
+
+
+@dataclass(frozen=True)
+class BruteForcePlanner:
+    name: str = "brute-force"
+    proves: bool = True
+
+    def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
+        from milp_plan.solvers.bruteforce import solve
+        return solve(inst, limits, fix=fix, mode=inst.objective.mode)
+
+
+@dataclass(frozen=True)
+class WarmStartPlanner:
+    name: str = "warm-start"
+    proves: bool = False
+
+    def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
+        from milp_plan.formulations.coefficients import Coefficients
+        from milp_plan.formulations.space import enumerate_configs
+        from milp_plan.heuristics.warmstart import best_plan
+        best, seen = None, 0
+        configs = list(enumerate_configs(inst, fix, mode="megatron"))
+        for cfg in configs:
+            if deadline.expired():
+                break
+            seen += 1
+            got = best_plan(Coefficients(inst, cfg), limits, "megatron", deadline)
+            if got is not None and (best is None or objective_of(got[0], limits) < objective_of(best, limits)):
+                best = got[0]
+        obj = None if best is None else objective_of(best, limits)
+        if best is not None:
+            best = best.with_(solver=SolverRecord(self.name, Status.FEASIBLE.value, obj, None, None, None, seed))
+        notes = [] if seen == len(configs) else [f"the deadline stopped the heuristic after {seen} configurations"]
+        return SolveResult(Status.FEASIBLE if best is not None else Status.TIMEOUT, obj, None, None,
+                           deadline.elapsed(), seed, self.name, best, configs_total=len(configs), configs_solved=seen,
+                           heuristic_objective=obj, notes=notes)
+
+
+PLANNERS: dict[str, Planner] = {p.name: p for p in (ExactPlanner("cpsat"), ExactPlanner("highs"),
+                                                     ExactPlanner("cbc"), BruteForcePlanner(), WarmStartPlanner())}
+NAMES = ("auto", *PLANNERS)
+
+
+def get(name: str) -> Planner:
+    """The planner of `--solver NAME` (auto: cpsat)."""
+    planner = PLANNERS.get("cpsat" if name == "auto" else name)
+    if planner is None:
+        raise InputError(f"unknown solver '{name}'; use {', '.join(NAMES)}", field="solver")
+    return planner

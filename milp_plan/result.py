@@ -1,0 +1,52 @@
+"""What a planner returns (SolveResult, with a Status) and the objective a plan scores."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from milp_plan.job import Limits
+from milp_plan.plan import Plan
+
+
+class Status(enum.StrEnum):
+    OPTIMAL = "optimal"        # proven within PROOF_TOL of the best plan of the stated model
+    FEASIBLE = "feasible"      # a plan, with an honest gap
+    INFEASIBLE = "infeasible"  # proven: no plan meets the limits
+    TIMEOUT = "timeout"        # no plan found, nothing proven
+
+
+@dataclass
+class Progress:
+    elapsed_s: float
+    incumbent: float | None
+    bound: float | None
+    done: int
+    total: int
+
+
+@dataclass
+class SolveResult:
+    """What a planner returns: the best plan found (or None) and what is proven about it."""
+    status: Status
+    # objective: the plan's (min-time: s/step; min-cost: $/step); best_bound: proven at most the optimum
+    objective: float | None
+    best_bound: float | None
+    gap: float | None
+    wall_time_s: float
+    seed: int
+    backend: str
+    plan: Plan | None
+    configs_total: int = 0
+    configs_solved: int = 0
+    configs_pruned: int = 0
+    heuristic_objective: float | None = None   # the starting incumbent, before the exact search
+    start: str = "heuristic"                   # where it came from: heuristic | Megatron-mode
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
+
+
+def objective_of(plan: Plan, limits: Limits) -> float:
+    """The objective recomputed from the plan alone (the checker's numbers, not the solver's)."""
+    return plan.predicted.usd_per_step if limits.objective == "min-cost" else plan.predicted.step_time_s

@@ -1,0 +1,401 @@
+"""Valid lower bounds on the objective of every plan of a config, from the cost model alone
+(formulations/pipeline.md, "Lower bound of a config"): pure functions of the config's
+coefficients and the limits. The exact search (driver.py) orders and prunes configs by them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from milp_plan import costmodel
+from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.space import Config
+from milp_plan.job import Limits
+
+
+def _layer_room(coef: Coefficients, o: int, s: int) -> int:
+    """Most layers stage position s can hold as option o within memory: a n + rho r + c <= cap
+    with, under full recompute, 1 <= r <= n recomputed layers: r = n where recomputing saves
+    memory (rho < 0), else r = 1."""
+    L = coef.inst.model.num_layers
+    mem = coef.memory(o, s)
+    room, per = coef.capacity(o) - mem.c, mem.a
+    if coef.full(o):
+        if mem.rho < 0:
+            per += mem.rho
+        else:
+            room -= mem.rho
+    if room < per or room < 0:
+        return 0
+    return L if per <= 0 else min(L, int(room // per))
+
+
+@dataclass(frozen=True)
+class SlotType:
+    """What one node type offers the bottleneck bound: at most `gpus` GPUs, split into
+    stages of the given blocks, each (GPUs per stage, most stages, alternatives (a, room));
+    `required`: it hosts at least one stage (free mode: the type has a stage size);
+    `usd_per_gpu_hour`: the least a GPU of it costs (a stage of g GPUs at least g times that)."""
+
+    gpus: int
+    blocks: tuple[tuple[int, int, tuple[tuple[float, int], ...]], ...]
+    required: bool = False
+    usd_per_gpu_hour: float = 0.0
+
+
+def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> int:
+    """Most layers one stage holds with a n <= z: max over its (a, room) of min(floor(z / a),
+    room), a multiple of `unit` (0 when below `unit`)."""
+    # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
+    v = max(min(int(z / a + 1e-9) if a > 0 and z < math.inf else room, room) for a, room in alts) // unit * unit
+    return v if v >= unit else 0
+
+
+def _stage_runs(z: float, slot: SlotType, unit: int) -> list[tuple[int, int]]:
+    """What a node type's successive stages add at most, with every a n <= z: runs of
+    (layers, stages), non-increasing, so that the most layers j of its stages hold is the sum
+    of its first j increments; it forms no more stages than the runs count. One block: v_b for each
+    of its stages. Several (a free parent, stage size open): with v_max the most one stage
+    holds and d the best layers per GPU, j stages hold at most min(j v_max, GPUs x d) (a
+    concave relaxation of packing whole stages), and they are at most GPUs / smallest size
+    and at most the blocks' stages together."""
+    vals = [(g, most, v) for g, most, alts in slot.blocks if (v := _stage_layers(z, alts, unit))]
+    if len(vals) <= 1:
+        return [(v, most) for _, most, v in vals if most > 0]
+    vmax = max(v for _, _, v in vals)
+    cap = int(slot.gpus * max(v / g for g, _, v in vals))
+    stages = min(slot.gpus // min(g for g, _, _ in vals), sum(most for _, most, _ in vals))
+    full = min(cap // vmax, stages)
+    runs = [(vmax, full), (cap - full * vmax, 1 if stages > full else 0), (0, max(stages - full - 1, 0))]
+    return [(v, c) for v, c in runs if c > 0]
+
+
+def _top_stages(runs: list[tuple[int, int]], j: int) -> tuple[int, int]:
+    """(layers, stages) of the j largest increments of non-increasing runs (fewer stages when
+    the runs hold fewer than j)."""
+    total = taken = 0
+    for v, count in sorted(runs, reverse=True):
+        take = min(count, j - taken)
+        total, taken = total + take * v, taken + take
+    return total, taken
+
+
+def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float]) -> float | None:
+    """Smallest z such that pp stages, spread over the node types, hold L layers with every
+    stage's a n <= z, among the breakpoints `cands`. A valid lower bound on max_s a_s n_s;
+    None when even unbounded z cannot place L layers. Each type's most layers by stage count
+    is concave (`_stage_runs`), so the best split of pp stages over the types takes the pp
+    largest increments, after the first (largest) of each required type."""
+
+    def fits(z: float) -> bool:
+        total, rest, pool = 0, pp, []
+        for slot in slots:
+            runs = _stage_runs(z, slot, unit)
+            if slot.required:
+                if not runs:
+                    return False
+                (v, count), *more = runs
+                total, rest, runs = total + v, rest - 1, [(v, count - 1)] + more
+            pool += runs
+        if rest < 0:
+            return False
+        got, taken = _top_stages(pool, rest)
+        return taken == rest and total + got >= L
+    if not cands or not fits(cands[-1]):
+        return None
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(cands[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return cands[lo]
+
+
+def _breakpoints(slots: list[SlotType], L: int, unit: int) -> list[float]:
+    """The z at which some stage's layer count floor(z / a) changes: a j for every per-layer
+    time a and layer count j (multiples of `unit`)."""
+    return sorted({a * j for slot in slots for _, _, alts in slot.blocks for a, _ in alts
+                   for j in range(unit, L + 1, unit)})
+
+
+def _most_layers(z: float, slot: SlotType, pp: int, unit: int) -> int:
+    """At least the most layers a node type's stages hold with every a n <= z: its pp largest
+    increments (`_stage_runs`)."""
+    return _top_stages(_stage_runs(z, slot, unit), pp)[0]
+
+
+def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int) -> float:
+    """Least sum over stages of a_s n_s when every stage's a_s n_s <= z: node type k holds at
+    most the layers its stages hold at z (`_most_layers`), each at k's least per-layer time;
+    a required type holds at least `unit` layers. Greedy over the per-layer times (a
+    relaxation: stage counts are not coupled across types)."""
+    rows = []
+    for slot in slots:
+        a = min(a for _, _, alts in slot.blocks for a, _ in alts)
+        cap = _most_layers(z, slot, pp, unit)
+        rows.append((a, cap - unit if slot.required else cap))
+    total = sum(a * unit for (a, _), slot in zip(rows, slots) if slot.required)
+    left = L - sum(unit for slot in slots if slot.required)
+    for a, cap in sorted(rows):
+        take = min(max(cap, 0), left)
+        total, left = total + take * a, left - take
+    return total if left <= 0 else math.inf
+
+
+JOINT_STEPS = 64  # _pipeline_bound: breakpoints evaluated at most (the full bound; the cheap one: none)
+
+
+def _least_usd_per_hour(z: float, slots: list[SlotType], L: int, unit: int) -> float:
+    """At least the $/h of any plan whose stages all have a n <= z: each stage s holds at most
+    v_s(z) layers, so sum_s p_s >= sum_s (p_s / v_s) n_s >= L min over blocks of p_b / v_b(z)."""
+    per_layer = [slot.usd_per_gpu_hour * g / v for slot in slots for g, _, alts in slot.blocks
+                 if (v := _stage_layers(z, alts, unit))]
+    return L * min(per_layer) if per_layer else math.inf
+
+
+@dataclass(frozen=True)
+class PipelineTerms:
+    """What `_pipeline_bound` adds to the layer placement: the closed form's weights of the
+    steady period and the stage sum, the stage sum's fixed part (ends, least recompute), the
+    rest of T (transfers, reduction, optimizer) and the least $/h of pp stages."""
+
+    w_z: float
+    w_sum: float
+    extra: float
+    rest: float
+    gpu_usd: float
+
+
+def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
+                    terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
+                    least: tuple[float, float] | None = None) -> tuple[float, float] | None:
+    """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
+    z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
+    (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so
+    T >= T(Z) = w_z max(Z, S(Z) / pp) + w_sum S(Z) + rest, and $/h >= P(Z) = max(gpu_usd,
+    _least_usd_per_hour(Z)). A Z where T(Z) or P(Z) T(Z) / 3600 breaks a limit holds no plan.
+    S(Z) and P(Z) only fall at breakpoints, between which T(Z) rises, so the minimum is at
+    z_min or a breakpoint; past the evaluated ones, T >= w_z max(Z, S_inf / pp) + w_sum S_inf
+    + rest and P >= P_inf, with S_inf, P_inf at unbounded Z (every stage holds as many layers
+    as memory lets it). Returns (the bound: T or $/step, S_inf), or None when no Z meets the limits."""
+    w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
+    layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
+                                    _least_usd_per_hour(math.inf, slots, L, unit))
+    s_inf = terms.extra + layers_inf
+    p_inf = max(terms.gpu_usd, usd_inf)
+    cost = limits.objective == "min-cost"
+
+    def value(T: float, P: float) -> float | None:
+        """The objective at (T, $/h), or None when a limit is broken."""
+        usd = P * T / 3600
+        if (limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6)) or \
+                (limits.budget_usd_per_hour is not None and P > limits.budget_usd_per_hour * (1 + 1e-9)) or \
+                (limits.budget_usd_per_step is not None and usd > limits.budget_usd_per_step * (1 + 1e-9)):
+            return None
+        return usd if cost else T
+
+    best = math.inf
+    for i, z in enumerate([z_min] + ([x for x in cands if x > z_min] if steps else [])):
+        tail = value(w_z * max(z, s_inf / pp) + w_sum * s_inf + rest, p_inf)
+        if tail is None or tail >= best:
+            break  # no Z from here on meets the limits, or beats the best
+        if i == steps:
+            best = tail
+            break
+        S = terms.extra + _least_layer_sum(z, slots, pp, L, unit)
+        got = value(w_z * max(z, S / pp) + w_sum * S + rest,
+                    max(terms.gpu_usd, _least_usd_per_hour(z, slots, L, unit)))
+        if got is not None:
+            best = min(best, got)
+    return None if best == math.inf else (best, s_inf)
+
+
+def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
+    """GPUs of node type k a plan may use: its count, and what a $/h budget rents of it alone."""
+    nt = coef.types[k]
+    gpus = nt.count * nt.gpus_per_node
+    if limits.budget_usd_per_hour is not None:
+        cap = limits.budget_usd_per_hour * (1 + 1e-9)
+        gpus = min(gpus, int(cap // nt.usd_per_hour) * nt.gpus_per_node if nt.billing == "node"
+                   else int(cap // nt.usd_per_gpu_hour))
+    return gpus
+
+
+def _affordable_stages(coef: Coefficients, b: int, limits: Limits) -> int:
+    """Most stages block b can hold in this config, and within a $/h budget on its own
+    (a relaxation: other blocks' stages only add to the bill)."""
+    most = coef.max_stages(b)
+    if limits.budget_usd_per_hour is None:
+        return most
+    cap = limits.budget_usd_per_hour * (1 + 1e-9)
+    return max([j for j in range(most + 1) if coef.usd_per_hour(b, j) <= cap])
+
+
+def _p2p_lower_bound(coef: Coefficients) -> float:
+    """costmodel.p2p_time_s at its least: pp - 1 hops, at least R - 1 of them between the R node
+    types the config must use (and the interleaved wrap between two of them when R >= 2),
+    each at least the cheapest transfer of its kind any block sends."""
+    cfg, R = coef.cfg, len(coef.required_types)
+    if cfg.pp < 2:
+        return 0.0
+    types = {blk.k for blk in coef.blocks}
+    inter = [coef.hop_inter(b, j) for b, blk in enumerate(coef.blocks) for j in types if j != blk.k]
+    same = [coef.hop_intra(b) if blk.place.stages_per_node >= 2 else coef.hop_inter(b, blk.k)
+            for b, blk in enumerate(coef.blocks)]
+    least = min(same + inter)
+    crossing = max(R - 1, 0)
+    hops = [least] * (cfg.pp - 1 - crossing) + [min(inter)] * crossing if inter else [least] * (cfg.pp - 1)
+    wrap = min(inter) if (R >= 2 and inter) else least
+    return costmodel.p2p_time_s(hops, wrap, cfg.schedule, cfg.vpp)
+
+
+def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
+    """(breakpoints, bottleneck bound, (least layer sum, least $/h) at unbounded z)."""
+    cands = _breakpoints(slots, L, unit)
+    z = _bottleneck_bound(slots, pp, L, unit, cands)
+    least = None if z is None else (_least_layer_sum(math.inf, slots, pp, L, unit),
+                                    _least_usd_per_hour(math.inf, slots, L, unit))
+    return cands, z, least
+
+
+def _memo_shared(coef: Coefficients, key: tuple | None, make):
+    """make(), memoised in the instance's shared coefficient cache under `key` (None: not memoised)."""
+    if key is None:
+        return make()
+    got = coef._shared.get(key)
+    if got is None:
+        got = coef._shared[key] = make()
+    return got
+
+
+def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
+                       variants: list[Config] | None = None,
+                       _family: tuple | None = None) -> float | None | list[float | None]:
+    """Valid lower bound on the objective of any plan of this config, or None when none fits.
+
+    Every minimum below is over the stage options a stage may take (one per node type in
+    Megatron mode); the bottleneck bound lets a node type's stages share its GPUs (whole
+    nodes relaxed to GPUs).
+    memory=False skips the memory rooms (every slot may hold all L layers), the transfers and
+    the joint bound over the steady period and the stage sum (`_pipeline_bound`), and relaxes
+    whole chunks (layer counts in multiples of vpp) to whole layers: a weaker, cheaper bound
+    the driver uses to order and cut the search. With `variants` (memory=False only: configs
+    that differ from coef.cfg in schedule and vpp alone, so they share its options and every
+    term but the closed form's weights and the reduction at vpp layers) it returns the list
+    of their bounds, computed once."""
+    assert (variants is None and _family is None) or not memory
+    none = None if variants is None else [None] * len(variants)
+    cfg, L = coef.cfg, coef.inst.model.num_layers
+    caps = {b: _affordable_stages(coef, b, limits) for b in range(len(coef.blocks))}
+    O = [o for o in range(len(coef.options)) if caps[coef.block_of[o]] > 0]
+    if not O or sum(caps.values()) < cfg.pp:
+        return none
+    t = {o: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
+    # memory falls with the position among middle stages (fewer micro-batches in flight), so
+    # the most room any position offers is at the first, the last or the last middle stage
+    positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
+    rooms = {o: max(_layer_room(coef, o, s) for s in positions) if memory else L for o in O}
+    alts: dict[int, list[tuple[float, int]]] = {}
+    for o in O:
+        if rooms[o]:
+            alts.setdefault(coef.block_of[o], []).append((t[o][0].a, rooms[o]))
+    if coef.required_types - {coef.blocks[b].k for b in alts}:
+        # a node type the config must use holds no layer within memory or budget
+        return none
+    by_type: dict[int, list] = {}
+    for b in sorted(alts):
+        by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
+    gpu_hour = {k: coef.types[k].usd_per_gpu_hour for k in by_type}
+    if memory:
+        slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), k in coef.required_types, gpu_hour[k])
+                 for k, blocks in sorted(by_type.items())]
+    else:  # cheap: each block offers its stages on its own (no GPU sharing where a type's size is open)
+        slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types, gpu_hour[k])
+                 for k, blocks in sorted(by_type.items()) for block in blocks]
+    # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
+    # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
+    unit = cfg.vpp if memory else 1
+    if _family is not None and _family[3]:
+        # weak: no bottleneck bound (z >= S / pp alone), only the least layer sum and $/h
+        least = (_least_layer_sum(math.inf, slots, cfg.pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit))
+        cands, z = [], (None if least[0] == math.inf else 0.0)
+    else:
+        cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L) if not memory else None,
+                                       lambda: _placement_terms(slots, cfg.pp, L, unit))
+    if z is None:
+        return none
+    # each stage recomputes at least one layer where its option recomputes fully
+    rho = min(t[o][0].rho if coef.full(o) else 0.0 for o in O)
+    if cfg.pp == 1:
+        ends = min(t[o][0].c for o in O)
+    else:
+        ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
+    biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
+    usable = [o for o in O if rooms[o]]
+    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
+    # rents at least one stage of each node type it gives a stage size
+    price = {o: gpu_hour[coef.options[o].k] * coef.options[o].group for o in usable}
+    forced = [min(price[o] for o in usable if coef.options[o].k == k) for k in sorted(coef.required_types)]
+    gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
+    if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
+        return none
+
+    least_work = min(price[o] * t[o][0].a for o in usable)
+    # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
+    # optimizer max at least the biggest stage's
+    dp0 = [coef.dp_time(o, 0) for o in O]
+    opt = min(coef.opt_time(o, 0).a for o in O) * biggest + (_p2p_lower_bound(coef) if memory else 0.0)
+
+    def finish(vpps: tuple[int, ...], w_z: float, w_sum: float, placed=(unit, cands, z, least)) -> float | None:
+        # the reduction is affine in the layers: its least over a range of vpp is at an end
+        u, c, zz, lst = placed
+        if zz is None:
+            return None
+        return _finish_bound(slots, cfg, L, u, c, zz, lst, min(d(v) for d in dp0 for v in vpps) + opt,
+                             ends + cfg.pp * rho, gpu_usd, w_z, w_sum, limits, memory, least_work)
+    if _family is not None:
+        return finish(_family[2], _family[0], _family[1])
+    if variants is None:
+        return finish((cfg.vpp,), coef.z_weight(), coef.sum_weight())
+
+    def chunks(u: int):
+        """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""
+        if u == unit:
+            return unit, cands, z, least
+        return (u, *_memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L, u),
+                                 lambda: _placement_terms(slots, cfg.pp, L, u)))
+    # the closed form's weights of each variant, from the one definition (schedules.Schedule.z_weight, sum_weight)
+    return [finish((v.vpp,), v.sched.z_weight(coef.m), v.sched.sum_weight(), chunks(v.vpp))
+            for v in variants]
+
+
+def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config], weak: bool = False) -> float | None:
+    """At most the least cheap bound of `variants` (configs that differ from coef.cfg in schedule
+    and vpp alone), at the cost of one: the cheap bound T >= w_z X + w_sum S + rest (X, S >= 0;
+    and $ >= its work term) only grows with the weights and the reduction, so the least weights
+    and reduction of any variant bound them all (None: no variant has a plan). weak: without
+    the bottleneck bound (X >= S / pp only), a fraction of the cost; the driver tightens it
+    when the family reaches the top of the heap."""
+    w_z = min(v.sched.z_weight(coef.m) for v in variants)
+    w_sum = min(v.sched.sum_weight() for v in variants)
+    vpps = sorted({v.vpp for v in variants})
+    return config_lower_bound(coef, limits, memory=False, variants=None,
+                              _family=(w_z, w_sum, (vpps[0], vpps[-1]), weak))
+
+
+def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
+                  least_work) -> float | None:
+    """config_lower_bound's last step: the joint bound (`_pipeline_bound`) and, for $, the work bound."""
+    got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd),
+                          limits, JOINT_STEPS if memory else 0, least)
+    if got is None:
+        return None
+    bound, S = got
+    # $ x s per step >= (sum_s p_s) w_z z + gpu_usd (w_sum S + rest), and (sum_s p_s) z >= L min_o(p_o a_o)
+    # because z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan
+    work = (w_z * L * least_work + gpu_usd * (w_sum * S + rest)) / 3600
+    if limits.budget_usd_per_step is not None and work > limits.budget_usd_per_step * (1 + 1e-9):
+        return None
+    return max(bound, work) if limits.objective == "min-cost" else bound
