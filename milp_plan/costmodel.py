@@ -56,14 +56,13 @@ from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, Prediction, Stage, StagePrediction
 from milp_plan.schedules import W_FRACTION_OF_BWD, schedule_of, steady_period_s  # noqa: F401 (part of the cost model's API)
-from milp_plan.units import GIB
+from milp_plan.units import GIB, SECONDS_PER_HOUR
 
 WEIGHT_BYTES = 2.0          # bf16 parameters
 GRAD_BYTES = 4.0            # fp32 main gradients
 OPTIMIZER_BYTES = 12.0      # fp32 master weights + Adam m and v
 OPTIMIZER_BYTES_PER_PARAM = 30.0  # read grad 4, r/w master 8, m 8, v 8, write bf16 param 2
 ACT_BYTES = 2.0             # bf16 activations on the wire
-SECONDS_PER_HOUR = 3600.0
 
 
 # ---- compute -----------------------------------------------------------------------

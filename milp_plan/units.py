@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 from milp_plan.errors import InputError
 
+SECONDS_PER_HOUR = 3600       # $/step = $/h x seconds per step / SECONDS_PER_HOUR
 _NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
-_TIME_UNITS_S = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0}
+_TIME_UNITS_S = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "min": 60.0,
+                 "h": float(SECONDS_PER_HOUR)}
 _MEM_UNITS_BYTES = {
     "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,

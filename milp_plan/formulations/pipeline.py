@@ -46,7 +46,7 @@ from typing import Any, Protocol, Sequence
 from milp_plan.formulations.coefficients import Affine, Coefficients
 from milp_plan.job import Limits
 from milp_plan.schedules import Period
-from milp_plan.units import GIB, TICKS_PER_SECOND
+from milp_plan.units import GIB, SECONDS_PER_HOUR, TICKS_PER_SECOND
 
 NOISE = 1e-12       # relative float noise of the cost model, allowed when rounding (pipeline.md)
 TICKS = (10**9, 10**8, 10**7, 10**6)   # ticks per second, finest first
@@ -470,9 +470,9 @@ class PipelineModel:
                 be.add(w >= v.step - hi * (1 - var))
                 v.W[b, beta] = (price[b, beta], w)
             if lim.budget_usd_per_step is not None:
-                # sum price W / (3600 scale tps money) <= budget
+                # sum price W / (SECONDS_PER_HOUR scale tps money) <= budget
                 be.add(be.sum([p * w for p, w in v.W.values()])
-                       <= down(lim.budget_usd_per_step * 3600 * v.scale * res.tps * res.money))
+                       <= down(lim.budget_usd_per_step * SECONDS_PER_HOUR * v.scale * res.tps * res.money))
 
     def _step_upper_bound(self) -> int:
         """An upper bound of the scaled step expression (ticks) over every plan of the config."""
@@ -492,7 +492,7 @@ class PipelineModel:
     def _objective_scale(self) -> float:
         """Model objective units per second (min-time) or per $/step (min-cost)."""
         if self.lim.objective == "min-cost":
-            return 3600 * self.v.scale * self.res.tps * self.res.money
+            return SECONDS_PER_HOUR * self.v.scale * self.res.tps * self.res.money
         return self.v.scale * self.res.tps
 
     def build(self) -> Vars:
@@ -575,7 +575,7 @@ class PipelineModel:
                 return f"stage {s} needs {sp.peak_memory_gib:.9g} GiB, over the {sp.capacity_gib:.9g} the model allowed"
         t_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-time") / (sc * res.tps)
         usd_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-cost") \
-            / (3600 * sc * res.tps * res.money)
+            / (SECONDS_PER_HOUR * sc * res.tps * res.money)
         blocks = len({self.c.block_of[o] for o in options})
         checks = [(lim.time_limit_s, p.step_time_s, t_err, "s/step"),
                   (lim.budget_usd_per_hour, p.usd_per_hour, (blocks + 1) / res.money, "$/h"),

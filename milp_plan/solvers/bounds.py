@@ -11,6 +11,7 @@ from milp_plan import costmodel
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
+from milp_plan.units import SECONDS_PER_HOUR
 
 
 def _layer_room(coef: Coefficients, o: int, s: int) -> int:
@@ -189,7 +190,7 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
 
     def value(T: float, P: float) -> float | None:
         """The objective at (T, $/h), or None when a limit is broken."""
-        usd = P * T / 3600
+        usd = P * T / SECONDS_PER_HOUR
         if (limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6)) or \
                 (limits.budget_usd_per_hour is not None and P > limits.budget_usd_per_hour * (1 + 1e-9)) or \
                 (limits.budget_usd_per_step is not None and usd > limits.budget_usd_per_step * (1 + 1e-9)):
@@ -395,7 +396,7 @@ def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_
     bound, S = got
     # $ x s per step >= (sum_s p_s) w_z z + gpu_usd (w_sum S + rest), and (sum_s p_s) z >= L min_o(p_o a_o)
     # because z >= a_s n_s on every stage: the cheapest price per unit of work bounds every plan
-    work = (w_z * L * least_work + gpu_usd * (w_sum * S + rest)) / 3600
+    work = (w_z * L * least_work + gpu_usd * (w_sum * S + rest)) / SECONDS_PER_HOUR
     if limits.budget_usd_per_step is not None and work > limits.budget_usd_per_step * (1 + 1e-9):
         return None
     return max(bound, work) if limits.objective == "min-cost" else bound
