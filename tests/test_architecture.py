@@ -145,3 +145,20 @@ def test_every_planner_returns_a_checked_plan_and_the_exact_ones_agree(tmp_path)
     assert planners.get("auto") is planners.PLANNERS["cpsat"]
     with pytest.raises(InputError, match="unknown solver 'gurobi'"):
         planners.get("gurobi")
+
+
+def test_the_shared_coefficient_cache_serves_one_instance(tmp_path):
+    """Keys leave out the instance-level inputs (sequence length, profiles, headroom), so a
+    cache made for one instance must refuse another, even one that differs only in those."""
+    from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
+    from milp_plan.formulations.space import enumerate_configs
+    a, b = tiny_instance(tmp_path / "a"), tiny_instance(tmp_path / "b", memory_headroom=0.3)
+    shared = SharedCoefficients(a)
+    cfg = next(iter(enumerate_configs(a)))
+    Coefficients(a, cfg, shared)
+    with pytest.raises(ValueError, match="one instance"):
+        Coefficients(b, cfg, shared)
+    # and the fits it shares are the ones a fresh cache computes
+    fresh, reused = Coefficients(a, cfg), Coefficients(a, cfg, shared)
+    assert [fresh.time(o, 0) for o in range(len(fresh.options))] == \
+        [reused.time(o, 0) for o in range(len(reused.options))]

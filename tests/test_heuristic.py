@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from milp_plan import check
-from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.job import Limits
 from milp_plan.formulations.space import enumerate_configs
 from milp_plan.instance import InstanceSpec, build_instance
@@ -19,7 +19,7 @@ from test_solve import FIX, write_instance
 def coef_for(inst, **fix):
     cfgs = list(enumerate_configs(inst, {**FIX, **fix}))
     assert len(cfgs) == 1
-    return Coefficients(inst, cfgs[0], {})
+    return Coefficients(inst, cfgs[0])
 
 
 def test_greedy_grouping_puts_the_fastest_type_first(tmp_path):
@@ -52,7 +52,7 @@ def test_partition_minimises_the_bottleneck(tmp_path):
 def test_heuristic_plans_are_valid_and_never_beat_brute_force(tmp_path, layers, third, gbs):
     spec = write_instance(tmp_path, layers=layers, third=third, counts=(2, 1))
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs}))
-    shared: dict = {}
+    shared = SharedCoefficients(inst)
     found = 0
     for cfg in enumerate_configs(inst):
         got = heuristic.best_plan(Coefficients(inst, cfg, shared), Limits())

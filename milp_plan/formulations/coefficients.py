@@ -15,6 +15,7 @@ so placement, transfers and prices depend on the block only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from milp_plan import costmodel as cm
 from milp_plan.formulations.space import Config, FreeConfig, Placement, StageOption, placement, stage_options
@@ -55,21 +56,99 @@ class Block:
     place: Placement
 
 
+class TimeKey(NamedTuple):
+    """Stage time fits (t, b) per micro-batch: node type, ends held, tp, micro-batch, recompute."""
+    k: int
+    first: bool
+    last: bool
+    tp: int
+    mbs: int
+    recompute: str
+
+
+class MemoryKey(NamedTuple):
+    """Memory fit: the stage option and everything of the config stage_memory_bytes reads."""
+    option: StageOption
+    first: bool
+    last: bool
+    single_stage: bool
+    inflight: float
+    end_inflight: tuple[float, float]
+    sequence_parallel: bool
+    distributed_optimizer: bool
+
+
+class StateKey(NamedTuple):
+    """Reduction ("dp") or optimizer ("opt") fit: what the parameter count and its sharding read."""
+    what: str
+    k: int
+    first: bool
+    last: bool
+    single_stage: bool
+    tp: int
+    dp: int
+    distributed_optimizer: bool
+
+
+class HopKey(NamedTuple):
+    n_bytes: float
+    k: int
+    k2: int
+    same_node: bool
+    senders: int
+
+
+class PlacementKey(NamedTuple):
+    """The bounds' placement terms (solvers/bounds.py): the slots, pp, layers and chunk unit."""
+    slots: tuple
+    pp: int
+    layers: int
+    unit: int
+
+
+class SharedCoefficients:
+    """Coefficients shared by every config of one instance, under typed keys.
+
+    A key names every config-level input its value depends on; the instance-level inputs
+    (model, sequence length, profiles, cluster, memory headroom) are the cache's own: it
+    belongs to one Instance and refuses another (`check`), so a key can never be reused
+    across workloads."""
+
+    def __init__(self, inst: Instance):
+        self.inst = inst
+        self._values: dict[tuple, object] = {}
+        self.mixed_kinds = any(inst.model.block_kind(i) != inst.model.block_kind(0)
+                               for i in range(inst.model.num_layers))
+
+    def check(self, inst: Instance) -> None:
+        if inst is not self.inst:
+            raise ValueError("a SharedCoefficients cache serves the one instance it was made for")
+
+    def get(self, key: tuple, make):
+        """make(), memoised under `key`: a value is never None."""
+        value = self._values.get(key)
+        if value is None:
+            value = self._values[key] = make()
+        return value
+
+
 class Coefficients:
     """Every coefficient of the per-stage models for one config."""
 
-    def __init__(self, inst: Instance, cfg: Config | FreeConfig, shared: dict | None = None,
+    def __init__(self, inst: Instance, cfg: Config | FreeConfig, shared: SharedCoefficients | None = None,
                  fix: dict | None = None):
         """`shared` may be passed to every config of one instance: it memoises the
         coefficients that depend on only part of a config (stage times on node type,
         ends, tp, micro-batch and recompute; reduction and optimizer on tp, dp and the
         distributed optimizer). `fix` restricts a FreeConfig's per-stage options."""
         self.inst, self.cfg = inst, cfg
-        self._shared = {} if shared is None else shared
+        if shared is None:
+            shared = SharedCoefficients(inst)
+        shared.check(inst)
+        self.shared = shared
         self._local: dict = {}
         self.kind = inst.model.block_kind(0)
-        if self._memo(self._shared, ("mixed kinds",), lambda: any(
-                inst.model.block_kind(i) != self.kind for i in range(inst.model.num_layers))):
+        if shared.mixed_kinds:
             from milp_plan.errors import InputError
             raise InputError(f"model '{inst.model.name}' mixes block kinds (encoder-decoder); the exact formulations "
                              "need one block kind: use --solver brute-force", field="model")
@@ -121,9 +200,9 @@ class Coefficients:
         def f_b(n: int, r: int) -> tuple[float, float]:
             return cm.stage_compute_s(self.inst, nt, opt.tp, opt.mbs, [self.kind] * n, first, last,
                                       opt.recompute, r)
-        return self._memo(self._shared, ("time", opt.k, first, last, opt.tp, opt.mbs, opt.recompute),
-                          lambda: (_affine(lambda n, r: sum(f_b(n, r)), full),
-                                   _affine(lambda n, r: f_b(n, r)[1], full)))
+        return self.shared.get(TimeKey(opt.k, first, last, opt.tp, opt.mbs, opt.recompute),
+                                    lambda: (_affine(lambda n, r: sum(f_b(n, r)), full),
+                                        _affine(lambda n, r: f_b(n, r)[1], full)))
 
     def _memo(self, cache: dict, key: tuple, make):
         value = cache.get(key)
@@ -144,10 +223,10 @@ class Coefficients:
         # the fit wherever these agree
         cfg = self.cfg
         inflight = cm.inflight_microbatches(cfg.schedule, cfg.pp, s, self.m, cfg.vpp)
-        key = ("mem", opt, *self._ends(s), cfg.pp == 1, inflight,
-               cm.end_inflight(cfg.schedule, cfg.pp, self.m, cfg.vpp, inflight), cfg.sequence_parallel,
-               cfg.distributed_optimizer)
-        return self._memo(self._shared, key, lambda: self._memory_fit(opt, s))
+        key = MemoryKey(opt, *self._ends(s), cfg.pp == 1, inflight,
+                        cm.end_inflight(cfg.schedule, cfg.pp, self.m, cfg.vpp, inflight), cfg.sequence_parallel,
+                        cfg.distributed_optimizer)
+        return self.shared.get(key, lambda: self._memory_fit(opt, s))
 
     def _memory_fit(self, opt: StageOption, s: int) -> Affine:
         cfg = self.cfg
@@ -162,12 +241,12 @@ class Coefficients:
     def capacity(self, o: int) -> float:
         return cm.usable_memory_bytes(self.inst, self.types[self.options[o].k])
 
-    def _state_key(self, what: str, opt: StageOption, s: int) -> tuple:
-        return (what, opt.k, *self._ends(s), self.cfg.pp == 1, opt.tp, opt.dp, self.cfg.distributed_optimizer)
+    def _state_key(self, what: str, opt: StageOption, s: int) -> StateKey:
+        return StateKey(what, opt.k, *self._ends(s), self.cfg.pp == 1, opt.tp, opt.dp, self.cfg.distributed_optimizer)
 
     def dp_time(self, o: int, s: int) -> Affine:
         opt = self.options[o]
-        return self._memo(self._shared, self._state_key("dp", opt, s), lambda: self._dp_time(o, s))
+        return self.shared.get(self._state_key("dp", opt, s), lambda: self._dp_time(o, s))
 
     def _dp_time(self, o: int, s: int) -> Affine:
         opt, (first, last) = self.options[o], self._ends(s)
@@ -183,7 +262,7 @@ class Coefficients:
 
     def opt_time(self, o: int, s: int) -> Affine:
         opt = self.options[o]
-        return self._memo(self._shared, self._state_key("opt", opt, s), lambda: self._opt_time(opt, s))
+        return self.shared.get(self._state_key("opt", opt, s), lambda: self._opt_time(opt, s))
 
     def _opt_time(self, opt: StageOption, s: int) -> Affine:
         (first, last), nt = self._ends(s), self.types[opt.k]
@@ -215,8 +294,8 @@ class Coefficients:
 
     def _hop(self, b: int, k2: int, same_node: bool) -> float:
         n_bytes, k, senders = self.hop_bytes(b), self.blocks[b].k, self.senders(b)
-        return self._memo(self._shared, ("hop", n_bytes, k, k2, same_node, senders),
-                          lambda: cm.p2p_s(self.inst, n_bytes, self.types[k], self.types[k2], same_node, senders))
+        return self.shared.get(HopKey(n_bytes, k, k2, same_node, senders),
+                               lambda: cm.p2p_s(self.inst, n_bytes, self.types[k], self.types[k2], same_node, senders))
 
     # ---- money --------------------------------------------------------------------------
     def usd_per_hour(self, b: int, stages: int) -> float:

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from milp_plan import costmodel
-from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.coefficients import Coefficients, PlacementKey
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
 from milp_plan.units import SECONDS_PER_HOUR
@@ -261,14 +261,9 @@ def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
     return cands, z, least
 
 
-def _memo_shared(coef: Coefficients, key: tuple | None, make):
+def _memo_shared(coef: Coefficients, key: PlacementKey | None, make):
     """make(), memoised in the instance's shared coefficient cache under `key` (None: not memoised)."""
-    if key is None:
-        return make()
-    got = coef._shared.get(key)
-    if got is None:
-        got = coef._shared[key] = make()
-    return got
+    return make() if key is None else coef.shared.get(key, make)
 
 
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
@@ -323,7 +318,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         least = (_least_layer_sum(math.inf, slots, cfg.pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit))
         cands, z = [], (None if least[0] == math.inf else 0.0)
     else:
-        cands, z, least = _memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L) if not memory else None,
+        cands, z, least = _memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, 1) if not memory else None,
                                        lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
         return none
@@ -365,7 +360,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""
         if u == unit:
             return unit, cands, z, least
-        return (u, *_memo_shared(coef, ("cheap placement", tuple(slots), cfg.pp, L, u),
+        return (u, *_memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, u),
                                  lambda: _placement_terms(slots, cfg.pp, L, u)))
     # the closed form's weights of each variant, from the one definition (schedules.Schedule.z_weight, sum_weight)
     return [finish((v.vpp,), v.sched.z_weight(coef.m), v.sched.sum_weight(), chunks(v.vpp))

@@ -40,7 +40,7 @@ from milp_plan import check
 from milp_plan.deadline import Deadline, interrupted
 from milp_plan.errors import InputError, InternalError
 from milp_plan.formulations.build import build_plan
-from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.pipeline import PipelineModel
 from milp_plan.job import Limits
 from milp_plan.formulations.space import (Config, FreeConfig, StageOption, coverage_gap, enumerate_configs,
@@ -85,8 +85,12 @@ class Prepared:
     mode: str = "megatron"
     base: "Prepared | None" = None
     fix: dict | None = None
-    shared: dict = field(default_factory=dict)
+    shared: SharedCoefficients | None = None
     made: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.shared is None:
+            self.shared = SharedCoefficients(self.inst)
 
     def coef(self, i: int) -> Coefficients:
         got = self.made.get(i)
