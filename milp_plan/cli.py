@@ -165,9 +165,9 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     if objective == "pareto":
         if out == "-":
             raise InputError("pareto writes a JSON and a CSV file; give a file name", field="out")
-        json_path = out if out.endswith(".json") else out + ".json"
-        check_output(json_path, allow_stdout=False)
-        check_output(json_path[:-5] + ".csv", allow_stdout=False)
+        from milp_plan.pareto import output_paths
+        for path in output_paths(out):
+            check_output(path, allow_stdout=False)
     else:
         check_output(out)
     if plot:
@@ -175,10 +175,9 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
                                         seq_len, memory_headroom), obj)
     if objective == "pareto":
-        from milp_plan.pareto import run_pareto
         try:
             with deadline.handle_signals():  # after an interrupt fileio writes nothing: the old front stays
-                run_pareto(inst, req, out=out, plot=plot, json_out=json_out)
+                _run_pareto(inst, req, out=out, plot=plot, json_out=json_out)
         except MilpPlanError:
             _raise_if_interrupted("the Pareto sweep", out)  # the interrupt explains it (e.g. an empty front)
             raise
@@ -205,28 +204,38 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         typer.echo(f"Wrote {'the plan to stdout' if out == '-' else out}", err=out == "-")
 
 
+def _run_pareto(inst, req, *, out: str, plot: str | None, json_out: bool) -> None:
+    from milp_plan import pareto
+    from milp_plan.fileio import write_atomic
+    from milp_plan.report import render_front
+    pareto.check_request(inst, plot)
+    front = pareto.pareto_front(inst, req)
+    doc = pareto.front_document(front)
+    json_path, csv_path = pareto.output_paths(out)
+    write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
+    write_atomic(csv_path, pareto.front_csv(doc["points"]))
+    if plot:
+        write_atomic(plot, pareto.front_png(doc["points"]))
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    typer.echo(render_front(doc, front.wall_time_s, pareto.MAX_POINTS))
+    typer.echo(f"Wrote {json_path}, {csv_path}" + (f", {plot}" if plot else ""))
+
+
 def _write_solved(plan, result, out: str, record_wall_time: bool, after_interrupt: bool = False) -> None:
+    from dataclasses import replace
     from milp_plan.fileio import write_output
     if record_wall_time:
-        plan = plan.with_(solver=plan.solver.__class__(**{**plan.solver.__dict__, "wall_time_s": result.wall_time_s}))
+        plan = plan.with_(solver=replace(plan.solver, wall_time_s=result.wall_time_s))
     write_output(out, plan.to_json(), after_interrupt=after_interrupt)
 
 
 def render_solved(plan, inst, result) -> str:
     """The plan table and its event-by-event simulation (skipped, with the reason, when too large)."""
-    from milp_plan.report import render_plan
-    from milp_plan.sim import simulate_plan, too_large_to_simulate
-    text = render_plan(plan, inst, result)
-    why = too_large_to_simulate(plan)
-    if why:
-        return text + "\n" + why
-    sim = simulate_plan(inst, plan)
-    pred = plan.predicted.step_time_s
-    return text + "\n" + (
-        f"Simulated event by event: step {sim.step_time_s:.4g} s (closed form "
-        f"{(pred - sim.step_time_s) / sim.step_time_s:+.2%}); peak memory within "
-        f"{max(abs(a.peak_memory_gib - b) for a, b in zip(plan.predicted.stages, sim.peak_memory_gib)):.2g} "
-        "GiB of the prediction")
+    from milp_plan.report import render_plan, render_simulation
+    from milp_plan.verify import simulation_check
+    return render_plan(plan, inst, result) + "\n" + render_simulation(simulation_check(inst, plan))
 
 
 def _signal_name() -> tuple[str, int]:

@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from dataclasses import dataclass
 
-import typer
-
 from milp_plan import planners
 from milp_plan.errors import Infeasible, InputError
-from milp_plan.fileio import write_atomic
 from milp_plan.job import Limits
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan
-from milp_plan.report import table
 
 MAX_POINTS = 200
 
@@ -93,7 +88,8 @@ def front_rows(front: Front) -> list[dict]:
     return rows
 
 
-def run_pareto(inst: Instance, req, *, out: str, plot: str | None, json_out: bool) -> None:
+def check_request(inst: Instance, plot: str | None) -> None:
+    """InputError before any work: pareto sets its own limits; --plot needs matplotlib."""
     if inst.objective.time_limit_s is not None or inst.objective.budget is not None:
         raise InputError("pareto explores every trade-off; drop --time-limit and --budget", field="objective")
     if plot:
@@ -101,36 +97,28 @@ def run_pareto(inst: Instance, req, *, out: str, plot: str | None, json_out: boo
             import matplotlib  # noqa: F401
         except ImportError:
             raise InputError('--plot needs matplotlib: pip install "milp-plan[plot]"', field="plot") from None
-    front = pareto_front(inst, req)
+
+
+def front_document(front: Front) -> dict:
+    """pareto.json: the rows (front_rows) and each point's whole plan."""
     if not front.points:
         raise Infeasible("no plan fits the cluster at all (see `milp-plan solve` for the diagnosis)")
-    rows = front_rows(front)
-    doc = {"objective": "pareto", "complete": front.complete, "points": rows,
-           "plans": [p.to_dict() for p in front.points]}
+    return {"objective": "pareto", "complete": front.complete, "points": front_rows(front),
+            "plans": [p.to_dict() for p in front.points]}
+
+
+def output_paths(out: str) -> tuple[str, str]:
+    """(JSON, CSV) paths of a sweep written to `out`."""
     json_path = out if out.endswith(".json") else out + ".json"
-    csv_path = json_path[:-5] + ".csv"
+    return json_path, json_path[:-5] + ".csv"
+
+
+def front_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
-    write_atomic(csv_path, buf.getvalue())
-    if plot:
-        write_atomic(plot, front_png(rows))
-    if json_out:
-        typer.echo(json.dumps(doc, indent=2))
-        return
-    typer.echo(f"Pareto front: {len(rows)} non-dominated plans"
-               + ("" if front.complete else " (not proven complete: a solve was not proven optimal within "
-                                             "--max-solve-time, or the sweep stopped at " + str(MAX_POINTS) + " points)")
-               + f", {front.wall_time_s:.1f} s")
-    typer.echo(table(["step s", "$/step", "$/h", "tokens/s", "GPUs", "tp/dp/pp", "mbs", "schedule", "stages"],
-                     [[f"{r['step_time_s']:.3f}", f"{r['usd_per_step']:.4f}", f"{r['usd_per_hour']:.2f}",
-                       f"{r['tokens_per_s']:,.0f}", r["gpus"], f"{r['tp']}/{r['dp']}/{r['pp']}",
-                       r["micro_batch_size"], r["schedule"] + (f"/v{r['vpp']}" if r["vpp"] > 1 else ""),
-                       r["stages"]] for r in rows],
-                     right=[True, True, True, True, True, True, True, False, False]))
-    typer.echo(f"Wrote {json_path}, {csv_path}" + (f", {plot}" if plot else ""))
+    return buf.getvalue()
 
 
 def front_png(rows: list[dict]) -> bytes:

@@ -188,3 +188,28 @@ def format_gap(gap: float) -> str:
     """A relative gap as a percentage; below 0.01% (the integer models' rounding) in full."""
     return f"{gap:.2%}" if gap == 0 or gap >= 1e-4 else f"{gap:.1e}"
 
+
+def render_front(doc: dict, wall_time_s: float, max_points: int) -> str:
+    """The Pareto sweep's table (pareto.front_document)."""
+    rows = doc["points"]
+    head = (f"Pareto front: {len(rows)} non-dominated plans"
+            + ("" if doc["complete"] else " (not proven complete: a solve was not proven optimal within "
+                                          f"--max-solve-time, or the sweep stopped at {max_points} points)")
+            + f", {wall_time_s:.1f} s")
+    return head + "\n" + table(
+        ["step s", "$/step", "$/h", "tokens/s", "GPUs", "tp/dp/pp", "mbs", "schedule", "stages"],
+        [[f"{r['step_time_s']:.3f}", f"{r['usd_per_step']:.4f}", f"{r['usd_per_hour']:.2f}",
+          f"{r['tokens_per_s']:,.0f}", r["gpus"], f"{r['tp']}/{r['dp']}/{r['pp']}",
+          r["micro_batch_size"], r["schedule"] + (f"/v{r['vpp']}" if r["vpp"] > 1 else ""),
+          r["stages"]] for r in rows],
+        right=[True, True, True, True, True, True, True, False, False])
+
+
+def render_simulation(check) -> str:
+    """The line that sets a plan's prediction beside its event-by-event simulation
+    (verify.SimulationCheck), or the reason it was not simulated (a string)."""
+    if isinstance(check, str):
+        return check
+    return (f"Simulated event by event: step {check.step_time_s:.4g} s (closed form "
+            f"{check.closed_form_error:+.2%}); peak memory within {check.memory_error_gib:.2g} "
+            "GiB of the prediction")

@@ -257,3 +257,22 @@ def _failures(r: VerifyReport) -> str:
     if off:
         bits.append("; ".join(f"{c.what} {_pct(c.rel_diff)}" for c in off) + f" beyond {100 * r.tolerance:g}%")
     return "; ".join(bits)
+
+
+@dataclass(frozen=True)
+class SimulationCheck:
+    """A plan's prediction beside its event-by-event simulation (what `solve` prints)."""
+    step_time_s: float          # simulated
+    closed_form_error: float    # predicted / simulated - 1
+    memory_error_gib: float     # largest |predicted - simulated| peak memory of a stage
+
+
+def simulation_check(inst: Instance, plan: Plan) -> SimulationCheck | str:
+    """The simulation of a solved plan against its prediction, or why it is not simulated."""
+    why = too_large_to_simulate(plan)
+    if why:
+        return why
+    sim = simulate_plan(inst, plan)
+    pred = plan.predicted.step_time_s
+    return SimulationCheck(sim.step_time_s, (pred - sim.step_time_s) / sim.step_time_s,
+                           max(abs(a.peak_memory_gib - b) for a, b in zip(plan.predicted.stages, sim.peak_memory_gib)))

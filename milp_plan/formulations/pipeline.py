@@ -157,7 +157,7 @@ class PipelineModel:
     def _resolution(self) -> Resolution:
         """The finest tick (TICKS, at least 1 us) at which the step's upper bound stays below
         the backend's magnitude (W_MAGNITUDE when a $/step term links it to a big-M)."""
-        c, cfg = self.c, self.cfg
+        c = self.c
         mag = self.be.magnitude
         if self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None:
             mag = min(mag, W_MAGNITUDE)

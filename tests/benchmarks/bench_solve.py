@@ -19,8 +19,8 @@ from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers.driver import solve
 
 CASES = [  # (label, cluster, model, global batch, time limit s)
-    ("default (32 GPUs, 2 types)", "default", None, None, 30),
-    ("two-type-32 (32 GPUs)", "two-type-32", None, None, 30),
+    ("default (32 GPUs, 2 types)", "default", "gpt3-6.7b", 256, 30),
+    ("two-type-32 (32 GPUs)", "two-type-32", "gpt3-6.7b", 256, 30),
     ("mixed-128 (128 GPUs, 4 types)", "mixed-128", "gpt3-13b", 512, 30),
     ("scale-1024", "scale-1024", "gpt3-175b", 1536, 10),
     ("scale-8192", "scale-8192", "gpt3-175b", 1536, 60),
