@@ -65,26 +65,29 @@ def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progres
 
 
 def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveResult) -> str:
-    """Plain words, with numbers: which constraint makes the instance infeasible."""
+    """Plain words, with numbers: which constraint makes the instance infeasible. The diagnosis
+    shares the command's --max-solve-time: it gets what the solve left (at least
+    MIN_DIAGNOSIS_S), so the whole command stays within the limit plus that floor."""
+    dl = Deadline(max(req.max_solve_time_s - result.wall_time_s, MIN_DIAGNOSIS_S))
     if result.status == "timeout":
-        memory = _memory_diagnosis(inst, Deadline(MEMORY_DIAGNOSIS_S), only_if_short=True)
+        memory = _memory_diagnosis(inst, Deadline(min(MEMORY_DIAGNOSIS_S, dl.left())), only_if_short=True)
         if memory:
             return memory  # no time would help
         return (f"no plan found within --max-solve-time {req.max_solve_time_s:g}s "
                 f"({result.configs_solved} of {result.configs_total} configurations examined); allow more time")
     relaxed = Limits("min-time")
     if limits != relaxed:
-        free = run(inst, req, relaxed)
+        free = run(inst, _within(req, dl), relaxed)
         if free.plan is not None:
             p = free.plan.predicted
             parts = []
             if limits.time_limit_s is not None and p.step_time_s > limits.time_limit_s:
                 parts.append(f"the fastest plan takes {format_duration(p.step_time_s)}/step, more than the "
                              f"--time-limit {format_duration(limits.time_limit_s)}/step")
-            cheapest = run(inst, req, Limits("min-cost"))
+            cheapest = run(inst, _within(req, dl), Limits("min-cost"))
             cp = cheapest.plan.predicted if cheapest.plan else p
             if limits.budget_usd_per_hour is not None:
-                rent = _least_rent(inst, req, limits, min(p.usd_per_hour, cp.usd_per_hour))
+                rent = _least_rent(inst, req, limits, min(p.usd_per_hour, cp.usd_per_hour), dl)
                 parts.append(f"the cheapest plan rents {rent} against a budget of "
                              f"{limits.budget_usd_per_hour:.2f} $/h" if rent
                              else "no plan meets the time limit and the hourly budget together")
@@ -95,32 +98,34 @@ def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveRes
             if limits.time_limit_s is not None and not parts:
                 parts.append("no plan meets all limits together")
             return "; ".join(parts) if parts else "no plan meets the limits"
-    return _memory_diagnosis(inst)
+    return _memory_diagnosis(inst, Deadline(min(MEMORY_DIAGNOSIS_S, dl.left())))
 
 
-MEMORY_DIAGNOSIS_S = 10.0  # the memory scan of a timed-out solve gets this long (well under a second usually)
+def _within(req: SolveRequest, dl: Deadline) -> SolveRequest:
+    """The request with its solve time cut to what the deadline has left."""
+    return SolveRequest(req.solver, req.fix, max(dl.left(), MIN_DIAGNOSIS_S / 10), req.seed, req.workers)
+
+
+MEMORY_DIAGNOSIS_S = 10.0  # the memory scan gets at most this long (well under a second usually)
+MIN_DIAGNOSIS_S = 0.5      # a diagnosis gets at least this long, even when the solve used all the time
 RENT_PROBES = 12  # _least_rent: budget bisection steps at most
 
 
-def _least_rent(inst: Instance, req: SolveRequest, limits: Limits, known: float) -> str | None:
+def _least_rent(inst: Instance, req: SolveRequest, limits: Limits, known: float, dl: Deadline) -> str | None:
     """What the $/h budget limits, minimised: the least $/h of any plan under the other limits,
     by bisection on the budget between the failed one and `known` (the $/h of a plan that
     exists). Each probe is a min-time solve under a trial $/h budget; the search ends when the
-    interval is within 1%, after RENT_PROBES probes, or at --max-solve-time. Returns the
+    interval is within 1%, after RENT_PROBES probes, or at the deadline `dl`. Returns the
     figure as text ('16.29 $/h', or 'at least 12.10 $/h (a plan at 16.29 $/h exists)'),
     or None when a plan within the budget appears (no plan meets the limits together)."""
     lo, hi = limits.budget_usd_per_hour, known
     if lo is None or hi <= lo:
         return None
-    dl = Deadline(req.max_solve_time_s)
-    probe_req = SolveRequest(req.solver, req.fix, req.max_solve_time_s, req.seed, req.workers)
     for _ in range(RENT_PROBES):
         if hi - lo <= 0.01 * hi or dl.expired():
             break
         mid = (lo + hi) / 2
-        got = run(inst, SolveRequest(probe_req.solver, probe_req.fix, max(dl.left(), 0.05), probe_req.seed,
-                                     probe_req.workers),
-                  Limits("min-time", limits.time_limit_s, mid, limits.budget_usd_per_step))
+        got = run(inst, _within(req, dl), Limits("min-time", limits.time_limit_s, mid, limits.budget_usd_per_step))
         if got.plan is not None:
             hi = got.plan.predicted.usd_per_hour
         elif got.status == "infeasible":
@@ -135,16 +140,16 @@ def _least_rent(inst: Instance, req: SolveRequest, limits: Limits, known: float)
 def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short: bool = False) -> str | None:
     """The smallest per-GPU memory a plan needs (most sharding, full recompute) vs the largest GPU.
     only_if_short: None unless every configuration was scanned and none fits in memory."""
-    from milp_plan.formulations.coefficients import Coefficients
+    from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
     from milp_plan.formulations.space import enumerate_configs
-    best, complete = None, True
     from milp_plan.schedules import OneFOneB
+    best, complete, shared = None, True, SharedCoefficients(inst)
     # the fewest micro-batches in flight of any schedule the planner searches
     for cfg in enumerate_configs(inst, {"mbs": 1, "recompute": "full", "schedule": OneFOneB.name}):
         if dl is not None and dl.expired():
             complete = False
             break
-        coef = Coefficients(inst, cfg)
+        coef = Coefficients(inst, cfg, shared)
         n = math.ceil(inst.model.num_layers / cfg.pp)
         for k in range(len(coef.options)):
             need = max(coef.memory(k, s)(n if s else max(1, n), 1) for s in range(cfg.pp))
@@ -156,6 +161,9 @@ def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short:
     need, cfg, k = best
     if only_if_short and (not complete or need / 2**30 <= cap):
         return None
+    if not complete:
+        return ("no plan fits the limits; the memory scan ran out of time before it could say whether memory is "
+                "the reason: allow more --max-solve-time")
     return (f"the smallest per-GPU memory any plan needs is {need / 2**30:.1f} GiB ({cfg.label()}, "
             f"full recompute, micro-batch 1) but the largest GPU offers {cap:.1f} GiB after the "
             f"{inst.job.memory_headroom:.0%} headroom; use more GPUs, a smaller model or a shorter sequence")

@@ -470,7 +470,7 @@ def test_memory_infeasible_is_not_told_to_wait():
     req = solving.SolveRequest("auto", None, 0.2)
     r = solving.run(inst, req)
     assert r.plan is None
-    msg = solving.diagnose(inst, req, solving.limits_for(inst), r)
+    msg = solving.diagnose(inst, req, inst.objective.limits(), r)
     assert "allow more time" not in msg and "memory" in msg
 
 
@@ -481,7 +481,7 @@ def test_budget_diagnosis_minimises_the_rent():
     from milp_plan.units import Money
     inst = build_instance(InstanceSpec(), Objective(budget=Money(10.0, "h")))
     req = solving.SolveRequest("auto", None, 30.0)
-    limits = solving.limits_for(inst)
+    limits = inst.objective.limits()
     r = solving.run(inst, req, limits)
     assert r.plan is None
     msg = solving.diagnose(inst, req, limits, r)
@@ -545,3 +545,23 @@ def test_interrupted_pareto_writes_nothing(files, capsys):
     assert code == 130, err
     assert (files / "front.json").read_text() == "old\n" and not (files / "front.csv").exists()
     assert len(err.splitlines()) == 1 and "interrupted by SIGINT" in err
+
+
+def test_the_diagnosis_shares_the_solve_time(tmp_path, monkeypatch):
+    """--max-solve-time bounds the whole command: after a solve that used all of it, the memory
+    scan of the diagnosis gets MIN_DIAGNOSIS_S, not another MEMORY_DIAGNOSIS_S (10 s). It was
+    given 10 s of its own: `--cluster scale-1024 --max-solve-time 10s` took 22 s."""
+    from milp_plan import solve as solving
+    from milp_plan.job import Limits
+    from milp_plan.result import SolveResult
+    from tiny_instance import tiny_instance
+    inst = tiny_instance(tmp_path)
+    seen = []
+    monkeypatch.setattr(solving, "_memory_diagnosis", lambda inst, dl=None, only_if_short=False: seen.append(dl))
+    req = solving.SolveRequest(max_solve_time_s=10.0)
+    timed_out = SolveResult("timeout", None, None, None, 10.0, 1, "cpsat", None, 100, 3)
+    assert "allow more time" in solving.diagnose(inst, req, Limits(), timed_out)
+    assert seen[0].seconds <= solving.MIN_DIAGNOSIS_S
+    early = SolveResult("timeout", None, None, None, 4.0, 1, "cpsat", None, 100, 3)   # 6 s left
+    solving.diagnose(inst, req, Limits(), early)
+    assert solving.MIN_DIAGNOSIS_S < seen[1].seconds <= 6.0
