@@ -102,6 +102,17 @@ class NodeType:
     def usd_per_gpu_hour(self) -> float:
         return self.usd_per_hour / self.gpus_per_node
 
+    def rent_usd_per_hour(self, gpus: int, nodes: int) -> float:
+        """$/h of using `gpus` GPUs spread over `nodes` nodes of this type: whole nodes under
+        node billing, the GPUs alone under GPU billing (the one place billing is applied)."""
+        return self.usd_per_hour * nodes if self.billing == "node" else self.usd_per_gpu_hour * gpus
+
+    def gpus_affordable(self, usd_per_hour: float) -> int:
+        """Most GPUs of this type that `usd_per_hour` rents, whole nodes under node billing."""
+        if self.billing == "node":
+            return int(usd_per_hour // self.usd_per_hour) * self.gpus_per_node
+        return int(usd_per_hour // self.usd_per_gpu_hour)
+
 
 @dataclass(frozen=True)
 class Node:

@@ -297,8 +297,7 @@ def usd_per_hour(nodes: Iterable[Node], gpus_used_per_node: dict[int, int]) -> f
         used = gpus_used_per_node.get(node.index, 0)
         if used == 0:
             continue
-        nt = node.type
-        total += nt.usd_per_hour if nt.billing == "node" else nt.usd_per_gpu_hour * used
+        total += node.type.rent_usd_per_hour(used, 1)
     return total
 
 

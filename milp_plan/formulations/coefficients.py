@@ -241,6 +241,25 @@ class Coefficients:
     def capacity(self, o: int) -> float:
         return cm.usable_memory_bytes(self.inst, self.types[self.options[o].k])
 
+    def layer_room(self, o: int, s: int, r: int | None = None) -> int:
+        """Most layers (at most L) stage position s can hold as option o within memory:
+        a n + rho r + c <= capacity. With r given, that many recomputed layers; with None,
+        the best r under full recompute, 1 <= r <= n: r = n where recomputing saves memory
+        (rho < 0), else r = 1 (and r = 0 without full recompute)."""
+        L = self.inst.model.num_layers
+        mem = self.memory(o, s)
+        room, per = self.capacity(o) - mem.c, mem.a
+        if r is not None:
+            room -= mem.rho * r
+        elif self.full(o):
+            if mem.rho < 0:
+                per += mem.rho
+            else:
+                room -= mem.rho
+        if room < per or room < 0:
+            return 0
+        return L if per <= 0 else min(L, int(room // per))
+
     def _state_key(self, what: str, opt: StageOption, s: int) -> StateKey:
         return StateKey(what, opt.k, *self._ends(s), self.cfg.pp == 1, opt.tp, opt.dp, self.cfg.distributed_optimizer)
 
@@ -303,9 +322,7 @@ class Coefficients:
         nt = self.types[blk.k]
         if stages == 0:
             return 0.0
-        if nt.billing == "gpu":
-            return nt.usd_per_gpu_hour * stages * blk.group
-        return nt.usd_per_hour * blk.place.nodes_used(stages)
+        return nt.rent_usd_per_hour(stages * blk.group, blk.place.nodes_used(stages))
 
     def max_stages(self, b: int) -> int:
         return min(self.cfg.pp, self.blocks[b].place.max_stages)

@@ -20,14 +20,16 @@ from the Megatron-mode optimum instead (solvers/driver.py).
 """
 from __future__ import annotations
 
+import bisect
+
 from typing import Sequence
 
+from milp_plan.deadline import Deadline
 from milp_plan.formulations.build import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.job import Limits
-from milp_plan.result import objective_of
 from milp_plan.plan import Plan
-from milp_plan.deadline import Deadline
+from milp_plan.result import objective_of
 
 Candidate = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (option, layers, recomputed layers) per stage
 
@@ -68,11 +70,9 @@ def _caps(coef: Coefficients, types: Sequence[int], r: int, z: float) -> list[in
     unit, L = coef.cfg.vpp, coef.inst.model.num_layers
     caps = []
     for s, k in enumerate(types):
-        t, mem = coef.time(k, s)[0], coef.memory(k, s)
+        t = coef.time(k, s)[0]
         by_time = L if t.a <= 0 else int((z - t.c - t.rho * r) / t.a + 1e-9)
-        room = coef.capacity(k) - mem.c - mem.rho * r
-        by_mem = L if mem.a <= 0 else int(room // mem.a)
-        caps.append(max(0, min(by_time, by_mem, L)) // unit * unit)
+        caps.append(max(0, min(by_time, coef.layer_room(k, s, r), L)) // unit * unit)
     return caps
 
 
@@ -91,14 +91,8 @@ def partition(coef: Coefficients, types: Sequence[int], r: int) -> tuple[int, ..
     cands = sorted({coef.time(k, s)[0](j, r) for s, k in enumerate(types) for j in range(lo_n, L + 1, unit)})
     if not cands or fits(cands[-1]) is None:
         return None
-    lo, hi = 0, len(cands) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(cands[mid]) is not None:
-            hi = mid
-        else:
-            lo = mid + 1
-    caps = fits(cands[lo])
+    # the least candidate z that fits (fits is monotone in z)
+    caps = fits(cands[bisect.bisect_left(range(len(cands)), True, key=lambda i: fits(cands[i]) is not None)])
     # take the surplus from the slowest stages first (their layers cost the most)
     surplus = sum(caps) - L
     slow_first = sorted(range(pp), key=lambda s: -coef.time(types[s], s)[0].a)

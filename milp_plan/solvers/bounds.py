@@ -4,6 +4,7 @@ coefficients and the limits. The exact search (driver.py) orders and prunes conf
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -12,23 +13,6 @@ from milp_plan.formulations.coefficients import Coefficients, PlacementKey
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
 from milp_plan.units import SECONDS_PER_HOUR
-
-
-def _layer_room(coef: Coefficients, o: int, s: int) -> int:
-    """Most layers stage position s can hold as option o within memory: a n + rho r + c <= cap
-    with, under full recompute, 1 <= r <= n recomputed layers: r = n where recomputing saves
-    memory (rho < 0), else r = 1."""
-    L = coef.inst.model.num_layers
-    mem = coef.memory(o, s)
-    room, per = coef.capacity(o) - mem.c, mem.a
-    if coef.full(o):
-        if mem.rho < 0:
-            per += mem.rho
-        else:
-            room -= mem.rho
-    if room < per or room < 0:
-        return 0
-    return L if per <= 0 else min(L, int(room // per))
 
 
 @dataclass(frozen=True)
@@ -104,14 +88,7 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: 
         return taken == rest and total + got >= L
     if not cands or not fits(cands[-1]):
         return None
-    lo, hi = 0, len(cands) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(cands[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    return cands[lo]
+    return cands[bisect.bisect_left(range(len(cands)), True, key=lambda i: fits(cands[i]))]  # least z that fits
 
 
 def _breakpoints(slots: list[SlotType], L: int, unit: int) -> list[float]:
@@ -218,9 +195,7 @@ def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
     nt = coef.types[k]
     gpus = nt.count * nt.gpus_per_node
     if limits.budget_usd_per_hour is not None:
-        cap = limits.budget_usd_per_hour * (1 + 1e-9)
-        gpus = min(gpus, int(cap // nt.usd_per_hour) * nt.gpus_per_node if nt.billing == "node"
-                   else int(cap // nt.usd_per_gpu_hour))
+        gpus = min(gpus, nt.gpus_affordable(limits.budget_usd_per_hour * (1 + 1e-9)))
     return gpus
 
 
@@ -292,7 +267,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     # memory falls with the position among middle stages (fewer micro-batches in flight), so
     # the most room any position offers is at the first, the last or the last middle stage
     positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
-    rooms = {o: max(_layer_room(coef, o, s) for s in positions) if memory else L for o in O}
+    rooms = {o: max(coef.layer_room(o, s) for s in positions) if memory else L for o in O}
     alts: dict[int, list[tuple[float, int]]] = {}
     for o in O:
         if rooms[o]:

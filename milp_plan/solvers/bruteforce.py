@@ -29,11 +29,11 @@ from typing import Iterator
 from milp_plan.errors import InputError
 from milp_plan.formulations.build import build_plan
 from milp_plan.job import Limits
-from milp_plan.result import SolveResult, objective_of
 from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, free_completions,
                                           placement, stage_options)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
+from milp_plan.result import SolveResult, objective_of
 
 MAX_PLANS = 200_000
 
