@@ -102,9 +102,8 @@ def layer_cost_s(model: Model, gpu: GPU, kind: str, tp: int, mbs: int, seq: int)
 
 
 def valid_tps(model: Model, tps: Iterable[int]) -> list[int]:
-    """tp sizes the model admits: heads divisible by tp, query groups a multiple or divisor of tp."""
-    g = model.num_query_groups
-    return [t for t in tps if model.num_attention_heads % t == 0 and (g % t == 0 or t % g == 0)]
+    """tp sizes the model admits (Model.tp_violations)."""
+    return [t for t in tps if not model.tp_violations(t)]
 
 
 def generate_table(model: Model, gpus: Iterable[GPU], tps: Iterable[int] = TPS,

@@ -99,16 +99,8 @@ def check_batch_split(inst: Instance, plan: Plan) -> list[Violation]:
 
 
 def check_tp_divisibility(inst: Instance, plan: Plan) -> list[Violation]:
-    out, m = [], inst.model
-    for i, st in enumerate(plan.stages):
-        if m.num_attention_heads % st.tp:
-            out.append(Violation("tp_divisibility", f"stage {i}: {m.num_attention_heads} attention heads are not "
-                                                    f"divisible by tp {st.tp}"))
-        g = m.num_query_groups
-        if g % st.tp and st.tp % g:
-            out.append(Violation("tp_divisibility", f"stage {i}: {g} query groups are neither a multiple nor a "
-                                                    f"divisor of tp {st.tp}"))
-    return out
+    return [Violation("tp_divisibility", f"stage {i}: {why}")
+            for i, st in enumerate(plan.stages) for why in inst.model.tp_violations(st.tp)]
 
 
 def check_tp_within_node(inst: Instance, plan: Plan) -> list[Violation]:

@@ -73,6 +73,17 @@ class Model:
     def kv_size(self) -> int:
         return self.num_query_groups * self.head_dim
 
+    def tp_violations(self, tp: int) -> list[str]:
+        """Why tensor parallelism of size tp cannot split this model (the one place of the rule):
+        the attention heads must divide by tp, the query groups be a multiple or divisor of it."""
+        out = []
+        if self.num_attention_heads % tp:
+            out.append(f"{self.num_attention_heads} attention heads are not divisible by tp {tp}")
+        g = self.num_query_groups
+        if g % tp and tp % g:
+            out.append(f"{g} query groups are neither a multiple nor a divisor of tp {tp}")
+        return out
+
     def block_kind(self, layer: int) -> str:
         """Layer kind of block `layer` (0-based): block, encoder_block or decoder_block."""
         if self.arch == "bert":
