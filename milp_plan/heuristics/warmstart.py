@@ -25,7 +25,7 @@ import bisect
 from typing import Sequence
 
 from milp_plan.deadline import Deadline
-from milp_plan.formulations.build import build_plan
+from milp_plan.formulations.placement import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.job import Limits
 from milp_plan.plan import Plan

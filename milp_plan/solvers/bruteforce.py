@@ -27,7 +27,7 @@ import time
 from typing import Iterator
 
 from milp_plan.errors import InputError
-from milp_plan.formulations.build import build_plan
+from milp_plan.formulations.placement import build_plan
 from milp_plan.job import Limits
 from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, free_completions,
                                           placement, stage_options)

@@ -39,7 +39,7 @@ from typing import Callable
 from milp_plan import check
 from milp_plan.deadline import Deadline, interrupted
 from milp_plan.errors import InputError, InternalError
-from milp_plan.formulations.build import build_plan
+from milp_plan.formulations.placement import build_plan
 from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.pipeline import PipelineModel
 from milp_plan.job import Limits
