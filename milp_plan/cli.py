@@ -429,6 +429,62 @@ def verify(
         sys.exit(report.exit_code)
 
 
+@app.command(short_help="Run several planners on one instance and compare their plans.")
+def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: ProfilesOpt = None,
+            profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
+            global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
+            objective: Annotated[str, typer.Option(help="min-time | min-cost.")] = "min-time",
+            time_limit: Annotated[Optional[str], typer.Option(
+                "--time-limit", help="Step-time limit, e.g. 1.2s/step (needed by min-cost).")] = None,
+            budget: Annotated[Optional[str], typer.Option(help="Budget, e.g. 40$/h or 0.02$/step.")] = None,
+            mode: Annotated[str, typer.Option(help="megatron | free.")] = "megatron",
+            planners: Annotated[str, typer.Option(
+                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start.")] = "cpsat,warm-start",
+            max_solve_time: Annotated[str, typer.Option(
+                "--max-solve-time", help="The same search limit for every planner, e.g. 30s.")] = "30s",
+            seed: Annotated[int, typer.Option(help="Solver seed, 0 to 2147483647.")] = 1,
+            fix: Annotated[Optional[str], typer.Option(help="Pin global choices, as for solve.")] = None,
+            out: Annotated[str, typer.Option(
+                "--out", help="Where to write the comparison: FILE.json and FILE.csv beside it.")] = "compare.json",
+            json_out: JsonOpt = False) -> None:
+    """Each planner gets the same instance, limits and search time; every plan is scored by the
+    cost model, the checker and the simulator; the gap is to the best bound any exact planner
+    proved. Exit 3 if a plan beats a proven bound (a bug in one of them)."""
+    from milp_plan import compare as comparing
+    from milp_plan import solve as solving
+    from milp_plan.errors import InputError, InternalError
+    from milp_plan.fileio import check_output, write_atomic
+    from milp_plan.formulations.space import parse_fix
+    from milp_plan.instance import build_instance
+    from milp_plan.job import Objective
+    from milp_plan.report import render_comparison
+    from milp_plan.units import parse_duration_s, parse_money
+    if objective not in ("min-time", "min-cost"):
+        raise InputError(f"compare ranks by min-time or min-cost, got {objective!r}", field="objective")
+    obj = Objective(kind=objective, time_limit_s=None if time_limit is None else parse_duration_s(time_limit,
+                    field="time-limit"), budget=None if budget is None else parse_money(budget), mode=mode)
+    names = [n.strip() for n in planners.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        raise InputError("give each planner once, e.g. cpsat,warm-start", field="planners")
+    limit_s = parse_duration_s(max_solve_time, field="max-solve-time")
+    for name in names:
+        solving.check_request(solving.SolveRequest(name, fix, limit_s, seed))
+    json_path = out if out.endswith(".json") else out + ".json"
+    csv_path = json_path[:-5] + ".csv"
+    for path in (json_path, csv_path):
+        check_output(path, allow_stdout=False)
+    inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
+                                        seq_len, memory_headroom), obj)
+    result = comparing.compare(inst, obj.limits(), names, time_limit_s=limit_s, seed=seed, fix=parse_fix(fix))
+    doc = result.to_dict()
+    write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
+    write_atomic(csv_path, result.to_csv())
+    typer.echo(json.dumps(doc, indent=2) if json_out else
+               render_comparison(result) + f"\nWrote {json_path}, {csv_path}")
+    if result.violations:
+        raise InternalError("a plan beats a proven bound: " + "; ".join(result.violations))
+
+
 def _fail(message: str, code: int) -> None:
     """One line on stderr; with --json also {"error", "exit_code"} on stdout; then exit."""
     message = " ".join(str(message).split())

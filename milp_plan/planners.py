@@ -9,7 +9,8 @@ checker (`Limits.admit` and `check`); what differs is how it searches and what i
                      instances only, optimal by enumeration; the exact search's cross-check.
   warm-start         the exact search's starting heuristic on its own (heuristics/warmstart.py):
                      greedy device grouping and a bottleneck-optimal layer partition per
-                     config, no bound (status feasible), Megatron-mode configs only.
+                     config, configs in the order of their cheap bound until a bound reaches
+                     the best plan found; no bound (status feasible), Megatron-mode configs only.
 
 `PLANNERS` is the registry; `get(name)` resolves `auto` to cpsat.
 """
@@ -66,25 +67,36 @@ class WarmStartPlanner:
     proves: bool = False
 
     def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
-        from milp_plan.formulations.coefficients import Coefficients
-        from milp_plan.formulations.space import enumerate_configs
+        """Every Megatron-mode config in the order of its cheap lower bound (the exact search's
+        order), the heuristic's best plan of each, until the deadline or the last config."""
         from milp_plan.heuristics.warmstart import best_plan
-        best, seen = None, 0
-        configs = list(enumerate_configs(inst, fix, mode="megatron"))
-        for cfg in configs:
+        from milp_plan.solvers.bounds import config_lower_bound
+        from milp_plan.solvers.driver import prepare as prepare_configs
+        prep = prepared if prepared is not None and prepared.mode == "megatron" else \
+            prepare_configs(inst, fix, "megatron", deadline)
+        order = []
+        for i in range(len(prep.configs)):
             if deadline.expired():
                 break
+            lb = config_lower_bound(prep.coef(i), limits, memory=False)
+            if lb is not None:
+                order.append((lb, i))
+        order.sort()
+        best, seen = None, 0
+        for lb, i in order:
+            if deadline.expired() or (best is not None and lb >= objective_of(best, limits)):
+                break  # no plan of the configs left can beat the best found (their bounds say so)
             seen += 1
-            got = best_plan(Coefficients(inst, cfg), limits, "megatron", deadline)
+            got = best_plan(prep.coef(i), limits, "megatron", deadline)
             if got is not None and (best is None or objective_of(got[0], limits) < objective_of(best, limits)):
                 best = got[0]
         obj = None if best is None else objective_of(best, limits)
         if best is not None:
             best = best.with_(solver=SolverRecord(self.name, Status.FEASIBLE.value, obj, None, None, None, seed))
-        notes = [] if seen == len(configs) else [f"the deadline stopped the heuristic after {seen} configurations"]
+        notes = [] if not deadline.expired() else [f"the deadline stopped the heuristic after {seen} configurations"]
         return SolveResult(Status.FEASIBLE if best is not None else Status.TIMEOUT, obj, None, None,
-                           deadline.elapsed(), seed, self.name, best, configs_total=len(configs), configs_solved=seen,
-                           heuristic_objective=obj, notes=notes)
+                           deadline.elapsed(), seed, self.name, best, configs_total=len(prep.configs),
+                           configs_solved=seen, heuristic_objective=obj, notes=notes)
 
 
 PLANNERS: dict[str, Planner] = {p.name: p for p in (ExactPlanner("cpsat"), ExactPlanner("highs"),

@@ -213,3 +213,26 @@ def render_simulation(check) -> str:
     return (f"Simulated event by event: step {check.step_time_s:.4g} s (closed form "
             f"{check.closed_form_error:+.2%}); peak memory within {check.memory_error_gib:.2g} "
             "GiB of the prediction")
+
+
+def render_comparison(c) -> str:
+    """compare.Comparison as a table: one row per planner."""
+    unit = "s/step" if c.objective == "min-time" else "$/step"
+    if c.best_bound is None:
+        head = "no planner proved a bound: gaps are not known"
+    elif c.best_bound == float("inf"):
+        head = "proven: no plan meets the limits"
+    else:
+        head = f"best proven bound {c.best_bound:.6g} {unit}"
+    rows = []
+    for r in c.rows:
+        rows.append([r.planner, r.status, "-" if r.objective is None else f"{r.objective:.6g}",
+                     "-" if r.gap is None else format_gap(r.gap),
+                     "-" if r.step_time_s is None else f"{r.step_time_s:.4g}",
+                     "-" if r.simulated_step_s is None else f"{r.simulated_step_s:.4g}",
+                     "-" if r.usd_per_hour is None else f"{r.usd_per_hour:.2f}",
+                     "-" if r.gpus is None else r.gpus, "-" if r.valid is None else ("yes" if r.valid else "NO"),
+                     f"{r.search_s:.2f}"])
+    return (f"Objective {c.objective} ({unit}); {head}; each planner limited to {c.time_limit_s:g} s\n"
+            + table(["planner", "status", "objective", "gap", "step s", "simulated s", "$/h", "GPUs", "valid",
+                     "search s"], rows, right=[False, False, True, True, True, True, True, True, False, True]))

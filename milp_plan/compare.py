@@ -1,0 +1,124 @@
+"""Planners side by side on one instance, scored by one cost model, checker and simulator.
+
+Every planner of the registry (planners.py) runs on the same instance and limits with the
+same time limit; its plan, if any, is then judged by what judges every plan: the checker
+(structure and memory), `Limits.admit` (the limits, by the cost model's numbers) and the
+event-by-event simulator. The gap of a planner is measured against the best proven bound
+of the instance, the largest `best_bound` any proving planner returned (each is a lower
+bound on the optimum of the same model; brute force's is its optimum):
+
+    gap = (objective - best bound) / objective          (driver.py's definition)
+
+so an exact planner that proved its optimum shows gap 0 and a heuristic shows how far its
+plan is from the optimum, or at most how far when no planner proved it. A heuristic plan
+better than a proven optimum would expose a bug in one of them: `Comparison.violations`
+lists such rows.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from milp_plan import check, planners
+from milp_plan.deadline import Deadline
+from milp_plan.instance import Instance
+from milp_plan.job import Limits
+from milp_plan.result import Status, objective_of
+
+DEFAULT_PLANNERS = ("cpsat", "warm-start")
+REL_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Row:
+    planner: str
+    proves: bool                 # the planner's `optimal` is a proof over the whole space
+    status: str                  # its own status: optimal | feasible | infeasible | timeout
+    objective: float | None      # s/step (min-time) or $/step (min-cost), from the cost model
+    step_time_s: float | None
+    usd_per_step: float | None
+    usd_per_hour: float | None
+    gpus: int | None
+    simulated_step_s: float | None   # None: no plan, or too large to simulate event by event
+    valid: bool | None           # the checker accepts the plan and the limits admit it (None: no plan)
+    best_bound: float | None     # the planner's own proven bound (None: it proves nothing)
+    gap: float | None            # to the instance's best proven bound
+    search_s: float              # wall time of its run
+
+
+@dataclass(frozen=True)
+class Comparison:
+    objective: str
+    time_limit_s: float
+    best_bound: float | None     # the largest proven bound of any planner (math.inf: proven no plan)
+    rows: tuple[Row, ...]
+
+    @property
+    def violations(self) -> list[str]:
+        """Rows that contradict a proof: a valid plan better than the best proven bound, or a
+        plan where a planner proved there is none."""
+        out = []
+        for r in self.rows:
+            if r.objective is None or not r.valid or self.best_bound is None:
+                continue
+            if r.objective < self.best_bound * (1 - 1e-6):
+                out.append(f"{r.planner}: objective {r.objective:.6g} below the proven bound {self.best_bound:.6g}")
+        return out
+
+    def to_dict(self) -> dict:
+        bound = None if self.best_bound is None else (None if math.isinf(self.best_bound) else self.best_bound)
+        return {"objective": self.objective, "time_limit_s": self.time_limit_s, "best_bound": bound,
+                "proven_infeasible": self.best_bound is not None and math.isinf(self.best_bound),
+                "rows": [asdict(r) for r in self.rows]}
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(Row.__dataclass_fields__), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in self.rows)
+        return buf.getvalue()
+
+
+def _gap(objective: float | None, bound: float | None) -> float | None:
+    if objective is None or bound is None or math.isinf(bound):
+        return None
+    return max(0.0, (objective - bound) / max(abs(objective), 1e-12))
+
+
+def compare(inst: Instance, limits: Limits, names: Sequence[str] = DEFAULT_PLANNERS, *, time_limit_s: float = 30.0,
+            seed: int = 1, fix: dict | None = None) -> Comparison:
+    """Run each named planner (planners.get: an unknown name is an InputError, before any run)."""
+    from milp_plan.verify import SimulationCheck, simulation_check
+    chosen = [(name, planners.get(name)) for name in names]
+    runs = []
+    for name, planner in chosen:
+        t0 = time.perf_counter()
+        result = planner.plan(inst, limits, Deadline(time_limit_s), fix=fix, seed=seed)
+        runs.append((name, planner, result, time.perf_counter() - t0))
+    bounds = []
+    for _, planner, result, _ in runs:
+        if planner.proves and result.status is Status.INFEASIBLE:
+            bounds.append(math.inf)
+        elif planner.proves and result.best_bound is not None:
+            bounds.append(result.best_bound)
+    best = max(bounds) if bounds else None
+    rows = []
+    for name, planner, result, wall in runs:
+        plan = result.plan
+        if plan is None:
+            rows.append(Row(name, planner.proves, str(result.status), None, None, None, None, None, None, None,
+                            result.best_bound, None, wall))
+            continue
+        p = plan.predicted
+        sim = simulation_check(inst, plan)
+        valid = not check.check_plan(inst, plan) and limits.admit(plan)
+        objective = objective_of(plan, limits)  # the cost model's number, whatever the planner said
+        rows.append(Row(name, planner.proves, str(result.status), objective, p.step_time_s, p.usd_per_step,
+                        p.usd_per_hour, plan.num_gpus,
+                        sim.step_time_s if isinstance(sim, SimulationCheck) else None, valid,
+                        result.best_bound, _gap(objective, best), wall))
+    return Comparison(limits.objective, time_limit_s, best, tuple(rows))
