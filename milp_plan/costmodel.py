@@ -55,7 +55,7 @@ from milp_plan.analytic import MEMORY_EFFICIENCY
 from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, Prediction, Stage, StagePrediction
-from milp_plan.schedules import W_FRACTION_OF_BWD, schedule_of, steady_period_s  # noqa: F401 (part of the cost model's API)
+from milp_plan.schedules import W_FRACTION_OF_BWD, schedule_of, steady_period_s  # noqa: F401 (the API)
 from milp_plan.units import GIB, SECONDS_PER_HOUR
 
 WEIGHT_BYTES = 2.0          # bf16 parameters
