@@ -558,8 +558,10 @@ class PipelineModel:
         """None when the model's objective `raw` (model units) lies in [value - err, value] for
         the cost model's `value` (seconds or $/step), up to float noise; else what is wrong.
         Only a proven optimum (`tight`) has every maximum (P, D, o, W) at its least, so only
-        there may the objective not exceed the cost model's."""
-        return _drift("objective", raw, value * self._objective_scale(), err, tight)
+        there may the objective not exceed the cost model's. A backend that reads its values
+        back inexactly (CBC: 8 significant digits) widens both sides by its value_rel_tol."""
+        return _drift("objective", raw, value * self._objective_scale(), err, tight,
+                      getattr(self.be, "value_rel_tol", 0.0))
 
     def usd_per_hour_drift(self, raw: float, usd_per_hour: float, options: Sequence[int]) -> str | None:
         """The same for the plan's $/h: each block's price is rounded down by < 1 unit."""
@@ -601,10 +603,10 @@ class PipelineModel:
         return opts, layers, rs
 
 
-def _drift(what: str, raw: float, exact: float, err: float, tight: bool = True) -> str | None:
-    if tight and raw > exact * (1 + 1e-9) + 1:
+def _drift(what: str, raw: float, exact: float, err: float, tight: bool = True, rel_tol: float = 0.0) -> str | None:
+    if tight and raw > exact * (1 + 1e-9 + rel_tol) + 1:
         return f"the model's {what} {raw:.0f} exceeds the cost model's {exact:.0f} (a rounded model must not)"
-    if raw < exact - err - 1:
+    if raw < exact - err - 1 - rel_tol * abs(exact):
         return (f"the model's {what} {raw:.0f} lies {exact - raw:.0f} below the cost model's {exact:.0f}, "
                 f"more than its rounding ({err:.0f})")
     return None

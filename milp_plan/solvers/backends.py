@@ -56,6 +56,7 @@ def _plain_cp_model(cp_model):
 class CpsatBackend:
     name = "cpsat"
     magnitude = 2**50   # int64 arithmetic with room: 1 ns ticks wherever a step bound allows
+    value_rel_tol = 0.0  # values are exact integers
 
     def __init__(self) -> None:
         from ortools.sat.python import cp_model
@@ -119,6 +120,10 @@ class PulpBackend:
         import pulp
         self.pulp = pulp
         self.name = solver
+        # CBC hands its solution back through a text file that prints 8 significant digits, so
+        # a value above 1e8 (a step in ticks, a $/step product) comes back off by up to 5e-9
+        # of itself; HiGHS returns doubles, which round to their integers exactly
+        self.value_rel_tol = 1e-7 if solver == "cbc" else 0.0
         self.prob = pulp.LpProblem("milp_plan", pulp.LpMinimize)
         self._names: set[str] = set()
 
@@ -163,8 +168,8 @@ class PulpBackend:
             self.prob.solve(solver)
         wall = time.perf_counter() - t0
         st = self.prob.sol_status
-        value = (lambda v: 0.0 if isinstance(v, (int, float)) else (v.value() or 0.0))
-        obj = self.pulp.value(self.prob.objective)
+        value = self._value
+        obj = value(self.prob.objective) if self.prob.objective is not None else None
         if st == pulp.LpSolutionOptimal:
             return BackendRun("optimal", obj, obj, value, wall)
         if st == pulp.LpSolutionIntegerFeasible:
@@ -179,6 +184,17 @@ class PulpBackend:
             return BackendRun("infeasible", None, None, None, wall)
         return BackendRun("timeout", None, None, None, wall)
 
+
+    def _value(self, v) -> float:
+        """A variable's or an expression's value in the solution, every variable rounded to its
+        integer (all are integer): HiGHS and CBC return values within an integrality tolerance
+        (CBC through a text file), and a coefficient of 1e6 turns 1e-8 into a unit; the
+        model's own objective must be exact, or the drift check calls it a bug."""
+        if isinstance(v, (int, float)):
+            return 0.0
+        if isinstance(v, self.pulp.LpAffineExpression):
+            return float(sum(c * round(x.value() or 0.0) for x, c in v.items()) + v.constant)
+        return float(round(v.value() or 0.0))
 
     def _cancel_highs(self) -> None:
         model = getattr(self.prob, "solverModel", None)
