@@ -161,6 +161,9 @@ def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short:
     need, cfg, k = best
     if only_if_short and (not complete or need / 2**30 <= cap):
         return None
+    if complete and need / 2**30 <= cap:  # memory is not what rules every plan out
+        return ("no plan passes the configuration rules under these limits and pins; relax --fix, the "
+                "limits, or give the cluster more GPUs")
     if not complete:
         return ("no plan fits the limits; the memory scan ran out of time before it could say whether memory is "
                 "the reason: allow more --max-solve-time")

@@ -44,7 +44,7 @@ from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.pipeline import PipelineModel
 from milp_plan.job import Limits
 from milp_plan.formulations.space import (Config, FreeConfig, StageOption, coverage_gap, enumerate_configs,
-                                          explain_fix, free_children)
+                                          explain_fix, free_children, matches_pins)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import Progress, SolveResult, objective_of
@@ -64,13 +64,15 @@ BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this 
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 
 
-def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config) -> None:
+def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config, pins: dict | None = None) -> None:
     """The checker is the source of truth: a plan it rejects for anything but memory (which a
     rounded model relaxes and `Limits.admit` decides) is a model/checker mismatch, a bug."""
     violations = [v for v in check.check_plan(inst, plan) if v.rule != "memory_capacity"]
     if violations:
         raise InternalError(f"{who} returned a plan the checker rejects for {cfg.label()}: "
                             + "; ".join(map(str, violations)))
+    if not matches_pins(inst, pins, plan):
+        raise InternalError(f"{who} returned a plan that breaks the --fix layers=/order= pins for {cfg.label()}")
 
 
 @dataclass
@@ -188,7 +190,7 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
             bound = max(bound, model.objective_in_units(run.bound))
         opts, layers, rs = model.extract(run.value)
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
-        _require_valid(coef.inst, plan, backend, coef.cfg)
+        _require_valid(coef.inst, plan, backend, coef.cfg, coef.pins)
         value = objective_of(plan, limits)
         err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
         drift = (model.objective_drift(run.objective, value, err, run.status == "optimal")
@@ -303,7 +305,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if got is None:
                 continue
             plan, hints[cfg] = got
-            _require_valid(inst, plan, "the heuristic", cfg)
+            _require_valid(inst, plan, "the heuristic", cfg, coef.pins)
             if objective_of(plan, limits) < best_obj * (1 - REL_EPS):
                 best, best_obj = plan, objective_of(plan, limits)
     heuristic_obj = best_obj if best is not None else None
