@@ -128,7 +128,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
               help="CP-SAT search workers, 1 to 64 (1 is deterministic; more may find plans sooner).")] = 1,
           fix: Annotated[Optional[str], typer.Option(
               help="Pin global choices: tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved; "
-                   "cap with tp<=4,mbs<=8.")] = None,
+                   "cap with tp<=4,mbs<=8; pin per stage with layers=12,20,order=A10,A100-80GB.")] = None,
           extrapolate: Annotated[bool, typer.Option(
               "--extrapolate", help="Also plan on tp and micro-batch sizes the profiles did not measure (filled "
                                     "by the profile's rules; the plan lists every filled point).")] = False,
