@@ -10,6 +10,9 @@ checker (`Limits.admit` and `check`); what differs is how it searches and what i
   warm-start         the exact search's starting heuristic on its own (heuristics/warmstart.py):
                      greedy device grouping and a bottleneck-optimal layer partition per
                      config, no bound (status feasible), Megatron-mode configs only.
+  aceso              Aceso-style iterative bottleneck alleviation (heuristics/aceso.py): multi-hop
+                     actions on the bottleneck stage from warm-start plans, per pp; no bound
+                     (status feasible), in the instance's mode, 1F1B only.
 
 `PLANNERS` is the registry; `get(name)` resolves `auto` to cpsat.
 """
@@ -87,8 +90,30 @@ class WarmStartPlanner:
                            heuristic_objective=obj, notes=notes)
 
 
+@dataclass(frozen=True)
+class AcesoPlanner:
+    name: str = "aceso"
+    proves: bool = False
+    max_hops: int = 7
+    trials: int = 3
+
+    def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
+        from milp_plan.heuristics.aceso import search
+        sx = search(inst, limits, deadline, fix, seed, self.max_hops, self.trials)
+        best = sx.best
+        obj = None if best is None else objective_of(best, limits)
+        if best is not None:
+            best = best.with_(solver=SolverRecord(self.name, Status.FEASIBLE.value, obj, None, None, None, seed))
+        notes = [f"aceso: {sx.evaluated} plans evaluated"]
+        if deadline.expired():
+            notes.append("the deadline stopped the search before every pipeline depth was tried")
+        return SolveResult(Status.FEASIBLE if best is not None else Status.TIMEOUT, obj, None, None,
+                           deadline.elapsed(), seed, self.name, best, heuristic_objective=obj, notes=notes)
+
+
 PLANNERS: dict[str, Planner] = {p.name: p for p in (ExactPlanner("cpsat"), ExactPlanner("highs"),
-                                                     ExactPlanner("cbc"), BruteForcePlanner(), WarmStartPlanner())}
+                                                     ExactPlanner("cbc"), BruteForcePlanner(), WarmStartPlanner(),
+                                                     AcesoPlanner())}
 NAMES = ("auto", *PLANNERS)
 
 
