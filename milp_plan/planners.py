@@ -104,11 +104,13 @@ class AcesoPlanner:
         obj = None if best is None else objective_of(best, limits)
         if best is not None:
             best = best.with_(solver=SolverRecord(self.name, Status.FEASIBLE.value, obj, None, None, None, seed))
-        notes = [f"aceso: {sx.evaluated} plans evaluated"]
-        if deadline.expired():
+        done, total = sx.depths
+        notes = [f"aceso: {sx.evaluated} plans evaluated over {done} of {total} pipeline depths"]
+        if done < total:
             notes.append("the deadline stopped the search before every pipeline depth was tried")
         return SolveResult(Status.FEASIBLE if best is not None else Status.TIMEOUT, obj, None, None,
-                           deadline.elapsed(), seed, self.name, best, heuristic_objective=obj, notes=notes)
+                           deadline.elapsed(), seed, self.name, best, configs_total=total, configs_solved=done,
+                           heuristic_objective=obj, notes=notes)
 
 
 PLANNERS: dict[str, Planner] = {p.name: p for p in (ExactPlanner("cpsat"), ExactPlanner("highs"),

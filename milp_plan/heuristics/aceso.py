@@ -116,6 +116,7 @@ class Search:
     plans: dict = field(default_factory=dict)   # State -> Plan | None
     best: Plan | None = None
     evaluated: int = 0
+    depths: tuple[int, int] = (0, 0)            # pipeline depths searched, of those to search
 
     @property
     def uniform(self) -> bool:
@@ -438,10 +439,13 @@ def search(inst: Instance, limits: Limits, deadline: Deadline, fix: dict | None 
     sx = Search(inst, limits, fix, mode, deadline, frozenset(tp_sizes(inst, fix)))
     rng, shared = random.Random(seed), SharedCoefficients(inst)
     most = min(inst.model.num_layers, inst.cluster.num_gpus)
-    for pp in ([fix["pp"]] if "pp" in fix else range(1, most + 1)):
+    depths = [fix["pp"]] if "pp" in fix else list(range(1, most + 1))
+    for done, pp in enumerate(depths):
+        sx.depths = (done, len(depths))
         for start in starts(sx, pp, trials, rng, shared):
             if deadline.expired():
                 return sx
             if realise(sx, start) is not None:
                 descend(sx, start, max_hops, beam)
+    sx.depths = (len(depths), len(depths))
     return sx
