@@ -121,7 +121,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
               help="megatron (uniform tp/dp/recompute; stock Megatron-LM) | free (tp, dp and recompute per "
                    "stage; needs a per-stage runtime).")] = "megatron",
           solver: Annotated[str, typer.Option(
-              help="auto | cpsat | highs | cbc | brute-force | warm-start (the heuristic alone, no bound).")] = "auto",
+              help="auto | cpsat | highs | cbc | brute-force | warm-start (the heuristic alone, no bound) | "
+                   "aceso (Aceso-style bottleneck alleviation, no bound).")] = "auto",
           max_solve_time: Annotated[str, typer.Option("--max-solve-time", help="Bound on the search, e.g. 30s.")] = "30s",
           seed: Annotated[int, typer.Option(help="Solver seed, 0 to 2147483647.")] = 1,
           workers: Annotated[int, typer.Option(

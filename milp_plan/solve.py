@@ -2,7 +2,8 @@
 
 Planners (planners.py): cpsat | highs | cbc (the exact search on one shared per-stage model,
 solvers/driver.py), brute-force (solvers/bruteforce.py, an independent enumerator), warm-start
-(the exact search's heuristic alone, no bound), auto (= cpsat).
+(the exact search's heuristic alone, no bound), aceso (Aceso-style bottleneck alleviation,
+no bound), auto (= cpsat).
 """
 from __future__ import annotations
 
