@@ -121,14 +121,15 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
               help="megatron (uniform tp/dp/recompute; stock Megatron-LM) | free (tp, dp and recompute per "
                    "stage; needs a per-stage runtime).")] = "megatron",
           solver: Annotated[str, typer.Option(
-              help="auto | cpsat | highs | cbc | brute-force | warm-start (the heuristic alone, no bound).")] = "auto",
+              help="auto | cpsat | highs | cbc | brute-force | warm-start (the heuristic alone, no bound) | "
+                   "aceso (Aceso-style bottleneck alleviation, no bound).")] = "auto",
           max_solve_time: Annotated[str, typer.Option("--max-solve-time", help="Bound on the search, e.g. 30s.")] = "30s",
           seed: Annotated[int, typer.Option(help="Solver seed, 0 to 2147483647.")] = 1,
           workers: Annotated[int, typer.Option(
               help="CP-SAT search workers, 1 to 64 (1 is deterministic; more may find plans sooner).")] = 1,
           fix: Annotated[Optional[str], typer.Option(
               help="Pin global choices: tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved; "
-                   "cap with tp<=4,mbs<=8.")] = None,
+                   "cap with tp<=4,mbs<=8; pin per stage with layers=12,20,order=A10,A100-80GB.")] = None,
           extrapolate: Annotated[bool, typer.Option(
               "--extrapolate", help="Also plan on tp and micro-batch sizes the profiles did not measure (filled "
                                     "by the profile's rules; the plan lists every filled point).")] = False,

@@ -82,11 +82,19 @@ def ring_allreduce_s(n_bytes: float, group: int, gb_per_s: float) -> float:
     return 2.0 * (group - 1) / group * n_bytes / (gb_per_s * 1e9)
 
 
-def tp_comm_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str) -> tuple[float, float]:
+def row_tokens(inst: Instance, tokens: int | None) -> int:
+    """Tokens per row (sample) of a work item: `tokens`, or the job's sequence length. Every
+    cost function below takes the work item's tokens, so a workload of several lengths (or
+    token slices) prices each item at its own length."""
+    return inst.job.seq_length if tokens is None else tokens
+
+
+def tp_comm_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str,
+              tokens: int | None = None) -> tuple[float, float]:
     """(forward, backward) tensor-parallel collective time of one layer of `kind`."""
     if tp <= 1:
         return 0.0, 0.0
-    msg = inst.job.seq_length * mbs * inst.model.hidden_size * ACT_BYTES
+    msg = row_tokens(inst, tokens) * mbs * inst.model.hidden_size * ACT_BYTES
     one = ring_allreduce_s(msg, tp, node_type.intra_node_gb_per_s)
     n = {"block": 2, "encoder_block": 2, "decoder_block": 3, "embedding": 1, "head": 0}[kind]
     return n * one, (0 if kind == "embedding" else n) * one
@@ -105,30 +113,30 @@ def _flops_ratio(inst: Instance, kind: str):
     return ratio
 
 
-def layer_times(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str) -> LayerTimes:
+def layer_times(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str,
+                tokens: int | None = None) -> LayerTimes:
     """Profile times (filled by the profile's rules when not profiled) plus tp collectives
-    when the profile does not include them."""
-    m = inst.model
-    c = inst.profile.cost(m.name, node_type.gpu.name, tp, mbs, inst.job.seq_length, kind,
-                          flops_ratio=_flops_ratio(inst, kind))
-    comm_f, comm_b = (0.0, 0.0) if c.tp_comm_included else tp_comm_s(inst, node_type, tp, mbs, kind)
+    when the profile does not include them, for rows of `tokens` tokens (row_tokens)."""
+    m, seq = inst.model, row_tokens(inst, tokens)
+    c = inst.profile.cost(m.name, node_type.gpu.name, tp, mbs, seq, kind, flops_ratio=_flops_ratio(inst, kind))
+    comm_f, comm_b = (0.0, 0.0) if c.tp_comm_included else tp_comm_s(inst, node_type, tp, mbs, kind, seq)
     if c.attn_core_fwd_ms is not None:
         core = c.attn_core_fwd_ms / 1e3
     else:  # estimate by the FLOP share of the attention core
-        total = m.forward_flops_per_token(kind, inst.job.seq_length)
-        core = c.fwd_ms / 1e3 * (m.attention_core_flops_per_token(kind, inst.job.seq_length) / total if total else 0)
+        total = m.forward_flops_per_token(kind, seq)
+        core = c.fwd_ms / 1e3 * (m.attention_core_flops_per_token(kind, seq) / total if total else 0)
     return LayerTimes(c.fwd_ms / 1e3 + comm_f, c.bwd_ms / 1e3 + comm_b, core)
 
 
 def recompute_overhead_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kinds: Sequence[str],
-                         recompute: str, recompute_layers: int) -> float:
+                         recompute: str, recompute_layers: int, tokens: int | None = None) -> float:
     """Extra backward time: full = forward of the first `recompute_layers` blocks again
     (Megatron's block method recomputes the first r layers of a stage); selective =
     the attention core of every block."""
     if recompute == "full":
-        return sum(layer_times(inst, node_type, tp, mbs, k).fwd_s for k in kinds[:recompute_layers])
+        return sum(layer_times(inst, node_type, tp, mbs, k, tokens).fwd_s for k in kinds[:recompute_layers])
     if recompute == "selective":
-        return sum(layer_times(inst, node_type, tp, mbs, k).attn_core_fwd_s for k in kinds)
+        return sum(layer_times(inst, node_type, tp, mbs, k, tokens).attn_core_fwd_s for k in kinds)
     return 0.0
 
 
@@ -138,20 +146,20 @@ def stage_kinds(inst: Instance, first_layer: int, num_layers: int) -> list[str]:
 
 def stage_compute_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kinds: Sequence[str],
                     has_embedding: bool, has_head: bool, recompute: str = "none",
-                    recompute_layers: int = 0) -> tuple[float, float]:
+                    recompute_layers: int = 0, tokens: int | None = None) -> tuple[float, float]:
     """(f_s, b_s): forward and backward seconds of one micro-batch through a stage."""
     parts = list(kinds) + (["embedding"] if has_embedding else []) + (["head"] if has_head else [])
-    times = [layer_times(inst, node_type, tp, mbs, k) for k in parts]
+    times = [layer_times(inst, node_type, tp, mbs, k, tokens) for k in parts]
     fwd = sum(t.fwd_s for t in times)
     bwd = sum(t.bwd_s for t in times)
-    bwd += recompute_overhead_s(inst, node_type, tp, mbs, kinds, recompute, recompute_layers)
+    bwd += recompute_overhead_s(inst, node_type, tp, mbs, kinds, recompute, recompute_layers, tokens)
     return fwd, bwd
 
 
 # ---- communication --------------------------------------------------------------------
-def p2p_bytes(inst: Instance, mbs: int, tp: int, sequence_parallel: bool) -> float:
+def p2p_bytes(inst: Instance, mbs: int, tp: int, sequence_parallel: bool, tokens: int | None = None) -> float:
     """Bytes one GPU sends per micro-batch per hop and direction."""
-    full = inst.job.seq_length * mbs * inst.model.hidden_size * ACT_BYTES
+    full = row_tokens(inst, tokens) * mbs * inst.model.hidden_size * ACT_BYTES
     return full / tp if (sequence_parallel and tp > 1) else full
 
 
@@ -213,9 +221,9 @@ def end_inflight(schedule: str, pp: int, m: int, vpp: int, inflight: float) -> t
 def stage_activation_bytes(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_head: bool, tp: int,
                            mbs: int, sequence_parallel: bool, recompute: str, recompute_layers: int,
                            inflight: float, emb_inflight: float | None = None,
-                           head_inflight: float | None = None) -> float:
+                           head_inflight: float | None = None, tokens: int | None = None) -> float:
     m, job = inst.model, inst.job
-    kw = dict(micro_batch=mbs, tp=tp, seq_length=job.seq_length, sequence_parallel=sequence_parallel,
+    kw = dict(micro_batch=mbs, tp=tp, seq_length=row_tokens(inst, tokens), sequence_parallel=sequence_parallel,
               flash_attention=job.flash_attention)
     per_mb = 0.0
     for i, k in enumerate(kinds):
@@ -234,8 +242,8 @@ def stage_activation_bytes(inst: Instance, kinds: Sequence[str], has_embedding: 
 
 def stage_memory_bytes(inst: Instance, *, schedule: str, pp: int, stage: int, m: int, vpp: int,
                        kinds: Sequence[str], tp: int, dp: int, mbs: int, sequence_parallel: bool,
-                       distributed_optimizer: bool, recompute: str, recompute_layers: int
-                       ) -> tuple[float, float, float, float, float]:
+                       distributed_optimizer: bool, recompute: str, recompute_layers: int,
+                       tokens: int | None = None) -> tuple[float, float, float, float, float]:
     """(weights, gradients, optimizer, activations, in-flight) bytes per GPU of stage `stage`."""
     first, last = stage == 0, stage == pp - 1
     params = stage_params(inst, kinds, first, last, single_stage=pp == 1) / tp
@@ -243,7 +251,7 @@ def stage_memory_bytes(inst: Instance, *, schedule: str, pp: int, stage: int, m:
     inflight = inflight_microbatches(schedule, pp, stage, m, vpp)
     emb, head = end_inflight(schedule, pp, m, vpp, inflight)
     act = stage_activation_bytes(inst, kinds, first, last, tp, mbs, sequence_parallel, recompute,
-                                 recompute_layers, inflight, emb, head)
+                                 recompute_layers, inflight, emb, head, tokens)
     return w, g, o, act, inflight
 
 
@@ -393,5 +401,5 @@ def evaluate(inst: Instance, plan: Plan) -> Prediction:
     opt = max(c.opt_s)
     step = compute + bubble + p2p + dp + opt
     usd_h = plan_usd_per_hour(inst, plan)
-    tokens = plan.global_batch_size * inst.job.seq_length
+    tokens = plan.global_batch_size * row_tokens(inst, None)
     return Prediction(step, compute, bubble, p2p, dp, opt, usd_h, usd_per_step(usd_h, step), tokens / step, c.stages)

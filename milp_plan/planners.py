@@ -11,6 +11,9 @@ checker (`Limits.admit` and `check`); what differs is how it searches and what i
                      greedy device grouping and a bottleneck-optimal layer partition per
                      config, configs in the order of their cheap bound until a bound reaches
                      the best plan found; no bound (status feasible), Megatron-mode configs only.
+  aceso              Aceso-style iterative bottleneck alleviation (heuristics/aceso.py): multi-hop
+                     actions on the bottleneck stage from warm-start plans, per pp; no bound
+                     (status feasible), in the instance's mode, 1F1B only.
 
 `PLANNERS` is the registry; `get(name)` resolves `auto` to cpsat.
 """
@@ -99,8 +102,36 @@ class WarmStartPlanner:
                            configs_solved=seen, heuristic_objective=obj, notes=notes)
 
 
+@dataclass(frozen=True)
+class AcesoPlanner:
+    name: str = "aceso"
+    proves: bool = False
+    max_hops: int = 7
+    trials: int = 3
+
+    def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
+        from milp_plan.formulations.space import LIST_KEYS
+        from milp_plan.heuristics.aceso import search
+        if fix and LIST_KEYS & set(fix):
+            raise InputError("aceso moves layers and GPUs itself: it takes no layers= or order= pins; use an "
+                             "exact solver (--solver cpsat) to score a pinned layout", field="fix")
+        sx = search(inst, limits, deadline, fix, seed, self.max_hops, self.trials)
+        best = sx.best
+        obj = None if best is None else objective_of(best, limits)
+        if best is not None:
+            best = best.with_(solver=SolverRecord(self.name, Status.FEASIBLE.value, obj, None, None, None, seed))
+        done, total = sx.depths
+        notes = [f"aceso: {sx.evaluated} plans evaluated over {done} of {total} pipeline depths"]
+        if done < total:
+            notes.append("the deadline stopped the search before every pipeline depth was tried")
+        return SolveResult(Status.FEASIBLE if best is not None else Status.TIMEOUT, obj, None, None,
+                           deadline.elapsed(), seed, self.name, best, configs_total=total, configs_solved=done,
+                           heuristic_objective=obj, notes=notes)
+
+
 PLANNERS: dict[str, Planner] = {p.name: p for p in (ExactPlanner("cpsat"), ExactPlanner("highs"),
-                                                     ExactPlanner("cbc"), BruteForcePlanner(), WarmStartPlanner())}
+                                                     ExactPlanner("cbc"), BruteForcePlanner(), WarmStartPlanner(),
+                                                     AcesoPlanner())}
 NAMES = ("auto", *PLANNERS)
 
 

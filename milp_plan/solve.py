@@ -2,7 +2,8 @@
 
 Planners (planners.py): cpsat | highs | cbc (the exact search on one shared per-stage model,
 solvers/driver.py), brute-force (solvers/bruteforce.py, an independent enumerator), warm-start
-(the exact search's heuristic alone, no bound), auto (= cpsat).
+(the exact search's heuristic alone, no bound), aceso (Aceso-style bottleneck alleviation,
+no bound), auto (= cpsat).
 """
 from __future__ import annotations
 
@@ -161,6 +162,9 @@ def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short:
     need, cfg, k = best
     if only_if_short and (not complete or need / 2**30 <= cap):
         return None
+    if complete and need / 2**30 <= cap:  # memory is not what rules every plan out
+        return ("no plan passes the configuration rules under these limits and pins; relax --fix, the "
+                "limits, or give the cluster more GPUs")
     if not complete:
         return ("no plan fits the limits; the memory scan ran out of time before it could say whether memory is "
                 "the reason: allow more --max-solve-time")

@@ -15,7 +15,7 @@ from milp_plan.job import Limits
 from milp_plan.solvers import bruteforce
 from tiny_instance import tiny_instance, write_inputs
 
-EVERY = ("brute-force", "cpsat", "highs", "cbc", "warm-start")
+EVERY = ("brute-force", "cpsat", "highs", "cbc", "warm-start", "aceso")
 
 
 def test_every_planner_on_the_tiny_instance_against_brute_force(tmp_path):

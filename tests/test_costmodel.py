@@ -402,3 +402,22 @@ def test_plan_costs_same_node_hop_and_hierarchical_dp(inst):
     B = 4 * 25_004_500
     assert c.dp_s == (approx(B / 1e11 + 2 * B / 1e10),)
     assert c.hop_s == ()
+
+
+def test_cost_functions_take_the_tokens_of_a_work_item(tmp_path):
+    """Every cost function prices rows of `tokens` tokens (the job's sequence length when not
+    given): transfers and tp collectives scale with the tokens (tokens x mbs x h x 2 bytes),
+    activations are the model's formula at that length."""
+    inst = tiny_instance(tmp_path)
+    nt = inst.cluster.node_types[0]
+    seq = inst.job.seq_length                                   # 500 in the tiny instance
+    assert cm.p2p_bytes(inst, 2, 1, False) == cm.p2p_bytes(inst, 2, 1, False, seq) == 500 * 2 * 1000 * 2
+    assert cm.p2p_bytes(inst, 2, 1, False, 1500) == 3 * cm.p2p_bytes(inst, 2, 1, False)
+    f, b = cm.tp_comm_s(inst, nt, 2, 1, "block")
+    f3, b3 = cm.tp_comm_s(inst, nt, 2, 1, "block", 3 * seq)
+    assert (f3, b3) == pytest.approx((3 * f, 3 * b))
+    for tokens in (250, 1000):
+        got = cm.stage_activation_bytes(inst, ["block"], False, False, 1, 1, False, "none", 0, 1.0,
+                                               tokens=tokens)
+        assert got == inst.model.layer_activation_bytes("block", micro_batch=1, tp=1, seq_length=tokens,
+                                                        flash_attention=inst.job.flash_attention)

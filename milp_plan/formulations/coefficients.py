@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from milp_plan import costmodel as cm
-from milp_plan.formulations.space import Config, FreeConfig, Placement, StageOption, placement, stage_options
+from milp_plan.formulations.space import (LIST_KEYS, Config, FreeConfig, Placement, StageOption, placement,
+                                          stage_options)
 from milp_plan.instance import Instance
 
 _TOL = 1e-6
@@ -155,6 +156,7 @@ class Coefficients:
         self.types = [nt for nt in inst.cluster.node_types]
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
         self.options: list[StageOption] = stage_options(inst, cfg, fix)
+        self.pins = {k: fix[k] for k in LIST_KEYS if fix and k in fix}   # per-stage layers / GPU type order
         if isinstance(cfg, FreeConfig) and cfg.complete:
             self.options = self._undominated(self.options)
         index: dict[tuple[int, int], int] = {}

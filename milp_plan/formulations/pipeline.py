@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from milp_plan.formulations.coefficients import Affine, Coefficients
+from milp_plan.formulations.space import pinned_types
 from milp_plan.job import Limits
 from milp_plan.schedules import Period
 from milp_plan.units import GIB, SECONDS_PER_HOUR, TICKS_PER_SECOND
@@ -230,6 +231,19 @@ class PipelineModel:
                 be.add(v.n[s, o] <= self.L * v.y[s, o])
             be.add(be.sum([v.n[s, o] for o in self.O]) >= vpp)
         be.add(be.sum([v.n[s, o] for s in self.S for o in self.O]) == self.L)
+
+    def add_pins(self) -> None:
+        """--fix layers=n_0,...: stage s holds n_s layers; --fix order=G_0,...: stage s runs on
+        a node type called G_s (or of GPU G_s)."""
+        be, v, c = self.be, self.v, self.c
+        for s in self.S:
+            if "layers" in c.pins:
+                be.add(be.sum([v.n[s, o] for o in self.O]) == c.pins["layers"][s])
+            allowed = pinned_types(c.inst, c.pins, s)
+            if allowed is not None:
+                for o in self.O:
+                    if c.options[o].k not in allowed:
+                        be.add(v.y[s, o] == 0)
 
     def add_recompute(self) -> None:
         """Full recompute, 1 <= r_s <= n_s (a multiple of vpp: Megatron recomputes r / vpp
@@ -496,7 +510,7 @@ class PipelineModel:
         return self.v.scale * self.res.tps
 
     def build(self) -> Vars:
-        for family in (self.add_stage_type, self.add_layer_cover, self.add_recompute, self.add_contiguity,
+        for family in (self.add_stage_type, self.add_layer_cover, self.add_pins, self.add_recompute, self.add_contiguity,
                        self.add_device_count, self.add_memory_capacity, self.add_stage_time, self.add_hops,
                        self.add_steady_period, self.add_dp_optimizer, self.add_step_time, self.add_cost,
                        self.set_objective):

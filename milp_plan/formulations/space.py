@@ -287,7 +287,8 @@ def plan_fills(inst: Instance, plan) -> tuple:
     return tuple(sorted(out, key=lambda f: (f.gpu, f.tp, f.micro_batch_size, f.seq_length, f.kind)))
 
 
-FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt", "extrapolate"}
+FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt", "extrapolate", "layers", "order"}
+LIST_KEYS = {"layers", "order"}   # per-stage pins: layers=3,5 (layer counts), order=A10,A100 (GPU or node type)
 CAP_KEYS = {"tp", "mbs"}   # KEY<=N caps the range (--max-tp, --max-micro-batch write them too)
 
 
@@ -298,7 +299,12 @@ def parse_fix(text: str | None) -> dict[str, object]:
     if not text:
         return {}
     out: dict[str, object] = {}
+    listing = None   # a per-stage pin takes the comma-separated items after it that hold no '='
     for item in text.split(","):
+        if listing is not None and "=" not in item:
+            out[listing] += (_pin_value(listing, item),)
+            continue
+        listing = None
         if "<=" in item:
             k, v = (x.strip() for x in item.split("<=", 1))
             if k not in CAP_KEYS:
@@ -326,6 +332,8 @@ def parse_fix(text: str | None) -> dict[str, object]:
             if v not in ("none", "selective", "full"):
                 raise InputError(f"recompute must be none, selective or full, got '{v}'", field="fix")
             out[k] = v
+        elif k in LIST_KEYS:
+            out[k], listing = (_pin_value(k, v),), k
         elif k == "schedule":
             if not schedules.known(v):
                 raise InputError(f"schedule must be {', '.join(schedules.NAMES[:-1])} or {schedules.NAMES[-1]}, "
@@ -336,7 +344,63 @@ def parse_fix(text: str | None) -> dict[str, object]:
             raise InputError(f"{k}={out[k]} contradicts {k}<={out[k + '<=']}", field="fix")
     if out.get("vpp", 1) > 1 and not schedules.has_chunks(out.setdefault("schedule", schedules.INTERLEAVED)):
         raise InputError(f"vpp > 1 needs schedule={schedules.INTERLEAVED}", field="fix")
+    sizes = {len(out[k]) for k in LIST_KEYS if k in out} | ({out["pp"]} if "pp" in out else set())
+    if len(sizes) > 1:
+        raise InputError("layers=, order= and pp= give different stage counts; give one per stage", field="fix")
     return out
+
+
+def _pin_value(key: str, text: str) -> int | str:
+    text = text.strip()
+    if key == "order":
+        if not text:
+            raise InputError("order= lists a GPU or node type per stage, e.g. order=A10,A100-80GB", field="fix")
+        return text
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 2**20:
+        raise InputError(f"layers= lists whole numbers >= 1 per stage (e.g. layers=3,5), got '{text}'", field="fix")
+    return int(text)
+
+
+def check_pins(inst: Instance, fix: dict[str, object]) -> None:
+    """The per-stage pins against the instance: layer counts sum to the model's layers, and
+    every name in order= is a node type or a GPU of the cluster."""
+    L = inst.model.num_layers
+    if "layers" in fix and sum(fix["layers"]) != L:
+        raise InputError(f"layers={','.join(map(str, fix['layers']))} sums to {sum(fix['layers'])}, but "
+                         f"{inst.model.name} has {L} layers", field="fix")
+    known = {n for nt in inst.cluster.node_types for n in (nt.name, nt.gpu.name)}
+    order = fix.get("order", ())
+    for name in order:
+        if name not in known:
+            raise InputError(f"order={name}: no node type or GPU of cluster '{inst.cluster.name}' is called so; use "
+                             f"{', '.join(sorted(known))}", field="fix")
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+    if len(runs) != len(set(runs)):
+        raise InputError(f"order={','.join(order)} puts stages of one GPU type apart; the planner keeps each "
+                         "type's stages in one run (formulations/pipeline.md, contiguity): group them, e.g. "
+                         f"order={','.join(sorted(order, key=runs.index))}", field="fix")
+
+
+def pinned_types(inst: Instance, fix: dict[str, object], s: int) -> set[int] | None:
+    """Node type indices stage s may use under order= (None: any)."""
+    if "order" not in fix:
+        return None
+    name = fix["order"][s]
+    return {k for k, nt in enumerate(inst.cluster.node_types) if name in (nt.name, nt.gpu.name)}
+
+
+def matches_pins(inst: Instance, fix: dict[str, object] | None, plan) -> bool:
+    """Whether a plan keeps the per-stage pins (layer counts, GPU or node type order)."""
+    if not fix:
+        return True
+    if "layers" in fix and tuple(st.num_layers for st in plan.stages) != tuple(fix["layers"]):
+        return False
+    if "order" in fix:
+        nodes = inst.cluster.nodes
+        for s, st in enumerate(plan.stages):
+            if nodes[st.devices[0].node].type not in [inst.cluster.node_types[k] for k in pinned_types(inst, fix, s)]:
+                return False
+    return True
 
 
 ZB_H1_REFUSAL = ("schedule=zb-h1 runs only on the zero-bubble fork of Megatron-LM, outside the exact "
@@ -360,6 +424,10 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
     fix = fix or {}
     if "schedule" in fix and not schedules.schedule_of(fix["schedule"]).modelled:
         raise InputError(ZB_H1_REFUSAL, field="fix")
+    pins = [k for k in LIST_KEYS if k in fix]
+    if pins:
+        check_pins(inst, fix)
+        fix = {**fix, "pp": len(fix[pins[0]])}
     if mode == "free":
         yield from _free_configs(inst, fix, names)
         return
@@ -491,7 +559,8 @@ def _schedules(fix, names, pp, n_mb, L):
     for s in ([fix["schedule"]] if "schedule" in fix else names):
         if schedules.has_chunks(s):
             for v in virtual_stages(fix, pp, n_mb, L):
-                yield s, v
+                if all(n % v == 0 for n in fix.get("layers", ())):  # each pinned stage whole chunks
+                    yield s, v
         else:
             yield s, 1
 

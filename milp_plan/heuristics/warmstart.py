@@ -27,6 +27,7 @@ from typing import Sequence
 from milp_plan.deadline import Deadline
 from milp_plan.formulations.placement import build_plan
 from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.space import matches_pins
 from milp_plan.job import Limits
 from milp_plan.plan import Plan
 from milp_plan.result import objective_of
@@ -126,7 +127,7 @@ def best_plan(coef: Coefficients, limits: Limits, mode: str = "megatron",
     best = None
     for opts, layers, rs in candidates(coef, dl):
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
-        if limits.admit(plan):
+        if limits.admit(plan) and matches_pins(coef.inst, coef.pins, plan):
             key = objective_of(plan, limits)
             if best is None or key < best[0]:
                 best = (key, plan, (opts, layers, rs))

@@ -30,7 +30,7 @@ from milp_plan.errors import InputError
 from milp_plan.formulations.placement import build_plan
 from milp_plan.job import Limits
 from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, free_completions,
-                                          placement, stage_options)
+                                          matches_pins, placement, stage_options)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import SolveResult, objective_of
@@ -144,7 +144,9 @@ def candidate_plans(inst: Instance, cfg: Config | FreeConfig, fix: dict | None =
     for opts in option_sequences(inst, cfg, stage_options(inst, cfg, fix)):
         for layers in compositions(inst.model.num_layers, cfg.pp, cfg.vpp):
             for rs in _recompute_choices(cfg, opts, layers):
-                yield build_plan(inst, cfg, opts, layers, rs, None, mode)
+                plan = build_plan(inst, cfg, opts, layers, rs, None, mode)
+                if matches_pins(inst, fix, plan):
+                    yield plan
 
 
 def solve(inst: Instance, limits: Limits, fix: dict | None = None, mode: str = "megatron"):

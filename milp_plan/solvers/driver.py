@@ -44,7 +44,7 @@ from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.pipeline import PipelineModel
 from milp_plan.job import Limits
 from milp_plan.formulations.space import (Config, FreeConfig, StageOption, coverage_gap, enumerate_configs,
-                                          explain_fix, free_children)
+                                          explain_fix, free_children, matches_pins)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import Progress, SolveResult, objective_of
@@ -64,13 +64,15 @@ BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this 
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 
 
-def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config) -> None:
+def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config, pins: dict | None = None) -> None:
     """The checker is the source of truth: a plan it rejects for anything but memory (which a
     rounded model relaxes and `Limits.admit` decides) is a model/checker mismatch, a bug."""
     violations = [v for v in check.check_plan(inst, plan) if v.rule != "memory_capacity"]
     if violations:
         raise InternalError(f"{who} returned a plan the checker rejects for {cfg.label()}: "
                             + "; ".join(map(str, violations)))
+    if not matches_pins(inst, pins, plan):
+        raise InternalError(f"{who} returned a plan that breaks the --fix layers=/order= pins for {cfg.label()}")
 
 
 @dataclass
@@ -188,7 +190,7 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
             bound = max(bound, model.objective_in_units(run.bound))
         opts, layers, rs = model.extract(run.value)
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
-        _require_valid(coef.inst, plan, backend, coef.cfg)
+        _require_valid(coef.inst, plan, backend, coef.cfg, coef.pins)
         value = objective_of(plan, limits)
         err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
         drift = (model.objective_drift(run.objective, value, err, run.status == "optimal")
@@ -206,24 +208,65 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
     return None, bound
 
 
-def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
-          time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
-          progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None,
-          dl: Deadline | None = None) -> SolveResult:
-    """The exact search within `time_limit_s` (or the deadline `dl`, which also ends it on an
-    interrupt): configs left unexamined when it runs out count with bound 0 (or theirs)."""
-    if backend not in BACKENDS:
-        raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
-    dl = dl or Deadline(time_limit_s)
-    t0 = dl.start
-    prepared = prepared or prepare(inst, fix, mode, dl)
-    # heap entries (bound, config, kind, payload): kind 0 a config and its Coefficients; kind 1 a
-    # family (configs that differ in schedule and vpp alone, their indices) at a bound of all its
-    # members (family_lower_bound), opened into configs when popped; kind 2 the same at the weak
-    # family bound (or at 0, cut from the cheap bounding by the time limit), tightened when popped
-    bounded: list[tuple[float, Config | FreeConfig, int, object]] = []
-    unbounded_left = prepared.truncated  # the deadline cut the enumeration short: bound 0 stays open
-    later: list[tuple[float, Config | FreeConfig, int, object]] = []  # bounded when popped (bound 0 till then)
+class _Heap:
+    """The best-first heap of the search. Entries (bound, config, kind, payload): kind 0 a
+    config and its Coefficients; kind 1 a family (configs that differ in schedule and vpp alone,
+    their indices) at a bound of all its members (family_lower_bound), opened into configs when
+    popped; kind 2 the same at the weak family bound (or at 0, cut from the cheap bounding by the
+    time limit), tightened when popped. A sorted list is a heap."""
+
+    def __init__(self, prepared: Prepared, limits: Limits, entries: list):
+        self.prepared, self.limits, self.entries = prepared, limits, entries
+
+    def copy(self) -> "_Heap":
+        return _Heap(self.prepared, self.limits, list(self.entries))
+
+    def push(self, entry: tuple) -> None:
+        heapq.heappush(self.entries, entry)
+
+    def least(self) -> float:
+        return self.entries[0][0]
+
+    def count(self) -> int:
+        """Configs in the heap (a family counts its members)."""
+        return sum(len(e[3]) if e[2] >= 1 else 1 for e in self.entries)
+
+    def _opened(self):
+        """Pop the least entry, opening families into their members (each at the larger of its
+        own cheap bound and the family's), until it is a config."""
+        prep, heap = self.prepared, self.entries
+        while heap[0][2] >= 1:
+            flb, cfg, kind, members = heapq.heappop(heap)
+            if kind == 2:  # a weakly bounded family: tighten (the bottleneck bound) and push it back
+                lb = family_lower_bound(prep.coef(members[0]), self.limits, [prep.configs[i] for i in members])
+                if lb is not None:
+                    heapq.heappush(heap, (max(lb, flb), cfg, 1, members))
+                if not heap:
+                    return None
+                continue
+            lbs = config_lower_bound(prep.coef(members[0]), self.limits, memory=False,
+                                     variants=[prep.configs[i] for i in members])
+            for lb, i in zip(lbs, members):
+                if lb is not None:
+                    heapq.heappush(heap, (max(lb, flb), prep.configs[i], 0, prep.coef(i)))
+            if not heap:
+                return None
+        lb, cfg, _, coef = heapq.heappop(heap)
+        return lb, cfg, coef
+
+    def pop_config(self) -> tuple[float, Config | FreeConfig, Coefficients] | None:
+        """The config of least bound, or None when the heap holds only families without a plan."""
+        while self.entries:
+            got = self._opened()
+            if got is not None:
+                return got
+        return None
+
+
+def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline) -> tuple[list, list]:
+    """(bounded, later): every family and config at its cheap bound, sorted; the families the
+    bounding did not reach (BOUNDING_SHARE of the limit) at bound 0, bounded when popped."""
+    bounded, later = [], []
     families = prepared.families()
     for f, members in enumerate(families):
         if f % 16 == 0 and (dl.expired() or dl.elapsed() > BOUNDING_SHARE * dl.seconds):
@@ -239,101 +282,107 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         if lb is not None:
             bounded.append((lb, head.cfg, 2, members))
     bounded.sort(key=lambda x: x[:3])
+    return bounded, later
 
-    def opened(heap: list) -> tuple[float, Config | FreeConfig, Coefficients]:
-        """Pop the least entry, opening families into their members (each at the larger of its
-        own cheap bound and the family's), until it is a config."""
-        while heap[0][2] >= 1:
-            flb, cfg, kind, members = heapq.heappop(heap)
-            if kind == 2:  # a weakly bounded family: tighten (the bottleneck bound) and push it back
-                lb = family_lower_bound(prepared.coef(members[0]), limits, [prepared.configs[i] for i in members])
-                if lb is not None:
-                    heapq.heappush(heap, (max(lb, flb), cfg, 1, members))
-                if not heap:
-                    return None
-                continue
-            lbs = config_lower_bound(prepared.coef(members[0]), limits, memory=False,
-                                     variants=[prepared.configs[i] for i in members])
-            for lb, i in zip(lbs, members):
-                if lb is not None:
-                    heapq.heappush(heap, (max(lb, flb), prepared.configs[i], 0, prepared.coef(i)))
-            if not heap:
-                return None
-        lb, cfg, _, coef = heapq.heappop(heap)
-        return lb, cfg, coef
 
-    def opened_config(heap: list):
-        """`opened`, or None when the heap holds only families without a plan."""
-        while heap:
-            got = opened(heap)
-            if got is not None:
-                return got
-        return None
-    best: Plan | None = None
-    best_obj = math.inf
-    hints: dict[Config | FreeConfig, heuristic.Candidate] = {}
-    start = "heuristic"
-    if prepared.base is not None:
-        # Free mode starts from the Megatron-mode optimum: a free plan too (uniform options)
-        start = "Megatron-mode"
-        sub = solve(inst, limits, backend=backend, time_limit_s=FREE_BASE_SHARE * time_limit_s, seed=seed,
-                    workers=workers, mode="megatron", prepared=prepared.base,
-                    dl=dl.within(FREE_BASE_SHARE * time_limit_s))
-        if sub.plan is not None:
-            best = sub.plan.with_(mode=mode, solver=None)
-            best_obj = objective_of(best, limits)
-    else:
-        # Heuristic first, from the configs of least bound: HEURISTIC_CONFIGS of them, or on until
-        # the first plan (so that a short limit returns one), within a tenth of the limit and the deadline
-        h0 = time.perf_counter()
-        ahead = list(bounded)  # a copy: the heuristic looks ahead without consuming the search
-        for tried in range(HEURISTIC_MAX_CONFIGS):
-            got = opened_config(ahead)
-            if got is None:
-                break
-            lb, cfg, coef = got
-            if lb >= best_obj * (1 - REL_EPS):
-                break
-            if best is not None and (tried >= HEURISTIC_CONFIGS
-                                     or time.perf_counter() - h0 > HEURISTIC_SHARE * time_limit_s):
-                break
-            if dl.expired():
-                break
-            got = heuristic.best_plan(coef, limits, mode, dl)
-            if got is None:
-                continue
-            plan, hints[cfg] = got
-            _require_valid(inst, plan, "the heuristic", cfg)
-            if objective_of(plan, limits) < best_obj * (1 - REL_EPS):
-                best, best_obj = plan, objective_of(plan, limits)
-    heuristic_obj = best_obj if best is not None else None
-    warm = best if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
-    open_bounds: list[float] = [0.0] if unbounded_left else []
-    solved = pruned = 0
-    # Best-first over the configs: a free config with open stage sizes is expanded when it is
-    # popped (its children inherit its bound), a complete one is solved.
-    heap = sorted(later + bounded, key=lambda x: x[:3])  # sorted, hence a heap
-    total = len(prepared.configs)  # and, in free mode, every child made
+@dataclass
+class Incumbent:
+    """The best plan so far, its objective, and the heuristic's plans as hints per config."""
+    plan: Plan | None = None
+    objective: float = math.inf
+    hints: dict = field(default_factory=dict)
 
-    def count(entries) -> int:
-        return sum(len(e[3]) if e[2] >= 1 else 1 for e in entries)
-    while heap:
-        if heap[0][0] >= best_obj * (1 - REL_EPS):
-            pruned += count(heap)
-            break
-        left = dl.left()
-        if left <= 0:
-            open_bounds += [e[0] for e in heap]
-            break
-        got = opened_config(heap)
+    def offer(self, plan: Plan, limits: Limits) -> None:
+        if objective_of(plan, limits) < self.objective * (1 - REL_EPS):
+            self.plan, self.objective = plan, objective_of(plan, limits)
+
+
+def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, mode: str, dl: Deadline,
+                    time_limit_s: float) -> Incumbent:
+    """Megatron mode's first step: the heuristic's plans of the configs of least bound,
+    HEURISTIC_CONFIGS of them, or on until the first plan (so that a short limit returns one),
+    within HEURISTIC_SHARE of the limit and the deadline. It looks ahead on a copy of the heap."""
+    inc, ahead, h0 = Incumbent(), heap.copy(), time.perf_counter()
+    for tried in range(HEURISTIC_MAX_CONFIGS):
+        got = ahead.pop_config()
         if got is None:
             break
         lb, cfg, coef = got
-        if lb >= best_obj * (1 - REL_EPS):  # a family's members may bound above the family
-            heapq.heappush(heap, (lb, cfg, 0, coef))
+        if lb >= inc.objective * (1 - REL_EPS):
+            break
+        if inc.plan is not None and (tried >= HEURISTIC_CONFIGS or time.perf_counter() - h0 > HEURISTIC_SHARE
+                                     * time_limit_s):
+            break
+        if dl.expired():
+            break
+        got = heuristic.best_plan(coef, limits, mode, dl)
+        if got is None:
+            continue
+        plan, inc.hints[cfg] = got
+        _require_valid(inst, plan, "the heuristic", cfg, coef.pins)
+        inc.offer(plan, limits)
+    return inc
+
+
+def megatron_mode_start(inst: Instance, limits: Limits, prepared: Prepared, backend: str, mode: str, seed: int,
+                        workers: int, dl: Deadline, time_limit_s: float) -> Incumbent:
+    """Free mode's first step: the Megatron-mode optimum (a free plan too: uniform options)
+    within FREE_BASE_SHARE of the limit."""
+    inc = Incumbent()
+    sub = solve(inst, limits, backend=backend, time_limit_s=FREE_BASE_SHARE * time_limit_s, seed=seed,
+                workers=workers, mode="megatron", prepared=prepared.base,
+                dl=dl.within(FREE_BASE_SHARE * time_limit_s))
+    if sub.plan is not None:
+        inc.offer(sub.plan.with_(mode=mode, solver=None), limits)
+    return inc
+
+
+def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
+          time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
+          progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None,
+          dl: Deadline | None = None) -> SolveResult:
+    """The exact search within `time_limit_s` (or the deadline `dl`, which also ends it on an
+    interrupt): a first incumbent (heuristic_start, or megatron_mode_start in free mode), then
+    best-first over the configs by bound, each solved by _solve_config until the next bound
+    cannot beat the incumbent. Configs left unexamined count with bound 0 (or theirs)."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
+    dl = dl or Deadline(time_limit_s)
+    t0 = dl.start
+    prepared = prepared or prepare(inst, fix, mode, dl)
+    bounded, later = _cheap_bounds(prepared, limits, dl)
+    if prepared.base is not None:
+        start = "Megatron-mode"
+        inc = megatron_mode_start(inst, limits, prepared, backend, mode, seed, workers, dl, time_limit_s)
+    else:
+        start = "heuristic"
+        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded), mode, dl, time_limit_s)
+    heuristic_obj = inc.objective if inc.plan is not None else None
+    warm = inc.plan if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
+    # the deadline cut the enumeration short: bound 0 stays open
+    open_bounds: list[float] = [0.0] if prepared.truncated else []
+    solved = pruned = 0
+    # Best-first over the configs: a free config with open stage sizes is expanded when it is
+    # popped (its children inherit its bound), a complete one is solved.
+    heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]))
+    total = len(prepared.configs)  # and, in free mode, every child made
+    while heap.entries:
+        if heap.least() >= inc.objective * (1 - REL_EPS):
+            pruned += heap.count()
+            break
+        left = dl.left()
+        if left <= 0:
+            open_bounds += [e[0] for e in heap.entries]
+            break
+        got = heap.pop_config()
+        if got is None:
+            break
+        lb, cfg, coef = got
+        if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
+            heap.push((lb, cfg, 0, coef))
             continue
         full_lb = config_lower_bound(coef, limits, memory=True)
-        if full_lb is None or full_lb >= best_obj * (1 - REL_EPS):
+        if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
             continue  # no plan fits in memory, or none can beat the incumbent
         lb = max(lb, full_lb)
         if isinstance(cfg, FreeConfig) and not cfg.complete:
@@ -341,22 +390,29 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                 # a kid with open sizes inherits this bound until it is popped
                 kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
                 if kid_lb is not None:
-                    heapq.heappush(heap, (max(lb, kid_lb), kid.cfg, 0, kid))
+                    heap.push((max(lb, kid_lb), kid.cfg, 0, kid))
                     total += 1
             continue
-        hint = hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
-        plan, open_lb = _solve_config(coef, limits, backend, best_obj if best is not None else None, hint, left, seed,
-                                      workers, mode, lb)
+        hint = inc.hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
+        plan, open_lb = _solve_config(coef, limits, backend, inc.objective if inc.plan is not None else None, hint,
+                                      left, seed, workers, mode, lb)
         solved += 1
-        if plan is not None and objective_of(plan, limits) < best_obj * (1 - REL_EPS):
-            best, best_obj = plan, objective_of(plan, limits)
+        if plan is not None:
+            inc.offer(plan, limits)
         if open_lb is not None:
             open_bounds.append(open_lb)
         if progress:
-            progress(Progress(time.perf_counter() - t0, None if best is None else best_obj,
-                              min([best_obj] + open_bounds + [e[0] for e in heap[:1]]),
-                              total - count(heap), total))
-    wall = time.perf_counter() - t0
+            progress(Progress(time.perf_counter() - t0, None if inc.plan is None else inc.objective,
+                              min([inc.objective] + open_bounds + [e[0] for e in heap.entries[:1]]),
+                              total - heap.count(), total))
+    return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, total, solved, pruned, heuristic_obj,
+                   start)
+
+
+def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, backend: str, total: int,
+            solved: int, pruned: int, heuristic_obj: float | None, start: str) -> SolveResult:
+    """The honest bound (the least of the incumbent and every bound left open) and status."""
+    best, best_obj = inc.plan, inc.objective
     bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
     if best is None:
         status = "timeout" if open_bounds else "infeasible"
