@@ -24,7 +24,7 @@ from milp_plan.solvers import driver
 from milp_plan.solvers.backends import make_backend
 from milp_plan.solvers.driver import PROOF_TOL, objective_of, solve
 from test_bounds import config_optimum
-from test_solve import COMPARABLE_BW, small_free_instances, small_instances, write_instance
+from test_solve import COMPARABLE_BW, EXAMPLES, small_free_instances, small_instances, write_instance
 
 BACKENDS = ("cpsat", "highs", "cbc")
 
@@ -180,7 +180,9 @@ def test_a_budget_below_a_plan_is_never_exceeded(issue21_inst, issue21_prepared)
     c = cheapest.predicted.usd_per_step
     for budget in (math.nextafter(c, 0.0), c * (1 - 1e-7)):
         limits = Limits("min-time", budget_usd_per_step=budget)
-        res = solve(issue21_inst, limits, prepared=issue21_prepared, time_limit_s=60)
+        # a min-time search under a $/step budget is not proven here in a test's time; whatever
+        # it returns within 10 s (any status) must keep the budget, which is what broke
+        res = solve(issue21_inst, limits, prepared=issue21_prepared, time_limit_s=10)
         if res.plan is not None:
             assert res.plan.predicted.usd_per_step <= budget
             assert_admitted(issue21_inst, res.plan, limits)
@@ -241,7 +243,6 @@ def test_pareto_front_is_strict_complete_and_matches_brute_force(tmp_path):
     optimum at its own step time, and the front equals the one brute force sweeps."""
     from milp_plan.pareto import pareto_front
     from milp_plan.solve import SolveRequest
-    from milp_plan.solvers import bruteforce
     spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), bw=COMPARABLE_BW[0],
                           billing=("node", "gpu"))
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
@@ -249,9 +250,8 @@ def test_pareto_front_is_strict_complete_and_matches_brute_force(tmp_path):
     pts = [(p.predicted.step_time_s, p.predicted.usd_per_step) for p in front.points]
     assert front.complete and len(pts) >= 3, pts
     assert all(t1 > t0 and c1 < c0 for (t0, c0), (t1, c1) in zip(pts, pts[1:])), pts
-    for t, c in pts:
-        ref = bruteforce.solve(inst, Limits("min-cost", time_limit_s=t))
-        assert ref.objective == pytest.approx(c, rel=PROOF_TOL)
+    # brute force's front is its own min-cost sweep: equal fronts make each point brute force's
+    # min-cost optimum at its own step time
     exhaustive = pareto_front(inst, SolveRequest("brute-force", None, 60.0))
     assert exhaustive.complete
     assert [(pytest.approx(t, rel=PROOF_TOL), pytest.approx(c, rel=PROOF_TOL)) for t, c in pts] == \
@@ -313,14 +313,14 @@ def check_every_config_model(tmp, case, mode: str, most: int) -> None:
     assert_every_config_model_exact(inst, without_usd_per_step(limits_for(objective, fastest.plan)), mode)
 
 
-@settings(max_examples=8, deadline=None,
+@settings(max_examples=4 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_instances())
 def test_every_megatron_config_model_equals_its_exhaustive_optimum(tmp_path_factory, case):
     check_every_config_model(tmp_path_factory.mktemp("inst"), case, "megatron", 3_000)
 
 
-@settings(max_examples=5, deadline=None,
+@settings(max_examples=3 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_free_instances())
 def test_every_free_config_model_equals_its_exhaustive_optimum(tmp_path_factory, case):
