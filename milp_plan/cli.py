@@ -34,13 +34,13 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 # ---- options shared by the commands that build an instance ------------------------------
 ClusterOpt = Annotated[Optional[str], typer.Option(
     "--cluster", help="Cluster YAML, a shipped cluster name, or metis:CLUSTER.json,HOSTFILE. Default: default.")]
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Catalog model name or model YAML. Default: gpt3-6.7b.")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="Catalog model name or model YAML. Default: gpt3-2.7b.")]
 ProfilesOpt = Annotated[Optional[str], typer.Option(
     "--profiles", help="Profile directory (native CSV, Metis or FASOP). Default: shipped analytic profiles.")]
 ProfileFormatOpt = Annotated[str, typer.Option("--profile-format", help="auto | native | metis | fasop.")]
 GpuMapOpt = Annotated[Optional[str], typer.Option(
     "--profile-gpu-map", help="Map profile GPU names to cluster GPUs: A100=A100-40GB,A10=A10.")]
-GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", help="Global batch size (samples). Default: 256.")]
+GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", help="Global batch size (samples). Default: 80.")]
 SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help="Sequence length. Default: the model's.")]
 HeadroomOpt = Annotated[Optional[float], typer.Option(
     "--memory-headroom", help="Fraction of GPU memory kept free. Default: 0.10.")]

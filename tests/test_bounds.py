@@ -22,7 +22,7 @@ from milp_plan.solvers import bruteforce
 from milp_plan.result import objective_of
 from milp_plan.solvers.bounds import config_lower_bound, family_lower_bound
 from milp_plan.solvers.driver import prepare, solve
-from test_solve import BACKENDS, assert_agrees, limits_for, small_free_instances, small_instances, \
+from test_solve import BACKENDS, EXAMPLES, assert_agrees, limits_for, small_free_instances, small_instances, \
     write_instance
 
 REL = 1e-9  # bounds are float sums of the cost model's own coefficients; plans are scored by it
@@ -76,14 +76,14 @@ def check_instance(kw, gbs, objective, flash, tmp, mode, most):
             assert (optima[i] == math.inf) if lb is None else lb <= optima[i] * (1 + REL), (i, lb, optima[i])
 
 
-@settings(max_examples=12, deadline=None,
+@settings(max_examples=6 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_instances())
 def test_megatron_config_bounds_never_exceed_the_config_optimum(tmp_path_factory, case):
     check_instance(*case, tmp_path_factory.mktemp("inst"), "megatron", 6_000)
 
 
-@settings(max_examples=10, deadline=None,
+@settings(max_examples=5 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_free_instances())
 def test_megatron_config_bounds_hold_where_memory_binds(tmp_path_factory, case):
@@ -91,7 +91,7 @@ def test_megatron_config_bounds_hold_where_memory_binds(tmp_path_factory, case):
     check_instance(*case, tmp_path_factory.mktemp("inst"), "megatron", 6_000)
 
 
-@settings(max_examples=10, deadline=None,
+@settings(max_examples=5 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_free_instances())
 def test_free_config_bounds_never_exceed_the_config_optimum(tmp_path_factory, case):
@@ -133,7 +133,7 @@ def slow_link_instances(draw):
         True
 
 
-@settings(max_examples=10, deadline=None,
+@settings(max_examples=5 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(slow_link_instances())
 def test_bounds_hold_for_gpipe_and_every_vpp_on_slow_links(tmp_path_factory, case):

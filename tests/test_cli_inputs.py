@@ -207,9 +207,10 @@ def test_inspect_default(runs):
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("a100-node", "a10-node"))}
     assert rows["a100-node"][1:4] == ["A100-80GB", "2", "8"] and rows["a10-node"][1:4] == ["A10", "2", "8"]
     assert rows["a100-node"][-1] == "40.97" and rows["a10-node"][-1] == "16.29"
-    # gpt3-6.7b: 12 l h^2 + 13 l h + (V + s) h + 2h = 6,658,404,352 parameters
-    assert "Model gpt3-6.7b (gpt): 6.658 B parameters, 32 layers" in out
-    assert "Profile coverage:" in out and "analytic-gpt3-6.7b.csv" in out
+    # the default job's gpt3-2.7b (l 32, h 2560, V 50257, s 2048):
+    # 12 l h^2 + 13 l h + (V + s) h + 2h = 2,516,582,400 + 1,064,960 + 133,900,800 + 5,120 = 2,651,553,280
+    assert "Model gpt3-2.7b (gpt): 2.652 B parameters, 32 layers" in out
+    assert "Profile coverage:" in out and "analytic-gpt3-2.7b.csv" in out
     cov = [line.split() for line in out.splitlines() if line.startswith(("A100-80GB ", "A10 "))]
     # tp 1, 2, 4, 8 x micro-batch 1..16 x 3 kinds = 192 rows per GPU
     assert [c[:2] for c in cov] == [["A100-80GB", "192"], ["A10", "192"]]
@@ -221,14 +222,14 @@ def test_inspect_json(runs):
     assert code == 0, err
     doc = json.loads(out)
     assert doc["cluster"]["name"] == "default-a100-a10" and doc["cluster"]["num_gpus"] == 32
-    l, h, V, s = 32, 4096, 50257, 2048
+    l, h, V, s = 32, 2560, 50257, 2048   # gpt3-2.7b, the default job's model
     params = 12 * l * h * h + 13 * l * h + (V + s) * h + 2 * h
     assert doc["model"]["parameters"] == params
-    # Narayanan et al.: 72 l h^2 (1 + s/(6h) + V/(12 l h)) per token, x 256 x 2048 tokens per step
+    # Narayanan et al.: 72 l h^2 (1 + s/(6h) + V/(12 l h)) per token, x 80 x 2048 tokens per step
     per_token = 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
     assert doc["model"]["flops_per_token"] == pytest.approx(per_token, rel=1e-12)
-    assert doc["model"]["flops_per_step"] == pytest.approx(per_token * 256 * 2048, rel=1e-12)
-    assert doc["job"]["global_batch_size"] == 256 and doc["job"]["seq_length"] == 2048
+    assert doc["model"]["flops_per_step"] == pytest.approx(per_token * 80 * 2048, rel=1e-12)
+    assert doc["job"]["global_batch_size"] == 80 and doc["job"]["seq_length"] == 2048
     assert {c["gpu"] for c in doc["profile"]["coverage"]} == {"A100-80GB", "A10"}
     assert doc["notices"] == []
 
@@ -243,7 +244,7 @@ def test_inspect_every_shipped_cluster(runs, path):
     table_rows = [line.split()[0] for line in out.splitlines() if line.split()]
     for t in types:
         assert t in table_rows
-    assert "Profile coverage:" in out and "Model gpt3-6.7b" in out
+    assert "Profile coverage:" in out and "Model gpt3-2.7b" in out
 
 
 def test_inspect_shipped_cluster_by_name(runs, monkeypatch, capsys):

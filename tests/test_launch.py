@@ -45,6 +45,11 @@ A100, A10 = "A100-80GB", "A10"
 
 
 # ---- hand-made plans (until `milp-plan solve` exists) -------------------------------------
+# The hand-made plans here are written for GPT-3 6.7B at global batch 256 on the default
+# cluster (the default job until issue 13 changed it): pinned, not taken from the default.
+JOB_6_7B = InstanceSpec(model="gpt3-6.7b", global_batch_size=256)
+
+
 def devs(node: int, gpus) -> tuple[Device, ...]:
     return tuple(Device(node, g) for g in gpus)
 
@@ -62,8 +67,8 @@ def make_plan(inst, stages, m: int, **kw) -> Plan:
 
 
 def plans() -> dict[str, tuple[object, Plan]]:
-    default = build_instance()
-    llama = build_instance(InstanceSpec(model="llama3-8b", seq_length=2048))
+    default = build_instance(JOB_6_7B)
+    llama = build_instance(InstanceSpec(model="llama3-8b", seq_length=2048, global_batch_size=256))
     n0, n1 = devs(0, range(8)), devs(1, range(8))
     a, b, c, d = devs(0, range(4)), devs(0, range(4, 8)), devs(1, range(4)), devs(1, range(4, 8))
     out = {
@@ -115,7 +120,7 @@ COMPATIBLE = ["even", "first_last", "first_only", "two_stage", "layout", "interl
 
 @pytest.fixture(scope="session")
 def free_plan():
-    inst = build_instance()
+    inst = build_instance(JOB_6_7B)
     return inst, make_plan(inst, [(A100, devs(0, range(8)), 16, 4, 2, 2), (A100, devs(1, range(8)), 16, 2, 4, 1)],
                            64, mode="free")
 
@@ -413,7 +418,7 @@ def solved(stub_torchrun, tmp_path_factory):
     """A plan from `milp-plan solve` (gpt3-1.3b on the default cluster, tp 2, pp 4, full recompute;
     today: A100 and A10 stages with 10/10/3/1 layers), launched and its node scripts run."""
     tmp = tmp_path_factory.mktemp("solved")
-    subprocess.run([sys.executable, "-c", "from milp_plan.cli import main; main()", "solve", "--model", "gpt3-1.3b",
+    subprocess.run([sys.executable, "-c", "from milp_plan.cli import main; main()", "solve", "--model", "gpt3-1.3b", "--global-batch", "256",
                     "--fix", "tp=2,pp=4,recompute=full", "--out", str(tmp / "plan.json")], check=True,
                    capture_output=True, timeout=120)
     write_launch(tmp / "plan.json", LaunchOptions(tmp / "launch"))
@@ -580,7 +585,7 @@ def test_hostile_names_reach_comments_sanitised(tmp_path, capsys, stub_torchrun)
                                                   "memory_gb_per_s": 2000},
          "gpus_per_node": 4, "count": 2, "intra_node_gb_per_s": 300, "inter_node_gb_per_s": 50, "usd_per_hour": 10,
          "hosts": ["h0", "h1"]}]}))
-    inst = build_instance(InstanceSpec(cluster=str(tmp_path / "c.yaml"), model="gpt3-1.3b"))
+    inst = build_instance(InstanceSpec(cluster=str(tmp_path / "c.yaml"), model="gpt3-1.3b", global_batch_size=256))
     gpu = inst.cluster.node_types[0].gpu.name
     plan = make_plan(inst, [(gpu, devs(0, range(4)), 12, 2, 2, 1), (gpu, devs(1, range(4)), 12, 2, 2, 1)], 128)
     write_plan(tmp_path / "plan.json", plan)
@@ -638,7 +643,7 @@ def test_no_clobber_without_force_and_deterministic(all_plans, tmp_path, capsys)
 
 
 def test_missing_hosts_error_and_cluster_override(tmp_path, capsys):
-    inst = build_instance(InstanceSpec(cluster="two-type-32", model="gpt3-1.3b"))
+    inst = build_instance(InstanceSpec(cluster="two-type-32", model="gpt3-1.3b", global_batch_size=256))
     plan = make_plan(inst, [("H100-SXM", devs(0, range(8)), 12, 2, 4, 1), ("H100-SXM", devs(1, range(8)), 12, 2, 4, 1)],
                      64)
     write_plan(tmp_path / "plan.json", plan)
@@ -709,7 +714,7 @@ def test_real_torchrun_gives_every_process_its_planned_gpu(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text(
         "name: loop\nnode_types:\n  - {name: box, gpu: A100-80GB, gpus_per_node: 4, count: 2, "
         "intra_node_gb_per_s: 300, inter_node_gb_per_s: 50, usd_per_hour: 10, hosts: [127.0.0.1, 127.0.0.2]}\n")
-    inst = build_instance(InstanceSpec(cluster=str(tmp_path / "c.yaml"), model="gpt3-1.3b"))
+    inst = build_instance(InstanceSpec(cluster=str(tmp_path / "c.yaml"), model="gpt3-1.3b", global_batch_size=256))
     plan = make_plan(inst, [(A100, devs(0, (2, 0)), 8, 1, 2, 1), (A100, devs(1, (0, 1)), 8, 1, 2, 1),
                             (A100, devs(0, (1, 3)), 8, 1, 2, 1)], 128)
     write_plan(tmp_path / "plan.json", plan)

@@ -137,14 +137,14 @@ def test_unzipped_wheel_finds_its_data_outside_the_repository(wheel, tmp_path):
     assert Path(facts["profiles"]) == pkg / "shipped" / "profiles"
     assert Path(facts["cluster_source"]) == pkg / "shipped" / "clusters" / "default.yaml"
     assert facts["cluster_name"] == "default-a100-a10"
-    assert facts["profile_file"] == "shipped:analytic-gpt3-6.7b.csv"   # the shipped profile, not derived
+    assert facts["profile_file"] == "shipped:analytic-gpt3-2.7b.csv"   # the default job's shipped profile, not derived
     assert facts["notices"] == []
     assert facts["schema_title"] == "milp-plan plan"
     out, err = cli.communicate(timeout=120)
     assert cli.returncode == 0, err
     report = json.loads(out)
     assert Path(report["cluster"]["source"]) == pkg / "shipped" / "clusters" / "default.yaml"
-    assert report["profile"]["sources"][0]["file"] == "shipped:analytic-gpt3-6.7b.csv"
+    assert report["profile"]["sources"][0]["file"] == "shipped:analytic-gpt3-2.7b.csv"
 
 
 @pytest.mark.parametrize("name", sorted(model_catalog()))

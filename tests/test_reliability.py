@@ -401,7 +401,8 @@ def test_deadline_bounds_the_search_on_1024_gpus(monkeypatch):
     calls = []
     real = driver.config_lower_bound
     monkeypatch.setattr(driver, "config_lower_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
-    inst = build_instance(InstanceSpec(cluster="scale-1024"))
+    # the job the figures below were taken on (the default until issue 13): GPT-3 6.7B, batch 256
+    inst = build_instance(InstanceSpec(cluster="scale-1024", model="gpt3-6.7b", global_batch_size=256))
     r = solving.run(inst, solving.SolveRequest("auto", None, 0.5))
     assert r.status in ("timeout", "feasible", "optimal")
     # scale-1024 has 173,538 configurations (README); 0.5 s of bounding reaches ~500 of them

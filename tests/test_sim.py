@@ -8,7 +8,7 @@ import pytest
 
 from milp_plan import costmodel
 from milp_plan.errors import InputError
-from milp_plan.instance import build_instance
+from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.plan import Device, Plan, Stage
 from milp_plan.sim import PipelineSpec, device_orders, simulate_pipeline, simulate_plan, spec_from_plan
 from milp_plan.sim.engine import Deadlock, OpGraph, run_graph
@@ -289,7 +289,8 @@ def test_zb_h1_order_equals_pytorch_zero_bubble_with_one_stage_per_rank(torch_sc
 # ---- a plan on the default cluster -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def inst():
-    return build_instance()
+    # the plans below are written for GPT-3 6.7B at global batch 256 (the default job until issue 13)
+    return build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
 
 
 def two_node_plan(schedule: str = "1f1b", vpp: int = 1) -> Plan:

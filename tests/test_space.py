@@ -99,15 +99,15 @@ def test_caps_parse_and_bound_the_space(tmp_path):
 
 def test_an_analytic_profile_generates_every_point():
     """The shipped analytic table stops at micro-batch 16; past it the analytic formula itself
-    (not a fill rule) gives the time, so the default space holds micro-batch 32 and a plan on
-    it lists no filled point."""
+    (not a fill rule) gives the time, so the default space (global batch 80) holds micro-batch
+    20 (dp 4: 20 samples per replica) and a plan on it lists no filled point."""
     inst = build_instance(InstanceSpec())
     model, gpu = inst.model, inst.cluster.node_types[0].gpu
-    cost = inst.profile.cost(model.name, gpu.name, 2, 32, inst.job.seq_length, "block")
-    fwd, bwd, _ = analytic.layer_cost_s(model, gpu, "block", 2, 32, inst.job.seq_length)
+    cost = inst.profile.cost(model.name, gpu.name, 2, 20, inst.job.seq_length, "block")
+    fwd, bwd, _ = analytic.layer_cost_s(model, gpu, "block", 2, 20, inst.job.seq_length)
     assert (cost.fwd_ms, cost.bwd_ms) == pytest.approx((fwd * 1e3, bwd * 1e3), rel=1e-12)
     assert not inst.profile.fills
-    assert any(c.mbs == 32 for c in enumerate_configs(inst, {"tp": 1, "dp": 8}))
+    assert any(c.mbs == 20 for c in enumerate_configs(inst, {"tp": 1, "dp": 4}))
 
 
 def solve_cli(capsys, d, *extra):

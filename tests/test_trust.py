@@ -26,7 +26,7 @@ from milp_plan.solvers.backends import make_backend
 from milp_plan.result import objective_of
 from milp_plan.solvers.driver import PROOF_TOL, solve
 from test_bounds import config_optimum
-from test_solve import COMPARABLE_BW, small_free_instances, small_instances, write_instance
+from test_solve import COMPARABLE_BW, EXAMPLES, small_free_instances, small_instances, write_instance
 
 BACKENDS = ("cpsat", "highs", "cbc")
 
@@ -147,47 +147,52 @@ def test_clusters_with_small_nodes_solve_without_a_checker_rejection(tmp_path, c
 
 
 # ---- issue 21 §4 and 12 §1: limits hold exactly, and a plan on a limit is not lost -----------
+# These reproduce the reports on the job they were filed against, the former default (GPT-3
+# 6.7B, global batch 256, on clusters/default.yaml): pinned explicitly, so that a change of the
+# shipped default job does not change what they test.
 @pytest.fixture(scope="module")
-def default_inst():
-    return build_instance(InstanceSpec())
+def issue21_inst():
+    return build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
 
 
 @pytest.fixture(scope="module")
-def default_prepared(default_inst):
-    return driver.prepare(default_inst)
+def issue21_prepared(issue21_inst):
+    return driver.prepare(issue21_inst)
 
 
-def test_a_plan_just_inside_the_time_limit_is_found(default_inst, default_prepared):
+def test_a_plan_just_inside_the_time_limit_is_found(issue21_inst, issue21_prepared):
     """Issue 21 §4: at 7.91984 s/step the 7.91981 s plan (0.1802 $/step) was missed; a
     limit equal to the plan's own step time must find it too."""
     limits = Limits("min-cost", time_limit_s=7.91984)
-    res = solve(default_inst, limits, prepared=default_prepared)
+    res = solve(issue21_inst, limits, prepared=issue21_prepared)
     assert res.status == "optimal"
     t = res.plan.predicted.step_time_s
     assert t == pytest.approx(7.91981, abs=1e-5) and res.objective == pytest.approx(0.180246, rel=1e-5)
     on_it = Limits("min-cost", time_limit_s=t)
-    again = solve(default_inst, on_it, prepared=default_prepared)
+    again = solve(issue21_inst, on_it, prepared=issue21_prepared)
     assert again.objective == res.objective and again.plan.predicted.step_time_s <= t
-    assert_admitted(default_inst, again.plan, on_it)
+    assert_admitted(issue21_inst, again.plan, on_it)
 
 
-def test_a_budget_below_a_plan_is_never_exceeded(default_inst, default_prepared):
+def test_a_budget_below_a_plan_is_never_exceeded(issue21_inst, issue21_prepared):
     """Issue 12 §1: a budget 1e-4 below a plan's $/step returned that plan, over budget, as
     `optimal`. Just below the min-cost plan's $/step (here at the next float down) the result
     must cost strictly less."""
-    cheapest = solve(default_inst, Limits("min-cost", time_limit_s=7.91984), prepared=default_prepared).plan
+    cheapest = solve(issue21_inst, Limits("min-cost", time_limit_s=7.91984), prepared=issue21_prepared).plan
     c = cheapest.predicted.usd_per_step
     for budget in (math.nextafter(c, 0.0), c * (1 - 1e-7)):
         limits = Limits("min-time", budget_usd_per_step=budget)
-        res = solve(default_inst, limits, prepared=default_prepared, time_limit_s=60)
+        # a min-time search under a $/step budget is not proven here in a test's time; whatever
+        # it returns within 10 s (any status) must keep the budget, which is what broke
+        res = solve(issue21_inst, limits, prepared=issue21_prepared, time_limit_s=10)
         if res.plan is not None:
             assert res.plan.predicted.usd_per_step <= budget
-            assert_admitted(default_inst, res.plan, limits)
+            assert_admitted(issue21_inst, res.plan, limits)
         assert res.status in ("optimal", "infeasible", "feasible", "timeout")
 
 
-def test_the_gap_covers_rounding_and_optimal_means_within_the_proof_tolerance(default_inst, default_prepared):
-    res = solve(default_inst, Limits(), prepared=default_prepared)
+def test_the_gap_covers_rounding_and_optimal_means_within_the_proof_tolerance(issue21_inst, issue21_prepared):
+    res = solve(issue21_inst, Limits(), prepared=issue21_prepared)
     assert res.status == "optimal" and 0.0 <= res.gap <= PROOF_TOL
     assert res.best_bound <= res.objective == objective_of(res.plan, Limits())
 
@@ -209,12 +214,12 @@ def test_a_drifting_model_term_is_an_internal_error(tmp_path, monkeypatch):
         solve(inst, Limits(), fix=fix)
 
 
-def test_resolution_fits_the_backend(default_inst):
-    """min-time: CP-SAT at 1 ns ticks on the default, HiGHS coarser (its doubles); with a
+def test_resolution_fits_the_backend(issue21_inst):
+    """min-time: CP-SAT at 1 ns ticks on the issue-21 job (GPT-3 6.7B, batch 256), HiGHS coarser (its doubles); with a
     $/step term the step bound stays below W_MAGNITUDE ticks (CP-SAT proves fast there)."""
-    cfg = next(iter(enumerate_configs(default_inst, {"tp": 1, "dp": 8, "pp": 4, "mbs": 1, "schedule": "1f1b",
+    cfg = next(iter(enumerate_configs(issue21_inst, {"tp": 1, "dp": 8, "pp": 4, "mbs": 1, "schedule": "1f1b",
                                                      "recompute": "none"})))
-    coef = Coefficients(default_inst, cfg)
+    coef = Coefficients(issue21_inst, cfg)
     cp = PipelineModel(coef, Limits(), make_backend("cpsat"))
     assert cp.res.tps == 10**9 and cp._step_upper_bound() < make_backend("cpsat").magnitude
     mi = PipelineModel(coef, Limits(), make_backend("highs"))
@@ -240,7 +245,6 @@ def test_pareto_front_is_strict_complete_and_matches_brute_force(tmp_path):
     optimum at its own step time, and the front equals the one brute force sweeps."""
     from milp_plan.pareto import pareto_front
     from milp_plan.solve import SolveRequest
-    from milp_plan.solvers import bruteforce
     spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), bw=COMPARABLE_BW[0],
                           billing=("node", "gpu"))
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
@@ -248,9 +252,8 @@ def test_pareto_front_is_strict_complete_and_matches_brute_force(tmp_path):
     pts = [(p.predicted.step_time_s, p.predicted.usd_per_step) for p in front.points]
     assert front.complete and len(pts) >= 3, pts
     assert all(t1 > t0 and c1 < c0 for (t0, c0), (t1, c1) in zip(pts, pts[1:])), pts
-    for t, c in pts:
-        ref = bruteforce.solve(inst, Limits("min-cost", time_limit_s=t))
-        assert ref.objective == pytest.approx(c, rel=PROOF_TOL)
+    # brute force's front is its own min-cost sweep: equal fronts make each point brute force's
+    # min-cost optimum at its own step time
     exhaustive = pareto_front(inst, SolveRequest("brute-force", None, 60.0))
     assert exhaustive.complete
     assert [(pytest.approx(t, rel=PROOF_TOL), pytest.approx(c, rel=PROOF_TOL)) for t, c in pts] == \
@@ -312,14 +315,14 @@ def check_every_config_model(tmp, case, mode: str, most: int) -> None:
     assert_every_config_model_exact(inst, without_usd_per_step(limits_for(objective, fastest.plan)), mode)
 
 
-@settings(max_examples=8, deadline=None,
+@settings(max_examples=4 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_instances())
 def test_every_megatron_config_model_equals_its_exhaustive_optimum(tmp_path_factory, case):
     check_every_config_model(tmp_path_factory.mktemp("inst"), case, "megatron", 3_000)
 
 
-@settings(max_examples=5, deadline=None,
+@settings(max_examples=3 * EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
 @given(small_free_instances())
 def test_every_free_config_model_equals_its_exhaustive_optimum(tmp_path_factory, case):

@@ -123,7 +123,7 @@ for i in range(400):
     res = solve(inst, limits, backend="cpsat", fix=fix, mode=mode, time_limit_s=60)
     assert_agrees(inst, res, ref, limits)
     cases += 1
-inst = build_instance(InstanceSpec())
+inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))  # issue 21's job (the former default)
 for limits in (Limits(), Limits("min-cost", time_limit_s=7.91984)):
     res = solve(inst, limits)
     assert res.status == "optimal" and limits.admit(res.plan)
