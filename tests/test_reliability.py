@@ -438,7 +438,8 @@ def test_sigint_exit_130_keeps_old_output(tmp_path):
     old = '{"old": true}\n'
     (tmp_path / "plan.json").write_text(old)
     proc = subprocess.Popen([sys.executable, "-c", "from milp_plan.cli import main; main()", "solve", "--cluster",
-                             "scale-8192", "--mode", "free", "--progress"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             "scale-8192", "--model", "gpt3-175b", "--global-batch", "1536", "--progress"],
+                            cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     # wait for the search, not for a fixed time: its first progress line says it is running
     # (a fixed 6 s sleep sent SIGINT while a loaded machine was still importing the package)

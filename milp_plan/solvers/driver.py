@@ -366,7 +366,14 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     # popped (its children inherit its bound), a complete one is solved.
     heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]))
     total = len(prepared.configs)  # and, in free mode, every child made
+
+    def report() -> None:
+        if progress:
+            progress(Progress(time.perf_counter() - t0, None if inc.plan is None else inc.objective,
+                              min([inc.objective] + open_bounds + [e[0] for e in heap.entries[:1]]),
+                              total - heap.count(), total))
     while heap.entries:
+        report()  # before each step too: a long config solve or bounding does not leave the user in silence
         if heap.least() >= inc.objective * (1 - REL_EPS):
             pruned += heap.count()
             break
@@ -401,10 +408,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             inc.offer(plan, limits)
         if open_lb is not None:
             open_bounds.append(open_lb)
-        if progress:
-            progress(Progress(time.perf_counter() - t0, None if inc.plan is None else inc.objective,
-                              min([inc.objective] + open_bounds + [e[0] for e in heap.entries[:1]]),
-                              total - heap.count(), total))
+        report()
     return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, total, solved, pruned, heuristic_obj,
                    start)
 
