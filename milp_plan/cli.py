@@ -45,6 +45,11 @@ SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help="Sequence le
 HeadroomOpt = Annotated[Optional[float], typer.Option(
     "--memory-headroom", help="Fraction of GPU memory kept free. Default: 0.10.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of tables.")]
+# ... and by the commands that plan (solve, compare)
+TimeLimitOpt = Annotated[Optional[str], typer.Option(
+    "--time-limit", help="Step-time limit, e.g. 1.2s/step (needed by min-cost).")]
+BudgetOpt = Annotated[Optional[str], typer.Option(help="Budget, e.g. 40$/h or 0.02$/step.")]
+SeedOpt = Annotated[int, typer.Option(help="Solver seed, 0 to 2147483647.")]
 
 
 def _version(value: bool) -> None:
@@ -114,9 +119,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
           global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
           objective: Annotated[str, typer.Option(help="min-time | min-cost | pareto.")] = "min-time",
-          time_limit: Annotated[Optional[str], typer.Option(
-              "--time-limit", help="Step-time limit, e.g. 1.2s/step (needed by min-cost).")] = None,
-          budget: Annotated[Optional[str], typer.Option(help="Budget, e.g. 40$/h or 0.02$/step.")] = None,
+          time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
           mode: Annotated[str, typer.Option(
               help="megatron (uniform tp/dp/recompute; stock Megatron-LM) | free (tp, dp and recompute per "
                    "stage; needs a per-stage runtime).")] = "megatron",
@@ -124,7 +127,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
               help="auto | cpsat | highs | cbc | brute-force | warm-start (the heuristic alone, no bound) | "
                    "aceso (Aceso-style bottleneck alleviation, no bound).")] = "auto",
           max_solve_time: Annotated[str, typer.Option("--max-solve-time", help="Bound on the search, e.g. 30s.")] = "30s",
-          seed: Annotated[int, typer.Option(help="Solver seed, 0 to 2147483647.")] = 1,
+          seed: SeedOpt = 1,
           workers: Annotated[int, typer.Option(
               help="CP-SAT search workers, 1 to 64 (1 is deterministic; more may find plans sooner).")] = 1,
           fix: Annotated[Optional[str], typer.Option(
@@ -436,15 +439,13 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
             global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
             objective: Annotated[str, typer.Option(help="min-time | min-cost.")] = "min-time",
-            time_limit: Annotated[Optional[str], typer.Option(
-                "--time-limit", help="Step-time limit, e.g. 1.2s/step (needed by min-cost).")] = None,
-            budget: Annotated[Optional[str], typer.Option(help="Budget, e.g. 40$/h or 0.02$/step.")] = None,
+            time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
             mode: Annotated[str, typer.Option(help="megatron | free.")] = "megatron",
             planners: Annotated[str, typer.Option(
                 help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start.")] = "cpsat,warm-start",
             max_solve_time: Annotated[str, typer.Option(
                 "--max-solve-time", help="The same search limit for every planner, e.g. 30s.")] = "30s",
-            seed: Annotated[int, typer.Option(help="Solver seed, 0 to 2147483647.")] = 1,
+            seed: SeedOpt = 1,
             fix: Annotated[Optional[str], typer.Option(help="Pin global choices, as for solve.")] = None,
             out: Annotated[str, typer.Option(
                 "--out", help="Where to write the comparison: FILE.json and FILE.csv beside it.")] = "compare.json",
