@@ -18,7 +18,7 @@ from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.job import Limits, Objective
 from milp_plan.planners import PLANNERS
 from milp_plan.result import objective_of
-from test_solve import HUGE_BW, write_instance
+from instances import HUGE_BW, write_instance
 
 GENEROUS = 600.0  # s: the search ends on its own (hops, trials); the deadline never stops it here
 

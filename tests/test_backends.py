@@ -7,7 +7,7 @@ from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.job import Limits
 from milp_plan.solvers import bruteforce
 from milp_plan.solvers.driver import solve
-from test_solve import write_instance
+from instances import write_instance
 
 
 def test_cbc_reads_large_values_back_inexactly_without_an_internal_error(tmp_path):

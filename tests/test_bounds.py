@@ -22,7 +22,7 @@ from milp_plan.solvers import bruteforce
 from milp_plan.result import objective_of
 from milp_plan.solvers.bounds import config_lower_bound, family_lower_bound
 from milp_plan.solvers.driver import prepare, solve
-from test_solve import BACKENDS, EXAMPLES, assert_agrees, limits_for, small_free_instances, small_instances, \
+from instances import BACKENDS, EXAMPLES, assert_agrees, limits_for, small_free_instances, small_instances, \
     write_instance
 
 REL = 1e-9  # bounds are float sums of the cost model's own coefficients; plans are scored by it

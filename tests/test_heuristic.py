@@ -13,7 +13,7 @@ from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers import bruteforce
 from milp_plan.result import objective_of
 from milp_plan.solvers.driver import solve
-from test_solve import FIX, write_instance
+from instances import FIX, write_instance
 
 
 def coef_for(inst, **fix):

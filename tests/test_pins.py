@@ -11,7 +11,7 @@ from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.job import Limits
 from milp_plan.solvers import bruteforce
 from milp_plan.solvers.driver import solve
-from test_solve import write_instance
+from instances import write_instance
 
 
 def test_parse_pins():

@@ -23,7 +23,7 @@ from milp_plan.plan import plan_from_dict, read_plan, schema
 from milp_plan.solvers import bruteforce
 from milp_plan.solvers.driver import solve
 from clitools import run_cli
-from test_solve import BACKENDS, write_instance
+from instances import BACKENDS, write_instance
 from tiny_instance import tiny_instance, write_inputs
 
 MS = 1e-3

@@ -26,7 +26,7 @@ from milp_plan.solvers.backends import make_backend
 from milp_plan.result import objective_of
 from milp_plan.solvers.driver import PROOF_TOL, solve
 from test_bounds import config_optimum
-from test_solve import COMPARABLE_BW, EXAMPLES, small_free_instances, small_instances, write_instance
+from instances import COMPARABLE_BW, EXAMPLES, small_free_instances, small_instances, write_instance
 
 BACKENDS = ("cpsat", "highs", "cbc")
 
@@ -305,7 +305,7 @@ def _completions(prepared, coef):
 def check_every_config_model(tmp, case, mode: str, most: int) -> None:
     """A random instance (test_solve's strategies) whose brute force stays under `most` candidates."""
     from milp_plan.solvers import bruteforce
-    from test_solve import limits_for
+    from instances import limits_for
     kw, gbs, objective, flash = case
     spec = write_instance(tmp, **kw)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))

@@ -25,7 +25,7 @@ from milp_plan.sim import PipelineSpec, simulate_plan, simulate_pipeline
 from milp_plan.solvers import bruteforce
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_solve import write_instance  # noqa: E402  (the tests' small-instance writer)
+from instances import write_instance  # noqa: E402  (the tests' small-instance writer)
 
 
 def pipeline_errors(schedule: str, n: int, rng: random.Random, big_hops: bool) -> list[float]:

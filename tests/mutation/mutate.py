@@ -76,7 +76,7 @@ from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
 from milp_plan.solvers.driver import solve
-from test_solve import write_instance, limits_for, assert_agrees, COMPARABLE_BW, HUGE_BW, OBJECTIVES
+from instances import write_instance, limits_for, assert_agrees, COMPARABLE_BW, HUGE_BW, OBJECTIVES
 import tempfile
 
 # every config's model on its own (no heuristic or bound can hide it), each schedule, slow
