@@ -7,7 +7,7 @@ event-by-event simulator. The gap of a planner is measured against the best prov
 of the instance, the largest `best_bound` any proving planner returned (each is a lower
 bound on the optimum of the same model; brute force's is its optimum):
 
-    gap = (objective - best bound) / objective          (driver.py's definition)
+    gap = (objective - best bound) / objective          (result.relative_gap)
 
 so an exact planner that proved its optimum shows gap 0 and a heuristic shows how far its
 plan is from the optimum, or at most how far when no planner proved it. A heuristic plan
@@ -27,7 +27,7 @@ from milp_plan import check, planners
 from milp_plan.deadline import Deadline
 from milp_plan.instance import Instance
 from milp_plan.job import Limits
-from milp_plan.result import Status, objective_of
+from milp_plan.result import Status, objective_of, relative_gap
 
 DEFAULT_PLANNERS = ("cpsat", "warm-start")
 REL_EPS = 1e-9
@@ -86,7 +86,7 @@ class Comparison:
 def _gap(objective: float | None, bound: float | None) -> float | None:
     if objective is None or bound is None or math.isinf(bound):
         return None
-    return max(0.0, (objective - bound) / max(abs(objective), 1e-12))
+    return relative_gap(objective, bound)
 
 
 def compare(inst: Instance, limits: Limits, names: Sequence[str] = DEFAULT_PLANNERS, *, time_limit_s: float = 30.0,

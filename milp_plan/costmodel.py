@@ -55,7 +55,7 @@ from milp_plan.analytic import MEMORY_EFFICIENCY
 from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, Prediction, Stage, StagePrediction
-from milp_plan.schedules import W_FRACTION_OF_BWD, schedule_of, steady_period_s  # noqa: F401 (the API)
+from milp_plan.schedules import schedule_of
 from milp_plan.units import GIB, SECONDS_PER_HOUR
 
 WEIGHT_BYTES = 2.0          # bf16 parameters
@@ -268,11 +268,11 @@ def pipeline_time_s(fwd_s: Sequence[float], bwd_s: Sequence[float], m: int, sche
                     vpp: int = 1, hop_s: Sequence[float] | None = None) -> tuple[float, float]:
     """(compute, bubble) of the closed form, given per-stage f_s, b_s per micro-batch; each
     schedule's form is in its class (schedules.py). With t_s = f_s + b_s and z the steady
-    period (steady_period_s; max_s t_s without hops):
+    period (schedules.steady_period_s; max_s t_s without hops):
       1F1B:          T = m z + (sum_s t_s - z)                      [= (m-1) z + sum_s t_s]
       GPipe:         T = (m-1)(zf + zb) + sum_s t_s,  zf = max(f_s, h_s), zb = max(b_s, h_s)
       interleaved:   T = m z + (sum_s t_s - z) / vpp,   z = max_s t_s
-      ZB-H1:         T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = W_FRACTION_OF_BWD b_s
+      ZB-H1:         T = m z + (sum_s t'_s + 2 max_s w_s - z),  w_s = schedules.W_FRACTION_OF_BWD b_s
     """
     hops = list(hop_s) if hop_s is not None else [0.0] * (len(fwd_s) - 1)
     return schedule_of(schedule, vpp).pipeline_time(fwd_s, bwd_s, m, hops)

@@ -39,6 +39,18 @@ class Planner(Protocol):
              prepared=None) -> SolveResult: ...
 
 
+def _heuristic_result(name: str, best, limits: Limits, seed: int, deadline: Deadline, total: int, done: int,
+                      notes: list[str]) -> SolveResult:
+    """A heuristic's answer: its best plan, feasible and unproven (no bound, no gap), with its
+    solver record; timeout when it found none."""
+    obj = None if best is None else objective_of(best, limits)
+    if best is not None:
+        best = best.with_(solver=SolverRecord(name, Status.FEASIBLE.value, obj, None, None, None, seed))
+    return SolveResult(Status.FEASIBLE if best is not None else Status.TIMEOUT, obj, None, None, deadline.elapsed(),
+                       seed, name, best, configs_total=total, configs_solved=done, heuristic_objective=obj,
+                       notes=notes)
+
+
 @dataclass(frozen=True)
 class ExactPlanner:
     backend: str
@@ -93,13 +105,8 @@ class WarmStartPlanner:
             got = best_plan(prep.coef(i), limits, "megatron", deadline)
             if got is not None and (best is None or objective_of(got[0], limits) < objective_of(best, limits)):
                 best = got[0]
-        obj = None if best is None else objective_of(best, limits)
-        if best is not None:
-            best = best.with_(solver=SolverRecord(self.name, Status.FEASIBLE.value, obj, None, None, None, seed))
         notes = [] if not deadline.expired() else [f"the deadline stopped the heuristic after {seen} configurations"]
-        return SolveResult(Status.FEASIBLE if best is not None else Status.TIMEOUT, obj, None, None,
-                           deadline.elapsed(), seed, self.name, best, configs_total=len(prep.configs),
-                           configs_solved=seen, heuristic_objective=obj, notes=notes)
+        return _heuristic_result(self.name, best, limits, seed, deadline, len(prep.configs), seen, notes)
 
 
 @dataclass(frozen=True)
@@ -116,17 +123,11 @@ class AcesoPlanner:
             raise InputError("aceso moves layers and GPUs itself: it takes no layers= or order= pins; use an "
                              "exact solver (--solver cpsat) to score a pinned layout", field="fix")
         sx = search(inst, limits, deadline, fix, seed, self.max_hops, self.trials)
-        best = sx.best
-        obj = None if best is None else objective_of(best, limits)
-        if best is not None:
-            best = best.with_(solver=SolverRecord(self.name, Status.FEASIBLE.value, obj, None, None, None, seed))
         done, total = sx.depths
         notes = [f"aceso: {sx.evaluated} plans evaluated over {done} of {total} pipeline depths"]
         if done < total:
             notes.append("the deadline stopped the search before every pipeline depth was tried")
-        return SolveResult(Status.FEASIBLE if best is not None else Status.TIMEOUT, obj, None, None,
-                           deadline.elapsed(), seed, self.name, best, configs_total=total, configs_solved=done,
-                           heuristic_objective=obj, notes=notes)
+        return _heuristic_result(self.name, sx.best, limits, seed, deadline, total, done, notes)
 
 
 PLANNERS: dict[str, Planner] = {p.name: p for p in (ExactPlanner("cpsat"), ExactPlanner("highs"),

@@ -50,3 +50,9 @@ class SolveResult:
 def objective_of(plan: Plan, limits: Limits) -> float:
     """The objective recomputed from the plan alone (the checker's numbers, not the solver's)."""
     return plan.predicted.usd_per_step if limits.objective == "min-cost" else plan.predicted.step_time_s
+
+
+def relative_gap(objective: float, bound: float) -> float:
+    """How far a plan's objective may lie above the optimum, given a proven lower bound:
+    (objective - bound) / objective, at least 0 (the gap every planner and `compare` report)."""
+    return max(0.0, (objective - bound) / max(abs(objective), 1e-12))

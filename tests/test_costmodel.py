@@ -8,6 +8,7 @@ import pytest
 
 from milp_plan import costmodel as cm
 from milp_plan.plan import Stage
+from milp_plan.schedules import steady_period_s
 from tiny_instance import devs, tiny_instance, two_stage_plan
 
 MS = 1e-3
@@ -267,11 +268,11 @@ def test_pipeline_gpipe_is_two_flow_shops():
 
 def test_steady_period_windows():
     # no hops: max t
-    assert cm.steady_period_s([3, 5, 4], [0, 0]) == 5
+    assert steady_period_s([3, 5, 4], [0, 0]) == 5
     # t = (4, 4), h = 1: stage 0 holds 2 micro-batches over a round trip f0 + h + t1 + h + b0 = 10 -> 5 each
-    assert cm.steady_period_s([4, 4], [1]) == approx(5)
+    assert steady_period_s([4, 4], [1]) == approx(5)
     # t = (3, 5, 4), h = (2, 0): windows [0,1] (3 + 5 + 4) / 2 = 6, [0,2] 16 / 3, [1,2] 4.5, singles 5
-    assert cm.steady_period_s([3, 5, 4], [2, 0]) == approx(6)
+    assert steady_period_s([3, 5, 4], [2, 0]) == approx(6)
     # 1F1B: T = (m - 1) z + sum t; with t = (4, 4), h = 1, m = 4: 3 x 5 + 8 = 23 (+ 2 h of p2p)
     assert sum(cm.pipeline_time_s([1, 1], [3, 3], 4, "1f1b", hop_s=[1])) == approx(23)
 

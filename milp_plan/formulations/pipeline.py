@@ -399,7 +399,7 @@ class PipelineModel:
         """The steady-period term P of the step (costmodel.pipeline_time_s), each stage time and
         hop multiplied by its weight before rounding:
           1F1B:        P = (m-1) z, (b-a+1) z >= sum_{a..b} t + 2 sum_{a..b-1} h for every window
-                       (costmodel.steady_period_s): P >= floor((m-1) window / (b-a+1));
+                       (schedules.steady_period_s): P >= floor((m-1) window / (b-a+1));
           interleaved: P = (m vpp - 1) z, z >= t_s;
           GPipe:       P = (m-1) (zf + zb), zf >= f_s, h_s and zb >= b_s, h_s (two flow shops).
         P is at most the cost model's (a relaxation, exact up to a few ticks)."""

@@ -35,7 +35,7 @@ from milp_plan.errors import InputError
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan
 from milp_plan.sim.engine import OpGraph, Timing, run_graph
-from milp_plan.schedules import Action, device_orders, schedule_of
+from milp_plan.schedules import W_FRACTION_OF_BWD, Action, device_orders, schedule_of
 from milp_plan.units import GIB
 
 COMPUTE_KINDS = ("F", "B", "I", "W")
@@ -59,7 +59,7 @@ class PipelineSpec:
     wrap_hop_s: float = 0.0
     dp_s: tuple[float, ...] = ()
     opt_s: tuple[float, ...] = ()
-    w_fraction: float = costmodel.W_FRACTION_OF_BWD
+    w_fraction: float = W_FRACTION_OF_BWD
     dp_overlap: bool = False
     static_bytes: tuple[float, ...] = ()
     act_bytes: tuple[tuple[float, ...], ...] = ()

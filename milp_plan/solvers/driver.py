@@ -47,7 +47,7 @@ from milp_plan.formulations.space import (Config, FreeConfig, StageOption, cover
                                           explain_fix, free_children, matches_pins)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
-from milp_plan.result import Progress, SolveResult, objective_of
+from milp_plan.result import Progress, SolveResult, objective_of, relative_gap
 from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, make_backend
 from milp_plan.solvers.bounds import config_lower_bound, family_lower_bound
@@ -422,7 +422,7 @@ def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, ba
         status = "timeout" if open_bounds else "infeasible"
         return SolveResult(status, None, bound, None, wall, seed, backend, None, total, solved, pruned,
                            heuristic_obj, start)
-    gap = 0.0 if bound is None else max(0.0, (best_obj - bound) / max(abs(best_obj), 1e-12))
+    gap = 0.0 if bound is None else relative_gap(best_obj, bound)
     status = "optimal" if gap <= PROOF_TOL else "feasible"
     record = SolverRecord(backend, status, best_obj, bound, gap, None, seed)
     return SolveResult(status, best_obj, bound, gap, wall, seed, backend, best.with_(solver=record),
