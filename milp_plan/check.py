@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from milp_plan import costmodel, schedules
+from milp_plan import predict, schedules
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan
 
@@ -146,7 +146,7 @@ def check_megatron_rules(inst: Instance, plan: Plan) -> list[Violation]:
 
 
 def check_memory_capacity(inst: Instance, plan: Plan) -> list[Violation]:
-    pred = costmodel.evaluate(inst, plan)
+    pred = predict.evaluate(inst, plan)
     return [Violation("memory_capacity", f"stage {i} ({plan.stages[i].gpu}): {sp.peak_memory_gib:.2f} GiB per GPU "
                                          f"> usable {sp.capacity_gib:.2f} GiB (weights {sp.weights_gib:.2f}, grads "
                                          f"{sp.gradients_gib:.2f}, optimizer {sp.optimizer_gib:.2f}, activations "
@@ -158,7 +158,7 @@ def check_prediction(inst: Instance, plan: Plan) -> list[Violation]:
     """The plan's recorded prediction equals the cost model's recomputation from the plan alone."""
     if plan.predicted is None:
         return []
-    fresh = costmodel.evaluate(inst, plan)
+    fresh = predict.evaluate(inst, plan)
     out = []
     for name in ("step_time_s", "usd_per_hour", "usd_per_step"):
         a, b = getattr(plan.predicted, name), getattr(fresh, name)

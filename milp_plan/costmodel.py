@@ -54,7 +54,7 @@ from typing import Iterable, Sequence
 from milp_plan.analytic import MEMORY_EFFICIENCY
 from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
-from milp_plan.plan import Plan, Prediction, Stage, StagePrediction
+from milp_plan.plan import Plan, Stage, StagePrediction
 from milp_plan.schedules import schedule_of
 from milp_plan.units import GIB, SECONDS_PER_HOUR
 
@@ -390,16 +390,3 @@ def plan_usd_per_hour(inst: Instance, plan: Plan) -> float:
         for d in st.devices:
             used[d.node] = used.get(d.node, 0) + 1
     return usd_per_hour(inst.cluster.nodes, used)
-
-
-def evaluate(inst: Instance, plan: Plan) -> Prediction:
-    """Predicted step time (closed form), breakdown, memory per stage and cost, from the plan alone."""
-    c = plan_costs(inst, plan)
-    compute, bubble = pipeline_time_s(c.fwd_s, c.bwd_s, plan.num_microbatches, plan.schedule, plan.vpp, c.hop_s)
-    p2p = p2p_time_s(c.hop_s, c.wrap_hop_s, plan.schedule, plan.vpp)
-    dp = dp_tail_s(c.dp_s, c.bwd_s, c.hop_s, plan.schedule, plan.vpp)
-    opt = max(c.opt_s)
-    step = compute + bubble + p2p + dp + opt
-    usd_h = plan_usd_per_hour(inst, plan)
-    tokens = plan.global_batch_size * row_tokens(inst, None)
-    return Prediction(step, compute, bubble, p2p, dp, opt, usd_h, usd_per_step(usd_h, step), tokens / step, c.stages)

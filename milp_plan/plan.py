@@ -68,6 +68,7 @@ class Prediction:
     usd_per_step: float
     tokens_per_s: float
     stages: tuple[StagePrediction, ...]
+    step_basis: str = "closed-form"  # simulated (the simulator's longest path) | closed-form (predict.py)
 
 
 @dataclass(frozen=True)

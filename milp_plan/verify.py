@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from milp_plan import check, costmodel, schedules
+from milp_plan import check, predict, schedules
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance, instance_from_inputs
 from milp_plan.plan import Plan, Prediction, read_plan
@@ -137,7 +137,7 @@ def _compare(report: VerifyReport, inst: Instance, plan: Plan, predicted: Predic
     if len(stages) != plan.pp:
         report.notes.append(f"the recorded prediction has {len(stages)} stages, the plan {plan.pp}: memory is "
                             "compared with the cost model's prediction")
-        stages = costmodel.evaluate(inst, plan).stages
+        stages = predict.evaluate(inst, plan).stages
     for s, (sp, sim) in enumerate(zip(stages, result.peak_memory_gib)):
         report.comparisons.append(Comparison(f"stage {s} peak memory", "GiB", sp.peak_memory_gib, sim, tol))
 
@@ -158,7 +158,7 @@ def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule
     if check.check_structure(inst, target):
         report.notes.append("not simulated: the plan's structure is invalid (see the violations)")
         return report
-    fresh = costmodel.evaluate(inst, target)
+    fresh = predict.evaluate(inst, target)
     if changed:
         predicted = fresh
         report.notes.append(f"schedule changed to {target.schedule}" + (f" (vpp {target.vpp})" if target.vpp > 1

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from milp_plan import costmodel as cm
+from milp_plan import costmodel as cm, predict
 from milp_plan.plan import Stage
 from milp_plan.schedules import steady_period_s
 from tiny_instance import devs, tiny_instance, two_stage_plan
@@ -350,7 +350,7 @@ def test_evaluate_two_stage_plan_by_hand(inst):
     step = compute + bubble + p2p + dp + opt
     assert step == approx(43.8939825 * MS)
 
-    pred = cm.evaluate(inst, plan)
+    pred = predict.evaluate(inst, plan)
     assert pred.compute_s == approx(compute)
     assert pred.bubble_s == approx(bubble)
     assert pred.p2p_s == approx(p2p)

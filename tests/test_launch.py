@@ -30,7 +30,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from milp_plan import check, costmodel
+from milp_plan import check, predict
 from milp_plan.cluster import Cluster, load_cluster
 from milp_plan.errors import InputError
 from milp_plan.instance import InstanceSpec, build_instance
@@ -61,7 +61,7 @@ def make_plan(inst, stages, m: int, **kw) -> Plan:
         out.append(Stage(gpu, ds, first, n, tp, dp, mbs, *rc))
         first += n
     plan = Plan(tuple(out), inst.job.global_batch_size, m, inputs=inst.inputs_record(), **kw)
-    plan = plan.with_(predicted=costmodel.evaluate(inst, plan))
+    plan = plan.with_(predicted=predict.evaluate(inst, plan))
     assert check.check_plan(inst, plan) == [], "the hand-made test plan itself must pass the checker"
     return plan
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from milp_plan import costmodel
+from milp_plan import predict
 from milp_plan.check import check_device_count, check_plan
 from milp_plan.errors import InputError
 from milp_plan.plan import (Device, Plan, SolverRecord, Stage, plan_from_dict, read_plan, schema,
@@ -30,7 +30,7 @@ def inst(tiny_dir):
 def full_plan(inst) -> Plan:
     """The two-stage plan with a prediction, a solver record and inputs, as `solve` writes it."""
     plan = two_stage_plan()
-    return plan.with_(predicted=costmodel.evaluate(inst, plan),
+    return plan.with_(predicted=predict.evaluate(inst, plan),
                       solver=SolverRecord("cpsat", "optimal", 0.0383, 0.0383, 0.0, None, 1),
                       inputs=json.loads(json.dumps(inst.inputs_record())))
 

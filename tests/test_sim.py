@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from milp_plan import costmodel
+from milp_plan import costmodel, predict
 from milp_plan.errors import InputError
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.plan import Device, Plan, Stage
@@ -310,7 +310,7 @@ def test_plan_costs_come_from_the_cost_model(inst):
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_simulated_peak_memory_equals_the_cost_model_without_interleaving(inst, schedule):
     plan = two_node_plan(schedule)
-    pred = costmodel.evaluate(inst, plan)
+    pred = predict.evaluate(inst, plan)
     r = simulate_plan(inst, plan)
     for sp, sim in zip(pred.stages, r.peak_memory_gib):
         assert sim == pytest.approx(sp.peak_memory_gib, rel=1e-9)

@@ -1,7 +1,7 @@
 """Exact planning: hand-derived optima on every backend, and brute-force cross-checks.
 
 Every test that solves also checks the plan with the solver-independent checker and
-recomputes its objective from the plan alone (costmodel.evaluate via objective_of).
+recomputes its objective from the plan alone (predict.evaluate via objective_of).
 """
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_backends_agree_with_brute_force(tmp_path_factory, case):
 @pytest.mark.parametrize("objective", ["min-time", "budget-step"])
 def test_fixed_gpipe_agrees_with_brute_force(tmp_path, objective):
     """GPipe (two flow shops: zf, zb) is searched only with --fix; its step-time family in
-    the model must still equal costmodel.evaluate on the chosen plan."""
+    the model must still equal predict.evaluate on the chosen plan."""
     schedule = "gpipe"
     spec = write_instance(tmp_path, layers=6, fast_ms=(1.0, 3.0), slow_ms=(2.5, 4.0), gpn=2, counts=(2, 1),
                           third=True)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from milp_plan import costmodel
+from milp_plan import predict
 from milp_plan.errors import InputError
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.plan import Device, Plan, Stage, read_plan, write_plan
@@ -27,7 +27,7 @@ def inst():
 
 
 def finish(inst, plan: Plan) -> Plan:
-    return plan.with_(predicted=costmodel.evaluate(inst, plan), inputs=inst.inputs_record())
+    return plan.with_(predicted=predict.evaluate(inst, plan), inputs=inst.inputs_record())
 
 
 def one_node_plan(inst) -> Plan:
@@ -92,7 +92,7 @@ def test_a_hand_moved_boundary_is_reported_stale_and_still_simulated(monkeypatch
     expected = simulate_plan(inst, edited).step_time_s          # the plan as it is now
     assert report["simulation"]["step_time_s"] == pytest.approx(expected, rel=1e-12)
     assert report["comparisons"][0]["predicted"] == pytest.approx(edited.predicted.step_time_s)
-    assert report["fresh_step_time_s"] == pytest.approx(costmodel.evaluate(inst, edited).step_time_s)
+    assert report["fresh_step_time_s"] == pytest.approx(predict.evaluate(inst, edited).step_time_s)
 
 
 def test_a_broken_structure_is_not_simulated(monkeypatch, capsys, tmp_path, inst):
@@ -128,7 +128,7 @@ def test_schedule_change_compares_with_the_closed_form_of_that_schedule(monkeypa
     code, out, _ = run_cli(capsys, "verify", str(plan_file), "--schedule", "interleaved", "--json")
     report = json.loads(out)
     assert report["schedule"] == "interleaved" and report["vpp"] == 2 and report["schedule_changed"]
-    expected = costmodel.evaluate(inst, read_plan(plan_file).with_(schedule="interleaved", vpp=2))
+    expected = predict.evaluate(inst, read_plan(plan_file).with_(schedule="interleaved", vpp=2))
     assert report["comparisons"][0]["predicted"] == pytest.approx(expected.step_time_s, rel=1e-12)
     assert report["comparisons"][0]["simulated"] < json.loads(
         run_cli(capsys, "verify", str(plan_file), "--json")[1])["comparisons"][0]["simulated"]

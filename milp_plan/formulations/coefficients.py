@@ -21,6 +21,9 @@ from milp_plan import costmodel as cm
 from milp_plan.formulations.space import (LIST_KEYS, Config, FreeConfig, Placement, StageOption, placement,
                                           stage_options)
 from milp_plan.instance import Instance
+from milp_plan.predict import SIMULATED, seed_paths, step_basis
+from milp_plan.schedules import Schedule
+from milp_plan.sim.pipeline import PathTerms
 
 _TOL = 1e-6
 
@@ -105,6 +108,14 @@ class PlacementKey(NamedTuple):
     pp: int
     layers: int
     unit: int
+
+
+class PathKey(NamedTuple):
+    """The paths of a step graph (Coefficients.paths): it is fixed by these four."""
+    schedule: str
+    vpp: int
+    pp: int
+    m: int
 
 
 class SharedCoefficients:
@@ -332,10 +343,41 @@ class Coefficients:
     def min_stages(self, b: int) -> int:
         return 1 if self.blocks[b].k in self.required_types else 0
 
-    # ---- the closed form's constants ------------------------------------------------------
-    def z_weight(self) -> float:
-        """Coefficient of z = max_s t_s in T (see schedules.Schedule.z_weight)."""
-        return self.cfg.sched.z_weight(self.m)
+    # ---- the step's form -------------------------------------------------------------------
+    def basis(self, sched: Schedule | None = None) -> str:
+        """How the step of this config's plans (with schedule `sched`, default the config's) is
+        predicted: predict.SIMULATED or predict.CLOSED_FORM (predict.step_basis)."""
+        return step_basis(sched or self.cfg.sched, self.cfg.pp, self.m)
 
-    def sum_weight(self) -> float:
-        return self.cfg.sched.sum_weight()
+    def forward_share(self) -> float:
+        """phi >= f_s / t_s on every stage of every plan: per option and stage kind the largest
+        forward share of t's parts (f/t of a sum of non-negative parts is at most the largest
+        part's share; recompute only adds backward)."""
+        phi = 0.0
+        for o in range(len(self.options)):
+            for s in sorted({0, min(1, self.cfg.pp - 1), self.cfg.pp - 1}):
+                t, b = self.time(o, s)
+                phi = max([phi] + [(tx - bx) / tx for tx, bx in ((t.a, b.a), (t.c, b.c)) if tx > 0])
+        return min(phi, 1.0)
+
+    def step_weights(self, sched: Schedule | None = None) -> tuple[float, float]:
+        """(w_z, w_sum) of the step's lower bound w_z z + w_sum S + ... (solvers/bounds.py): the
+        closed form's own weights, or the simulated step's (Schedule.path_weights)."""
+        sched = sched or self.cfg.sched
+        if self.basis(sched) == SIMULATED:
+            return sched.path_weights(self.m, self.cfg.pp, self.forward_share())
+        return sched.z_weight(self.m), sched.sum_weight()
+
+    def step_p2p(self, hop_s: list[float], wrap_hop_s: float) -> float:
+        """The transfers the step's lower bound counts (closed form or paths) for these hops."""
+        sched = self.cfg.sched
+        if self.basis() == SIMULATED:
+            return sched.path_p2p(hop_s, wrap_hop_s)
+        return sched.p2p_time(hop_s, wrap_hop_s)
+
+    def paths(self) -> list[PathTerms]:
+        """The known paths of this config's step graph (schedule, vpp, pp, m), shared by every
+        config with the same four; seeded by `predict.seed_paths`, grown by the driver."""
+        cfg = self.cfg
+        return self.shared.get(PathKey(cfg.schedule, cfg.vpp, cfg.pp, self.m),
+                               lambda: seed_paths(cfg.sched, cfg.pp, self.m))

@@ -46,7 +46,9 @@ from typing import Any, Protocol, Sequence
 from milp_plan.formulations.coefficients import Affine, Coefficients
 from milp_plan.formulations.space import pinned_types
 from milp_plan.job import Limits
+from milp_plan.predict import SIMULATED
 from milp_plan.schedules import Period
+from milp_plan.sim.pipeline import PathTerms
 from milp_plan.units import GIB, SECONDS_PER_HOUR, TICKS_PER_SECOND
 
 NOISE = 1e-12       # relative float noise of the cost model, allowed when rounding (pipeline.md)
@@ -113,6 +115,8 @@ class Vars:
     e: dict = field(default_factory=dict)
     g: dict = field(default_factory=dict)
     wrap: Any = 0                           # last -> first transfer (interleaved)
+    wrap_terms: list = field(default_factory=list)  # its (var, seconds, seconds subtracted)
+    paths: set = field(default_factory=set)  # simulated step: the paths T is bounded by (add_paths)
     r: Any = None
     pipe: Any = None                        # steady-period term: (m-1) z, (m vpp - 1) z, (m-1)(zf + zb)
     D: Any = None
@@ -139,6 +143,7 @@ class PipelineModel:
         self.block_of_type = {blk.k: b for b, blk in enumerate(coef.blocks)}
         assert len(self.block_of_type) == len(coef.blocks), "a solved config has one stage size per node type"
         self.L = coef.inst.model.num_layers
+        self.simulated = coef.basis() == SIMULATED
         self.v = Vars()
         self.res = self._resolution()
         self.t_hi = self._time_upper_bound()
@@ -171,8 +176,12 @@ class PipelineModel:
 
     def _step_bound(self, t: float, h: float, dp: float, opt: float) -> float:
         """An upper bound of the scaled step expression over every plan of the config, given
-        bounds of a stage time, a hop, a reduction and an optimizer step (any unit)."""
+        bounds of a stage time, a hop, a reduction and an optimizer step (any unit). Simulated
+        step: no path is longer than every operation of the step in a row (each rank m t,
+        2 m (pp v - 1) transfers, a reduction, an optimizer step)."""
         cfg, sc, m = self.cfg, v_scale(self.cfg), self.c.m
+        if self.simulated:
+            return sc * (m * cfg.pp * t + 2 * m * cfg.pp * cfg.vpp * h + dp + opt)
         z = t + 2 * h  # bounds z, zf + zb, and t_s + 2 h_s
         return (sc * m * z + cfg.pp * t + 2 * sc * sc * cfg.pp * h + 2 * sc * sc * h
                 + sc * dp + sc * opt + sc * cfg.pp * (t + h))
@@ -390,6 +399,7 @@ class PipelineModel:
                 w = self._and(f"wrap[{b},{b}]", self._on_block(last, b), self._on_block(0, b))
                 terms.append((w, c.hop_intra(b) if one_node else c.hop_inter(b, c.blocks[b].k), 0.0))
                 terms += self._leaving(last, 0, b, "wrap")
+            v.wrap_terms = terms
             v.wrap = self._hop_expr(terms, self.res.t_down)
 
     def _scaled_hop(self, s: int, factor: int):
@@ -438,6 +448,14 @@ class PipelineModel:
                 k = b - a + 1  # k P >= window - (k - 1)  <=>  P >= floor(window / k)
                 be.add(k * v.pipe >= Q[b] - (Q[a] if a else 0) + ts[b] - (k - 1))
 
+    def add_optimizer(self) -> None:
+        """o >= opt_s for every stage: the optimizer steps run side by side after the barrier."""
+        be, v = self.be, self.v
+        v.o = be.new_int(0, self.opt_hi, "o")
+        for s in self.S:
+            for o in self.O:
+                be.add(v.o >= self._aff_ticks(self.c.opt_time(o, s), s, o))
+
     def add_dp_optimizer(self) -> None:
         """D >= scale (dp_s - sum_{k<s} (b_k / v + h_k)) and o >= opt_s for every stage
         (costmodel.dp_tail_s; D is scale x the reduction tail). The subtracted b_k and h_k
@@ -445,13 +463,52 @@ class PipelineModel:
         be, v = self.be, self.v
         sc = v_scale(self.cfg)
         v.D = be.new_int(0, sc * self.dp_hi, "D")
-        v.o = be.new_int(0, self.opt_hi, "o")
+        self.add_optimizer()
         for s in self.S:
             slack = [v.bwd_up[k] + sc * v.h_up[k] for k in range(s)]
             for o in self.O:
                 dp = self._aff_ticks(self.c.dp_time(o, s), s, o)
                 be.add(v.D >= be.sum([sc * dp, -1 * be.sum(slack)]) if slack else v.D >= sc * dp)
-                be.add(v.o >= self._aff_ticks(self.c.opt_time(o, s), s, o))
+
+    def add_paths(self) -> None:
+        """Simulated step (pipeline.md, "add_paths"): T >= the length of every known path of
+        the config's step graph (Coefficients.paths), each a linear function of the stage,
+        transfer, reduction and optimizer times. The simulated step is the longest path, so T
+        is at most it (a relaxation) and equals it once the plan's critical path is among
+        them; the driver adds the critical path of every plan that the model underestimates."""
+        be, v = self.be, self.v
+        v.scale = v_scale(self.cfg)
+        v.step = be.new_int(0, self._step_upper_bound(), "T")
+        for path in self.c.paths():
+            self.add_path(path)
+        if self.lim.time_limit_s is not None:
+            be.add(v.step <= down(v.scale * self.lim.time_limit_s * self.res.tps))
+
+    def add_path(self, path: PathTerms) -> bool:
+        """scale T >= scale x the path's length, each term's weight applied before rounding
+        (down). False when the model already has this path."""
+        be, v, sc = self.be, self.v, v_scale(self.cfg)
+        if path in v.paths:
+            return False
+        v.paths.add(path)
+        terms = []
+        for s in self.S:
+            for part, share in ((2, path.fwd[s]), (1, path.bwd[s])):
+                k = round(sc * share)
+                assert abs(k - sc * share) < 1e-9, "a modelled schedule's paths take whole chunks"
+                if k:
+                    terms.append(self._stage_expr(s, part, k))
+            if path.dp[s]:
+                terms += [self._aff_ticks(_scaled(self.c.dp_time(o, s), sc * path.dp[s]), s, o) for o in self.O]
+        for h, count in enumerate(path.hop):
+            if count:
+                terms.append(self._scaled_hop(h, round(sc * count)))
+        if path.wrap:
+            terms.append(self._hop_expr(v.wrap_terms, lambda x: self.res.t_down(round(sc * path.wrap) * x)))
+        if sum(path.opt):
+            terms.append(sc * v.o)  # the path's optimizer step is at most the largest: T >= ... + max opt
+        be.add(v.step >= be.sum(terms))
+        return True
 
     def add_step_time(self) -> None:
         """T (scaled): costmodel.pipeline_time_s + p2p_time_s + dp_tail_s + max optimizer."""
@@ -510,10 +567,11 @@ class PipelineModel:
         return self.v.scale * self.res.tps
 
     def build(self) -> Vars:
+        step = ((self.add_optimizer, self.add_paths) if self.simulated else
+                (self.add_steady_period, self.add_dp_optimizer, self.add_step_time))
         for family in (self.add_stage_type, self.add_layer_cover, self.add_pins, self.add_recompute, self.add_contiguity,
                        self.add_device_count, self.add_memory_capacity, self.add_stage_time, self.add_hops,
-                       self.add_steady_period, self.add_dp_optimizer, self.add_step_time, self.add_cost,
-                       self.set_objective):
+                       *step, self.add_cost, self.set_objective):
             family()
         return self.v
 
@@ -554,19 +612,30 @@ class PipelineModel:
         through every term of the step time (pipeline.md, "Rounding")."""
         cfg, sc = self.cfg, v_scale(self.cfg)
         e_t = [n + r + 1 for n, r in zip(layers, rs)]
-        hops = 2 * sc * sc * (cfg.pp - 1) + 2 * sc * (sc - 1)
-        if cfg.sched.period is Period.BOTTLENECK:
-            pipe = max(e_t)
-        elif cfg.sched.period is Period.FLOW_SHOP:
-            pipe = 2 * (max(e_t) + 1)
-        else:  # a window's mean errs by < max e_t + 2 hops' worth, and the floor by < 1
-            pipe = max(e_t) + 3
-        tail = sc * (self.L + 1) + sum(e_t) + sc * cfg.pp
-        err = pipe + sum(e_t) + hops + tail + sc * (self.L + 1) + 1
+        if self.simulated:  # one path: f and b of each stage, each hop and the wrap, a reduction, sc x opt
+            err = 2 * sum(e_t) + cfg.pp + (self.L + 1) + sc * (self.L + 1) + 1
+        else:
+            hops = 2 * sc * sc * (cfg.pp - 1) + 2 * sc * (sc - 1)
+            if cfg.sched.period is Period.BOTTLENECK:
+                pipe = max(e_t)
+            elif cfg.sched.period is Period.FLOW_SHOP:
+                pipe = 2 * (max(e_t) + 1)
+            else:  # a window's mean errs by < max e_t + 2 hops' worth, and the floor by < 1
+                pipe = max(e_t) + 3
+            tail = sc * (self.L + 1) + sum(e_t) + sc * cfg.pp
+            err = pipe + sum(e_t) + hops + tail + sc * (self.L + 1) + 1
         if (objective or self.lim.objective) == "min-cost":  # price (floored, < 1 unit a block) x W
             blocks = len({self.c.block_of[o] for o in options})
             err = usd_per_hour * self.res.money * err + blocks * step_s * sc * self.res.tps
         return err * (1 + 1e-9)
+
+    def step_short(self, raw_step: float, plan, options: Sequence[int], layers: Sequence[int],
+                   rs: Sequence[int]) -> bool:
+        """Simulated step: the model's T (`raw_step`, ticks x scale) lies below the plan's
+        simulated step by more than the rounding, so its paths miss the plan's critical path."""
+        p = plan.predicted
+        err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-time")
+        return raw_step < p.step_time_s * self.v.scale * self.res.tps - err - 1
 
     def objective_drift(self, raw: float, value: float, err: float, tight: bool) -> str | None:
         """None when the model's objective `raw` (model units) lies in [value - err, value] for
@@ -624,6 +693,10 @@ def _drift(what: str, raw: float, exact: float, err: float, tight: bool = True, 
         return (f"the model's {what} {raw:.0f} lies {exact - raw:.0f} below the cost model's {exact:.0f}, "
                 f"more than its rounding ({err:.0f})")
     return None
+
+
+def _scaled(aff: Affine, k: float) -> Affine:
+    return Affine(k * aff.a, k * aff.rho, k * aff.c)
 
 
 def v_scale(cfg) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from milp_plan import costmodel
+from milp_plan import predict
 from milp_plan.formulations.space import Config, FreeConfig, StageOption, placement
 from milp_plan.instance import Instance
 from milp_plan.plan import Device, Plan, SolverRecord, Stage
@@ -54,4 +54,4 @@ def build_plan(inst: Instance, cfg: Config | FreeConfig, options: Sequence[Stage
                 cfg.schedule, cfg.vpp, distopt, sp, mode, solver=solver, inputs=inst.inputs_record())
     if cfg.vpp > 1:  # interleaved: stage s's first chunk starts after chunk 0 of stages < s
         plan = plan.with_schedule(cfg.schedule, cfg.vpp)
-    return plan.with_(predicted=costmodel.evaluate(inst, plan))
+    return plan.with_(predicted=predict.evaluate(inst, plan))

@@ -28,7 +28,7 @@ Iterative Bottleneck Alleviation", EuroSys'24), not from its code. What it follo
 Where it departs from Aceso:
 
 - The cost model is milp-plan's (costmodel.py), not Aceso's profiled op graph, and every
-  state is scored by building its Plan (placement.build_plan -> costmodel.evaluate);
+  state is scored by building its Plan (placement.build_plan -> predict.evaluate);
   nothing here computes a time or a price of its own. Set-recompute reads
   costmodel.stage_memory_bytes, the same function the evaluation uses.
 - Granularity: layers (Transformer blocks), not operators. Aceso recomputes and
@@ -244,7 +244,7 @@ def _recompute_of(sx: Search, state: State, group) -> tuple[str, int]:
 
 # ---- realising a state: a Plan scored by the cost model -----------------------------
 def realise(sx: Search, state: State) -> Plan | None:
-    """The state's Plan (build_plan, costmodel.evaluate), or None when it is not valid; memoised.
+    """The state's Plan (build_plan, predict.evaluate), or None when it is not valid; memoised.
     Every admitted plan competes for the best."""
     if state in sx.plans:
         return sx.plans[state]

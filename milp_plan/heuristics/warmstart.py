@@ -10,7 +10,7 @@ layers (multiples of vpp, at least vpp); the smallest z whose capacities cover t
 layers is found by bisection over the values a_s j + c_s, and the surplus is taken from
 the slowest stages. Full recompute uses the fewest recomputed layers r for which the
 partition fits in memory. Every candidate becomes a plan through build_plan and is scored
-by costmodel.evaluate (plan.predicted): the heuristic never trusts its own arithmetic.
+by predict.evaluate (plan.predicted): the heuristic never trusts its own arithmetic.
 
 The driver uses the best heuristic plan as the first incumbent (it prunes Configs whose
 bound cannot beat it and is the answer when the time limit allows nothing better) and

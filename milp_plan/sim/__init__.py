@@ -1,8 +1,9 @@
 """Discrete-event pipeline simulator: engine, schedules, op DAG of a plan, trace and Gantt export."""
-from milp_plan.sim.pipeline import OpRecord, PipelineSpec, SimResult, simulate_pipeline, simulate_plan, spec_from_plan
+from milp_plan.sim.from_plan import simulate_plan, spec_from_plan
+from milp_plan.sim.pipeline import OpRecord, PathTerms, PipelineSpec, SimResult, simulate_pipeline
 from milp_plan.schedules import NAMES as SIM_SCHEDULES, Action, device_orders, schedule_of
 
-__all__ = ["Action", "OpRecord", "PipelineSpec", "SimResult", "SIM_SCHEDULES", "device_orders", "simulate_pipeline",
+__all__ = ["Action", "OpRecord", "PathTerms", "PipelineSpec", "SimResult", "SIM_SCHEDULES", "device_orders", "simulate_pipeline",
            "simulate_plan", "spec_from_plan"]
 
 SIM_MAX_OPERATIONS = 500_000  # a plan with more pipeline operations is not simulated event by event

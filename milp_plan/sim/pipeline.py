@@ -30,10 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from milp_plan import costmodel
 from milp_plan.errors import InputError
-from milp_plan.instance import Instance
-from milp_plan.plan import Plan
 from milp_plan.sim.engine import OpGraph, Timing, run_graph
 from milp_plan.schedules import W_FRACTION_OF_BWD, Action, device_orders, schedule_of
 from milp_plan.units import GIB
@@ -107,6 +104,31 @@ class OpRecord:
 
 
 @dataclass(frozen=True)
+class PathTerms:
+    """A path of the step's operation graph as a linear function of the spec: its length is
+        sum_r fwd[r] fwd_s[r] + bwd[r] bwd_s[r] + dp[r] dp_s[r] + opt[r] opt_s[r]
+          + sum_h hop[h] hop_s[h] + wrap wrap_hop_s.
+    The graph (the device orders, and each link serving its transfers in the sender's order)
+    depends only on the schedule, pp, m and vpp, so a path of one plan is a path of every plan
+    with the same four: its length there is a lower bound of that plan's makespan, and the
+    makespan is the largest such length (the critical path's)."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    hop: tuple[float, ...]
+    wrap: float
+    dp: tuple[float, ...]
+    opt: tuple[float, ...]
+
+    def length_s(self, spec: "PipelineSpec") -> float:
+        hops = spec.hop_s or (0.0,) * (spec.pp - 1)
+        return (sum(c * x for c, x in zip(self.fwd, spec.fwd_s)) + sum(c * x for c, x in zip(self.bwd, spec.bwd_s))
+                + sum(c * x for c, x in zip(self.hop, hops)) + self.wrap * spec.wrap_hop_s
+                + sum(c * x for c, x in zip(self.dp, spec.per_rank(spec.dp_s, 0.0)))
+                + sum(c * x for c, x in zip(self.opt, spec.per_rank(spec.opt_s, 0.0))))
+
+
+@dataclass(frozen=True)
 class SimResult:
     spec: PipelineSpec
     step_time_s: float                   # end of the optimizer step (makespan)
@@ -120,6 +142,34 @@ class SimResult:
     peak_memory_bytes: tuple[float, ...]  # per GPU: static + peak activations
     timing: Timing
     describe: Callable[[int], tuple]     # op id -> (name, kind, stage, chunk, micro-batch, track)
+    graph: OpGraph | None = None
+
+    def critical_terms(self) -> PathTerms:
+        """The critical path (Timing.critical_path) as a PathTerms: what each of its operations
+        takes of the spec. Not for overlapped reductions (their bucket pieces split a backward)."""
+        if self.spec.dp_overlap:
+            raise ValueError("critical_terms needs the reductions after the last backward (dp_overlap off)")
+        spec, pp, v = self.spec, self.spec.pp, self.spec.vpp
+        share = {"F": (1.0 / v, 0.0), "B": (0.0, 1.0 / v), "I": (0.0, (1 - spec.w_fraction) / v),
+                 "W": (0.0, spec.w_fraction / v)}
+        fwd, bwd, hop, dp, opt, wrap = [0.0] * pp, [0.0] * pp, [0.0] * max(pp - 1, 0), [0.0] * pp, [0.0] * pp, 0.0
+        res = self.graph.resource
+        for o in self.timing.critical_path():
+            kind, r = self.describe(o)[1], res[o]
+            if kind in share:
+                fwd[r] += share[kind][0]
+                bwd[r] += share[kind][1]
+            elif kind in (KIND_TRANSFER_FWD, KIND_TRANSFER_BWD):
+                h = (r - pp) % pp
+                if h == pp - 1:
+                    wrap += 1.0
+                else:
+                    hop[h] += 1.0
+            elif kind == KIND_DP:
+                dp[r - 3 * pp] += 1.0
+            elif kind == KIND_OPT:
+                opt[r] += 1.0
+        return PathTerms(tuple(fwd), tuple(bwd), tuple(hop), wrap, tuple(dp), tuple(opt))
 
     @property
     def peak_memory_gib(self) -> tuple[float, ...]:
@@ -336,43 +386,4 @@ def simulate_pipeline(spec: PipelineSpec) -> SimResult:
     return SimResult(spec, t.makespan_s, pipe_end, tuple(busy), tuple(span),
                      tuple(1.0 - x / pipe_end if pipe_end > 0 else 0.0 for x in busy), tuple(dp_end),
                      tuple(m[0] for m in mem), tuple(m[1] for m in mem),
-                     tuple(s + m[0] for s, m in zip(static, mem)), t, b.meta)
-
-
-# ---- from a plan ------------------------------------------------------------------------
-def _chunk_memory(inst: Instance, plan: Plan, rank: int) -> tuple[list[float], list[float]]:
-    """(activation bytes of one micro-batch, full-recompute working bytes) per chunk of `rank`.
-
-    Chunk c holds the stage's layers c*n/v .. (c+1)*n/v (plan.layer_chunks); the embedding
-    goes with chunk 0 of rank 0, the head with the last chunk of the last rank; full
-    recompute of r layers recomputes r / v layers of every chunk (Megatron's block method
-    counts per virtual chunk; the checker requires v | r)."""
-    st, pp, v = plan.stages[rank], plan.pp, plan.vpp
-    acts, works = [], []
-    for c, (first, n) in enumerate(plan.layer_chunks(rank)):
-        kinds = costmodel.stage_kinds(inst, first, n)
-        r = min(st.recompute_layers // v, n) if st.recompute == "full" else 0
-        args = (inst, kinds, rank == 0 and c == 0, rank == pp - 1 and c == v - 1, st.tp, st.micro_batch_size,
-                plan.sequence_parallel, st.recompute if (st.recompute != "full" or r > 0) else "none", r)
-        work = costmodel.stage_activation_bytes(*args, inflight=0.0)
-        acts.append(costmodel.stage_activation_bytes(*args, inflight=1.0) - work)
-        works.append(work)
-    return acts, works
-
-
-def spec_from_plan(inst: Instance, plan: Plan, dp_overlap: bool = False) -> PipelineSpec:
-    """Every cost of `plan` from the cost model (plan_costs, p2p_s, stage_activation_bytes)."""
-    c = costmodel.plan_costs(inst, plan)
-    mem = [_chunk_memory(inst, plan, r) for r in range(plan.pp)]
-    static = tuple((sp.weights_gib + sp.gradients_gib + sp.optimizer_gib) * GIB for sp in c.stages)
-    return PipelineSpec(
-        schedule=plan.schedule, num_microbatches=plan.num_microbatches, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
-        hop_s=c.hop_s, vpp=plan.vpp, wrap_hop_s=c.wrap_hop_s if plan.vpp > 1 else 0.0,
-        dp_s=c.dp_s, opt_s=c.opt_s, dp_overlap=dp_overlap, static_bytes=static,
-        act_bytes=tuple(tuple(a) for a, _ in mem), working_bytes=tuple(tuple(w) for _, w in mem),
-        buckets=tuple(tuple(n for _, n in plan.layer_chunks(r)) for r in range(plan.pp)))
-
-
-def simulate_plan(inst: Instance, plan: Plan, dp_overlap: bool = False) -> SimResult:
-    """Simulate `plan` (run check.check_structure first: the simulator trusts the structure)."""
-    return simulate_pipeline(spec_from_plan(inst, plan, dp_overlap))
+                     tuple(s + m[0] for s, m in zip(static, mem)), t, b.meta, b.g)

@@ -8,7 +8,6 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from milp_plan import costmodel
 from milp_plan.formulations.coefficients import Coefficients, PlacementKey
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
@@ -210,7 +209,7 @@ def _affordable_stages(coef: Coefficients, b: int, limits: Limits) -> int:
 
 
 def _p2p_lower_bound(coef: Coefficients) -> float:
-    """costmodel.p2p_time_s at its least: pp - 1 hops, at least R - 1 of them between the R node
+    """The transfers of the step's lower bound (Coefficients.step_p2p) at their least: pp - 1 hops, at least R - 1 of them between the R node
     types the config must use (and the interleaved wrap between two of them when R >= 2),
     each at least the cheapest transfer of its kind any block sends."""
     cfg, R = coef.cfg, len(coef.required_types)
@@ -224,7 +223,7 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     crossing = max(R - 1, 0)
     hops = [least] * (cfg.pp - 1 - crossing) + [min(inter)] * crossing if inter else [least] * (cfg.pp - 1)
     wrap = min(inter) if (R >= 2 and inter) else least
-    return costmodel.p2p_time_s(hops, wrap, cfg.schedule, cfg.vpp)
+    return coef.step_p2p(hops, wrap)
 
 
 def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
@@ -329,7 +328,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     if _family is not None:
         return finish(_family[2], _family[0], _family[1])
     if variants is None:
-        return finish((cfg.vpp,), coef.z_weight(), coef.sum_weight())
+        return finish((cfg.vpp,), *coef.step_weights())
 
     def chunks(u: int):
         """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""
@@ -337,8 +336,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
             return unit, cands, z, least
         return (u, *_memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, u),
                                  lambda: _placement_terms(slots, cfg.pp, L, u)))
-    # the closed form's weights of each variant, from the one definition (schedules.Schedule.z_weight, sum_weight)
-    return [finish((v.vpp,), v.sched.z_weight(coef.m), v.sched.sum_weight(), chunks(v.vpp))
+    # each variant's weights, from the one definition (Coefficients.step_weights)
+    return [finish((v.vpp,), *coef.step_weights(v.sched), chunks(v.vpp))
             for v in variants]
 
 
@@ -349,8 +348,8 @@ def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config
     and reduction of any variant bound them all (None: no variant has a plan). weak: without
     the bottleneck bound (X >= S / pp only), a fraction of the cost; the driver tightens it
     when the family reaches the top of the heap."""
-    w_z = min(v.sched.z_weight(coef.m) for v in variants)
-    w_sum = min(v.sched.sum_weight() for v in variants)
+    weights = [coef.step_weights(v.sched) for v in variants]
+    w_z, w_sum = min(w[0] for w in weights), min(w[1] for w in weights)
     vpps = sorted({v.vpp for v in variants})
     return config_lower_bound(coef, limits, memory=False, variants=None,
                               _family=(w_z, w_sum, (vpps[0], vpps[-1]), weak))

@@ -2,7 +2,7 @@
 
 It shares with them only the definition of the space (space.enumerate_configs,
 space.stage_options and the canonical placement of build.place_stages) and scores every
-candidate plan with costmodel.evaluate, the checker's arithmetic; it never reads the
+candidate plan with predict.evaluate, the checker's arithmetic; it never reads the
 model's coefficients. Candidates per config:
 
 - in free mode, every child config: one stage size (GPUs per stage) per node type;

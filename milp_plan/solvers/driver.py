@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from milp_plan import check
+from milp_plan import check, predict
 from milp_plan.deadline import Deadline, interrupted
 from milp_plan.errors import InputError, InternalError
 from milp_plan.formulations.placement import build_plan
@@ -57,6 +57,7 @@ REL_EPS = 1e-9
 # CPLEX, Gurobi and HiGHS; what remains is the integer models' rounding (pipeline.md)
 PROOF_TOL = 1e-4
 MAX_CUTS = 32     # plans a config's model may return over a limit (by rounding) before it is left open
+MAX_PATHS = 200   # critical paths a config's model may add (simulated step) before it is left open
 HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan before the exact search,
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
@@ -179,8 +180,8 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
     if hint is not None:
         model.hint(*hint)
     deadline = time.perf_counter() + time_s
-    bound = lb
-    for _ in range(MAX_CUTS + 1):
+    bound, cuts, paths = lb, 0, 0
+    while True:
         run = be.solve(deadline - time.perf_counter(), seed, workers)
         if run.status == "infeasible":
             return None, None
@@ -191,6 +192,18 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
         opts, layers, rs = model.extract(run.value)
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
         _require_valid(coef.inst, plan, backend, coef.cfg, coef.pins)
+        if model.simulated and model.step_short(run.value(model.v.step), plan, opts, layers, rs):
+            # the model's paths miss this plan's critical path: add it (for every config like this one)
+            path = predict.critical_path(coef.inst, plan)
+            if not model.add_path(path):
+                raise InternalError(f"{backend} on {coef.cfg.label()}: the model's step lies below the simulated "
+                                    f"{plan.predicted.step_time_s:.9g} s though it holds the plan's critical path")
+            if path not in coef.paths():
+                coef.paths().append(path)
+            paths += 1
+            if paths > MAX_PATHS or time.perf_counter() >= deadline or interrupted():
+                break
+            continue
         value = objective_of(plan, limits)
         err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
         drift = (model.objective_drift(run.objective, value, err, run.status == "optimal")
@@ -203,7 +216,8 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
         if drift is not None:
             raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
         model.add_no_good(opts, layers, rs)
-        if time.perf_counter() >= deadline or interrupted():
+        cuts += 1
+        if cuts > MAX_CUTS or time.perf_counter() >= deadline or interrupted():
             break
     return None, bound
 

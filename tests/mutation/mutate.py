@@ -4,7 +4,7 @@ Applies each small formula mutation below, one at a time, to a copy of milp_plan
 a probe on it: every config's model of a small instance solved on its own against that
 config's exhaustive optimum (each schedule, slow links, per-GPU billing), CP-SAT solves of
 small random instances (realistic transfers, per-GPU and per-node billing, binding memory,
-every objective, both modes) compared with brute force (which reads only costmodel.evaluate
+every objective, both modes) compared with brute force (which reads only predict.evaluate
 and the checker), and the default instance. A
 mutation is caught when the probe fails: an InternalError (the model's objective drifts
 from the cost model's beyond its rounding), a checker rejection, a plan over a limit, or an

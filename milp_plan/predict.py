@@ -1,0 +1,95 @@
+"""A plan's predicted step: the cost model's per-stage costs (costmodel.plan_costs) composed
+into the step time, its breakdown, $ and throughput.
+
+The step time is the simulated one wherever that is affordable: the simulator's step
+(milp_plan/sim) is the longest path of a graph fixed by the schedule, pp, m and vpp, whose
+operations take the cost model's stage, transfer, reduction and optimizer times. A plan with
+at most `STEP_SIM_MAX_OPERATIONS` pipeline operations is predicted by that longest path
+(`step_basis` "simulated"); a larger one by the schedule's closed form ("closed-form",
+schedules.py), which is exact at equal stages and otherwise an approximation (the 1F1B form
+lies above the simulation on uneven pipelines). The planner's model follows the same rule
+per config (formulations/pipeline.md, "add_paths"), so `optimal` is a proof about the step
+time written here.
+"""
+from __future__ import annotations
+
+from milp_plan import costmodel
+from milp_plan.instance import Instance
+from milp_plan.plan import Plan, Prediction
+from milp_plan.schedules import Schedule, schedule_of
+from milp_plan.sim.from_plan import spec_from_plan
+from milp_plan.sim.pipeline import PathTerms, PipelineSpec, SimResult, simulate_pipeline
+
+# Above this many forward and backward operations a plan's step is the closed form: the
+# simulation then takes >= 0.1-0.2 s, and the planner simulates each plan it returns
+STEP_SIM_MAX_OPERATIONS = 20_000
+SIMULATED, CLOSED_FORM = "simulated", "closed-form"
+
+
+def step_basis(sched: Schedule, pp: int, m: int) -> str:
+    """How the step time of every plan with this schedule (and vpp), pp and m is predicted."""
+    return SIMULATED if sched.modelled and sched.operations(pp, m) <= STEP_SIM_MAX_OPERATIONS else CLOSED_FORM
+
+
+def plan_basis(plan: Plan) -> str:
+    return step_basis(schedule_of(plan.schedule, plan.vpp), plan.pp, plan.num_microbatches)
+
+
+def simulate_step(inst: Instance, plan: Plan, costs: costmodel.PlanCosts | None = None) -> SimResult:
+    """The simulated step of `plan` (no memory walk needed: the cost model gives memory)."""
+    return simulate_pipeline(spec_from_plan(inst, plan, costs=costs, memory=False))
+
+
+def critical_path(inst: Instance, plan: Plan) -> PathTerms:
+    """The critical path of `plan`'s simulated step, as a linear function of its costs."""
+    return simulate_step(inst, plan).critical_terms()
+
+
+def seed_paths(sched: Schedule, pp: int, m: int) -> list[PathTerms]:
+    """Paths of the step graph to start a model with: the critical paths of probe pipelines,
+    one with equal stages and one with each stage the slowest (so each stage's own path, the
+    warm-up round trip and the steady state through it, is there from the start). Any path
+    is a valid lower bound; these only spare the driver's cut loop some rounds."""
+    probes = [[1.0] * pp] + [[3.0 if s == k else 1.0 for s in range(pp)] for k in range(pp)] if pp > 1 else [[1.0]]
+    out: list[PathTerms] = []
+    for t in probes:
+        spec = PipelineSpec(schedule=sched.name, num_microbatches=m, fwd_s=tuple(x / 3 for x in t),
+                            bwd_s=tuple(2 * x / 3 for x in t), hop_s=(0.01,) * (pp - 1), vpp=sched.vpp,
+                            wrap_hop_s=0.01 if sched.chunks > 1 else 0.0, dp_s=(0.1,) * pp, opt_s=(0.01,) * pp)
+        path = simulate_pipeline(spec).critical_terms()
+        if path not in out:
+            out.append(path)
+    return out
+
+
+def evaluate(inst: Instance, plan: Plan) -> Prediction:
+    """Predicted step time, breakdown, memory per stage and cost, from the plan alone.
+
+    Breakdown (summing to the step): compute m x the slowest stage's f + b (at most the
+    compute on the critical path); bubble the rest of the compute on the critical path (fill
+    and drain); the transfers, the reduction and the optimizer step on it. Closed form: the
+    same terms of the schedule's form."""
+    c = costmodel.plan_costs(inst, plan)
+    m = plan.num_microbatches
+    if plan_basis(plan) == SIMULATED:
+        sim = simulate_step(inst, plan, c)
+        path = sim.critical_terms()
+        step = sim.step_time_s
+        p2p = sum(k * h for k, h in zip(path.hop, c.hop_s)) + path.wrap * c.wrap_hop_s
+        dp = sum(k * d for k, d in zip(path.dp, c.dp_s))
+        opt = sum(k * o for k, o in zip(path.opt, c.opt_s))
+        on_path = step - p2p - dp - opt   # forward and backward work on the critical path
+        compute = min(m * max(f + b for f, b in zip(c.fwd_s, c.bwd_s)), on_path)
+        bubble = on_path - compute
+        basis = SIMULATED
+    else:
+        compute, bubble = costmodel.pipeline_time_s(c.fwd_s, c.bwd_s, m, plan.schedule, plan.vpp, c.hop_s)
+        p2p = costmodel.p2p_time_s(c.hop_s, c.wrap_hop_s, plan.schedule, plan.vpp)
+        dp = costmodel.dp_tail_s(c.dp_s, c.bwd_s, c.hop_s, plan.schedule, plan.vpp)
+        opt = max(c.opt_s)
+        step = compute + bubble + p2p + dp + opt
+        basis = CLOSED_FORM
+    usd_h = costmodel.plan_usd_per_hour(inst, plan)
+    tokens = plan.global_batch_size * costmodel.row_tokens(inst, None)
+    return Prediction(step, compute, bubble, p2p, dp, opt, usd_h, costmodel.usd_per_step(usd_h, step), tokens / step,
+                      c.stages, basis)
