@@ -13,12 +13,14 @@ time written here.
 """
 from __future__ import annotations
 
+import functools
+
 from milp_plan import costmodel
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, Prediction
 from milp_plan.schedules import Schedule, schedule_of
 from milp_plan.sim.from_plan import spec_from_plan
-from milp_plan.sim.pipeline import PathTerms, PipelineSpec, SimResult, simulate_pipeline
+from milp_plan.sim.pipeline import PathTerms, PipelineSpec, simulate_pipeline
 
 # Above this many forward and backward operations a plan's step is the closed form: the
 # simulation then takes >= 0.1-0.2 s, and the planner simulates each plan it returns
@@ -35,31 +37,45 @@ def plan_basis(plan: Plan) -> str:
     return step_basis(schedule_of(plan.schedule, plan.vpp), plan.pp, plan.num_microbatches)
 
 
-def simulate_step(inst: Instance, plan: Plan, costs: costmodel.PlanCosts | None = None) -> SimResult:
-    """The simulated step of `plan` (no memory walk needed: the cost model gives memory)."""
-    return simulate_pipeline(spec_from_plan(inst, plan, costs=costs, memory=False))
+@functools.lru_cache(maxsize=4096)
+def _step(spec: PipelineSpec) -> tuple[float, PathTerms]:
+    """(makespan, critical path) of a times-only spec; memoised (the driver, the checker and
+    the heuristics evaluate the same plans again)."""
+    sim = simulate_pipeline(spec, memory=False)
+    return sim.step_time_s, sim.critical_terms()
+
+
+def simulate_step(inst: Instance, plan: Plan, costs: costmodel.PlanCosts | None = None) -> tuple[float, PathTerms]:
+    """The simulated step of `plan` and its critical path (times only: the cost model gives memory)."""
+    return _step(spec_from_plan(inst, plan, costs=costs, memory=False))
 
 
 def critical_path(inst: Instance, plan: Plan) -> PathTerms:
     """The critical path of `plan`'s simulated step, as a linear function of its costs."""
-    return simulate_step(inst, plan).critical_terms()
+    return simulate_step(inst, plan)[1]
 
 
 def seed_paths(sched: Schedule, pp: int, m: int) -> list[PathTerms]:
-    """Paths of the step graph to start a model with: the critical paths of probe pipelines,
-    one with equal stages and one with each stage the slowest (so each stage's own path, the
-    warm-up round trip and the steady state through it, is there from the start). Any path
-    is a valid lower bound; these only spare the driver's cut loop some rounds."""
-    probes = [[1.0] * pp] + [[3.0 if s == k else 1.0 for s in range(pp)] for k in range(pp)] if pp > 1 else [[1.0]]
+    """Paths of the step graph to start a model with: the critical paths of probe pipelines
+    with equal stages, the first stage the slowest and the last. Any path is a valid lower
+    bound; these only spare the driver's cut loop its first rounds."""
+    probes = [[1.0] * pp] + ([[3.0] + [1.0] * (pp - 1), [1.0] * (pp - 1) + [3.0]] if pp > 1 else [])
     out: list[PathTerms] = []
     for t in probes:
         spec = PipelineSpec(schedule=sched.name, num_microbatches=m, fwd_s=tuple(x / 3 for x in t),
                             bwd_s=tuple(2 * x / 3 for x in t), hop_s=(0.01,) * (pp - 1), vpp=sched.vpp,
                             wrap_hop_s=0.01 if sched.chunks > 1 else 0.0, dp_s=(0.1,) * pp, opt_s=(0.01,) * pp)
-        path = simulate_pipeline(spec).critical_terms()
-        if path not in out:
-            out.append(path)
+        learn_path(out, simulate_pipeline(spec, memory=False).critical_terms())
     return out
+
+
+def learn_path(paths: list[PathTerms], path: PathTerms) -> bool:
+    """Add `path` to a list of paths none of which covers another (PathTerms.covers); False
+    when one already covers it."""
+    if any(p.covers(path) for p in paths):
+        return False
+    paths[:] = [p for p in paths if not path.covers(p)] + [path]
+    return True
 
 
 def evaluate(inst: Instance, plan: Plan) -> Prediction:
@@ -72,9 +88,7 @@ def evaluate(inst: Instance, plan: Plan) -> Prediction:
     c = costmodel.plan_costs(inst, plan)
     m = plan.num_microbatches
     if plan_basis(plan) == SIMULATED:
-        sim = simulate_step(inst, plan, c)
-        path = sim.critical_terms()
-        step = sim.step_time_s
+        step, path = simulate_step(inst, plan, c)
         p2p = sum(k * h for k, h in zip(path.hop, c.hop_s)) + path.wrap * c.wrap_hop_s
         dp = sum(k * d for k, d in zip(path.dp, c.dp_s))
         opt = sum(k * o for k, o in zip(path.opt, c.opt_s))

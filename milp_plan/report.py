@@ -173,8 +173,8 @@ def render_plan(plan, inst=None, result=None) -> str:
     if result is not None:
         bound = "-" if result.best_bound is None else f"{result.best_bound:.6g}"
         gap = "-" if result.gap is None else format_gap(result.gap)
-        what = "closed-form step time" if result.objective is None or result.objective == p.step_time_s \
-            else "closed-form $/step"
+        step = f"{p.step_basis} step time"
+        what = step if result.objective is None or result.objective == p.step_time_s else f"$/step ({step})"
         out.append(f"Solver {result.backend}: {result.status} for the {what}, objective {result.objective:.6g}, "
                    f"bound {bound}, gap "
                    f"{gap}, {result.wall_time_s:.2f} s, seed {result.seed} ({result.configs_solved} of "
@@ -210,8 +210,8 @@ def render_simulation(check) -> str:
     (verify.SimulationCheck), or the reason it was not simulated (a string)."""
     if isinstance(check, str):
         return check
-    return (f"Simulated event by event: step {check.step_time_s:.4g} s (closed form "
-            f"{check.closed_form_error:+.2%}); peak memory within {check.memory_error_gib:.2g} "
+    return (f"Simulated event by event: step {check.step_time_s:.4g} s (prediction, {check.basis}: "
+            f"{check.prediction_error:+.2%}); peak memory within {check.memory_error_gib:.2g} "
             "GiB of the prediction")
 
 

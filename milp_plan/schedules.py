@@ -135,16 +135,19 @@ class Schedule:
         """Coefficient of sum_s t_s in T."""
         return 1.0
 
-    def path_weights(self, m: int, pp: int, phi: float) -> tuple[float, float]:
-        """(w_z, w_sum): every plan's simulated step is at least
+    def path_weights(self, m: int, pp: int, phi: tuple[float, float]) -> list[tuple[float, float]]:
+        """Pairs (w_z, w_sum): every plan's simulated step is at least, for each pair,
             w_z z + w_sum S + path_p2p(hops) + dp_0 + max_s opt_s,
-        z = max_s t_s, S = sum_s t_s, phi >= f_s / t_s on every stage (formulations/pipeline.md,
-        "Bounds on the simulated step"). 1F1B: the path F0 through every stage, B0 back to
-        stage s, the rest of s's order (m - w_s forwards, m - 1 backwards, w_s = min(pp - s, m)),
-        then B_{m-1} back to stage 0 and its reduction, is
+        z = max_s t_s, S = sum_s t_s, phi = (lo, hi) with lo <= f_s / t_s <= hi on every stage
+        (formulations/pipeline.md, "Bounds on the simulated step"). Every schedule has the
+        path that runs micro-batch 0's first forward down to stage s, all of s's operations,
+        and the last backward back to stage 0: m t_s + (fill and drain) >= m z (pair (m, 0)).
+        1F1B: the path F0 through every stage, B0 back to stage s, the rest of s's order
+        (m - w_s forwards, m - 1 backwards, w_s = min(pp - s, m)), then B_{m-1} back to stage 0
+        and its reduction, is
             S + (m - 1) t_s - (w_s - 1) f_s + 2 sum h + dp_0 + opt,
-        at the slowest stage >= S + (m - 1 - (min(pp, m) - 1) phi) z + ..."""
-        return m - 1.0 - (min(pp, m) - 1) * phi, 1.0
+        at the slowest stage >= S + (m - 1 - (min(pp, m) - 1) hi) z + ..."""
+        return [(float(m), 0.0), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0)]
 
     def path_p2p(self, hop_s: Sequence[float], wrap_hop_s: float) -> float:
         """Transfers on the paths of `path_weights`: each hop down once and up once."""
@@ -206,7 +209,7 @@ class GPipe(Schedule):
         """GPipe: F0 through stages 0..s, F1..F_{m-1} on s, F_{m-1} on to the last stage, B0
         back to stage s', B1..B_{m-1} on s', B_{m-1} back to stage 0:
         S + (m - 1)(f_s + b_s') + 2 sum h + dp_0 + opt >= S + (m - 1) z + ..."""
-        return m - 1.0, 1.0
+        return [(m - 1.0, 1.0)]
 
     def rank_order(self, pp, rank, m):
         return [_act("F", 0, i) for i in range(m)] + [_act("B", 0, i) for i in range(m)]
@@ -261,12 +264,13 @@ class Interleaved(OneFOneB):
         after its warm-up w_s <= w_0 = min(2 (pp - 1) + (v - 1) pp, m v) and one more), then
         chunk 0's backward of the last micro-batch back to rank 0:
             S_f + (S_b - b_s) / v + m b_s + (m - (w_s + 1) / v) f_s + transfers + dp_0 + opt
-            >= S / v + (m - 1/v - w_0 phi / v) z + ..."""
+            = S / v + (1 - 1/v) S_f + (m - 1/v) t_s - (w_s / v) f_s + ...
+            >= (1/v + (1 - 1/v) lo) S + (m - 1/v - w_0 hi / v) z + ..."""
         if self.vpp == 1:
             return super().path_weights(m, pp, phi)
         v = self.vpp
         w0 = min(2 * (pp - 1) + (v - 1) * pp, m * v)
-        return m - 1.0 / v - w0 * phi / v, 1.0 / v
+        return [(float(m), 0.0), (m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0])]
 
     def path_p2p(self, hop_s, wrap_hop_s):
         """(v + 1) sum h + (v - 1) h_wrap: the forward crosses every chunk boundary, each

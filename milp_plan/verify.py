@@ -8,7 +8,9 @@ predicted peak memory per GPU of every stage with the simulated ones:
 
 The plan passes when no rule is violated and every |difference| <= tolerance. The
 prediction compared is the one the plan records; with `schedule` (another schedule than
-the plan's) it is the cost model's closed form for that schedule. A hand-edited plan whose
+the plan's) it is the cost model's prediction for that schedule (predict.py: the simulated
+step where the plan is small enough, else the closed form; verify then differs only by the
+overlapped reduction of `--dp-overlap`). A hand-edited plan whose
 recorded prediction no longer matches the cost model is reported as stale (rule
 "prediction") and is still simulated: the simulation always describes the plan as it is.
 """
@@ -162,12 +164,12 @@ def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule
     if changed:
         predicted = fresh
         report.notes.append(f"schedule changed to {target.schedule}" + (f" (vpp {target.vpp})" if target.vpp > 1
-                            else "") + ": compared with the cost model's closed form for it"
+                            else "") + ": compared with the cost model's prediction for it"
                             + (f"; {fork}" if (fork := schedules.schedule_of(target.schedule, target.vpp).needs_fork)
                                else ""))
     elif plan.predicted is None:
         predicted = fresh
-        report.notes.append("the plan records no prediction: compared with the cost model's closed form")
+        report.notes.append("the plan records no prediction: compared with the cost model's")
     else:
         predicted = plan.predicted
         if any(v.rule == "prediction" for v in report.violations):
@@ -180,7 +182,7 @@ def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule
         report.notes.append(why)
         return report
     if dp_overlap:
-        report.notes.append("gradient reduction overlapped with the last backward (the closed form does not "
+        report.notes.append("gradient reduction overlapped with the last backward (the cost model does not "
                             "overlap it)")
     report.result = simulate_plan(inst, target, dp_overlap=dp_overlap)
     _compare(report, inst, target, predicted, report.result)
@@ -263,7 +265,8 @@ def _failures(r: VerifyReport) -> str:
 class SimulationCheck:
     """A plan's prediction beside its event-by-event simulation (what `solve` prints)."""
     step_time_s: float          # simulated
-    closed_form_error: float    # predicted / simulated - 1
+    prediction_error: float     # predicted / simulated - 1 (0 where the prediction is the simulated step)
+    basis: str                  # the prediction's step_basis
     memory_error_gib: float     # largest |predicted - simulated| peak memory of a stage
 
 
@@ -274,5 +277,5 @@ def simulation_check(inst: Instance, plan: Plan) -> SimulationCheck | str:
         return why
     sim = simulate_plan(inst, plan)
     pred = plan.predicted.step_time_s
-    return SimulationCheck(sim.step_time_s, (pred - sim.step_time_s) / sim.step_time_s,
+    return SimulationCheck(sim.step_time_s, (pred - sim.step_time_s) / sim.step_time_s, plan.predicted.step_basis,
                            max(abs(a.peak_memory_gib - b) for a, b in zip(plan.predicted.stages, sim.peak_memory_gib)))

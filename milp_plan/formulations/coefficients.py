@@ -159,6 +159,7 @@ class Coefficients:
         shared.check(inst)
         self.shared = shared
         self._local: dict = {}
+        self._phi: tuple[float, float] | None = None
         self.kind = inst.model.block_kind(0)
         if shared.mixed_kinds:
             from milp_plan.errors import InputError
@@ -349,24 +350,30 @@ class Coefficients:
         predicted: predict.SIMULATED or predict.CLOSED_FORM (predict.step_basis)."""
         return step_basis(sched or self.cfg.sched, self.cfg.pp, self.m)
 
-    def forward_share(self) -> float:
-        """phi >= f_s / t_s on every stage of every plan: per option and stage kind the largest
-        forward share of t's parts (f/t of a sum of non-negative parts is at most the largest
-        part's share; recompute only adds backward)."""
-        phi = 0.0
+    def forward_share(self) -> tuple[float, float]:
+        """(lo, hi) with lo <= f_s / t_s <= hi on every stage of every plan: per option and
+        stage kind, f / t of a sum of non-negative parts lies between the parts' least and
+        largest forward shares (recompute, at most one per layer, adds backward only)."""
+        if self._phi is not None:
+            return self._phi
+        lo, hi = 1.0, 0.0
         for o in range(len(self.options)):
             for s in sorted({0, min(1, self.cfg.pp - 1), self.cfg.pp - 1}):
                 t, b = self.time(o, s)
-                phi = max([phi] + [(tx - bx) / tx for tx, bx in ((t.a, b.a), (t.c, b.c)) if tx > 0])
-        return min(phi, 1.0)
+                rho = max(t.rho, 0.0)
+                for part, whole, fwd in ((t.a, t.a + rho, t.a - b.a), (t.c, t.c, t.c - b.c)):
+                    if part > 0:
+                        lo, hi = min(lo, fwd / whole), max(hi, fwd / part)
+        self._phi = (max(lo, 0.0), min(hi, 1.0))
+        return self._phi
 
-    def step_weights(self, sched: Schedule | None = None) -> tuple[float, float]:
-        """(w_z, w_sum) of the step's lower bound w_z z + w_sum S + ... (solvers/bounds.py): the
-        closed form's own weights, or the simulated step's (Schedule.path_weights)."""
+    def step_weights(self, sched: Schedule | None = None) -> list[tuple[float, float]]:
+        """Pairs (w_z, w_sum) of the step's lower bounds w_z z + w_sum S + ... (solvers/bounds.py):
+        the closed form's own weights, or the simulated step's (Schedule.path_weights)."""
         sched = sched or self.cfg.sched
         if self.basis(sched) == SIMULATED:
             return sched.path_weights(self.m, self.cfg.pp, self.forward_share())
-        return sched.z_weight(self.m), sched.sum_weight()
+        return [(sched.z_weight(self.m), sched.sum_weight())]
 
     def step_p2p(self, hop_s: list[float], wrap_hop_s: float) -> float:
         """The transfers the step's lower bound counts (closed form or paths) for these hops."""

@@ -120,6 +120,13 @@ class PathTerms:
     dp: tuple[float, ...]
     opt: tuple[float, ...]
 
+    def covers(self, other: "PathTerms") -> bool:
+        """At least as long as `other` on every spec (every coefficient at least as large; the
+        optimizer steps count as the largest, as the model reads them)."""
+        pairs = [*zip(self.fwd, other.fwd), *zip(self.bwd, other.bwd), *zip(self.hop, other.hop),
+                 *zip(self.dp, other.dp), (self.wrap, other.wrap), (min(sum(self.opt), 1), min(sum(other.opt), 1))]
+        return all(a >= b for a, b in pairs)
+
     def length_s(self, spec: "PipelineSpec") -> float:
         hops = spec.hop_s or (0.0,) * (spec.pp - 1)
         return (sum(c * x for c, x in zip(self.fwd, spec.fwd_s)) + sum(c * x for c, x in zip(self.bwd, spec.bwd_s))
@@ -363,8 +370,9 @@ def _no_cyclic_gc():
             gc.enable()
 
 
-def simulate_pipeline(spec: PipelineSpec) -> SimResult:
-    """Simulate one training step of `spec` event by event."""
+def simulate_pipeline(spec: PipelineSpec, memory: bool = True) -> SimResult:
+    """Simulate one training step of `spec` event by event (memory=False: times only, the
+    memory fields zero)."""
     spec.validate()
     with _no_cyclic_gc():
         orders = device_orders(spec.schedule, spec.pp, spec.num_microbatches, spec.vpp)
@@ -381,7 +389,7 @@ def simulate_pipeline(spec: PipelineSpec) -> SimResult:
     dp_end = [0.0] * pp
     for o in b.dp_ops:
         dp_end[b.extra[o][2]] = max(dp_end[b.extra[o][2]], t.end_s[o])
-    mem = [memory_walk(spec, r, orders[r]) for r in range(pp)]
+    mem = [memory_walk(spec, r, orders[r]) if memory else (0.0, 0.0) for r in range(pp)]
     static = spec.per_rank(spec.static_bytes, 0.0)
     return SimResult(spec, t.makespan_s, pipe_end, tuple(busy), tuple(span),
                      tuple(1.0 - x / pipe_end if pipe_end > 0 else 0.0 for x in busy), tuple(dp_end),

@@ -287,7 +287,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
     unit = cfg.vpp if memory else 1
-    if _family is not None and _family[3]:
+    if _family is not None and _family[2]:
         # weak: no bottleneck bound (z >= S / pp alone), only the least layer sum and $/h
         least = (_least_layer_sum(math.inf, slots, cfg.pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit))
         cands, z = [], (None if least[0] == math.inf else 0.0)
@@ -318,17 +318,20 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     dp0 = [coef.dp_time(o, 0) for o in O]
     opt = min(coef.opt_time(o, 0).a for o in O) * biggest + (_p2p_lower_bound(coef) if memory else 0.0)
 
-    def finish(vpps: tuple[int, ...], w_z: float, w_sum: float, placed=(unit, cands, z, least)) -> float | None:
-        # the reduction is affine in the layers: its least over a range of vpp is at an end
+    def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float]], placed=(unit, cands, z, least)) -> float | None:
+        # the reduction is affine in the layers: its least over a range of vpp is at an end;
+        # each pair of weights gives a valid bound (the largest counts; None: no plan meets the limits)
         u, c, zz, lst = placed
         if zz is None:
             return None
-        return _finish_bound(slots, cfg, L, u, c, zz, lst, min(d(v) for d in dp0 for v in vpps) + opt,
+        got = [_finish_bound(slots, cfg, L, u, c, zz, lst, min(d(v) for d in dp0 for v in vpps) + opt,
                              ends + cfg.pp * rho, gpu_usd, w_z, w_sum, limits, memory, least_work)
+               for w_z, w_sum in pairs]
+        return None if None in got else max(got)
     if _family is not None:
-        return finish(_family[2], _family[0], _family[1])
+        return finish(_family[1], _family[0])
     if variants is None:
-        return finish((cfg.vpp,), *coef.step_weights())
+        return finish((cfg.vpp,), coef.step_weights())
 
     def chunks(u: int):
         """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""
@@ -337,8 +340,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         return (u, *_memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, u),
                                  lambda: _placement_terms(slots, cfg.pp, L, u)))
     # each variant's weights, from the one definition (Coefficients.step_weights)
-    return [finish((v.vpp,), *coef.step_weights(v.sched), chunks(v.vpp))
-            for v in variants]
+    return [finish((v.vpp,), coef.step_weights(v.sched), chunks(v.vpp)) for v in variants]
 
 
 def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config], weak: bool = False) -> float | None:
@@ -347,12 +349,13 @@ def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config
     and $ >= its work term) only grows with the weights and the reduction, so the least weights
     and reduction of any variant bound them all (None: no variant has a plan). weak: without
     the bottleneck bound (X >= S / pp only), a fraction of the cost; the driver tightens it
-    when the family reaches the top of the heap."""
+    when the family reaches the top of the heap. Each variant has a list of weight pairs
+    (Coefficients.step_weights), each a bound: the least first pair and the least last pair
+    are each below one pair of every variant."""
     weights = [coef.step_weights(v.sched) for v in variants]
-    w_z, w_sum = min(w[0] for w in weights), min(w[1] for w in weights)
+    pairs = sorted({(min(w[i][0] for w in weights), min(w[i][1] for w in weights)) for i in (0, -1)})
     vpps = sorted({v.vpp for v in variants})
-    return config_lower_bound(coef, limits, memory=False, variants=None,
-                              _family=(w_z, w_sum, (vpps[0], vpps[-1]), weak))
+    return config_lower_bound(coef, limits, memory=False, variants=None, _family=(pairs, (vpps[0], vpps[-1]), weak))
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,

@@ -198,8 +198,7 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
             if not model.add_path(path):
                 raise InternalError(f"{backend} on {coef.cfg.label()}: the model's step lies below the simulated "
                                     f"{plan.predicted.step_time_s:.9g} s though it holds the plan's critical path")
-            if path not in coef.paths():
-                coef.paths().append(path)
+            predict.learn_path(coef.paths(), path)
             paths += 1
             if paths > MAX_PATHS or time.perf_counter() >= deadline or interrupted():
                 break
