@@ -1,0 +1,138 @@
+"""The simulated step as the planner's objective (issue 12 §3; formulations/pipeline.md,
+"Which step time is proven", "add_paths", "Bounds on the simulated step"):
+
+* the simulator's critical path, read as a linear function of the spec (PathTerms), has the
+  makespan's length, and as a path of the fixed graph it bounds every other spec of the same
+  schedule, pp, m and vpp from below;
+* every weight pair of Schedule.path_weights bounds the simulation from below;
+* the planner proves the simulated optimum where the closed form ranks plans wrongly (hand
+  derivation), and falls back to the closed form above predict.STEP_SIM_MAX_OPERATIONS.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from milp_plan import costmodel, predict
+from milp_plan.instance import build_instance
+from milp_plan.job import Limits
+from milp_plan.solvers.driver import solve
+from milp_plan.schedules import schedule_of
+from milp_plan.sim.pipeline import PipelineSpec, simulate_pipeline
+from instances import BACKENDS, write_instance
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
+
+
+def _random_spec(rng: random.Random, schedule: str, pp: int | None = None, m: int | None = None,
+                 vpp: int | None = None) -> PipelineSpec:
+    """Stage, hop, reduction and optimizer times of comparable size (hops up to a stage)."""
+    if schedule == "interleaved":
+        pp = pp or rng.randint(2, 5)
+        vpp = vpp or rng.choice([2, 3, 4])
+        m = m or pp * rng.randint(1, 3)
+    else:
+        pp, vpp, m = pp or rng.randint(1, 5), 1, m or rng.randint(1, 9)
+    f = [rng.uniform(0.2, 1.0) for _ in range(pp)]
+    hop = rng.choice([0.0, 0.05, 0.5, 1.0])
+    return PipelineSpec(schedule=schedule, num_microbatches=m, fwd_s=tuple(f),
+                        bwd_s=tuple(x * rng.uniform(1.5, 3.0) for x in f),
+                        hop_s=tuple(rng.uniform(0, hop) for _ in range(pp - 1)), vpp=vpp,
+                        wrap_hop_s=rng.uniform(0, hop) if vpp > 1 else 0.0,
+                        dp_s=tuple(rng.uniform(0, 1.0) for _ in range(pp)),
+                        opt_s=tuple(rng.uniform(0, 0.3) for _ in range(pp)))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_the_critical_path_has_the_makespans_length(schedule):
+    rng = random.Random(f"length-{schedule}")
+    for _ in range(150):
+        spec = _random_spec(rng, schedule)
+        sim = simulate_pipeline(spec)
+        assert sim.critical_terms().length_s(spec) == pytest.approx(sim.step_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_path_bounds_every_spec_with_the_same_graph(schedule):
+    """The graph is fixed by (schedule, pp, m, vpp), links included (each link's transfers come
+    from one sender in its order): a path of one spec is a path of another."""
+    rng = random.Random(f"graph-{schedule}")
+    for _ in range(100):
+        a = _random_spec(rng, schedule)
+        b = _random_spec(rng, schedule, a.pp, a.num_microbatches, a.vpp)
+        path, sim_b = simulate_pipeline(a).critical_terms(), simulate_pipeline(b)
+        assert path.length_s(b) <= sim_b.step_time_s * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("schedule", ("1f1b", "gpipe", "interleaved"))
+def test_every_path_weight_pair_bounds_the_simulation(schedule):
+    """T_sim >= w_z max_s t_s + w_sum sum_s t_s + path_p2p + dp_0 + max opt for every pair."""
+    rng = random.Random(f"weights-{schedule}")
+    tight = 0
+    for _ in range(400):
+        spec = _random_spec(rng, schedule)
+        sim = simulate_pipeline(spec).step_time_s
+        sched = schedule_of(schedule, spec.vpp)
+        t = [f + b for f, b in zip(spec.fwd_s, spec.bwd_s)]
+        shares = [f / x for f, x in zip(spec.fwd_s, t)]
+        rest = sched.path_p2p(spec.hop_s, spec.wrap_hop_s) + spec.dp_s[0] + max(spec.opt_s)
+        for w_z, w_sum in sched.path_weights(spec.num_microbatches, spec.pp, (min(shares), max(shares))):
+            lb = w_z * max(t) + w_sum * sum(t) + rest
+            assert lb <= sim * (1 + 1e-12), (spec, w_z, w_sum, lb, sim)
+            tight += lb >= sim * (1 - 1e-9)
+    if schedule != "interleaved":
+        assert tight > 0  # the bound is attained on some pipelines (last stage the slowest)
+
+
+def _hand(tmp_path, **kw):
+    """One fast node of 2 GPUs (the slow type 100x slower, so never worth a stage): a block
+    costs f = 1 ms forward, b = 2 ms backward; 5 layers, global batch 4."""
+    spec = write_instance(tmp_path, layers=5, fast_ms=(1.0, 2.0), slow_ms=(100.0, 200.0), **kw)
+    return build_instance(spec)
+
+
+FIX = {"tp": 1, "dp": 1, "mbs": 1, "pp": 2, "recompute": "none", "schedule": "1f1b"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_planner_proves_the_simulated_optimum(tmp_path, backend):
+    """pp 2, m 4, 1F1B; a split (n0, n1) has t_s = 3 n_s ms, f_s = n_s. The closed form
+    (m - 1) max t + sum t (exact only when the last stage is the slowest) gives
+        (3,2): 3*9 + 15 = 42,  (2,3): 3*9 + 15 = 42,  (4,1): 51,  (1,4): 51,
+    a tie. Simulated, (3,2) finishes at 39: rank 0 runs F0 [0,3] F1 [3,6] B0 [9,15] F2 [15,18]
+    B1 [18,24] F3 [24,27] B2 [27,33] B3 [33,39]; rank 1 F0 [3,5] B0 [5,9] F1 [9,11] B1 [11,15]
+    F2 [18,20] B2 [20,24] F3 [27,29] B3 [29,33] (the slow first stage's warm-up forward
+    hides under rank 1's work: S + (m-1) t_0 - f_0 = 15 + 27 - 3). (2,3) simulates at 42 (the
+    last stage the slowest: exact), so the closed form's optimum may be 7.7% slow; the
+    simulated optimum is (3,2) at 39 ms (plus the optimizer step, ~1e-6 s)."""
+    inst = _hand(tmp_path)
+    res = solve(inst, Limits(), backend=backend, fix=FIX)
+    assert res.status == "optimal"
+    plan = res.plan
+    assert [st.num_layers for st in plan.stages] == [3, 2]
+    assert plan.predicted.step_basis == predict.SIMULATED
+    assert plan.predicted.step_time_s == pytest.approx(0.039, rel=1e-3)
+    c = costmodel.plan_costs(inst, plan)
+    closed = sum(costmodel.pipeline_time_s(c.fwd_s, c.bwd_s, 4, "1f1b"))
+    assert closed == pytest.approx(0.042, rel=1e-6)
+
+
+def test_above_the_operation_limit_the_closed_form_is_proven(tmp_path, monkeypatch):
+    """The same instance with the simulation limit at 0: every plan is predicted by the closed
+    form, whose optimum is the tie at 42 ms."""
+    monkeypatch.setattr(predict, "STEP_SIM_MAX_OPERATIONS", 0)
+    inst = _hand(tmp_path)
+    res = solve(inst, Limits(), fix=FIX)
+    assert res.status == "optimal" and res.plan.predicted.step_basis == predict.CLOSED_FORM
+    assert res.plan.predicted.step_time_s == pytest.approx(0.042, rel=1e-3)
+
+
+def test_a_time_limit_holds_the_simulated_step(tmp_path):
+    """min-cost under 40 ms: (3,2) at 39 ms is the only plan on the fast node that meets it
+    (the closed form, 42 ms for every 2-stage split, would say none does)."""
+    inst = _hand(tmp_path)
+    res = solve(inst, Limits("min-cost", time_limit_s=0.040), fix=FIX)
+    assert res.status == "optimal"
+    assert [st.num_layers for st in res.plan.stages] == [3, 2]
+    assert res.plan.predicted.step_time_s <= 0.040
