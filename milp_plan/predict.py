@@ -20,7 +20,8 @@ from milp_plan.instance import Instance
 from milp_plan.plan import Plan, Prediction
 from milp_plan.schedules import Schedule, schedule_of
 from milp_plan.sim.from_plan import spec_from_plan
-from milp_plan.sim.pipeline import PathTerms, PipelineSpec, simulate_pipeline
+from milp_plan.schedules import PathTerms
+from milp_plan.sim.pipeline import PipelineSpec, longest_path
 
 # Above this many forward and backward operations a plan's step is the closed form: the
 # simulation then takes >= 0.1-0.2 s, and the planner simulates each plan it returns
@@ -41,8 +42,7 @@ def plan_basis(plan: Plan) -> str:
 def _step(spec: PipelineSpec) -> tuple[float, PathTerms]:
     """(makespan, critical path) of a times-only spec; memoised (the driver, the checker and
     the heuristics evaluate the same plans again)."""
-    sim = simulate_pipeline(spec, memory=False)
-    return sim.step_time_s, sim.critical_terms()
+    return longest_path(spec)
 
 
 def simulate_step(inst: Instance, plan: Plan, costs: costmodel.PlanCosts | None = None) -> tuple[float, PathTerms]:
@@ -56,16 +56,16 @@ def critical_path(inst: Instance, plan: Plan) -> PathTerms:
 
 
 def seed_paths(sched: Schedule, pp: int, m: int) -> list[PathTerms]:
-    """Paths of the step graph to start a model with: the critical paths of probe pipelines
-    with equal stages, the first stage the slowest and the last. Any path is a valid lower
-    bound; these only spare the driver's cut loop its first rounds."""
-    probes = [[1.0] * pp] + ([[3.0] + [1.0] * (pp - 1), [1.0] * (pp - 1) + [3.0]] if pp > 1 else [])
+    """Paths of the step graph to start a model with: each stage's own (Schedule.stage_paths,
+    those the bounds rest on) and the critical path of a pipeline of equal stages. Any path is
+    a valid lower bound; these spare the driver's cut loop its first rounds and give the
+    model's relaxation the weight of every stage."""
     out: list[PathTerms] = []
-    for t in probes:
-        spec = PipelineSpec(schedule=sched.name, num_microbatches=m, fwd_s=tuple(x / 3 for x in t),
-                            bwd_s=tuple(2 * x / 3 for x in t), hop_s=(0.01,) * (pp - 1), vpp=sched.vpp,
-                            wrap_hop_s=0.01 if sched.chunks > 1 else 0.0, dp_s=(0.1,) * pp, opt_s=(0.01,) * pp)
-        learn_path(out, simulate_pipeline(spec, memory=False).critical_terms())
+    spec = PipelineSpec(schedule=sched.name, num_microbatches=m, fwd_s=(1 / 3,) * pp, bwd_s=(2 / 3,) * pp,
+                        hop_s=(0.01,) * (pp - 1), vpp=sched.vpp, wrap_hop_s=0.01 if sched.chunks > 1 else 0.0,
+                        dp_s=(0.1,) * pp, opt_s=(0.01,) * pp)
+    for path in sched.stage_paths(pp, m) + [longest_path(spec)[1]]:
+        learn_path(out, path)
     return out
 
 

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import enum
 import functools
-from typing import ClassVar, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple, Sequence
 
 from milp_plan.errors import InputError
 
@@ -57,6 +58,45 @@ _tuple_new = tuple.__new__
 
 def _act(kind: str, chunk: int, mb: int) -> Action:
     return _tuple_new(Action, (kind, chunk, mb))   # Action(...) without the keyword-argument layer
+
+
+@dataclass(frozen=True)
+class PathTerms:
+    """A path of the step's operation graph as a linear function of the spec: its length is
+        sum_r fwd[r] fwd_s[r] + bwd[r] bwd_s[r] + dp[r] dp_s[r] + opt[r] opt_s[r]
+          + sum_h hop[h] hop_s[h] + wrap wrap_hop_s.
+    The graph (the device orders, and each link serving its transfers in the sender's order)
+    depends only on the schedule, pp, m and vpp, so a path of one plan is a path of every plan
+    with the same four: its length there is a lower bound of that plan's makespan, and the
+    makespan is the largest such length (the critical path's)."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    hop: tuple[float, ...]
+    wrap: float
+    dp: tuple[float, ...]
+    opt: tuple[float, ...]
+
+    def covers(self, other: "PathTerms") -> bool:
+        """At least as long as `other` on every spec (every coefficient at least as large; the
+        optimizer steps count as the largest, as the model reads them)."""
+        pairs = [*zip(self.fwd, other.fwd), *zip(self.bwd, other.bwd), *zip(self.hop, other.hop),
+                 *zip(self.dp, other.dp), (self.wrap, other.wrap), (min(sum(self.opt), 1), min(sum(other.opt), 1))]
+        return all(a >= b for a, b in pairs)
+
+    def length_s(self, spec: Any) -> float:
+        """The path's length on a sim.PipelineSpec."""
+        hops = spec.hop_s or (0.0,) * (spec.pp - 1)
+        return (sum(c * x for c, x in zip(self.fwd, spec.fwd_s)) + sum(c * x for c, x in zip(self.bwd, spec.bwd_s))
+                + sum(c * x for c, x in zip(self.hop, hops)) + self.wrap * spec.wrap_hop_s
+                + sum(c * x for c, x in zip(self.dp, spec.per_rank(spec.dp_s, 0.0)))
+                + sum(c * x for c, x in zip(self.opt, spec.per_rank(spec.opt_s, 0.0))))
+
+
+
+def _path(pp: int, fwd, bwd, hop, wrap: float = 0.0) -> PathTerms:
+    """A path that ends in stage 0's reduction and an optimizer step."""
+    return PathTerms(tuple(fwd), tuple(bwd), tuple(hop), wrap, (1.0,) + (0.0,) * (pp - 1), (1.0,) + (0.0,) * (pp - 1))
 
 
 class Period(enum.Enum):
@@ -153,6 +193,29 @@ class Schedule:
         """Transfers on the paths of `path_weights`: each hop down once and up once."""
         return 2.0 * sum(hop_s)
 
+    def chain_path(self, pp: int, m: int, s: int) -> PathTerms:
+        """Micro-batch 0's first forward chunk down to stage s, all of stage s's operations (its
+        first is that forward, its last the last micro-batch's chunk-0 backward), that backward
+        back to stage 0, stage 0's reduction: sum_{j<s} (t_j / v + 2 h_j) + m t_s + dp_0 + opt."""
+        v = self.chunks
+        fwd = [1.0 / v if j < s else 0.0 for j in range(pp)]
+        fwd[s] = float(m)
+        bwd = list(fwd)
+        return _path(pp, fwd, bwd, [2.0 if j < s else 0.0 for j in range(pp - 1)])
+
+    def stage_paths(self, pp: int, m: int) -> list[PathTerms]:
+        """Paths of the step graph through each stage, which every plan of (pp, m) has: the
+        ones `path_weights` bounds (formulations/pipeline.md, "Bounds on the simulated step").
+        The model starts from them (predict.seed_paths). 1F1B: the chain paths, and F0 through
+        every stage, B0 back to stage s, the rest of s's order, B_{m-1} back to stage 0."""
+        out = [self.chain_path(pp, m, s) for s in range(pp)]
+        for s in range(pp):
+            w = min(pp - s, m)
+            fwd, bwd = [1.0] * pp, [1.0] * pp
+            fwd[s], bwd[s] = 1.0 + m - w, float(m)
+            out.append(_path(pp, fwd, bwd, [2.0] * (pp - 1)))
+        return out
+
     # ---- simulator ----------------------------------------------------------------------
     def rank_order(self, pp: int, rank: int, m: int) -> list[Action]:
         warmup = min(pp - rank - 1, m)
@@ -210,6 +273,16 @@ class GPipe(Schedule):
         back to stage s', B1..B_{m-1} on s', B_{m-1} back to stage 0:
         S + (m - 1)(f_s + b_s') + 2 sum h + dp_0 + opt >= S + (m - 1) z + ..."""
         return [(m - 1.0, 1.0)]
+
+    def stage_paths(self, pp, m):
+        """GPipe: the chain paths, and for each stage s the path F0 to s, F1..F_{m-1} on s,
+        F_{m-1} to the end, B0 back to s, B1..B_{m-1} on s, B_{m-1} back to stage 0."""
+        out = [self.chain_path(pp, m, s) for s in range(pp)]
+        for s in range(pp):
+            fwd, bwd = [1.0] * pp, [1.0] * pp
+            fwd[s] = bwd[s] = float(m)
+            out.append(_path(pp, fwd, bwd, [2.0] * (pp - 1)))
+        return out
 
     def rank_order(self, pp, rank, m):
         return [_act("F", 0, i) for i in range(m)] + [_act("B", 0, i) for i in range(m)]
@@ -271,6 +344,21 @@ class Interleaved(OneFOneB):
         v = self.vpp
         w0 = min(2 * (pp - 1) + (v - 1) * pp, m * v)
         return [(float(m), 0.0), (m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0])]
+
+    def stage_paths(self, pp, m):
+        """interleaved: the chain paths, and for each rank s micro-batch 0's forward through
+        every virtual stage, chunk v-1's backward back to s, the rest of s's order (every
+        backward, the forwards after the warm-up w_s and one more), chunk 0's backward of the
+        last micro-batch back to rank 0."""
+        if self.vpp == 1:
+            return super().stage_paths(pp, m)
+        v, out = self.vpp, [self.chain_path(pp, m, s) for s in range(pp)]
+        for s in range(pp):
+            w = min(2 * (pp - s - 1) + (v - 1) * pp, m * v)
+            fwd, bwd = [1.0] * pp, [1.0 / v] * pp
+            fwd[s], bwd[s] = 1.0 + max(m * v - w - 1, 0) / v, float(m)
+            out.append(_path(pp, fwd, bwd, [v + 1.0] * (pp - 1), v - 1.0))
+        return out
 
     def path_p2p(self, hop_s, wrap_hop_s):
         """(v + 1) sum h + (v - 1) h_wrap: the forward crosses every chunk boundary, each

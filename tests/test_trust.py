@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
-from milp_plan import check
+from milp_plan import check, predict
 from milp_plan.errors import InternalError
 from milp_plan.formulations import pipeline
 from milp_plan.formulations.coefficients import Coefficients
@@ -198,11 +198,17 @@ def test_the_gap_covers_rounding_and_optimal_means_within_the_proof_tolerance(is
 
 
 # ---- issue 12 §2: the model cannot drift from the cost model unnoticed ------------------------
-def test_a_drifting_model_term_is_an_internal_error(tmp_path, monkeypatch):
-    """The audit's mutation, hops of the steady-period window counted once (2 h -> 1 h), must
-    fail loudly. Two equal stages of 2 layers (3 ms a layer) on two 1-GPU nodes, one 0.8 ms
-    hop (4 KiB at 0.005 GB/s): the window (t0 + t1 + 2 h) / 2 = 6.8 ms beats max t = 6 ms,
-    so the mutated model prices (m - 1) x 0.8 ms less than the cost model."""
+@pytest.mark.parametrize("basis,message", [(predict.SIMULATED, "though it holds the plan's critical path"),
+                                           (predict.CLOSED_FORM, "below the cost model")])
+def test_a_drifting_model_term_is_an_internal_error(tmp_path, monkeypatch, basis, message):
+    """The audit's mutation, hops counted at half their weight, must fail loudly. Two equal
+    stages of 2 layers (3 ms a layer) on two 1-GPU nodes, one 0.8 ms hop (4 KiB at 0.005
+    GB/s). Closed form: the window (t0 + t1 + 2 h) / 2 = 6.8 ms beats max t = 6 ms, so the
+    mutated model prices (m - 1) x 0.8 ms less than the cost model. Simulated: every path
+    crossing the hop is priced short, so the plan's critical path, once added, still leaves
+    the model below the simulation."""
+    if basis == predict.CLOSED_FORM:
+        monkeypatch.setattr(predict, "STEP_SIM_MAX_OPERATIONS", 0)
     spec = write_instance(tmp_path, layers=4, fast_ms=(1.0, 2.0), gpn=1, counts=(2, 1), bw=COMPARABLE_BW[0])
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
     fix = {"tp": 1, "dp": 1, "mbs": 1, "pp": 2, "schedule": "1f1b", "recompute": "none"}
@@ -210,7 +216,7 @@ def test_a_drifting_model_term_is_an_internal_error(tmp_path, monkeypatch):
     assert honest.status == "optimal" and [s.num_layers for s in honest.plan.stages] == [2, 2]
     orig = PipelineModel._scaled_hop
     monkeypatch.setattr(PipelineModel, "_scaled_hop", lambda self, s, factor: orig(self, s, factor // 2))
-    with pytest.raises(InternalError, match="below the cost model"):
+    with pytest.raises(InternalError, match=message):
         solve(inst, Limits(), fix=fix)
 
 
@@ -329,10 +335,14 @@ def test_every_free_config_model_equals_its_exhaustive_optimum(tmp_path_factory,
     check_every_config_model(tmp_path_factory.mktemp("inst"), case, "free", 2_000)
 
 
+@pytest.mark.parametrize("basis", [predict.SIMULATED, predict.CLOSED_FORM])
 @pytest.mark.parametrize("schedule", ["gpipe", "interleaved", "1f1b"])
-def test_every_config_model_of_a_fixed_schedule_with_slow_links(tmp_path, schedule):
-    """Each schedule's terms (GPipe's flow shops, interleaved chunks and wrap, 1F1B windows)
-    on 2-GPU nodes, where hops inside a node and between nodes both occur, per-GPU billing."""
+def test_every_config_model_of_a_fixed_schedule_with_slow_links(tmp_path, schedule, basis, monkeypatch):
+    """Each schedule's terms on 2-GPU nodes, where hops inside a node and between nodes both
+    occur, per-GPU billing: the paths of the simulated step, and (as for plans too large to
+    simulate) the closed form's GPipe flow shops, interleaved chunks and wrap, 1F1B windows."""
+    if basis == predict.CLOSED_FORM:
+        monkeypatch.setattr(predict, "STEP_SIM_MAX_OPERATIONS", 0)
     spec = write_instance(tmp_path, layers=8, gpn=2, counts=(2, 2), bw=COMPARABLE_BW[1], billing=("gpu", "node"),
                           memory_gb_per_s=1.0)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 8}))

@@ -48,7 +48,7 @@ from milp_plan.formulations.space import pinned_types
 from milp_plan.job import Limits
 from milp_plan.predict import SIMULATED
 from milp_plan.schedules import Period
-from milp_plan.sim.pipeline import PathTerms
+from milp_plan.schedules import PathTerms
 from milp_plan.units import GIB, SECONDS_PER_HOUR, TICKS_PER_SECOND
 
 NOISE = 1e-12       # relative float noise of the cost model, allowed when rounding (pipeline.md)
@@ -144,6 +144,7 @@ class PipelineModel:
         assert len(self.block_of_type) == len(coef.blocks), "a solved config has one stage size per node type"
         self.L = coef.inst.model.num_layers
         self.simulated = coef.basis() == SIMULATED
+        self._weighted: dict[tuple[int, int, int], Any] = {}   # (stage, part, weight) -> expression
         self.v = Vars()
         self.res = self._resolution()
         self.t_hi = self._time_upper_bound()
@@ -497,7 +498,10 @@ class PipelineModel:
                 k = round(sc * share)
                 assert abs(k - sc * share) < 1e-9, "a modelled schedule's paths take whole chunks"
                 if k:
-                    terms.append(self._stage_expr(s, part, k))
+                    key = (s, part, k)  # many paths weigh a stage alike: one expression each
+                    if key not in self._weighted:
+                        self._weighted[key] = self._stage_expr(s, part, k)
+                    terms.append(self._weighted[key])
             if path.dp[s]:
                 terms += [self._aff_ticks(_scaled(self.c.dp_time(o, s), sc * path.dp[s]), s, o) for o in self.O]
         for h, count in enumerate(path.hop):
@@ -533,6 +537,8 @@ class PipelineModel:
             be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))
         if lim.objective == "min-cost" or lim.budget_usd_per_step is not None:
             hi = self._step_upper_bound()
+            if lim.time_limit_s is not None:  # T <= the limit in every plan the model admits
+                hi = min(hi, down(v.scale * lim.time_limit_s * res.tps))
             for (b, beta), var in v.u.items():
                 if beta == 0 or price[b, beta] == 0:
                     continue

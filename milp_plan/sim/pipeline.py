@@ -25,6 +25,7 @@ written by hand. The step it simulates, with G = pp x vpp virtual stages:
 """
 from __future__ import annotations
 
+import functools
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from typing import Callable, Sequence
 
 from milp_plan.errors import InputError
 from milp_plan.sim.engine import OpGraph, Timing, run_graph
-from milp_plan.schedules import W_FRACTION_OF_BWD, Action, device_orders, schedule_of
+from milp_plan.schedules import W_FRACTION_OF_BWD, Action, PathTerms, device_orders, schedule_of
 from milp_plan.units import GIB
 
 COMPUTE_KINDS = ("F", "B", "I", "W")
@@ -101,38 +102,6 @@ class OpRecord:
     track: str       # trace track: "stage r", "link r->r+1", "link r+1->r", "dp r", "barrier"
     start_s: float
     end_s: float
-
-
-@dataclass(frozen=True)
-class PathTerms:
-    """A path of the step's operation graph as a linear function of the spec: its length is
-        sum_r fwd[r] fwd_s[r] + bwd[r] bwd_s[r] + dp[r] dp_s[r] + opt[r] opt_s[r]
-          + sum_h hop[h] hop_s[h] + wrap wrap_hop_s.
-    The graph (the device orders, and each link serving its transfers in the sender's order)
-    depends only on the schedule, pp, m and vpp, so a path of one plan is a path of every plan
-    with the same four: its length there is a lower bound of that plan's makespan, and the
-    makespan is the largest such length (the critical path's)."""
-
-    fwd: tuple[float, ...]
-    bwd: tuple[float, ...]
-    hop: tuple[float, ...]
-    wrap: float
-    dp: tuple[float, ...]
-    opt: tuple[float, ...]
-
-    def covers(self, other: "PathTerms") -> bool:
-        """At least as long as `other` on every spec (every coefficient at least as large; the
-        optimizer steps count as the largest, as the model reads them)."""
-        pairs = [*zip(self.fwd, other.fwd), *zip(self.bwd, other.bwd), *zip(self.hop, other.hop),
-                 *zip(self.dp, other.dp), (self.wrap, other.wrap), (min(sum(self.opt), 1), min(sum(other.opt), 1))]
-        return all(a >= b for a, b in pairs)
-
-    def length_s(self, spec: "PipelineSpec") -> float:
-        hops = spec.hop_s or (0.0,) * (spec.pp - 1)
-        return (sum(c * x for c, x in zip(self.fwd, spec.fwd_s)) + sum(c * x for c, x in zip(self.bwd, spec.bwd_s))
-                + sum(c * x for c, x in zip(self.hop, hops)) + self.wrap * spec.wrap_hop_s
-                + sum(c * x for c, x in zip(self.dp, spec.per_rank(spec.dp_s, 0.0)))
-                + sum(c * x for c, x in zip(self.opt, spec.per_rank(spec.opt_s, 0.0))))
 
 
 @dataclass(frozen=True)
@@ -395,3 +364,109 @@ def simulate_pipeline(spec: PipelineSpec, memory: bool = True) -> SimResult:
                      tuple(1.0 - x / pipe_end if pipe_end > 0 else 0.0 for x in busy), tuple(dp_end),
                      tuple(m[0] for m in mem), tuple(m[1] for m in mem),
                      tuple(s + m[0] for s, m in zip(static, mem)), t, b.meta, b.g)
+
+
+# ---- the step as a longest path -------------------------------------------------------------
+@dataclass(frozen=True)
+class StepGraph:
+    """The operation graph of one step for (schedule, vpp, pp, m), the reductions after the
+    last backward, with each link's first-come, first-served order made edges: a link's
+    transfers all leave one sender rank, in its fixed order, and take the same time, so they
+    are served in that order whatever the durations (formulations/pipeline.md, "Which step
+    time is proven"). `order` is topological; `terms[o]` names what operation o takes of a
+    spec: (field, index, share) with field f, b, h (hop_s; index pp - 1: the wrap), dp, opt,
+    or "" (nothing)."""
+
+    order: tuple[int, ...]
+    preds: tuple[tuple[int, ...], ...]
+    terms: tuple[tuple[str, int, float], ...]
+
+
+@functools.lru_cache(maxsize=256)
+def step_graph(schedule: str, vpp: int, pp: int, m: int) -> StepGraph:
+    """The StepGraph of the simulator's own graph (_Builder) for these four."""
+    one = (1.0,) * pp
+    spec = PipelineSpec(schedule=schedule, num_microbatches=m, fwd_s=one, bwd_s=one, hop_s=(1.0,) * (pp - 1),
+                        vpp=vpp, wrap_hop_s=1.0 if vpp > 1 else 0.0, dp_s=one, opt_s=one)
+    b = _Builder(spec)
+    with _no_cyclic_gc():
+        chains = b.build(device_orders(schedule, pp, m, vpp))
+    n, g = len(b.g), b.g
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for o, outs in enumerate(g.succ):
+        for w in outs:
+            preds[w].append(o)
+    pos = {o: i for ids in chains for i, o in enumerate(ids)}
+    links: dict[int, list[int]] = {}
+    terms: list[tuple[str, int, float]] = []
+    share = {"F": ("f", 1.0 / vpp), "B": ("b", 1.0 / vpp), "I": ("b", (1 - spec.w_fraction) / vpp),
+             "W": ("b", spec.w_fraction / vpp)}
+    for o in range(n):
+        kind, res = b.meta(o)[1], g.resource[o]
+        if kind in share:
+            terms.append((share[kind][0], res, share[kind][1]))
+        elif kind in (KIND_TRANSFER_FWD, KIND_TRANSFER_BWD):
+            terms.append(("h", (res - pp) % pp, 1.0))
+            links.setdefault(res, []).append(o)
+        elif kind == KIND_DP:
+            terms.append(("dp", res - 3 * pp, 1.0))
+        elif kind == KIND_OPT:
+            terms.append(("opt", res, 1.0))
+        else:
+            terms.append(("", 0, 0.0))
+    for ops in links.values():  # a transfer's only predecessor is the operation that sends it
+        ops.sort(key=lambda o: pos[preds[o][0]])
+        for a, c in zip(ops, ops[1:]):
+            preds[c].append(a)
+    indeg = [len(p) for p in preds]
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for o, ps in enumerate(preds):
+        for p in ps:
+            succ[p].append(o)
+    stack = [o for o in range(n) if indeg[o] == 0]
+    order = []
+    while stack:
+        o = stack.pop()
+        order.append(o)
+        for w in succ[o]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                stack.append(w)
+    if len(order) < n:
+        raise RuntimeError("the step's operation graph has a cycle")
+    return StepGraph(tuple(order), tuple(tuple(p) for p in preds), tuple(terms))
+
+
+def longest_path(spec: PipelineSpec) -> tuple[float, PathTerms]:
+    """(makespan, critical path) of `spec` as the longest path of its StepGraph: what
+    simulate_pipeline computes event by event (tests/test_paths.py checks they agree), without
+    the memory, the trace or the engine's queues (about 20x faster)."""
+    if spec.dp_overlap:
+        raise ValueError("longest_path needs the reductions after the last backward (dp_overlap off)")
+    spec.validate()
+    pp = spec.pp
+    sg = step_graph(spec.schedule, spec.vpp, pp, spec.num_microbatches)
+    field = {"f": spec.fwd_s, "b": spec.bwd_s, "h": tuple(spec.hop_s or (0.0,) * (pp - 1)) + (spec.wrap_hop_s,),
+             "dp": tuple(spec.per_rank(spec.dp_s, 0.0)), "opt": tuple(spec.per_rank(spec.opt_s, 0.0)), "": (0.0,)}
+    dur = [max(0.0, field[f][i] * k) for f, i, k in sg.terms]
+    n = len(dur)
+    start, end = [0.0] * n, [0.0] * n
+    preds, get = sg.preds, end.__getitem__
+    for o in sg.order:
+        ps = preds[o]
+        if ps:
+            start[o] = t = max(map(get, ps))
+            end[o] = t + dur[o]
+        else:
+            end[o] = dur[o]
+    o = max(range(n), key=get)
+    step = end[o]
+    acc = {"f": [0.0] * pp, "b": [0.0] * pp, "h": [0.0] * pp, "dp": [0.0] * pp, "opt": [0.0] * pp, "": [0.0]}
+    while True:  # back along the operations that ended exactly when the next one started
+        f, i, k = sg.terms[o]
+        acc[f][i] += k
+        if not preds[o]:
+            break
+        o = next(p for p in preds[o] if end[p] == start[o])
+    return step, PathTerms(tuple(acc["f"]), tuple(acc["b"]), tuple(acc["h"][:pp - 1]), acc["h"][pp - 1] if pp > 1 else 0.0,
+                           tuple(acc["dp"]), tuple(acc["opt"]))

@@ -29,40 +29,59 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PIPE = "milp_plan/formulations/pipeline.py"
 COEF = "milp_plan/formulations/coefficients.py"
+SCHED = "milp_plan/schedules.py"
+CLOSED = "closed-form"   # probed with every plan predicted by the closed form (the large plans' basis)
 
-# (file, description, original text, mutated text): each a plausible slip in a formula
+# (file, description, original text, mutated text[, basis]): each a plausible slip in a formula.
+# Probes run with the simulated step (small plans' basis) unless the mutation names CLOSED.
 MUTATIONS = [
+    (PIPE, "a path's forward work dropped",
+     "for part, share in ((2, path.fwd[s]), (1, path.bwd[s])):", "for part, share in ((1, path.bwd[s]),):"),
+    (PIPE, "a path's reduction dropped", "            if path.dp[s]:", "            if False:"),
+    (PIPE, "a path's optimizer step dropped", "            terms.append(sc * v.o)", "            pass"),
+    (PIPE, "a path's hops counted once", "terms.append(self._scaled_hop(h, round(sc * count)))",
+     "terms.append(self._scaled_hop(h, sc))"),
+    (PIPE, "a path's wrap transfer dropped", "        if path.wrap:", "        if False:"),
+    (PIPE, "a path's forward and backward swapped",
+     "for part, share in ((2, path.fwd[s]), (1, path.bwd[s])):", "for part, share in ((1, path.fwd[s]), (2, path.bwd[s])):"),
+    (SCHED, "1F1B bound takes the closed form's weights (not valid for the simulation)",
+     "return [(float(m), 0.0), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0)]", "return [(m - 1.0, 1.0)]"),
+    (SCHED, "interleaved bound drops the warm-up correction",
+     "(m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0])", "(m - 1.0 / v, 1.0 / v + (1 - 1.0 / v) * phi[0])"),
+    (PIPE, "driver never sees a plan the model underestimates",
+     "        return raw_step < p.step_time_s * self.v.scale * self.res.tps - err - 1", "        return False"),
+
     (PIPE, "1F1B window counts each hop once (2 h -> 1 h)",
-     "ts[s] + 2 * self._scaled_hop(s, w)", "ts[s] + 1 * self._scaled_hop(s, w)"),
+     "ts[s] + 2 * self._scaled_hop(s, w)", "ts[s] + 1 * self._scaled_hop(s, w)", CLOSED),
     (COEF, "per-GPU billing charged per node",
      'if nt.billing == "gpu":', 'if nt.billing == "never":'),
     (PIPE, "1F1B windows dropped (z = max t_s only)",
-     "be.add(k * v.pipe >= Q[b] - (Q[a] if a else 0) + ts[b] - (k - 1))", "pass"),
+     "be.add(k * v.pipe >= Q[b] - (Q[a] if a else 0) + ts[b] - (k - 1))", "pass", CLOSED),
     (PIPE, "interleaved steady weight m vpp - 1 -> m vpp - 2",
-     "w = m * cfg.vpp - 1", "w = m * cfg.vpp - 2"),
+     "w = m * cfg.vpp - 1", "w = m * cfg.vpp - 2", CLOSED),
     (PIPE, "interleaved fill/drain hops vpp^2 -> vpp",
-     "2 * vp * vp * hops", "2 * vp * hops"),
+     "2 * vp * vp * hops", "2 * vp * hops", CLOSED),
     (PIPE, "interleaved wrap transfer dropped",
-     "2 * vp * (vp - 1) * v.wrap", "0 * v.wrap"),
+     "2 * vp * (vp - 1) * v.wrap", "0 * v.wrap", CLOSED),
     (PIPE, "dp tail hides twice the hops",
      "slack = [v.bwd_up[k] + sc * v.h_up[k] for k in range(s)]",
-     "slack = [v.bwd_up[k] + 2 * sc * v.h_up[k] for k in range(s)]"),
+     "slack = [v.bwd_up[k] + 2 * sc * v.h_up[k] for k in range(s)]", CLOSED),
     (PIPE, "interleaved optimizer step not scaled by vpp",
-     "v.D, vp * v.o])", "v.D, v.o])"),
+     "v.D, vp * v.o])", "v.D, v.o])", CLOSED),
     (PIPE, "memory capacity 10% larger",
      "be.add(be.sum(terms) <= down(self.c.capacity(o)))", "be.add(be.sum(terms) <= down(1.1 * self.c.capacity(o)))"),
     (PIPE, "GPipe backward flow shop reads the whole stage time",
-     "be.add(zb >= self._stage_expr(s, 1, w))", "be.add(zb >= self._stage_expr(s, 0, w))"),
+     "be.add(zb >= self._stage_expr(s, 1, w))", "be.add(zb >= self._stage_expr(s, 0, w))", CLOSED),
     (PIPE, "a hop inside a node priced as one between nodes",
      "terms += [(v.e[s, b], c.hop_intra(b), 0.0),", "terms += [(v.e[s, b], c.hop_inter(b, c.blocks[b].k), 0.0),"),
     (PIPE, "full recompute may recompute no layer",
      "be.add(v.rr[s, o] >= vpp * v.y[s, o])", "be.add(v.rr[s, o] >= 0 * v.y[s, o])"),
     (PIPE, "step time drops the optimizer step (1F1B, GPipe)",
-     "v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D, v.o])", "v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D])"),
+     "v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D, v.o])", "v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D])", CLOSED),
     (PIPE, "1F1B steady weight m - 1 -> m",
-     "        w = m - 1\n", "        w = m\n"),
+     "        w = m - 1\n", "        w = m\n", CLOSED),
     (PIPE, "dp tail slack uses the full stage time",
-     "self._stage_expr(s, 1, rnd=self.res.t_up)", "self._stage_expr(s, 0, rnd=self.res.t_up)"),
+     "self._stage_expr(s, 1, rnd=self.res.t_up)", "self._stage_expr(s, 0, rnd=self.res.t_up)", CLOSED),
     (PIPE, "$/h budget 10% looser in the model",
      "be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))",
      "be.add(v.usd_h <= down(1.1 * lim.budget_usd_per_hour * res.money))"),
@@ -71,6 +90,9 @@ MUTATIONS = [
 PROBE = r'''
 import sys, random
 sys.path.insert(0, sys.argv[1])
+import milp_plan.predict
+if sys.argv[3] == "closed-form":  # every plan predicted by the closed form, as plans too large to simulate are
+    milp_plan.predict.STEP_SIM_MAX_OPERATIONS = 0
 from pathlib import Path
 from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
@@ -137,8 +159,8 @@ print("probe passed", cases, "random cases")
 '''
 
 
-def run_probe(pkg_root: Path, cases: int) -> tuple[bool, str]:
-    r = subprocess.run([sys.executable, "-c", PROBE, str(pkg_root), str(cases)], capture_output=True, text=True,
+def run_probe(pkg_root: Path, cases: int, basis: str) -> tuple[bool, str]:
+    r = subprocess.run([sys.executable, "-c", PROBE, str(pkg_root), str(cases), basis], capture_output=True, text=True,
                        cwd=ROOT / "tests", env={"PYTHONPATH": f"{pkg_root}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin"})
     lines = (r.stdout + r.stderr).strip().splitlines()
     return r.returncode == 0, lines[-1] if lines else ""
@@ -151,7 +173,7 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=24, help="random instances per probe")
     args = ap.parse_args()
     if args.list:
-        for i, (f, what, _, _) in enumerate(MUTATIONS):
+        for i, (f, what, *_rest) in enumerate(MUTATIONS):
             print(f"{i:2d}  {f}: {what}")
         return
     with tempfile.TemporaryDirectory() as td:
@@ -159,15 +181,16 @@ def main() -> None:
         shutil.copytree(ROOT / "milp_plan", base / "milp_plan")
         shutil.copytree(ROOT / "clusters", base / "milp_plan" / "shipped" / "clusters")
         shutil.copytree(ROOT / "profiles", base / "milp_plan" / "shipped" / "profiles")
-        t0 = time.perf_counter()
-        ok, last = run_probe(base, args.cases)
-        print(f"unmutated: {'passes' if ok else 'FAILS'} ({time.perf_counter() - t0:.0f} s): {last}")
-        if not ok:
-            sys.exit(1)
+        for basis in ("simulated", CLOSED):
+            t0 = time.perf_counter()
+            ok, last = run_probe(base, args.cases, basis)
+            print(f"unmutated, {basis}: {'passes' if ok else 'FAILS'} ({time.perf_counter() - t0:.0f} s): {last}")
+            if not ok:
+                sys.exit(1)
         caught = 0
         chosen = args.only or range(len(MUTATIONS))
         for i in chosen:
-            f, what, old, new = MUTATIONS[i]
+            f, what, old, new, *basis = MUTATIONS[i]
             work = Path(td) / f"m{i}"
             shutil.copytree(base, work)
             path = work / f
@@ -177,7 +200,7 @@ def main() -> None:
                 continue
             path.write_text(text.replace(old, new))
             t0 = time.perf_counter()
-            ok, last = run_probe(work, args.cases)
+            ok, last = run_probe(work, args.cases, basis[0] if basis else "simulated")
             caught += not ok
             print(f"{i:2d}  {'caught  ' if not ok else 'SURVIVED'} {what} ({time.perf_counter() - t0:.0f} s)"
                   + (f": {last[:160]}" if not ok else ""))
