@@ -175,19 +175,20 @@ class Schedule:
         """Coefficient of sum_s t_s in T."""
         return 1.0
 
-    def path_weights(self, m: int, pp: int, phi: tuple[float, float]) -> list[tuple[float, float]]:
-        """Pairs (w_z, w_sum): every plan's simulated step is at least, for each pair,
-            w_z z + w_sum S + path_p2p(hops) + dp_0 + max_s opt_s,
+    def path_weights(self, m: int, pp: int, phi: tuple[float, float]) -> list[tuple[float, float, bool]]:
+        """Triples (w_z, w_sum, p2p): every plan's simulated step is at least, for each,
+            w_z z + w_sum S + [path_p2p(hops) if p2p] + dp_0 + max_s opt_s,
         z = max_s t_s, S = sum_s t_s, phi = (lo, hi) with lo <= f_s / t_s <= hi on every stage
         (formulations/pipeline.md, "Bounds on the simulated step"). Every schedule has the
         path that runs micro-batch 0's first forward down to stage s, all of s's operations,
-        and the last backward back to stage 0: m t_s + (fill and drain) >= m z (pair (m, 0)).
+        and the last backward back to stage 0: m t_s + (fill and drain) >= m z ((m, 0), and its
+        transfers need not cross every hop: none counted).
         1F1B: the path F0 through every stage, B0 back to stage s, the rest of s's order
         (m - w_s forwards, m - 1 backwards, w_s = min(pp - s, m)), then B_{m-1} back to stage 0
         and its reduction, is
             S + (m - 1) t_s - (w_s - 1) f_s + 2 sum h + dp_0 + opt,
         at the slowest stage >= S + (m - 1 - (min(pp, m) - 1) hi) z + ..."""
-        return [(float(m), 0.0), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0)]
+        return [(float(m), 0.0, False), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0, True)]
 
     def path_p2p(self, hop_s: Sequence[float], wrap_hop_s: float) -> float:
         """Transfers on the paths of `path_weights`: each hop down once and up once."""
@@ -272,7 +273,7 @@ class GPipe(Schedule):
         """GPipe: F0 through stages 0..s, F1..F_{m-1} on s, F_{m-1} on to the last stage, B0
         back to stage s', B1..B_{m-1} on s', B_{m-1} back to stage 0:
         S + (m - 1)(f_s + b_s') + 2 sum h + dp_0 + opt >= S + (m - 1) z + ..."""
-        return [(m - 1.0, 1.0)]
+        return [(m - 1.0, 1.0, True)]
 
     def stage_paths(self, pp, m):
         """GPipe: the chain paths, and for each stage s the path F0 to s, F1..F_{m-1} on s,
@@ -343,7 +344,7 @@ class Interleaved(OneFOneB):
             return super().path_weights(m, pp, phi)
         v = self.vpp
         w0 = min(2 * (pp - 1) + (v - 1) * pp, m * v)
-        return [(float(m), 0.0), (m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0])]
+        return [(float(m), 0.0, False), (m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0], True)]
 
     def stage_paths(self, pp, m):
         """interleaved: the chain paths, and for each rank s micro-batch 0's forward through

@@ -349,8 +349,20 @@ def test_evaluate_two_stage_plan_by_hand(inst):
     opt = 18_503_000 * 30 / 8e11
     step = compute + bubble + p2p + dp + opt
     assert step == approx(43.8939825 * MS)
+    closed = predict.evaluate(inst, plan, predict.CLOSED_FORM)
+    assert (closed.step_time_s, closed.bubble_s, closed.step_basis) == (approx(step), approx(bubble), "closed-form")
 
+    # Simulated (the step the planner proves): the critical path is F0 on both stages, B0 back
+    # to stage 0, the rest of stage 0's order (F2 B1 F3 B2 B3: m - w0 = 2 forwards, m - 1 = 3
+    # backwards, w0 = min(pp - 0, m) = 2), then its reduction and the optimizer:
+    #   f0 + f1 + b1 + 4 b0 + 2 f0 + 2 h + dp + opt = S + (m - 1) t0 - (w0 - 1) f0 + ...
+    # so stage 0's first warm-up forward (3.12 ms) hides under stage 1's work: the closed
+    # form's bubble sum t - max t = 4.54 ms is 4.54 - 3.12 = 1.42 ms here.
+    bubble = (4.54 - 3.12) * MS
+    step = compute + bubble + p2p + dp + opt
+    assert step == approx((f0 + f1 + b1 + 4 * b0 + 2 * f0 + 0.8) * MS + dp + opt)
     pred = predict.evaluate(inst, plan)
+    assert pred.step_basis == "simulated"
     assert pred.compute_s == approx(compute)
     assert pred.bubble_s == approx(bubble)
     assert pred.p2p_s == approx(p2p)

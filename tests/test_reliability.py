@@ -484,7 +484,7 @@ def test_budget_diagnosis_minimises_the_rent():
     from milp_plan.job import Objective
     from milp_plan.units import Money
     inst = build_instance(InstanceSpec(), Objective(budget=Money(10.0, "h")))
-    req = solving.SolveRequest("auto", None, 30.0)
+    req = solving.SolveRequest("auto", None, 60.0)  # its min-cost solve takes ~10 s of the 60
     limits = inst.objective.limits()
     r = solving.run(inst, req, limits)
     assert r.plan is None

@@ -258,7 +258,11 @@ def test_hand_derived_free_mode_recomputes_only_where_memory_binds(tmp_path, bac
     # Megatron mode (one r for all stages): [2,2] with r=1 twice: t = 7, 7 -> 3*7 + 14 = 35 ms;
     #   pp=1 [4] needs recompute of most layers (>= 3*16 + 16 = 64), [1,3] and [3,1] need more
     #   recompute on their 3-layer stage (>= 3*10 + 13), any slow stage costs >= 30 ms a layer.
-    # Free mode: [2,2] with stage 0 r=1, stage 1 r=0: t = 7, 6 -> 3*7 + 13 = 34 ms  <- optimum
+    # Free mode: [2,2] with stage 0 r=1 (f 2, b 5), stage 1 r=0 (f 2, b 4): the closed form says
+    #   3*7 + 13 = 34 ms, the simulation (the step proven) 33 ms  <- optimum:
+    #   rank 0: F0 [0,2] F1 [2,4] B0 [8,13] F2 [13,15] B1 [15,20] F3 [20,22] B2 [22,27] B3 [28,33]
+    #   rank 1: F0 [2,4] B0 [4,8] F1 [8,10] B1 [10,14] F2 [15,17] B2 [17,21] F3 [22,24] B3 [24,28]
+    # (Megatron mode's equal stages simulate at the closed form's 35 ms.)
     from milp_plan import costmodel as cm
     inst, usable_kib = free_recompute_instance(tmp_path)
 
@@ -275,7 +279,7 @@ def test_hand_derived_free_mode_recomputes_only_where_memory_binds(tmp_path, bac
         free = solve(inst, Limits(), backend=backend, fix=fix, mode="free")
         megatron = solve(inst, Limits(), backend=backend, fix=fix, mode="megatron")
     assert megatron.objective == pytest.approx(0.035, abs=2e-5)
-    assert free.status == "optimal" and free.objective == pytest.approx(0.034, abs=2e-5)
+    assert free.status == "optimal" and free.objective == pytest.approx(0.033, abs=2e-5)
     plan = free.plan
     assert check.check_plan(inst, plan) == [] and plan.mode == "free"
     assert objective_of(plan, Limits()) == pytest.approx(free.objective, rel=1e-12)

@@ -345,10 +345,10 @@ class Coefficients:
         return 1 if self.blocks[b].k in self.required_types else 0
 
     # ---- the step's form -------------------------------------------------------------------
-    def basis(self, sched: Schedule | None = None) -> str:
-        """How the step of this config's plans (with schedule `sched`, default the config's) is
-        predicted: predict.SIMULATED or predict.CLOSED_FORM (predict.step_basis)."""
-        return step_basis(sched or self.cfg.sched, self.cfg.pp, self.m)
+    def basis(self) -> str:
+        """How the step of this instance's plans is predicted: predict.SIMULATED or
+        predict.CLOSED_FORM (predict.step_basis)."""
+        return step_basis(self.inst)
 
     def forward_share(self) -> tuple[float, float]:
         """(lo, hi) with lo <= f_s / t_s <= hi on every stage of every plan: per option and
@@ -367,13 +367,14 @@ class Coefficients:
         self._phi = (max(lo, 0.0), min(hi, 1.0))
         return self._phi
 
-    def step_weights(self, sched: Schedule | None = None) -> list[tuple[float, float]]:
-        """Pairs (w_z, w_sum) of the step's lower bounds w_z z + w_sum S + ... (solvers/bounds.py):
-        the closed form's own weights, or the simulated step's (Schedule.path_weights)."""
+    def step_weights(self, sched: Schedule | None = None) -> list[tuple[float, float, bool]]:
+        """Triples (w_z, w_sum, with the transfers) of the step's lower bounds w_z z + w_sum S
+        + ... (solvers/bounds.py): the closed form's own weights, or the simulated step's
+        (Schedule.path_weights)."""
         sched = sched or self.cfg.sched
-        if self.basis(sched) == SIMULATED:
+        if self.basis() == SIMULATED:
             return sched.path_weights(self.m, self.cfg.pp, self.forward_share())
-        return [(sched.z_weight(self.m), sched.sum_weight())]
+        return [(sched.z_weight(self.m), sched.sum_weight(), True)]
 
     def step_p2p(self, hop_s: list[float], wrap_hop_s: float) -> float:
         """The transfers the step's lower bound counts (closed form or paths) for these hops."""

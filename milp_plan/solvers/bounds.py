@@ -316,17 +316,20 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
     # optimizer max at least the biggest stage's
     dp0 = [coef.dp_time(o, 0) for o in O]
-    opt = min(coef.opt_time(o, 0).a for o in O) * biggest + (_p2p_lower_bound(coef) if memory else 0.0)
+    opt = min(coef.opt_time(o, 0).a for o in O) * biggest
+    p2p = _p2p_lower_bound(coef) if memory else 0.0
 
-    def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float]], placed=(unit, cands, z, least)) -> float | None:
+    def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool]], placed=(unit, cands, z, least)) \
+            -> float | None:
         # the reduction is affine in the layers: its least over a range of vpp is at an end;
-        # each pair of weights gives a valid bound (the largest counts; None: no plan meets the limits)
+        # each weight triple gives a valid bound (the largest counts; None: no plan meets the limits)
         u, c, zz, lst = placed
         if zz is None:
             return None
-        got = [_finish_bound(slots, cfg, L, u, c, zz, lst, min(d(v) for d in dp0 for v in vpps) + opt,
+        dp = min(d(v) for d in dp0 for v in vpps)
+        got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0),
                              ends + cfg.pp * rho, gpu_usd, w_z, w_sum, limits, memory, least_work)
-               for w_z, w_sum in pairs]
+               for w_z, w_sum, hops in pairs]
         return None if None in got else max(got)
     if _family is not None:
         return finish(_family[1], _family[0])
@@ -351,9 +354,10 @@ def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config
     the bottleneck bound (X >= S / pp only), a fraction of the cost; the driver tightens it
     when the family reaches the top of the heap. Each variant has a list of weight pairs
     (Coefficients.step_weights), each a bound: the least first pair and the least last pair
-    are each below one pair of every variant."""
+    are each below one pair of every variant (transfers counted only where all count them)."""
     weights = [coef.step_weights(v.sched) for v in variants]
-    pairs = sorted({(min(w[i][0] for w in weights), min(w[i][1] for w in weights)) for i in (0, -1)})
+    pairs = sorted({(min(w[i][0] for w in weights), min(w[i][1] for w in weights), all(w[i][2] for w in weights))
+                    for i in (0, -1)})
     vpps = sorted({v.vpp for v in variants})
     return config_lower_bound(coef, limits, memory=False, variants=None, _family=(pairs, (vpps[0], vpps[-1]), weak))
 
