@@ -33,6 +33,7 @@ from typing import Sequence
 from milp_plan import check, costmodel
 from milp_plan.cluster import Cluster
 from milp_plan.errors import InputError
+from milp_plan.formulations.space import plan_fills
 from milp_plan.importers import fasop_plan, metis_plan
 from milp_plan.importers.peer_rows import PeerLayout
 from milp_plan.instance import Instance
@@ -105,7 +106,8 @@ def to_plan(inst: Instance, layout: PeerLayout, source: str) -> Imported:
         raise InputError(f"{where}: milp-plan cannot represent this row on cluster '{inst.cluster.name}': "
                          f"{broken[0]}" + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""),
                          source=source)
-    plan = plan.with_(predicted=costmodel.evaluate(inst, plan))
+    # the profile points the times rest on that no profile measured (e.g. FASOP's mbs > 1), listed as solve does
+    plan = plan.with_(predicted=costmodel.evaluate(inst, plan), profile_fills=plan_fills(inst, plan))
     limits = inst.objective.limits()
     plan = plan.with_(solver=SolverRecord(f"{layout.tool}-import", "evaluated", objective_of(plan, limits), None,
                                           None))
