@@ -344,8 +344,28 @@ def test_metis_cluster_gpu_by_memory_and_prefix(tmp_path):
              "h2": {"instance_type": "V100", "inter_bandwidth": 1e10, "intra_bandwidth": 1e11, "memory": 16}}
     c, h = metis_cluster_files(tmp_path, hosts, "h1 slots=8\nh2 slots=8\n")
     cl = load_metis_cluster(f"{c},{h}")
-    # A100 + 40 GB -> A100-40GB; V100 is a unique prefix of V100-32GB, memory 16 replaces 32
-    assert [(nt.gpu.name, nt.memory_gib) for nt in cl.node_types] == [("A100-40GB", 40.0), ("V100-32GB", 16.0)]
+    # A100 + 40 GB -> A100-40GB; V100 prefixes V100-16GB and V100-32GB, memory 16 picks V100-16GB
+    assert [(nt.gpu.name, nt.memory_gib) for nt in cl.node_types] == [("A100-40GB", 40.0), ("V100-16GB", 16.0)]
+
+
+def test_metis_cluster_p100_and_v100_16gb(tmp_path):
+    # the GPUs Metis' DeviceType knows (A100, V100, P100, T4), with the memories its README writes
+    net = {"inter_bandwidth": 10, "intra_bandwidth": 50}
+    hosts = {"v": {"instance_type": "V100", "memory": 16, **net}, "p": {"instance_type": "P100", "memory": 15, **net},
+             "t": {"instance_type": "T4", "memory": 15, **net}, "a": {"instance_type": "A100", "memory": 80, **net},
+             "w": {"instance_type": "v100", "memory": 32, **net}}
+    c, h = metis_cluster_files(tmp_path, hosts, "v 4\np 4\nt 4\na 4\nw 4\n")
+    got = [(nt.gpu.name, nt.memory_gib, nt.gpu.peak_tflops, nt.gpu.memory_gb_per_s)
+           for nt in load_metis_cluster(f"{c},{h}").node_types]
+    assert got == [("V100-16GB", 16.0, 125.0, 900.0),   # by memory: 16 of V100-16GB / V100-32GB
+                   ("P100-16GB", 15.0, 21.2, 732.0),    # unique prefix; Metis' memory 15 replaces 16
+                   ("T4", 15.0, 65.0, 320.0),
+                   ("A100-80GB", 80.0, 312.0, 2039.0),
+                   ("V100-32GB", 32.0, 125.0, 900.0)]
+    hosts["v"]["memory"] = 24   # neither V100: named, not guessed
+    c, h = metis_cluster_files(tmp_path, hosts, "v 4\n")
+    with pytest.raises(InputError, match="it matches V100-16GB, V100-32GB and memory 24 picks none"):
+        load_metis_cluster(f"{c},{h}")
 
 
 @pytest.mark.parametrize("hosts, hostfile, expect", [

@@ -26,9 +26,11 @@ Conversions (the notice in the cluster description says which were applied):
   bandwidth. (Metis' own GPUCluster.get_inter_bandwidth returns the intra value, a bug
   of theirs not copied here.)
 * GPU: `instance_type` maps to a catalog GPU by exact name (case-insensitive), else by
-  a unique prefix (`A10` -> A10, `V100` -> V100-32GB), else by a prefix whose catalog
-  memory equals `memory` (`A100` + 80 -> A100-80GB). `memory` then replaces the
-  catalog memory (like `gpu_memory_gib` in a YAML cluster).
+  a unique prefix (`A10` -> A10, `P100` -> P100-16GB), else by a prefix whose catalog
+  memory equals `memory` within 0.5 GB (`A100` + 80 -> A100-80GB, `V100` + 16 ->
+  V100-16GB, `V100` + 32 -> V100-32GB). `memory` then replaces the catalog memory
+  (like `gpu_memory_gib` in a YAML cluster): Metis' example P100 with `memory: 15` is
+  a P100-16GB planned at 15 GB.
 * Price: Metis has none, so every node type costs 0 $/h; cost objectives need a YAML
   cluster with `usd_per_hour`.
 * Hosts with the same GPU, memory, bandwidths and slots form one node type named
