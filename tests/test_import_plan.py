@@ -285,3 +285,47 @@ def test_metis_rows_read_from_a_noisy_log(tmp_path):
 def test_fasop_rows_read(fasop_case):
     rows = fasop_plan.read_rows(str(fasop_case[0]))
     assert [(r.line, r.pp, r.nodes[0], r.is_oom) for r in rows[:2]] == [(2, 8, P4D, False), (3, 4, G5, False)]
+
+
+# ---- the heads override: FASOP's GPT-2 XL -------------------------------------------------------
+FASOP_GPT2XL = "name: gpt2-xl-fasop\nbase: gpt2-xl\nnum_attention_heads: 16\n"
+
+
+def test_model_yaml_overrides_heads_of_a_catalog_model(tmp_path):
+    from milp_plan.model import load_model
+    path = tmp_path / "gpt2-xl-fasop.yaml"
+    path.write_text(FASOP_GPT2XL)
+    m, base = load_model(str(path)), load_model("gpt2-xl")
+    # 16 heads of 1600 / 16 = 100 dimensions; one query group per head, as the base has
+    assert (m.name, m.num_attention_heads, m.num_query_groups, m.head_dim) == ("gpt2-xl-fasop", 16, 16, 100)
+    assert (base.num_attention_heads, base.head_dim) == (25, 64)   # the catalog keeps GPT-2's 25
+    same = ("num_layers", "hidden_size", "ffn_hidden_size", "vocab_size", "seq_length", "mlp", "position")
+    assert all(getattr(m, f) == getattr(base, f) for f in same)
+    assert m.tp_violations(2) == [] and base.tp_violations(2) != []
+    # a grouped (GQA) base keeps its groups when only the heads change
+    path.write_text("base: llama2-70b\nnum_attention_heads: 32\n")
+    assert (load_model(str(path)).num_attention_heads, load_model(str(path)).num_query_groups) == (32, 8)
+    path.write_text("base: gpt5\nnum_attention_heads: 16\n")
+    with pytest.raises(InputError, match="field 'base' must name a catalog model"):
+        load_model(str(path))
+    path.write_text("base: gpt2-xl\nnum_attention_heads: 7\n")
+    with pytest.raises(InputError, match="hidden_size 1600 must be divisible by num_attention_heads 7"):
+        load_model(str(path))
+
+
+def test_fasop_tp2_row_with_fasop_heads_verifies(fasop_case, tmp_path, capsys):
+    # row 5 (tp 2) breaks the catalog's 25 heads (test_cli_violations_are_written_and_exit_1);
+    # with FASOP's 16 heads it is a valid plan, and verify passes on it
+    csv_path, cluster = fasop_case
+    model = tmp_path / "gpt2-xl-fasop.yaml"
+    model.write_text(FASOP_GPT2XL)
+    out = tmp_path / "plan.json"
+    args = fasop_args(csv_path, cluster, "--rank", "5", "--out", str(out))
+    args[args.index("gpt2-xl")] = str(model)
+    code, stdout, err = run_cli(capsys, *args)
+    assert code == 0, stdout + err
+    plan = read_plan(out)
+    assert {(s.tp, s.dp) for s in plan.stages} == {(2, 2)}
+    assert plan.inputs["model"]["definition"]["num_attention_heads"] == 16
+    code, stdout, err = run_cli(capsys, "verify", str(out))
+    assert code == 0, stdout + err
