@@ -434,6 +434,58 @@ def verify(
         sys.exit(report.exit_code)
 
 
+@app.command("import-plan", short_help="Turn a FASOP or Metis result row into plan.json, scored by milp-plan.")
+def import_plan(
+    spec: Annotated[str, typer.Argument(help="fasop:RESULT.csv (FASOP main_logs) or metis:RESULT.log (the ranked "
+                                             "list Metis prints).", metavar="SPEC")],
+    cluster: ClusterOpt = None, model: ModelOpt = None, profiles: ProfilesOpt = None,
+    profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
+    global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
+    rank: Annotated[int, typer.Option("--rank", help="Which row: 1 is the peer's best.")] = 1,
+    out: Annotated[str, typer.Option("--out", help="Where to write the plan (a regular file, or - for stdout).")]
+        = "plan.json",
+    json_out: JsonOpt = False,
+) -> None:
+    """Read one ranked row of a peer planner's result, lay it out on the cluster, check it, score it
+    with milp-plan's cost model and write plan.json (exit 1 when the checker finds violations: the
+    plan is still written, for `milp-plan verify`)."""
+    from milp_plan.fileio import check_output, write_output
+    from milp_plan.importers.peer_plan import import_plan as importing, parse_spec
+    from milp_plan.instance import build_instance
+    from milp_plan.report import render_plan, render_simulation
+    from milp_plan.verify import simulation_check
+    parse_spec(spec)
+    if rank < 1:
+        raise InputError(f"must be >= 1 (1 is the peer's best row), got {rank}", field="rank")
+    check_output(out)
+    inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
+                                        seq_len, memory_headroom))
+    got = importing(spec, inst, rank)
+    write_output(out, got.plan.to_json())
+    err = out == "-"
+    lay, p = got.layout, got.plan.predicted
+    if json_out:
+        typer.echo(json.dumps({"plan": got.plan.to_dict(), "peer": {"tool": lay.tool, "rank": lay.rank,
+                   "row": lay.summary, "peer_step_time_s": lay.peer_step_time_s, "notes": list(lay.notes)},
+                   "violations": [str(v) for v in got.violations]}, indent=2), err=err)
+    else:
+        echo_notices(got.instance)
+        peer = "" if lay.peer_step_time_s is None else f"; {lay.tool} estimated {lay.peer_step_time_s:.6g} s/step"
+        typer.echo(f"Imported {lay.tool} row {lay.rank}: {lay.summary}", err=err)
+        for n in lay.notes:
+            typer.echo(f"note: {n}", err=True)
+        typer.echo(render_plan(got.plan, got.instance) + "\n" + render_simulation(simulation_check(got.instance,
+                                                                                                   got.plan)), err=err)
+        typer.echo(f"milp-plan predicts {p.step_time_s:.6g} s/step{peer}", err=err)
+        if got.violations:
+            typer.echo(f"Checks: {len(got.violations)} violation(s)", err=err)
+            for v in got.violations:
+                typer.echo(f"  {v}", err=err)
+        typer.echo(f"Wrote {'the plan to stdout' if err else out}", err=err)
+    if got.violations:
+        sys.exit(1)
+
+
 @app.command(short_help="Run several planners on one instance and compare their plans.")
 def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: ProfilesOpt = None,
             profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,

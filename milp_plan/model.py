@@ -312,4 +312,24 @@ def load_model(spec: str | Path | None, default: str = "gpt3-1.3b") -> Model:
                          source=text)
     data = load_yaml(path, "model file")
     name = data.get("name", path.stem) if isinstance(data, Mapping) else path.stem
+    if isinstance(data, Mapping) and "base" in data:
+        data = with_base(data, catalog, str(path))
     return replace(model_from_mapping(str(name), data, str(path)), source=str(path))
+
+
+def with_base(data: Mapping[str, Any], catalog: Mapping[str, Model], source: str) -> dict[str, Any]:
+    """`base: <catalog model>` in a model YAML: the catalog model's fields, overridden by the
+    file's (e.g. `num_attention_heads: 16` to reproduce FASOP's GPT-2 XL). When the heads
+    change and the file names no `num_query_groups`, a base with one group per head keeps
+    one per head (multi-head attention stays multi-head); a grouped base keeps its groups."""
+    base = data["base"]
+    if not isinstance(base, str) or base not in catalog:
+        raise InputError(f"field 'base' must name a catalog model ({', '.join(catalog)}), got {base!r:.40}",
+                         source=source)
+    parent = catalog[base]
+    out = {k: v for k, v in parent.to_dict().items() if k != "name"}
+    out.update({k: v for k, v in data.items() if k != "base"})
+    if ("num_attention_heads" in data and "num_query_groups" not in data
+            and parent.num_query_groups == parent.num_attention_heads):
+        out["num_query_groups"] = data["num_attention_heads"]
+    return out

@@ -65,7 +65,7 @@ HOSTS = {
     # bytes/s: 3e11 B/s = 300 GB/s intra, 1.25e10 B/s = 12.5 GB/s inter
     "10.0.0.1": {"instance_type": "A100", "inter_bandwidth": 1.25e10, "intra_bandwidth": 3e11, "memory": 80},
     "10.0.0.2": {"instance_type": "A100", "inter_bandwidth": 1.25e10, "intra_bandwidth": 3e11, "memory": 80},
-    # GB/s as written (<= 1e4)
+    # Metis' unit (<= 1e4): 2^20 bytes per ms = 1.048576 GB/s each
     "a10-node": {"instance_type": "a10", "inter_bandwidth": 6.25, "intra_bandwidth": 16, "memory": 24},
 }
 HOSTFILE = "# Metis hostfile\n10.0.0.2 slots=8\na10-node 4\n10.0.0.1 slots=8\n"
@@ -307,11 +307,28 @@ def test_metis_cluster_conversion_and_hosts(tmp_path):
     assert a100.intra_node_gb_per_s == pytest.approx(300.0)  # 3e11 B/s / 1e9
     assert a100.inter_node_gb_per_s == pytest.approx(12.5)   # 1.25e10 B/s / 1e9
     assert (a10.name, a10.gpu.name, a10.gpus_per_node, a10.count, a10.hosts) == ("a10-x4", "A10", 4, 1, ("a10-node",))
-    assert (a10.intra_node_gb_per_s, a10.inter_node_gb_per_s) == (16.0, 6.25)  # GB/s kept
+    # 16 x 2^20 B/ms = 16 x 1,048,576 x 1000 B/s = 16.777216 GB/s; 6.25 x 1.048576 = 6.5536 GB/s
+    assert a10.intra_node_gb_per_s == pytest.approx(16.777216)
+    assert a10.inter_node_gb_per_s == pytest.approx(6.5536)
     assert a100.usd_per_hour == a10.usd_per_hour == 0.0
     assert cl.num_gpus == 20                                  # 2 x 8 + 4
     assert [n.host for n in cl.nodes] == ["10.0.0.2", "10.0.0.1", "a10-node"]
     assert "bytes/s (divided by 1e9)" in cl.description and "usd_per_hour 0" in cl.description
+    assert "2^20 bytes/ms (x 1.048576 GB/s)" in cl.description
+
+
+def test_metis_bandwidth_unit_is_mebibytes_per_ms(tmp_path):
+    # Metis' results/hetero_cost_model cluster: A100 intra 46, inter 10. Its cost model computes
+    # ms = bytes / (value x 1024 x 1024), so 46 means 46 x 1,048,576 bytes per ms
+    # = 48,234,496,000 bytes/s = 48.234496 GB/s; 10 -> 10,485,760,000 B/s = 10.48576 GB/s.
+    hosts = {"h": {"instance_type": "A100", "inter_bandwidth": 10, "intra_bandwidth": 46, "memory": 80}}
+    c, h = metis_cluster_files(tmp_path, hosts, "h slots=4\n")
+    nt = load_metis_cluster(f"{c},{h}").node_types[0]
+    assert nt.intra_node_gb_per_s == pytest.approx(48.234496, rel=1e-12)
+    assert nt.inter_node_gb_per_s == pytest.approx(10.48576, rel=1e-12)
+    # a p2p of 1 GiB (2^30 bytes) at intra 46: Metis says 2^30 / (46 x 2^20) ms = 1024 / 46 ms = 22.26 ms;
+    # the converted bandwidth gives the same time
+    assert 2**30 / (nt.intra_node_gb_per_s * 1e9) * 1e3 == pytest.approx(1024 / 46, rel=1e-12)
 
 
 def test_metis_cluster_dispatch_and_hostfile_beside(tmp_path):
@@ -327,8 +344,28 @@ def test_metis_cluster_gpu_by_memory_and_prefix(tmp_path):
              "h2": {"instance_type": "V100", "inter_bandwidth": 1e10, "intra_bandwidth": 1e11, "memory": 16}}
     c, h = metis_cluster_files(tmp_path, hosts, "h1 slots=8\nh2 slots=8\n")
     cl = load_metis_cluster(f"{c},{h}")
-    # A100 + 40 GB -> A100-40GB; V100 is a unique prefix of V100-32GB, memory 16 replaces 32
-    assert [(nt.gpu.name, nt.memory_gib) for nt in cl.node_types] == [("A100-40GB", 40.0), ("V100-32GB", 16.0)]
+    # A100 + 40 GB -> A100-40GB; V100 prefixes V100-16GB and V100-32GB, memory 16 picks V100-16GB
+    assert [(nt.gpu.name, nt.memory_gib) for nt in cl.node_types] == [("A100-40GB", 40.0), ("V100-16GB", 16.0)]
+
+
+def test_metis_cluster_p100_and_v100_16gb(tmp_path):
+    # the GPUs Metis' DeviceType knows (A100, V100, P100, T4), with the memories its README writes
+    net = {"inter_bandwidth": 10, "intra_bandwidth": 50}
+    hosts = {"v": {"instance_type": "V100", "memory": 16, **net}, "p": {"instance_type": "P100", "memory": 15, **net},
+             "t": {"instance_type": "T4", "memory": 15, **net}, "a": {"instance_type": "A100", "memory": 80, **net},
+             "w": {"instance_type": "v100", "memory": 32, **net}}
+    c, h = metis_cluster_files(tmp_path, hosts, "v 4\np 4\nt 4\na 4\nw 4\n")
+    got = [(nt.gpu.name, nt.memory_gib, nt.gpu.peak_tflops, nt.gpu.memory_gb_per_s)
+           for nt in load_metis_cluster(f"{c},{h}").node_types]
+    assert got == [("V100-16GB", 16.0, 125.0, 900.0),   # by memory: 16 of V100-16GB / V100-32GB
+                   ("P100-16GB", 15.0, 21.2, 732.0),    # unique prefix; Metis' memory 15 replaces 16
+                   ("T4", 15.0, 65.0, 320.0),
+                   ("A100-80GB", 80.0, 312.0, 2039.0),
+                   ("V100-32GB", 32.0, 125.0, 900.0)]
+    hosts["v"]["memory"] = 24   # neither V100: named, not guessed
+    c, h = metis_cluster_files(tmp_path, hosts, "v 4\n")
+    with pytest.raises(InputError, match="it matches V100-16GB, V100-32GB and memory 24 picks none"):
+        load_metis_cluster(f"{c},{h}")
 
 
 @pytest.mark.parametrize("hosts, hostfile, expect", [

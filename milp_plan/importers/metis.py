@@ -11,14 +11,26 @@ named `hostfile` or `hostfile.txt` beside it):
 
 Conversions (the notice in the cluster description says which were applied):
 
-* Bandwidth: Metis' example writes bytes/s. A value > 1e6 is read as bytes/s and
-  divided by 1e9 (GB/s = 10^9 bytes/s); a value <= 1e4 is read as GB/s unchanged; a
-  value in between is ambiguous and rejected. `intra_bandwidth` becomes the per-GPU
-  intra-node bandwidth, `inter_bandwidth` the per-node network bandwidth.
+* Bandwidth: Metis' cost model reads `inter_bandwidth` and `intra_bandwidth` in units
+  of 2^20 bytes per millisecond: model/cost_estimator.py multiplies the value by
+  1024 * 1024 and divides bytes by it to get ms (`_get_pp_cost`, `_get_dp_cost`); its
+  results/ use values like 10 and 46. One unit is therefore
+
+      2^20 B/ms = 1,048,576 x 1000 B/s = 1.048576 GB/s    (GB = 10^9 bytes)
+
+  and a value v <= 1e4 becomes v x 1.048576 GB/s (46 -> 48.234496 GB/s). Metis' README
+  example writes bytes/s instead (312500000.0 = 2.5 Gbit/s); in the code's unit such a
+  value would be a network above 10^15 B/s, so a value > 1e6 is read as bytes/s and
+  divided by 1e9. A value in between is ambiguous and rejected. `intra_bandwidth`
+  becomes the per-GPU intra-node bandwidth, `inter_bandwidth` the per-node network
+  bandwidth. (Metis' own GPUCluster.get_inter_bandwidth returns the intra value, a bug
+  of theirs not copied here.)
 * GPU: `instance_type` maps to a catalog GPU by exact name (case-insensitive), else by
-  a unique prefix (`A10` -> A10, `V100` -> V100-32GB), else by a prefix whose catalog
-  memory equals `memory` (`A100` + 80 -> A100-80GB). `memory` then replaces the
-  catalog memory (like `gpu_memory_gib` in a YAML cluster).
+  a unique prefix (`A10` -> A10, `P100` -> P100-16GB), else by a prefix whose catalog
+  memory equals `memory` within 0.5 GB (`A100` + 80 -> A100-80GB, `V100` + 16 ->
+  V100-16GB, `V100` + 32 -> V100-32GB). `memory` then replaces the catalog memory
+  (like `gpu_memory_gib` in a YAML cluster): Metis' example P100 with `memory: 15` is
+  a P100-16GB planned at 15 GB.
 * Price: Metis has none, so every node type costs 0 $/h; cost objectives need a YAML
   cluster with `usd_per_hour`.
 * Hosts with the same GPU, memory, bandwidths and slots form one node type named
@@ -57,8 +69,9 @@ from milp_plan.profile import Profile
 
 HOSTFILE_NAMES = ("hostfile", "hostfile.txt")
 MAX_SLOTS = 64            # GPUs per host (cluster.MAX_GPUS_PER_NODE)
-BYTES_PER_S_ABOVE = 1e6   # a bandwidth above this is bytes/s
-GB_PER_S_UP_TO = 1e4      # a bandwidth up to this is GB/s
+BYTES_PER_S_ABOVE = 1e6   # a bandwidth above this is bytes/s (Metis' README example)
+METIS_UNITS_UP_TO = 1e4   # a bandwidth up to this is in Metis' unit, 2^20 bytes per ms
+GB_PER_S_PER_METIS_UNIT = 2**20 * 1e3 / 1e9   # 2^20 B/ms in 10^9 B/s: 1.048576
 _HOST_FIELDS = ["instance_type", "inter_bandwidth", "intra_bandwidth", "memory"]
 _PROFILE_NAME = re.compile(r"^DeviceType\.(?P<gpu>.+?)_tp(?P<tp>\d+)_bs(?P<bs>\d+)\.json$")
 
@@ -114,13 +127,15 @@ def _hostfile_line(tokens: list[str], path: Path, lineno: int) -> tuple[str, int
 
 
 def bandwidth_gb_per_s(value: float, source: str, where: str, field: str) -> tuple[float, str]:
-    """GB/s and the unit it was read in: > 1e6 -> bytes/s / 1e9; <= 1e4 -> GB/s; between: error."""
+    """GB/s and the unit it was read in: > 1e6 -> bytes/s / 1e9; <= 1e4 -> Metis' 2^20 B/ms
+    x 1.048576; between: error (see the module docstring)."""
     if value > BYTES_PER_S_ABOVE:
         return value / 1e9, "bytes/s"
-    if value <= GB_PER_S_UP_TO:
-        return value, "GB/s"
-    raise InputError(f"{where}: field '{field}' = {value:g} is ambiguous (bytes/s are > 1e6, GB/s are <= 1e4); "
-                     "write bytes/s as Metis does, or GB/s", source=source)
+    if value <= METIS_UNITS_UP_TO:
+        return value * GB_PER_S_PER_METIS_UNIT, "MiB/ms"
+    raise InputError(f"{where}: field '{field}' = {value:g} is ambiguous (Metis' unit, 2^20 bytes per ms, gives "
+                     "values <= 1e4; bytes/s are > 1e6); write it in 2^20 bytes per ms as Metis' cost model "
+                     "reads it, or in bytes/s", source=source)
 
 
 def match_catalog_gpu(instance_type: str, memory_gb: float, source: str, where: str) -> GPU:
@@ -190,7 +205,7 @@ def _group_nodes(nodes: list[tuple[str, int]], hosts: dict[str, Any], json_path:
 
 
 def _notice(units: dict[str, set[str]]) -> str:
-    said = {"bytes/s": "bytes/s (divided by 1e9)", "GB/s": "GB/s"}
+    said = {"bytes/s": "bytes/s (divided by 1e9)", "MiB/ms": "2^20 bytes/ms (x 1.048576 GB/s)"}
     parts = [f"{field} read as " + " and ".join(said[u] for u in sorted(units[field], reverse=True))
              for field in ("intra_bandwidth", "inter_bandwidth") if units.get(field)]
     return ("Metis cluster; " + ", ".join(parts) + "; Metis has no prices: usd_per_hour 0 "
