@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clitools import run_cli
-from milp_plan import costmodel
+from milp_plan import predict
 from milp_plan.errors import InputError
 from milp_plan.importers import fasop_plan, metis_plan
 from milp_plan.importers.peer_plan import import_plan
@@ -98,7 +98,7 @@ def test_fasop_best_row_becomes_a_checked_megatron_plan(fasop_case):
     assert plan.stages[3].devices == (Device(1, 2), Device(1, 3))
     assert (plan.num_microbatches, plan.micro_batch_size, plan.mode) == (32, 1, "megatron")
     assert got.violations == ()
-    assert plan.predicted == costmodel.evaluate(got.instance, plan)
+    assert plan.predicted == predict.evaluate(got.instance, plan)
     assert (plan.solver.backend, plan.solver.status) == ("fasop-import", "evaluated")
     assert plan.solver.objective == plan.predicted.step_time_s
     assert got.layout.peer_step_time_s == 1.25

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from milp_plan import check, costmodel
+from milp_plan import check, predict
 from milp_plan.cluster import Cluster
 from milp_plan.errors import InputError
 from milp_plan.formulations.space import plan_fills
@@ -107,7 +107,7 @@ def to_plan(inst: Instance, layout: PeerLayout, source: str) -> Imported:
                          f"{broken[0]}" + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""),
                          source=source)
     # the profile points the times rest on that no profile measured (e.g. FASOP's mbs > 1), listed as solve does
-    plan = plan.with_(predicted=costmodel.evaluate(inst, plan), profile_fills=plan_fills(inst, plan))
+    plan = plan.with_(predicted=predict.evaluate(inst, plan), profile_fills=plan_fills(inst, plan))
     limits = inst.objective.limits()
     plan = plan.with_(solver=SolverRecord(f"{layout.tool}-import", "evaluated", objective_of(plan, limits), None,
                                           None))
