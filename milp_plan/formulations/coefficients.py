@@ -22,8 +22,7 @@ from milp_plan.formulations.space import (LIST_KEYS, Config, FreeConfig, Placeme
                                           stage_options)
 from milp_plan.instance import Instance
 from milp_plan.predict import SIMULATED, seed_paths, step_basis
-from milp_plan.schedules import Schedule
-from milp_plan.schedules import PathTerms
+from milp_plan.schedules import PathTerms, Schedule
 
 _TOL = 1e-6
 

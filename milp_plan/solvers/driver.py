@@ -170,8 +170,10 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
                   lb: float) -> tuple[Plan | None, float | None]:
     """Solve one complete config's per-stage model (objective <= cutoff when given). The model
     is a relaxation of the cost model (pipeline.md, "Rounding"): each plan it returns is
-    evaluated exactly, cut off and solved again when it breaks a limit or memory (at most
-    MAX_CUTS times), and its objective must agree with the model's within the rounding.
+    evaluated exactly; on a simulated instance a plan whose critical path the model misses
+    adds that path and the model is solved again (at most MAX_PATHS times, pipeline.md,
+    "add_paths"); a plan over a limit or memory is cut off and solved again (at most MAX_CUTS
+    times); and its objective must agree with the model's within the rounding.
     Returns the admitted plan or None, and the bound the config leaves (None when proven
     empty: "infeasible" under the cutoff means no plan of this config beats the incumbent)."""
     be = make_backend(backend)
@@ -201,7 +203,9 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
             predict.learn_path(coef.paths(), path)
             paths += 1
             if paths > MAX_PATHS or time.perf_counter() >= deadline or interrupted():
-                break
+                # out of rounds: the plan is still a plan (its objective is the cost model's),
+                # and the config stays open at its proven bound
+                return (plan if limits.admit(plan) else None), bound
             continue
         value = objective_of(plan, limits)
         err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
