@@ -2,7 +2,8 @@
 
 Applies each small formula mutation below, one at a time, to a copy of milp_plan/ and runs
 a probe on it: every config's model of a small instance solved on its own against that
-config's exhaustive optimum (each schedule, slow links, per-GPU billing), CP-SAT solves of
+config's exhaustive optimum (each schedule, slow links, per-GPU billing), the simulated step's
+bound weights and seed paths against the simulator (tests/test_paths.py), CP-SAT solves of
 small random instances (realistic transfers, per-GPU and per-node billing, binding memory,
 every objective, both modes) compared with brute force (which reads only predict.evaluate
 and the checker), and the default instance. A
@@ -45,16 +46,21 @@ MUTATIONS = [
     (PIPE, "a path's forward and backward swapped",
      "for part, share in ((2, path.fwd[s]), (1, path.bwd[s])):", "for part, share in ((1, path.fwd[s]), (2, path.bwd[s])):"),
     (SCHED, "1F1B bound takes the closed form's weights (not valid for the simulation)",
-     "return [(float(m), 0.0), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0)]", "return [(m - 1.0, 1.0)]"),
+     "return [(float(m), 0.0, False), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0, True)]", "return [(m - 1.0, 1.0, True)]"),
     (SCHED, "interleaved bound drops the warm-up correction",
-     "(m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0])", "(m - 1.0 / v, 1.0 / v + (1 - 1.0 / v) * phi[0])"),
+     "(m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0], True)",
+     "(m - 1.0 / v, 1.0 / v + (1 - 1.0 / v) * phi[0], True)"),
+    (SCHED, "the chain path's bound counts every hop",
+     "return [(float(m), 0.0, False), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0, True)]",
+     "return [(float(m), 0.0, True), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0, True)]"),
     (PIPE, "driver never sees a plan the model underestimates",
      "        return raw_step < p.step_time_s * self.v.scale * self.res.tps - err - 1", "        return False"),
 
     (PIPE, "1F1B window counts each hop once (2 h -> 1 h)",
      "ts[s] + 2 * self._scaled_hop(s, w)", "ts[s] + 1 * self._scaled_hop(s, w)", CLOSED),
-    (COEF, "per-GPU billing charged per node",
-     'if nt.billing == "gpu":', 'if nt.billing == "never":'),
+    ("milp_plan/cluster.py", "per-GPU billing charged per node",
+     'return self.usd_per_hour * nodes if self.billing == "node" else self.usd_per_gpu_hour * gpus',
+     'return self.usd_per_hour * nodes'),
     (PIPE, "1F1B windows dropped (z = max t_s only)",
      "be.add(k * v.pipe >= Q[b] - (Q[a] if a else 0) + ts[b] - (k - 1))", "pass", CLOSED),
     (PIPE, "interleaved steady weight m vpp - 1 -> m vpp - 2",
@@ -101,6 +107,11 @@ from milp_plan.solvers.driver import solve
 from instances import write_instance, limits_for, assert_agrees, COMPARABLE_BW, HUGE_BW, OBJECTIVES
 import tempfile
 
+# the simulated step's bound weights and seed paths against the simulator on random pipelines
+from test_paths import test_every_path_weight_pair_bounds_the_simulation, test_every_stage_path_is_a_path
+for sched in ("1f1b", "gpipe", "interleaved"):
+    test_every_path_weight_pair_bounds_the_simulation(sched)
+    test_every_stage_path_is_a_path(sched)
 # every config's model on its own (no heuristic or bound can hide it), each schedule, slow
 # links, per-GPU billing, against each config's exhaustive optimum (tests/test_trust.py)
 from test_trust import assert_every_config_model_exact
