@@ -50,9 +50,9 @@ MUTATIONS = [
     (SCHED, "interleaved bound drops the warm-up correction",
      "(m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0], True)",
      "(m - 1.0 / v, 1.0 / v + (1 - 1.0 / v) * phi[0], True)"),
-    (SCHED, "the chain path's bound counts every hop",
-     "return [(float(m), 0.0, False), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0, True)]",
-     "return [(float(m), 0.0, True), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0, True)]"),
+    (SCHED, "the interleaved chain path's bound counts every hop (the bug test_paths found)",
+     "return [(float(m), 0.0, False), (m - 1.0 / v - w0 * phi[1] / v,",
+     "return [(float(m), 0.0, True), (m - 1.0 / v - w0 * phi[1] / v,"),
     (PIPE, "driver never sees a plan the model underestimates",
      "        return raw_step < p.step_time_s * self.v.scale * self.res.tps - err - 1", "        return False"),
 
