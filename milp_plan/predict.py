@@ -18,9 +18,8 @@ import functools
 from milp_plan import costmodel
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, Prediction
-from milp_plan.schedules import Schedule
+from milp_plan.schedules import PathTerms, Schedule
 from milp_plan.sim.from_plan import spec_from_plan
-from milp_plan.schedules import PathTerms
 from milp_plan.sim.pipeline import PipelineSpec, longest_path
 
 # An instance whose plans may have more forward and backward operations than this (2 L B: pp
