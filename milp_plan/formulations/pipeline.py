@@ -144,7 +144,7 @@ class PipelineModel:
         assert len(self.block_of_type) == len(coef.blocks), "a solved config has one stage size per node type"
         self.L = coef.inst.model.num_layers
         self.simulated = coef.basis() == SIMULATED
-        self._weighted: dict[tuple[int, int, int], Any] = {}   # (stage, part, weight) -> expression
+        self._weighted: dict[tuple, Any] = {}   # (what, index, weight) -> expression (add_path)
         self.v = Vars()
         self.res = self._resolution()
         self.t_hi = self._time_upper_bound()
@@ -485,6 +485,13 @@ class PipelineModel:
         if self.lim.time_limit_s is not None:
             be.add(v.step <= down(v.scale * self.lim.time_limit_s * self.res.tps))
 
+    def _weighted_term(self, key: tuple, make):
+        """One expression per (what, index, weight): many paths weigh a stage, a hop or a
+        reduction alike."""
+        if key not in self._weighted:
+            self._weighted[key] = make()
+        return self._weighted[key]
+
     def add_path(self, path: PathTerms) -> bool:
         """scale T >= scale x the path's length, each term's weight applied before rounding
         (down). False when the model already has this path."""
@@ -497,18 +504,19 @@ class PipelineModel:
             for part, share in ((2, path.fwd[s]), (1, path.bwd[s])):
                 k = round(sc * share)
                 assert abs(k - sc * share) < 1e-9, "a modelled schedule's paths take whole chunks"
-                if k:
-                    key = (s, part, k)  # many paths weigh a stage alike: one expression each
-                    if key not in self._weighted:
-                        self._weighted[key] = self._stage_expr(s, part, k)
-                    terms.append(self._weighted[key])
+                if k:  # many paths weigh a stage alike: one expression each
+                    terms.append(self._weighted_term((part, s, k), lambda s=s, part=part, k=k: self._stage_expr(s, part, k)))
             if path.dp[s]:
-                terms += [self._aff_ticks(_scaled(self.c.dp_time(o, s), sc * path.dp[s]), s, o) for o in self.O]
+                terms.append(self._weighted_term(("dp", s, sc * path.dp[s]), lambda k=sc * path.dp[s], s=s: self.be.sum(
+                    [self._aff_ticks(_scaled(self.c.dp_time(o, s), k), s, o) for o in self.O])))
         for h, count in enumerate(path.hop):
             if count:
-                terms.append(self._scaled_hop(h, round(sc * count)))
+                k = round(sc * count)
+                terms.append(self._weighted_term(("h", h, k), lambda h=h, k=k: self._scaled_hop(h, k)))
         if path.wrap:
-            terms.append(self._hop_expr(v.wrap_terms, lambda x: self.res.t_down(round(sc * path.wrap) * x)))
+            k = round(sc * path.wrap)
+            terms.append(self._weighted_term(("w", 0, k), lambda k=k: self._hop_expr(
+                v.wrap_terms, lambda x: self.res.t_down(k * x))))
         if sum(path.opt):
             terms.append(sc * v.o)  # the path's optimizer step is at most the largest: T >= ... + max opt
         be.add(v.step >= be.sum(terms))
