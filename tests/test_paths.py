@@ -1,8 +1,8 @@
 """The simulated step as the planner's objective (issue 12 §3; formulations/pipeline.md,
 "Which step time is proven", "add_paths", "Bounds on the simulated step"):
 
-* the simulator's critical path, read as a linear function of the spec (PathTerms), has the
-  makespan's length, and as a path of the fixed graph it bounds every other spec of the same
+* the critical path of the step's graph, read as a linear function of the spec (PathTerms),
+  has the event engine's makespan as its length, and as a path of the fixed graph it bounds every other spec of the same
   schedule, pp, m and vpp from below;
 * every weight pair of Schedule.path_weights bounds the simulation from below;
 * the planner proves the simulated optimum where the closed form ranks plans wrongly (hand
@@ -46,11 +46,12 @@ def _random_spec(rng: random.Random, schedule: str, pp: int | None = None, m: in
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_the_critical_path_has_the_makespans_length(schedule):
+    """The longest-path evaluator's critical path, read as a PathTerms, is as long as the event
+    engine's makespan."""
     rng = random.Random(f"length-{schedule}")
     for _ in range(150):
         spec = _random_spec(rng, schedule)
-        sim = simulate_pipeline(spec)
-        assert sim.critical_terms().length_s(spec) == pytest.approx(sim.step_time_s, rel=1e-12)
+        assert longest_path(spec)[1].length_s(spec) == pytest.approx(simulate_pipeline(spec).step_time_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("schedule", ("1f1b", "gpipe", "interleaved"))
@@ -88,7 +89,7 @@ def test_a_path_bounds_every_spec_with_the_same_graph(schedule):
     for _ in range(100):
         a = _random_spec(rng, schedule)
         b = _random_spec(rng, schedule, a.pp, a.num_microbatches, a.vpp)
-        path, sim_b = simulate_pipeline(a).critical_terms(), simulate_pipeline(b)
+        path, sim_b = longest_path(a)[1], simulate_pipeline(b)
         assert path.length_s(b) <= sim_b.step_time_s * (1 + 1e-12)
 
 

@@ -72,31 +72,14 @@ class OpGraph:
 
 @dataclass(frozen=True)
 class Timing:
-    """Start and end time (seconds) of every operation of a graph, and what started it:
-    cause[o] is the operation whose completion let o start (a predecessor, or the operation
-    before o on its resource), -1 for operations that start at 0; end_s[cause[o]] ==
-    start_s[o] exactly."""
+    """Start and end time (seconds) of every operation of a graph."""
 
     start_s: list[float]
     end_s: list[float]
-    cause: list[int] = field(default_factory=list)
 
     @property
     def makespan_s(self) -> float:
         return max(self.end_s, default=0.0)
-
-    def critical_path(self) -> list[int]:
-        """A longest path of the run, first operation first: from an operation that ends last,
-        follow `cause` back to time 0. Its durations sum to the makespan, since every
-        operation on it starts when its cause ends."""
-        if not self.end_s:
-            return []
-        o = max(range(len(self.end_s)), key=self.end_s.__getitem__)
-        path = [o]
-        while self.cause[o] >= 0:
-            o = self.cause[o]
-            path.append(o)
-        return path[::-1]
 
 
 def run_graph(g: OpGraph) -> Timing:
@@ -107,7 +90,7 @@ def run_graph(g: OpGraph) -> Timing:
     for outs in succ:
         for v in outs:
             npred[v] += 1
-    start, end, cause = [0.0] * n, [-1.0] * n, [-1] * n
+    start, end = [0.0] * n, [-1.0] * n
     busy = [False] * g.num_resources
     waiting: list[deque[int]] = [deque() for _ in range(g.num_resources)]
     heap: list[tuple[float, int, int, int]] = []
@@ -130,7 +113,6 @@ def run_graph(g: OpGraph) -> Timing:
         if waiting[r]:
             nxt = waiting[r].popleft()
             start[nxt] = now
-            cause[nxt] = op
             push(heap, (now + dur[nxt], prio[nxt], seq, nxt))
             seq += 1
         else:
@@ -144,11 +126,10 @@ def run_graph(g: OpGraph) -> Timing:
                 else:
                     busy[rv] = True
                     start[v] = now
-                    cause[v] = op
                     push(heap, (now + dur[v], prio[v], seq, v))
                     seq += 1
     if done < n:
         stuck = [o for o in range(n) if end[o] < 0][:8]
         raise Deadlock(f"{n - done} of {n} operations never started (first: {stuck}); the device orders "
                        "wait on each other")
-    return Timing(start, end, cause)
+    return Timing(start, end)

@@ -118,15 +118,6 @@ class SimResult:
     peak_memory_bytes: tuple[float, ...]  # per GPU: static + peak activations
     timing: Timing
     describe: Callable[[int], tuple]     # op id -> (name, kind, stage, chunk, micro-batch, track)
-    graph: OpGraph | None = None
-
-    def critical_terms(self) -> PathTerms:
-        """The critical path (Timing.critical_path) as a PathTerms: what each of its operations
-        takes of the spec. Not for overlapped reductions (their bucket pieces split a backward)."""
-        if self.spec.dp_overlap:
-            raise ValueError("critical_terms needs the reductions after the last backward (dp_overlap off)")
-        spec, res = self.spec, self.graph.resource
-        return _path_terms(spec.pp, (_op_term(self.describe(o)[1], res[o], spec) for o in self.timing.critical_path()))
 
     @property
     def peak_memory_gib(self) -> tuple[float, ...]:
@@ -320,9 +311,8 @@ def _no_cyclic_gc():
             gc.enable()
 
 
-def simulate_pipeline(spec: PipelineSpec, memory: bool = True) -> SimResult:
-    """Simulate one training step of `spec` event by event (memory=False: times only, the
-    memory fields zero)."""
+def simulate_pipeline(spec: PipelineSpec) -> SimResult:
+    """Simulate one training step of `spec` event by event."""
     spec.validate()
     with _no_cyclic_gc():
         orders = device_orders(spec.schedule, spec.pp, spec.num_microbatches, spec.vpp)
@@ -339,12 +329,12 @@ def simulate_pipeline(spec: PipelineSpec, memory: bool = True) -> SimResult:
     dp_end = [0.0] * pp
     for o in b.dp_ops:
         dp_end[b.extra[o][2]] = max(dp_end[b.extra[o][2]], t.end_s[o])
-    mem = [memory_walk(spec, r, orders[r]) if memory else (0.0, 0.0) for r in range(pp)]
+    mem = [memory_walk(spec, r, orders[r]) for r in range(pp)]
     static = spec.per_rank(spec.static_bytes, 0.0)
     return SimResult(spec, t.makespan_s, pipe_end, tuple(busy), tuple(span),
                      tuple(1.0 - x / pipe_end if pipe_end > 0 else 0.0 for x in busy), tuple(dp_end),
                      tuple(m[0] for m in mem), tuple(m[1] for m in mem),
-                     tuple(s + m[0] for s, m in zip(static, mem)), t, b.meta, b.g)
+                     tuple(s + m[0] for s, m in zip(static, mem)), t, b.meta)
 
 
 # ---- the step as a longest path -------------------------------------------------------------
