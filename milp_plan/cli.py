@@ -501,10 +501,25 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             fix: Annotated[Optional[str], typer.Option(help="Pin global choices, as for solve.")] = None,
             out: Annotated[str, typer.Option(
                 "--out", help="Where to write the comparison: FILE.json and FILE.csv beside it.")] = "compare.json",
+            suite: Annotated[Optional[str], typer.Option(
+                help="Compare over a suite instead of one instance: 'shipped' or a suite YAML.")] = None,
+            random_cases: Annotated[Optional[int], typer.Option(
+                "--random", help="Compare over N generated instances (with --seed; sizes up to --max-gpus).")] = None,
+            max_gpus: Annotated[int, typer.Option(help="--random: GPUs per generated cluster at most.")] = 32,
+            workers: Annotated[int, typer.Option(help="Suite cases run side by side (processes or Ray tasks).")] = 1,
+            executor: Annotated[str, typer.Option(help="Suite runs: local (processes) | ray.")] = "local",
+            address: Annotated[Optional[str], typer.Option(
+                help="--executor ray: a running Ray cluster's address (default: start a local one).")] = None,
+            results: Annotated[Optional[str], typer.Option(
+                help="Suite runs: stream each finished case to this JSON-lines file and resume from it.")] = None,
+            report: Annotated[Optional[str], typer.Option(
+                help="Suite runs: also write one self-contained HTML page (tables and plots).")] = None,
             json_out: JsonOpt = False) -> None:
     """Each planner gets the same instance, limits and search time; every plan is scored by the
     cost model, the checker and the simulator; the gap is to the best bound any exact planner
-    proved. Exit 3 if a plan beats a proven bound (a bug in one of them)."""
+    proved. Exit 3 if a plan beats a proven bound (a bug in one of them). With --suite or
+    --random: every case of a suite, a summary per planner (how often it is optimal, its gaps,
+    its search time against the exact planner's), JSON, CSV and an optional HTML report."""
     from milp_plan import compare as comparing
     from milp_plan import solve as solving
     from milp_plan.errors import InputError, InternalError
@@ -514,6 +529,22 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
     from milp_plan.job import Objective
     from milp_plan.report import render_comparison
     from milp_plan.units import parse_duration_s, parse_money
+    if suite is not None or random_cases is not None:
+        instance_flags = {"--cluster": cluster, "--model": model, "--profiles": profiles, "--global-batch": global_batch,
+                          "--seq-len": seq_len, "--memory-headroom": memory_headroom, "--time-limit": time_limit,
+                          "--budget": budget, "--fix": fix}
+        given = [flag for flag, value in instance_flags.items() if value is not None]
+        if given:
+            raise InputError(f"{given[0]} describes one instance; a suite's cases carry their own (drop it, or "
+                             "write it into the suite YAML)", field=given[0].lstrip("-"))
+        _compare_suite(suite, random_cases, max_gpus, seed, planners, max_solve_time, workers, executor, address,
+                       results, out, report, json_out)
+        return
+    for flag, value in (("--executor", executor != "local"), ("--address", address), ("--results", results),
+                        ("--report", report), ("--workers", workers != 1)):
+        if value:
+            raise InputError(f"{flag} is for suite runs; add --suite shipped|FILE or --random N",
+                             field=flag.lstrip("-"))
     if objective not in ("min-time", "min-cost"):
         raise InputError(f"compare ranks by min-time or min-cost, got {objective!r}", field="objective")
     obj = Objective(kind=objective, time_limit_s=None if time_limit is None else parse_duration_s(time_limit,
@@ -538,6 +569,65 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
                render_comparison(result) + f"\nWrote {json_path}, {csv_path}")
     if result.violations:
         raise InternalError("a plan beats a proven bound: " + "; ".join(result.violations))
+
+
+def _compare_suite(suite_spec, random_cases, max_gpus, seed, planner_list, max_solve_time, workers, executor,
+                   address, results, out, report, json_out) -> None:
+    """compare --suite / --random: every case, streamed to --results; summary, JSON, CSV, HTML."""
+    from milp_plan import planners as registry
+    from milp_plan import suite as suites
+    from milp_plan import suite_report
+    from milp_plan.errors import InputError, InternalError
+    from milp_plan.fileio import check_output, write_atomic
+    from milp_plan.units import parse_duration_s
+    if suite_spec is not None and random_cases is not None:
+        raise InputError("give --suite or --random, not both", field="suite")
+    the_suite = suites.load_suite(suite_spec) if suite_spec is not None else \
+        suites.random_suite(random_cases, seed, max_gpus)
+    given_planners = "--planners" in sys.argv or any(a.startswith("--planners=") for a in sys.argv)
+    names = [n.strip() for n in planner_list.split(",") if n.strip()] if (given_planners or not the_suite.planners) \
+        else list(the_suite.planners)
+    if not names or len(set(names)) != len(names):
+        raise InputError("give each planner once, e.g. cpsat,warm-start", field="planners")
+    for name in names:
+        registry.get(name)
+    given_limit = "--max-solve-time" in sys.argv or any(a.startswith("--max-solve-time=") for a in sys.argv)
+    limit_s = parse_duration_s(max_solve_time if given_limit or not the_suite.max_solve_time
+                               else the_suite.max_solve_time, field="max-solve-time")
+    json_path = out if out.endswith(".json") else out + ".json"
+    csv_path = json_path[:-5] + ".csv"
+    for path in (json_path, csv_path) + ((report,) if report else ()):
+        check_output(path, allow_stdout=False)
+    if report:
+        suite_report._pyplot()  # refuse now, not after the run, when matplotlib is missing
+
+    def show(done: int, total: int, rec: dict) -> None:
+        if not json_out:
+            best = min((r["objective"] for r in rec["rows"] if r["valid"]), default=None)
+            typer.echo(f"[{done}/{total}] {rec['case']}: " + (f"refused ({rec['error']})" if rec.get("error") else
+                       f"best {best:.6g}" if best is not None else "no valid plan"), err=True)
+    from milp_plan import deadline
+    with deadline.handle_signals():
+        run = suites.run_suite(the_suite, names, limit_s, seed=seed, workers=workers, executor=executor,
+                               address=address, results=results, progress=show)
+    if deadline.interrupted():
+        name, code = _signal_name()
+        kept = f"; {len(run.records)} finished cases are in {results}: rerun to resume" if results else ""
+        raise Interrupted(f"interrupted by {name} during the suite; {json_path} left unchanged{kept}", code)
+    summary = suite_report.summarise(run.records)
+    meta = {"suite": the_suite.name, "cases": len(the_suite.cases), "planners": ", ".join(names),
+            "max solve time per planner (s)": limit_s, "seed": seed, "executor": executor, "workers": workers}
+    doc = {"meta": meta, "summary": summary, "records": run.records}
+    write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
+    write_atomic(csv_path, suite_report.rows_csv(run.records))
+    if report:
+        write_atomic(report, suite_report.render_html(f"milp-plan compare: {the_suite.name}", meta, summary,
+                                                      run.records))
+    resumed = f" ({run.resumed} read back from {results})" if run.resumed else ""
+    typer.echo(json.dumps(doc, indent=2) if json_out else suite_report.render_summary(summary) +
+               f"\n{len(run.records)} cases{resumed}. Wrote {json_path}, {csv_path}" + (f", {report}" if report else ""))
+    if summary["violations"]:
+        raise InternalError("a plan beats a proven bound: " + "; ".join(summary["violations"]))
 
 
 def _fail(message: str, code: int) -> None:
