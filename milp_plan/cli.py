@@ -28,6 +28,8 @@ def _usage_name(self) -> str:
 
 typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 
+DEFAULT_MAX_SOLVE_TIME = "30s"   # compare's search limit per planner unless a flag or a suite file says otherwise
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Plan parallel Transformer training on heterogeneous, rented GPU clusters.")
 
@@ -493,10 +495,12 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             objective: Annotated[str, typer.Option(help="min-time | min-cost.")] = "min-time",
             time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
             mode: Annotated[str, typer.Option(help="megatron | free.")] = "megatron",
-            planners: Annotated[str, typer.Option(
-                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start.")] = "cpsat,warm-start",
-            max_solve_time: Annotated[str, typer.Option(
-                "--max-solve-time", help="The same search limit for every planner, e.g. 30s.")] = "30s",
+            planners: Annotated[Optional[str], typer.Option(
+                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start, aceso. Default: "
+                     "cpsat,warm-start (a suite file may name its own).")] = None,
+            max_solve_time: Annotated[Optional[str], typer.Option(
+                "--max-solve-time", help="The same search limit for every planner, e.g. 30s. Default: 30s "
+                                         "(a suite file may name its own).")] = None,
             seed: SeedOpt = 1,
             fix: Annotated[Optional[str], typer.Option(help="Pin global choices, as for solve.")] = None,
             out: Annotated[str, typer.Option(
@@ -545,6 +549,8 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
         if value:
             raise InputError(f"{flag} is for suite runs; add --suite shipped|FILE or --random N",
                              field=flag.lstrip("-"))
+    planners = planners or ",".join(comparing.DEFAULT_PLANNERS)
+    max_solve_time = max_solve_time or DEFAULT_MAX_SOLVE_TIME
     if objective not in ("min-time", "min-cost"):
         raise InputError(f"compare ranks by min-time or min-cost, got {objective!r}", field="objective")
     obj = Objective(kind=objective, time_limit_s=None if time_limit is None else parse_duration_s(time_limit,
@@ -584,16 +590,15 @@ def _compare_suite(suite_spec, random_cases, max_gpus, seed, planner_list, max_s
         raise InputError("give --suite or --random, not both", field="suite")
     the_suite = suites.load_suite(suite_spec) if suite_spec is not None else \
         suites.random_suite(random_cases, seed, max_gpus)
-    given_planners = "--planners" in sys.argv or any(a.startswith("--planners=") for a in sys.argv)
-    names = [n.strip() for n in planner_list.split(",") if n.strip()] if (given_planners or not the_suite.planners) \
-        else list(the_suite.planners)
+    from milp_plan.compare import DEFAULT_PLANNERS
+    names = [n.strip() for n in planner_list.split(",") if n.strip()] if planner_list is not None else \
+        list(the_suite.planners or DEFAULT_PLANNERS)
     if not names or len(set(names)) != len(names):
         raise InputError("give each planner once, e.g. cpsat,warm-start", field="planners")
     for name in names:
         registry.get(name)
-    given_limit = "--max-solve-time" in sys.argv or any(a.startswith("--max-solve-time=") for a in sys.argv)
-    limit_s = parse_duration_s(max_solve_time if given_limit or not the_suite.max_solve_time
-                               else the_suite.max_solve_time, field="max-solve-time")
+    limit_s = parse_duration_s(max_solve_time or the_suite.max_solve_time or DEFAULT_MAX_SOLVE_TIME,
+                               field="max-solve-time")
     json_path = out if out.endswith(".json") else out + ".json"
     csv_path = json_path[:-5] + ".csv"
     for path in (json_path, csv_path) + ((report,) if report else ()):
