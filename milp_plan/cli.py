@@ -505,6 +505,9 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             fix: Annotated[Optional[str], typer.Option(help="Pin global choices, as for solve.")] = None,
             out: Annotated[str, typer.Option(
                 "--out", help="Where to write the comparison: FILE.json and FILE.csv beside it.")] = "compare.json",
+            plan_files: Annotated[Optional[list[str]], typer.Option(
+                "--plan", help="Also score this plan.json (e.g. from import-plan) beside the planners; repeatable. "
+                               "Without instance flags the instance is the first plan's.")] = None,
             suite: Annotated[Optional[str], typer.Option(
                 help="Compare over a suite instead of one instance: 'shipped' or a suite YAML.")] = None,
             random_cases: Annotated[Optional[int], typer.Option(
@@ -529,11 +532,17 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
     from milp_plan.errors import InputError, InternalError
     from milp_plan.fileio import check_output, write_atomic
     from milp_plan.formulations.space import parse_fix
-    from milp_plan.instance import build_instance
+    from dataclasses import replace
+    from pathlib import Path
+
+    from milp_plan.instance import build_instance, instance_from_inputs
     from milp_plan.job import Objective
+    from milp_plan.plan import read_plan
     from milp_plan.report import render_comparison
     from milp_plan.units import parse_duration_s, parse_money
     if suite is not None or random_cases is not None:
+        if plan_files:
+            raise InputError("--plan scores plans on their own instance; leave it out of a suite run", field="plan")
         instance_flags = {"--cluster": cluster, "--model": model, "--profiles": profiles, "--global-batch": global_batch,
                           "--seq-len": seq_len, "--memory-headroom": memory_headroom, "--time-limit": time_limit,
                           "--budget": budget, "--fix": fix}
@@ -565,9 +574,20 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
     csv_path = json_path[:-5] + ".csv"
     for path in (json_path, csv_path):
         check_output(path, allow_stdout=False)
-    inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
-                                        seq_len, memory_headroom), obj)
-    result = comparing.compare(inst, obj.limits(), names, time_limit_s=limit_s, seed=seed, fix=parse_fix(fix))
+    given = [(path, read_plan(path)) for path in plan_files or ()]
+    if given and all(v is None for v in (cluster, model, profiles, global_batch, seq_len, memory_headroom)):
+        first, plan = given[0]
+        if not plan.inputs:
+            raise InputError("the plan records no inputs; give the instance flags (--cluster, --model, ...)",
+                             source=first, field="inputs")
+        inst = replace(instance_from_inputs(plan.inputs, first), objective=obj)
+    else:
+        inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
+                                            seq_len, memory_headroom), obj)
+    for path, plan in given:
+        comparing.same_instance(inst, plan, path)
+    result = comparing.compare(inst, obj.limits(), names, time_limit_s=limit_s, seed=seed, fix=parse_fix(fix),
+                               plans=[(Path(path).name, plan) for path, plan in given])
     doc = result.to_dict()
     write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
     write_atomic(csv_path, result.to_csv())
