@@ -155,9 +155,29 @@ class FasopPlanner:
                                  out.sequences_done, notes)
 
 
+@dataclass(frozen=True)
+class MetisPlanner:
+    name: str = "metis"
+    proves: bool = False
+    scale_variance: float = 0.5   # Metis's defaults (heuristics/metis.py)
+    max_permute_len: int = 4
+
+    def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
+        """Metis's search (heuristics/metis.py); deterministic, so the seed is only recorded."""
+        from milp_plan.heuristics.metis import search
+        out = search(inst, limits, deadline, fix, self.scale_variance, self.max_permute_len)
+        notes = [f"metis: {out.evaluated} plans evaluated over {out.sequences_done} of {out.sequences_total} node "
+                 f"sequences; {out.skipped} device groups skipped: a stage would mix GPU types, span part of two "
+                 "nodes, or differ in size from its type's other stages, outside milp-plan's plan format"]
+        if out.sequences_done < out.sequences_total:
+            notes.append("the deadline stopped the search before every node sequence was tried")
+        return _heuristic_result(self.name, out.best, limits, seed, deadline, out.sequences_total,
+                                 out.sequences_done, notes)
+
+
 PLANNERS: dict[str, Planner] = {p.name: p for p in (ExactPlanner("cpsat"), ExactPlanner("highs"),
                                                      ExactPlanner("cbc"), BruteForcePlanner(), WarmStartPlanner(),
-                                                     AcesoPlanner(), FasopPlanner())}
+                                                     AcesoPlanner(), FasopPlanner(), MetisPlanner())}
 NAMES = ("auto", *PLANNERS)
 
 
