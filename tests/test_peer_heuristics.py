@@ -133,7 +133,7 @@ def _assert_sound(inst, limits, fix):
         assert got.plan.solver.backend == name
 
 
-@settings(max_examples=6, deadline=None, derandomize=True,
+@settings(max_examples=10, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much])
 @given(small_instances())
@@ -149,7 +149,7 @@ def test_peer_plans_never_beat_the_proven_optimum(tmp_path_factory, case):
     _assert_sound(inst, limits_for(objective, fastest), ONE_F_ONE_B)
 
 
-@settings(max_examples=3, deadline=None, derandomize=True,
+@settings(max_examples=5, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much])
 @given(small_free_instances())
