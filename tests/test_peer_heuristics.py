@@ -23,10 +23,10 @@ ONE_F_ONE_B = {"schedule": "1f1b"}
 
 
 def two_nodes(tmp, mode: str = "megatron"):
-    """One 1-GPU node of each type (huge links: transfers ~0), a 6-layer GPT, global batch 4.
+    """One 1-GPU node of each type (huge links: transfers ~0), a 12-layer GPT, global batch 4.
     Per layer and micro-batch of 1 sample, t = f + b at tp 1: fast (A100) 3 ms, slow (A10) 6 ms;
     both scale with the micro-batch (mbs x t)."""
-    spec = write_instance(tmp, layers=6, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0), gpn=1, counts=(1, 1))
+    spec = write_instance(tmp, layers=12, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0), gpn=1, counts=(1, 1))
     return build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}), Objective(mode=mode))
 
 
@@ -51,23 +51,29 @@ def test_minmax_partition_moves_layers_from_the_slowest_to_the_fastest_stage():
 def test_fasop_finds_the_hand_derived_plan_on_two_node_types(tmp_path):
     # 1F1B closed form T = (m - 1) max_s t_s + sum_s t_s (transfers, reductions, optimizer ~0).
     # Node sequences (FASOP uses every GPU of the chosen nodes; pp = GPUs / (tp dp)):
-    #   fast, slow (pp 2, tp = dp = 1): min-max (4, 2) as above: t = (12, 12) mbs 1;
-    #       mbs 1 (m 4): 3 x 12 + 24 = 60 ms; mbs 2 (m 2): 1 x 24 + 48 = 72; mbs 4 (m 1): 96
+    #   fast, slow (pp 2, tp = dp = 1): min-max from (6, 6), times (18, 36): (7, 5) -> (21, 30),
+    #       (8, 4) -> (24, 24), then the slowest is the fastest (tie, first): (8, 4).
+    #       mbs 1 (m 4): 3 x 24 + 48 = 120 ms; mbs 2 (m 2): 1 x 48 + 96 = 144; mbs 4 (m 1): 192
     #       (dp 2 would make a stage of 2 GPUs over both types: skipped, counted)
-    #   slow, fast: (2, 4), the same 60 ms (found second: the first is kept)
-    #   fast alone (pp 1): 4 x 18 = 72 ms;  slow alone: 144 ms
-    # Best: fast then slow, layers (4, 2), 60 ms; the even split would give 3 x 18 + 27 = 81 ms.
+    #   slow, fast: (4, 8), the same 120 ms (found second: the first is kept)
+    #   fast alone (pp 1): 4 x 36 = 144 ms;  slow alone: 288 ms
+    # Best: fast then slow, layers (8, 4), 120 ms; the even split would give 3 x 36 + 54 = 162 ms,
+    # (7, 5) 3 x 30 + 51 = 141. By the closed form (9, 3) gives 3 x 27 + 45 = 126, but the cost
+    # model times the step on the simulator's longest path (predict.py), where a light last stage
+    # hides part of the bubble: (9, 3) takes 117 ms there, the 1F1B optimum (brute force). FASOP
+    # balances the stage times, not the step: 3 ms (2.6%) above the optimum.
     inst = two_nodes(tmp_path)
     got = PLANNERS["fasop"].plan(inst, Limits(), Deadline(GENEROUS))
     plan = got.plan
     assert got.status is Status.FEASIBLE and got.best_bound is None
-    assert [(s.gpu, s.num_layers, s.tp, s.dp) for s in plan.stages] == [("A100-80GB", 4, 1, 1), ("A10", 2, 1, 1)]
+    assert [(s.gpu, s.num_layers, s.tp, s.dp) for s in plan.stages] == [("A100-80GB", 8, 1, 1), ("A10", 4, 1, 1)]
     assert plan.num_microbatches == 4
-    assert got.objective == pytest.approx(0.060, rel=1e-3)
+    assert got.objective == pytest.approx(0.120, rel=1e-3)
     assert check.check_plan(inst, plan) == [] and plan.mode == "megatron"
     assert "skipped" in got.notes[0] and " 0 (node sequence" not in got.notes[0]
     exact = PLANNERS["brute-force"].plan(inst, Limits(), Deadline(GENEROUS), fix=ONE_F_ONE_B)
-    assert exact.objective == pytest.approx(got.objective, rel=1e-9)
+    assert [s.num_layers for s in exact.plan.stages] == [9, 3]
+    assert exact.objective == pytest.approx(0.117, rel=1e-3) and got.objective > exact.objective
 
 
 # ---- Metis: device groups and the load balancer --------------------------------------------
@@ -103,16 +109,17 @@ def test_metis_balancer_splits_layers_by_performance_and_moves_load_off_a_full_s
 def test_metis_finds_the_hand_derived_plan_on_two_node_types(tmp_path):
     # Node sequence fast, slow (2 GPUs): 1 stage of 2 GPUs mixes both types (skipped, counted);
     # 2 stages (1, 1): pure data parallelism (dp 1, tp 1 each); performance 1/3 : 1/6, so the
-    # balancer gives (4, 2) (above), which fits memory at the first attempt. Micro-batch counts
-    # 4, 2, 1 (samples 1, 2, 4): 60, 72, 96 ms as for FASOP. The reverse order (2, 4) ties at 60 ms
-    # and comes second; one type alone is 72 or 144 ms. Best: fast (4 layers), slow (2), 60 ms.
+    # balancer gives 12 x (2/3, 1/3) = (8, 4), loads (24, 24): no neighbour move lowers the max,
+    # and it fits memory at the first attempt. Micro-batch counts 4, 2, 1 (samples 1, 2, 4):
+    # 120, 144, 192 ms as for FASOP. The reverse order (4, 8) ties at 120 ms and comes second; one
+    # type alone is 144 or 288 ms. Best: fast (8 layers), slow (4), 120 ms.
     for mode in ("megatron", "free"):
         (tmp_path / mode).mkdir()
         inst = two_nodes(tmp_path / mode, mode)
         got = PLANNERS["metis"].plan(inst, Limits(), Deadline(GENEROUS))
         plan = got.plan
-        assert [(s.gpu, s.num_layers, s.tp, s.dp) for s in plan.stages] == [("A100-80GB", 4, 1, 1), ("A10", 2, 1, 1)]
-        assert got.objective == pytest.approx(0.060, rel=1e-3) and plan.num_microbatches == 4
+        assert [(s.gpu, s.num_layers, s.tp, s.dp) for s in plan.stages] == [("A100-80GB", 8, 1, 1), ("A10", 4, 1, 1)]
+        assert got.objective == pytest.approx(0.120, rel=1e-3) and plan.num_microbatches == 4
         assert check.check_plan(inst, plan) == [] and plan.mode == mode
         assert got.status is Status.FEASIBLE and got.best_bound is None
         assert "skipped" in got.notes[0] and " 0 device groups" not in got.notes[0]
@@ -187,7 +194,7 @@ def test_pins_are_honoured_or_refused_in_one_line(tmp_path, name):
     inst = two_nodes(tmp_path)
     got = PLANNERS[name].plan(inst, Limits(), Deadline(GENEROUS), fix={"pp": 1})
     assert len(got.plan.stages) == 1
-    for fix in ({"layers": (3, 3)}, {"order": ("fast", "slow")}, {"schedule": "gpipe"},
+    for fix in ({"layers": (6, 6)}, {"order": ("fast", "slow")}, {"schedule": "gpipe"},
                 {"schedule": "interleaved", "vpp": 2}):
         with pytest.raises(InputError) as err:
             PLANNERS[name].plan(inst, Limits(), Deadline(GENEROUS), fix=fix)
