@@ -494,7 +494,7 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
             mode: Annotated[str, typer.Option(help="megatron | free.")] = "megatron",
             planners: Annotated[str, typer.Option(
-                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start.")] = "cpsat,warm-start",
+                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start, aceso, fasop, metis.")] = "cpsat,warm-start",
             max_solve_time: Annotated[str, typer.Option(
                 "--max-solve-time", help="The same search limit for every planner, e.g. 30s.")] = "30s",
             seed: SeedOpt = 1,
