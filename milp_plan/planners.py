@@ -167,8 +167,9 @@ class MetisPlanner:
         from milp_plan.heuristics.metis import search
         out = search(inst, limits, deadline, fix, self.scale_variance, self.max_permute_len)
         notes = [f"metis: {out.evaluated} plans evaluated over {out.sequences_done} of {out.sequences_total} node "
-                 f"sequences; {out.skipped} device groups skipped: a stage would mix GPU types, span part of two "
-                 "nodes, or differ in size from its type's other stages, outside milp-plan's plan format"]
+                 f"sequences; {out.skipped} device groups skipped: a stage would mix GPU types or span part of two "
+                 f"nodes, outside milp-plan's plan format; {out.outside} skipped as outside the exact planners' "
+                 "space: a node type's stages of two sizes"]
         if out.sequences_done < out.sequences_total:
             notes.append("the deadline stopped the search before every node sequence was tried")
         return _heuristic_result(self.name, out.best, limits, seed, deadline, out.sequences_total,

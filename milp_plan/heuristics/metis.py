@@ -40,9 +40,12 @@ Where it departs from Metis:
   `Limits.admit`; Metis's own estimator and its profiled per-layer memory are not used (the
   balancer reads costmodel.stage_compute_s and costmodel.stage_memory_bytes).
 - Device groups that mix GPU types (Metis splits their micro-batch between the types with
-  its data load balancer) and groups milp-plan's plan format cannot hold (a stage over
-  part of two nodes, or one node type's stages of different sizes: milp-plan keeps each
-  type's stages one run of one size) are skipped and counted in the notes.
+  its data load balancer) or put a stage over part of two nodes cannot be written as a
+  milp-plan plan: they are skipped and counted in the notes. Device groups that give one
+  node type stages of different sizes are skipped too and counted apart: milp-plan can
+  write such a plan, but the exact planners' space keeps each type's stages one run of one
+  size, and (as for aceso) only plans of that space are returned, so that `compare` gaps
+  measure every planner on one space.
 - Recompute: Metis has none. The balancer's memory test asks whether a stage fits under the
   least-memory recompute the space allows, and the plan then takes the cheapest recompute
   that fits (aceso.set_recompute: none, else selective, else full with the fewest layers).
@@ -88,7 +91,8 @@ Strategy = tuple[tuple[int, int], ...]   # (dp, tp) per stage
 class Outcome:
     best: Plan | None
     evaluated: int
-    skipped: int             # device groups outside milp-plan's plan format (mixed types, split nodes, sizes)
+    skipped: int             # device groups milp-plan's plan format cannot hold (mixed GPU types, part of two nodes)
+    outside: int             # device groups outside the exact planners' space (a node type's stages of two sizes)
     sequences_done: int
     sequences_total: int
 
@@ -148,10 +152,16 @@ def device_groups(gpus: int, stages: int, variance: float = SCALE_VARIANCE,
     return out
 
 
-def group_types(inst: Instance, seq, groups: Sequence[int]) -> tuple[int, ...] | None:
+MIXED, SIZES = "mixed", "sizes"   # why group_types refuses a layout
+
+
+def group_types(inst: Instance, seq, groups: Sequence[int]) -> tuple[int, ...] | str:
     """The node type of each stage when the groups take the sequence's GPUs in rank order, or
-    None when milp-plan's plan format cannot hold the layout: a group over two node types or
-    over part of two nodes, or one node type's stages of different sizes."""
+    why not: MIXED when milp-plan's plan format cannot hold the layout (a group over two node
+    types or over part of two nodes), SIZES when one node type's stages differ in size (a plan
+    milp-plan can write down but outside the exact planners' space, formulations/pipeline.md:
+    like aceso.in_exact_space, such plans are not returned, so that `compare` measures every
+    planner on one space)."""
     ranks = [k for k, nodes in seq for _ in range(nodes * inst.cluster.node_types[k].gpus_per_node)]
     out, start, sizes = [], 0, {}
     for g in groups:
@@ -159,9 +169,9 @@ def group_types(inst: Instance, seq, groups: Sequence[int]) -> tuple[int, ...] |
         nt = inst.cluster.node_types[k]
         offset = start - ranks.index(k)   # rank offset inside the type's GPUs
         if ranks[start + g - 1] != k or placement(nt, g) is None or offset % min(g, nt.gpus_per_node):
-            return None
+            return MIXED
         if sizes.setdefault(k, g) != g:
-            return None
+            return SIZES
         out.append(k)
         start += g
     return tuple(out)
@@ -354,7 +364,7 @@ def search(inst: Instance, limits: Limits, deadline: Deadline, fix: dict | None 
     sx = Search(inst, limits, fix, mode, deadline, frozenset(tp_sizes(inst, fix)))
     gbs, L = inst.job.global_batch_size, inst.model.num_layers
     batches = [m for m in range(gbs, 0, -1) if gbs % m == 0]
-    skipped, done, total = 0, 0, count_sequences(inst)
+    skipped, outside, done, total = 0, 0, 0, count_sequences(inst)
     for seq in node_sequences(inst):
         gpus = gpus_of(inst, seq)
         for stages in ([fix["pp"]] if "pp" in fix else range(1, min(gpus, L) + 1)):
@@ -362,12 +372,13 @@ def search(inst: Instance, limits: Limits, deadline: Deadline, fix: dict | None 
                 if sx.uniform and len(set(groups)) > 1:
                     continue
                 if deadline.expired():
-                    return Outcome(sx.best, sx.evaluated, skipped, done, total)
+                    return Outcome(sx.best, sx.evaluated, skipped, outside, done, total)
                 types = group_types(inst, seq, groups)
-                if types is None:
-                    skipped += 1
+                if isinstance(types, str):
+                    skipped += types == MIXED
+                    outside += types == SIZES
                     continue
                 for m in batches:
                     greedy_strategies(sx, gbs // m, types, groups)
         done += 1
-    return Outcome(sx.best, sx.evaluated, skipped, done, total)
+    return Outcome(sx.best, sx.evaluated, skipped, outside, done, total)
