@@ -80,13 +80,17 @@ def test_fasop_finds_the_hand_derived_plan_on_two_node_types(tmp_path):
 def test_metis_device_groups_follow_its_pruning_knobs():
     # 8 GPUs, 3 stages: groups at least 0.5 x (8 // 3) = 1 GPU, powers of two summing to 8:
     # only {2, 2, 4}, in its 3 distinct orders.
-    assert metis.device_groups(8, 3) == [(2, 2, 4), (2, 4, 2), (4, 2, 2)]
+    assert list(metis.device_groups(8, 3)) == [(2, 2, 4), (2, 4, 2), (4, 2, 2)]
     # 8 stages of 1: the 8 blocks are merged pairwise down to 4 = max_permute_len: one order.
-    assert metis.device_groups(8, 8) == [(1,) * 8]
+    assert list(metis.device_groups(8, 8)) == [(1,) * 8]
     # 16 GPUs, 4 stages: at least 2 GPUs each: {4, 4, 4, 4} and {2, 2, 4, 8} (12 orders);
     # with scale variance 1 at least 4 each: only {4, 4, 4, 4}.
-    assert len(metis.device_groups(16, 4)) == 13
-    assert metis.device_groups(16, 4, variance=1.0) == [(4, 4, 4, 4)]
+    assert len(list(metis.device_groups(16, 4))) == 13
+    assert list(metis.device_groups(16, 4, variance=1.0)) == [(4, 4, 4, 4)]
+    # Megatron mode takes the one group of equal sizes, when Metis's space holds it
+    assert metis.uniform_groups(16, 4) == [(4, 4, 4, 4)] and metis.uniform_groups(8, 3) == []
+    assert all(metis.uniform_groups(g, s) == [d for d in metis.device_groups(g, s) if len(set(d)) == 1]
+               for g in (4, 8, 16) for s in range(1, g + 1))
 
 
 def test_metis_balancer_splits_layers_by_performance_and_moves_load_off_a_full_stage():

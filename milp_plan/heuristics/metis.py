@@ -134,22 +134,49 @@ def _blocks(groups: tuple[int, ...], max_permute_len: int) -> list[tuple[int, ..
     return blocks
 
 
+def _orders(items: Sequence) -> Iterator[tuple]:
+    """Every distinct order of `items`, in lexicographic order (next-permutation), lazily:
+    a multiset of n blocks can have n! orders, so they are never listed in advance."""
+    a = sorted(items)
+    while True:
+        yield tuple(a)
+        i = len(a) - 2
+        while i >= 0 and not a[i] < a[i + 1]:
+            i -= 1
+        if i < 0:
+            return
+        j = len(a) - 1
+        while not a[i] < a[j]:
+            j -= 1
+        a[i], a[j] = a[j], a[i]
+        a[i + 1:] = reversed(a[i + 1:])
+
+
 def device_groups(gpus: int, stages: int, variance: float = SCALE_VARIANCE,
-                  max_permute_len: int = MAX_PERMUTE_LEN) -> list[tuple[int, ...]]:
+                  max_permute_len: int = MAX_PERMUTE_LEN) -> Iterator[tuple[int, ...]]:
     """The device groups (GPUs per stage, in pipeline order) Metis enumerates for `stages`
     stages on `gpus` GPUs: powers of two, each at least variance x max(gpus // stages,
-    stages // gpus), every distinct order of the merged blocks; deterministic."""
+    stages // gpus), every distinct order of the merged blocks; deterministic and lazy (the
+    caller checks its deadline between groups)."""
     shapes = [2 ** i for i in range(gpus.bit_length()) if 2 ** i <= gpus]
     least = max(gpus // stages, stages // gpus) * variance
     shapes = [g for g in shapes if g >= least]
-    out, seen = [], set()
+    seen = set()
     for ms in _multisets(gpus, stages, shapes) if shapes else ():
-        for perm in sorted(set(itertools.permutations(_blocks(ms, max_permute_len)))):
+        for perm in _orders(_blocks(ms, max_permute_len)):
             flat = tuple(g for block in perm for g in block)
             if flat not in seen:
                 seen.add(flat)
-                out.append(flat)
-    return out
+                yield flat
+
+
+def uniform_groups(gpus: int, stages: int, variance: float = SCALE_VARIANCE) -> list[tuple[int, ...]]:
+    """The one device group of `device_groups` whose stages all have the same size, if any
+    (Megatron mode: every stage has one tp x dp)."""
+    g, rest = divmod(gpus, stages)
+    if rest or g & (g - 1) or g < max(gpus // stages, stages // gpus) * variance:
+        return []
+    return [(g,) * stages]
 
 
 MIXED, SIZES = "mixed", "sizes"   # why group_types refuses a layout
@@ -368,9 +395,8 @@ def search(inst: Instance, limits: Limits, deadline: Deadline, fix: dict | None 
     for seq in node_sequences(inst):
         gpus = gpus_of(inst, seq)
         for stages in ([fix["pp"]] if "pp" in fix else range(1, min(gpus, L) + 1)):
-            for groups in device_groups(gpus, stages, variance, max_permute_len):
-                if sx.uniform and len(set(groups)) > 1:
-                    continue
+            for groups in (uniform_groups(gpus, stages, variance) if sx.uniform
+                           else device_groups(gpus, stages, variance, max_permute_len)):
                 if deadline.expired():
                     return Outcome(sx.best, sx.evaluated, skipped, outside, done, total)
                 types = group_types(inst, seq, groups)
