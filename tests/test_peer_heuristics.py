@@ -70,7 +70,8 @@ def test_fasop_finds_the_hand_derived_plan_on_two_node_types(tmp_path):
     assert plan.num_microbatches == 4
     assert got.objective == pytest.approx(0.120, rel=1e-3)
     assert check.check_plan(inst, plan) == [] and plan.mode == "megatron"
-    assert "skipped" in got.notes[0] and " 0 (node sequence" not in got.notes[0]
+    # skipped: dp 2 (a 2-GPU stage over both 1-GPU nodes) in each of the two orders
+    assert "; 2 (node sequence, tp, dp) layouts skipped" in got.notes[0]
     exact = PLANNERS["brute-force"].plan(inst, Limits(), Deadline(GENEROUS), fix=ONE_F_ONE_B)
     assert [s.num_layers for s in exact.plan.stages] == [9, 3]
     assert exact.objective == pytest.approx(0.117, rel=1e-3) and got.objective > exact.objective
@@ -126,7 +127,8 @@ def test_metis_finds_the_hand_derived_plan_on_two_node_types(tmp_path):
         assert got.objective == pytest.approx(0.120, rel=1e-3) and plan.num_microbatches == 4
         assert check.check_plan(inst, plan) == [] and plan.mode == mode
         assert got.status is Status.FEASIBLE and got.best_bound is None
-        assert "skipped" in got.notes[0] and " 0 device groups" not in got.notes[0]
+        # skipped: the one 2-GPU stage over both nodes, in each of the two orders
+        assert "; 2 device groups skipped" in got.notes[0] and "; 0 skipped as outside" in got.notes[0]
 
 
 # ---- both: never better than the proven optimum, always checked and admitted ------------------
