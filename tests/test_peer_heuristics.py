@@ -111,6 +111,19 @@ def test_metis_balancer_splits_layers_by_performance_and_moves_load_off_a_full_s
     assert metis.reallocate([0.5, 0.5], [10, 10], [40, 9.9]) is None
 
 
+def test_metis_greedy_step_trades_dp_for_tp_where_memory_is_tightest():
+    # (dp, tp) per stage; spare memory (5, 1): stage 1 has the least, and dp 2 > 1: (1, 2)
+    assert metis.next_strategy(((4, 1), (2, 1)), [5.0, 1.0], uniform=False) == ((4, 1), (1, 2))
+    # stage 1 already has dp 1: the next tightest, stage 0
+    assert metis.next_strategy(((4, 1), (1, 2)), [5.0, 1.0], uniform=False) == ((2, 2), (1, 2))
+    # no memory state yet: Metis orders by 1 / dp, the largest dp first
+    assert metis.next_strategy(((4, 1), (2, 1)), None, uniform=False) == ((2, 2), (2, 1))
+    # Megatron mode: every stage at once; nothing left to trade: None
+    assert metis.next_strategy(((4, 1), (4, 1)), [1.0, 2.0], uniform=True) == ((2, 2), (2, 2))
+    assert metis.next_strategy(((1, 4), (1, 4)), None, uniform=True) is None
+    assert metis.next_strategy(((1, 4), (1, 2)), [0.0, 0.0], uniform=False) is None
+
+
 def test_metis_finds_the_hand_derived_plan_on_two_node_types(tmp_path):
     # Node sequence fast, slow (2 GPUs): 1 stage of 2 GPUs mixes both types (skipped, counted);
     # 2 stages (1, 1): pure data parallelism (dp 1, tp 1 each); performance 1/3 : 1/6, so the
