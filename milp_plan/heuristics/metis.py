@@ -61,7 +61,6 @@ Where it departs from Metis:
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
