@@ -496,8 +496,8 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
             mode: Annotated[str, typer.Option(help="megatron | free.")] = "megatron",
             planners: Annotated[Optional[str], typer.Option(
-                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start, aceso. Default: "
-                     "cpsat,warm-start (a suite file may name its own).")] = None,
+                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start, aceso, fasop, metis. "
+                     "Default: cpsat,warm-start (a suite file may name its own).")] = None,
             max_solve_time: Annotated[Optional[str], typer.Option(
                 "--max-solve-time", help="The same search limit for every planner, e.g. 30s. Default: 30s "
                                          "(a suite file may name its own).")] = None,
