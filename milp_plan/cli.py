@@ -127,7 +127,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                    "stage; needs a per-stage runtime).")] = "megatron",
           solver: Annotated[str, typer.Option(
               help="auto | cpsat | highs | cbc | brute-force | warm-start (the heuristic alone, no bound) | "
-                   "aceso (Aceso-style bottleneck alleviation, no bound).")] = "auto",
+                   "aceso (Aceso-style bottleneck alleviation) | fasop (FASOP-style enumeration) | metis "
+                   "(Metis-style device groups); the last three prove no bound.")] = "auto",
           max_solve_time: Annotated[str, typer.Option("--max-solve-time", help="Bound on the search, e.g. 30s.")] = "30s",
           seed: SeedOpt = 1,
           workers: Annotated[int, typer.Option(
