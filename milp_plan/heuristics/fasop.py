@@ -36,8 +36,8 @@ Where it departs from FASOP:
   selective, else full with the fewest recomputed layers, one setting for all stages).
 - Plans milp-plan cannot represent are skipped and counted in the result's notes: a stage
   whose tp x dp GPUs would span two node types (or part of two nodes). FASOP's cyclic
-  node rotations that split one type into two runs along the pipeline are not
-  generated (milp-plan keeps each type's stages contiguous).
+  node rotations that split one type into two runs along the pipeline are not generated
+  (the exact planners search such orders where stages take whole nodes).
 - Schedule: 1F1B without interleaving (FASOP's space); other schedules are refused.
 """
 from __future__ import annotations

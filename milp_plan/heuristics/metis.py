@@ -43,8 +43,8 @@ Where it departs from Metis:
   its data load balancer) or put a stage over part of two nodes cannot be written as a
   milp-plan plan: they are skipped and counted in the notes. Device groups that give one
   node type stages of different sizes are skipped too and counted apart: milp-plan can
-  write such a plan, but the exact planners' space keeps each type's stages one run of one
-  size, and (as for aceso) only plans of that space are returned, so that `compare` gaps
+  write such a plan, but the exact planners' space keeps each type's stages one size (one
+  run where they share nodes), and (as for aceso) only plans of that space are returned, so that `compare` gaps
   measure every planner on one space.
 - Recompute: Metis has none. The balancer's memory test asks whether a stage fits under the
   least-memory recompute the space allows, and the plan then takes the cheapest recompute
