@@ -15,14 +15,14 @@ from milp_plan.solvers import bruteforce
 from instances import BACKENDS, write_instance
 
 
-def ends_need_the_big_gpu(tmp: Path):
+def ends_need_the_big_gpu(tmp: Path, memory_gib=(0.05, 0.03)):
     """Two A100 nodes and one A10 node of 2 GPUs each; a 6-layer model (hidden 256) with an
     8,000-token vocabulary, so the embedding (first stage) and the tied head (last stage)
     weigh 2.0M parameters against 0.8M a layer. The A100s get 0.05 GiB, the A10 0.03 GiB:
     at tp 1 the A10 holds two layers but neither end, and no A100 stage (2 GPUs) holds an
     end with three layers, nor one of 4 GPUs all six. So with one run per type no plan fits;
     A100, A10, A100 does."""
-    spec = write_instance(tmp, layers=6, gpn=2, counts=(2, 1), memory_gib=(0.05, 0.03, None),
+    spec = write_instance(tmp, layers=6, gpn=2, counts=(2, 1), memory_gib=(*memory_gib, None),
                           fast_ms=(1.0, 2.0), slow_ms=(1.5, 3.0))
     model = (tmp / "model.yaml").read_text()
     (tmp / "model.yaml").write_text(model.replace("vocab_size: 128", "vocab_size: 8000")
@@ -83,3 +83,21 @@ def test_stages_that_share_a_node_keep_one_run(tmp_path):
             assert len(runs) == len(set(runs)), order
     with pytest.raises(InputError, match="puts A10 stages in 2 runs"):
         planners.get("cpsat").plan(inst, Limits(), Deadline(60), fix={**fix, "order": ("A10", "A100-80GB", "A10")})
+
+
+def test_the_model_keeps_shared_node_stages_in_one_run(tmp_path):
+    """1-GPU stages (tp 1, dp 1) on nodes of 2 GPUs share nodes. Here an A100, A10, A100 order
+    of them would fit where the A100 ends need the memory; the model must not return it
+    (a second A100 run would start on a fresh node): every backend agrees with brute force,
+    whose space keeps such stages in one run."""
+    inst = ends_need_the_big_gpu(tmp_path, memory_gib=(0.08, 0.05))
+    fix = {"tp": 1, "dp": 1}
+    ref = planners.get("brute-force").plan(inst, Limits(), Deadline(600), fix=fix)
+    for backend in BACKENDS:
+        got = planners.get(backend).plan(inst, Limits(), Deadline(600), fix=fix)
+        assert got.status == ref.status, backend
+        if ref.plan is not None:
+            assert got.objective == pytest.approx(ref.objective, rel=1e-4), backend
+            order = [s.gpu for s in got.plan.stages]
+            runs = [g for i, g in enumerate(order) if i == 0 or order[i - 1] != g]
+            assert len(runs) == len(set(runs)), (backend, order)
