@@ -8,6 +8,11 @@ from milp_plan.job import Limits
 from milp_plan.plan import Plan
 
 
+# `optimal`: no plan is better by more than this (relative), the default relative MIP gap of
+# CPLEX, Gurobi and HiGHS; what remains is the integer models' rounding (pipeline.md)
+PROOF_TOL = 1e-4
+
+
 class Status(enum.StrEnum):
     OPTIMAL = "optimal"        # proven within PROOF_TOL of the best plan of the stated model
     FEASIBLE = "feasible"      # a plan, with an honest gap

@@ -26,7 +26,9 @@ import io
 import math
 from typing import Any, Sequence
 
-OPTIMAL_GAP = 1e-6   # a plan within this relative gap of a proven optimum is optimal (PROOF_TOL-sized)
+from milp_plan.result import PROOF_TOL
+
+OPTIMAL_GAP = PROOF_TOL   # a plan this close to a proven optimum is optimal, as the exact planners say it
 CASE_FIELDS = ("case", "gpus", "model", "goal")   # goal: the case's objective as the suite states it
 
 

@@ -47,15 +47,12 @@ from milp_plan.formulations.space import (Config, StageOption, coverage_gap, enu
                                           explain_fix, free_children, matches_pins)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
-from milp_plan.result import Progress, SolveResult, objective_of, relative_gap
+from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, relative_gap
 from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, make_backend
 from milp_plan.solvers.bounds import config_lower_bound, family_lower_bound
 
 REL_EPS = 1e-9
-# `optimal`: no plan is better by more than this (relative), the default relative MIP gap of
-# CPLEX, Gurobi and HiGHS; what remains is the integer models' rounding (pipeline.md)
-PROOF_TOL = 1e-4
 MAX_CUTS = 32     # plans a config's model may return over a limit (by rounding) before it is left open
 MAX_PATHS = 200   # critical paths a config's model may add (simulated step) before it is left open
 HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan before the exact search,
