@@ -13,7 +13,7 @@ from milp_plan import analytic
 from milp_plan.cluster import Cluster, cluster_from_mapping
 from milp_plan.importers import load_cluster
 from milp_plan.errors import InputError
-from milp_plan.job import DEFAULT_GLOBAL_BATCH, DEFAULT_MODEL, Job, Objective
+from milp_plan.job import DEFAULT_MODEL, Job, JobSettings, Objective, load_job_file
 from milp_plan.model import Model, load_model, model_catalog, model_from_mapping
 from milp_plan.profile import Profile, match_gpu_names, read_native
 
@@ -31,6 +31,19 @@ class InstanceSpec:
     seq_length: int | None = None
     memory_headroom: float | None = None
     flash_attention: bool | None = None
+    job_file: str | None = None
+    global_batch_tokens: int | None = None
+    precision: str | None = None
+    grad_reduce_dtype: str | None = None
+    distributed_optimizer: bool | None = None
+
+    def job_settings(self) -> JobSettings:
+        """The job as the flags say it, over the job file (flags win)."""
+        flags = JobSettings(global_batch=self.global_batch_size, global_batch_tokens=self.global_batch_tokens,
+                            seq_length=self.seq_length, precision=self.precision,
+                            flash_attention=self.flash_attention, grad_reduce_dtype=self.grad_reduce_dtype,
+                            distributed_optimizer=self.distributed_optimizer, memory_headroom=self.memory_headroom)
+        return flags.over(load_job_file(self.job_file) if self.job_file else JobSettings())
 
 
 @dataclass(frozen=True)
@@ -120,10 +133,7 @@ def build_instance(spec: InstanceSpec | None = None, objective: Objective | None
     spec = spec or InstanceSpec()
     cluster = cluster or load_cluster(spec.cluster)
     model = model or load_model(spec.model or DEFAULT_MODEL)
-    job = job or Job(global_batch_size=spec.global_batch_size or DEFAULT_GLOBAL_BATCH,
-                     seq_length=spec.seq_length or model.seq_length,
-                     **({} if spec.memory_headroom is None else {"memory_headroom": spec.memory_headroom}),
-                     **({} if spec.flash_attention is None else {"flash_attention": spec.flash_attention}))
+    job = job or spec.job_settings().resolve(model.seq_length)
     notices: list[str] = []
     cluster_gpus = {nt.gpu.name: nt.gpu for nt in cluster.node_types}
     gpu_map: dict[str, str] = {}
