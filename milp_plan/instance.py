@@ -115,10 +115,13 @@ def load_profiles(path: str | Path, fmt: str, model: Model, seq_length: int | No
     raise InputError(f"unknown profile format {fmt!r}; use auto, native, metis or fasop", field="profile-format")
 
 
-def _shipped_profile(model: Model, seq: int) -> tuple[Profile | None, list[str]]:
+def _shipped_profile(model: Model, seq: int, flash_attention: bool = True) -> tuple[Profile | None, list[str]]:
     path = analytic.shipped_profile_path(model.name)
     if model.source != "catalog" or not path.exists():
         return None, []
+    if not flash_attention:
+        return None, [f"shipped profiles for {model.name} assume flash attention; derived an analytic profile "
+                      "with unfused attention on the fly"]
     if seq != model.seq_length:
         return None, [f"shipped profiles for {model.name} are at seq {model.seq_length}; "
                       f"derived an analytic profile at seq {seq} on the fly"]
@@ -155,21 +158,23 @@ def build_instance(spec: InstanceSpec | None = None, objective: Objective | None
                     raise InputError(f"profile lacks layer kind '{kind}' for GPU '{g}'; {model.name} needs "
                                      f"{', '.join(model.kinds())}", source=spec.profiles)
     else:
-        profile, notes = _shipped_profile(model, job.seq_length)
+        profile, notes = _shipped_profile(model, job.seq_length, job.flash_attention)
         notices += notes
         missing = [g for name, g in cluster_gpus.items() if profile is None or name not in profile.gpus()]
         if missing:
             if profile is not None or not notes:
                 notices.append(f"no profile covers {model.name} on {', '.join(g.name for g in missing)}: "
                                "derived an analytic profile on the fly")
-            derived = analytic.generate_profile(model, missing, seq_lengths=[job.seq_length])
+            derived = analytic.generate_profile(model, missing, flash_attention=job.flash_attention,
+                                                seq_lengths=[job.seq_length])
             profile = derived if profile is None else profile.merged(derived)
         # an analytic profile generates every point: its planner space is not limited to the
         # table's tp and micro-batch sizes (profile.py, `generator`)
         from milp_plan.cluster import gpu_catalog
         catalog = gpu_catalog()
         profile.generator = analytic.Generator(model, {name: (gpu if gpu in missing else catalog.get(name, gpu))
-                                                       for name, gpu in cluster_gpus.items()})
+                                                       for name, gpu in cluster_gpus.items()},
+                                                      job.flash_attention)
     return Instance(cluster, model, profile, job, objective or Objective(), spec, tuple(notices),
                     tuple(sorted(gpu_map.items())))
 
