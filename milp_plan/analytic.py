@@ -19,9 +19,10 @@ For one micro-batch of T = b*s tokens through one layer on one GPU of a tp group
   bytes / (bandwidth * MEMORY_EFFICIENCY), twice the bytes backward;
 * every kernel costs KERNEL_LAUNCH_S.
 
-The constants are engineering estimates (see CONSTANTS), to be calibrated against
-measured profiles (`milp-plan profile`); the times exclude tensor-parallel collectives,
-which the cost model adds.
+The constants are engineering estimates (see CONSTANTS); `Constants` carries them through
+every formula, and milp_plan/calibration.py fits other values on published end-to-end
+measurements (profiles/calibration; the shipped profiles keep the defaults). The times
+exclude tensor-parallel collectives, which the cost model adds.
 """
 from __future__ import annotations
 

@@ -109,6 +109,10 @@ class Row:
 
 
 def load_rows(path: str | Path = DATA) -> list[Row]:
+    if not Path(path).is_file():
+        from milp_plan.errors import InputError
+        raise InputError("calibration data not found; it lives in the source repository "
+                         "(profiles/calibration/measurements.csv), not in the installed package", source=str(path))
     out = []
     with open(path, newline="") as fh:
         for rec in csv.DictReader(fh):
