@@ -111,8 +111,8 @@ class Row:
 def load_rows(path: str | Path = DATA) -> list[Row]:
     if not Path(path).is_file():
         from milp_plan.errors import InputError
-        raise InputError("calibration data not found; it lives in the source repository "
-                         "(profiles/calibration/measurements.csv), not in the installed package", source=str(path))
+        raise InputError("calibration data not found (profiles/calibration/measurements.csv in the source "
+                         "repository, milp_plan/shipped/profiles/calibration/ when installed)", source=str(path))
     out = []
     with open(path, newline="") as fh:
         for rec in csv.DictReader(fh):
