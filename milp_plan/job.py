@@ -117,19 +117,24 @@ class JobSettings:
     distributed_optimizer: bool | None = None
     memory_headroom: float | None = None
     source: str | None = None      # the job file, for error messages
+    from_file: frozenset = frozenset()   # the fields the job file set (and no flag overrode)
 
     def over(self, base: "JobSettings") -> "JobSettings":
         """These settings, with `base` filling what these leave unsaid; a batch in sequences
         and one in tokens are one setting (the later one wins)."""
-        mine = {k: v for k, v in asdict(self).items() if v is not None and k != "source"}
+        meta = ("source", "from_file")
+        mine = {k: v for k, v in asdict(self).items() if v is not None and k not in meta}
         if "global_batch" in mine or "global_batch_tokens" in mine:
             mine.setdefault("global_batch", None)
             mine.setdefault("global_batch_tokens", None)
-        return JobSettings(**{**asdict(base), **mine, "source": base.source or self.source})
+        kept = frozenset(k for k, v in asdict(base).items() if v is not None and k not in meta and k not in mine)
+        return JobSettings(**{**asdict(base), **mine, "source": base.source or self.source,
+                              "from_file": kept if base.source else frozenset()})
 
     def resolve(self, default_seq_length: int) -> Job:
         seq = self.seq_length if self.seq_length is not None else default_seq_length
-        where = {"source": self.source} if self.source else {}
+        where = {"source": self.source} if self.source and self.from_file & {"global_batch",
+                                                                              "global_batch_tokens"} else {}
         if self.global_batch is not None and self.global_batch_tokens is not None:
             raise InputError("give the global batch in sequences (global_batch) or in tokens "
                              "(global_batch_tokens), not both", field="global_batch_tokens", **where)
@@ -144,8 +149,10 @@ class JobSettings:
                                             "distributed_optimizer", "memory_headroom") if getattr(self, k) is not None}
         try:
             return Job(global_batch_size=gbs, seq_length=seq, **kw)
-        except InputError as exc:
-            if self.source and not exc.source:
+        except InputError as exc:   # name the job file when the field came from it
+            field = {"global_batch_size": "global_batch"}.get(exc.field or "", exc.field)
+            if self.source and not exc.source and (field in self.from_file or (
+                    field == "global_batch" and "global_batch_tokens" in self.from_file)):
                 raise InputError(str(exc), source=self.source) from None
             raise
 
@@ -188,7 +195,7 @@ def load_job_file(path: str) -> JobSettings:
             raise InputError(f"job: field '{key}' must be true or false, got {v!r}", source=str(path))
         if v is not None:
             out[key] = v
-    return JobSettings(**out, source=str(path))
+    return JobSettings(**out, source=str(path), from_file=frozenset(out))
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,16 @@ def test_bad_job_file_is_one_line_exit_2(tmp_path, capsys, case):
                              str(prof), "--job", str(tmp_path / "job.yaml"))
     assert code == 2, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err and words in err, err
-    if case != "both batches" and case != "bf16 reduce with fp16" and case != "headroom":
-        assert "job.yaml" in err, err   # names the file
+    assert "job.yaml" in err, err   # names the file
+
+
+def test_a_flag_error_does_not_blame_the_file(tmp_path, capsys):
+    # the file says fp16; the flag's bf16 gradient reduction contradicts it: the flag is named, not the file
+    cluster, model, prof = write_inputs(tmp_path)
+    (tmp_path / "job.yaml").write_text("precision: fp16\n")
+    code, out, err = run_cli(capsys, "inspect", "--cluster", str(cluster), "--model", str(model), "--profiles",
+                             str(prof), "--job", str(tmp_path / "job.yaml"), "--grad-reduce-dtype", "bf16")
+    assert code == 2 and "job.yaml" not in err and "grad_reduce_dtype" in err, err
 
 
 @pytest.mark.parametrize("args, words", [
