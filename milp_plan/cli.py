@@ -28,6 +28,8 @@ def _usage_name(self) -> str:
 
 typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 
+DEFAULT_MAX_SOLVE_TIME = "30s"   # compare's search limit per planner unless a flag or a suite file says otherwise
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Plan parallel Transformer training on heterogeneous, rented GPU clusters.")
 
@@ -536,27 +538,73 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             objective: Annotated[str, typer.Option(help="min-time | min-cost.")] = "min-time",
             time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
             mode: Annotated[str, typer.Option(help="megatron | free.")] = "megatron",
-            planners: Annotated[str, typer.Option(
-                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start.")] = "cpsat,warm-start",
-            max_solve_time: Annotated[str, typer.Option(
-                "--max-solve-time", help="The same search limit for every planner, e.g. 30s.")] = "30s",
+            planners: Annotated[Optional[str], typer.Option(
+                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start, aceso. Default: "
+                     "cpsat,warm-start (a suite file may name its own).")] = None,
+            max_solve_time: Annotated[Optional[str], typer.Option(
+                "--max-solve-time", help="The same search limit for every planner, e.g. 30s. Default: 30s "
+                                         "(a suite file may name its own).")] = None,
             seed: SeedOpt = 1,
             fix: Annotated[Optional[str], typer.Option(help="Pin global choices, as for solve.")] = None,
             out: Annotated[str, typer.Option(
                 "--out", help="Where to write the comparison: FILE.json and FILE.csv beside it.")] = "compare.json",
+            plan_files: Annotated[Optional[list[str]], typer.Option(
+                "--plan", help="Also score this plan.json (e.g. from import-plan) beside the planners; repeatable. "
+                               "Without instance flags the instance is the first plan's.")] = None,
+            suite: Annotated[Optional[str], typer.Option(
+                help="Compare over a suite instead of one instance: 'shipped' or a suite YAML.")] = None,
+            random_cases: Annotated[Optional[int], typer.Option(
+                "--random", help="Compare over N generated instances (with --seed; sizes up to --max-gpus).")] = None,
+            max_gpus: Annotated[int, typer.Option(help="--random: GPUs per generated cluster at most.")] = 32,
+            workers: Annotated[int, typer.Option(help="Suite cases run side by side (processes or Ray tasks).")] = 1,
+            executor: Annotated[str, typer.Option(help="Suite runs: local (processes) | ray.")] = "local",
+            address: Annotated[Optional[str], typer.Option(
+                help="--executor ray: a running Ray cluster's address (default: start a local one).")] = None,
+            results: Annotated[Optional[str], typer.Option(
+                help="Suite runs: stream each finished case to this JSON-lines file and resume from it.")] = None,
+            report: Annotated[Optional[str], typer.Option(
+                help="Suite runs: also write one self-contained HTML page (tables and plots).")] = None,
             json_out: JsonOpt = False) -> None:
     """Each planner gets the same instance, limits and search time; every plan is scored by the
     cost model, the checker and the simulator; the gap is to the best bound any exact planner
-    proved. Exit 3 if a plan beats a proven bound (a bug in one of them)."""
+    proved. Exit 3 if a plan beats a proven bound (a bug in one of them). With --suite or
+    --random: every case of a suite, a summary per planner (how often it is optimal, its gaps,
+    its search time against the exact planner's), JSON, CSV and an optional HTML report."""
     from milp_plan import compare as comparing
     from milp_plan import solve as solving
     from milp_plan.errors import InputError, InternalError
     from milp_plan.fileio import check_output, write_atomic
     from milp_plan.formulations.space import parse_fix
-    from milp_plan.instance import build_instance
+    from dataclasses import replace
+    from pathlib import Path
+
+    from milp_plan.instance import build_instance, instance_from_inputs
     from milp_plan.job import Objective
+    from milp_plan.plan import read_plan
     from milp_plan.report import render_comparison
     from milp_plan.units import parse_duration_s, parse_money
+    if suite is not None or random_cases is not None:
+        if plan_files:
+            raise InputError("--plan scores plans on their own instance; leave it out of a suite run", field="plan")
+        instance_flags = {"--cluster": cluster, "--model": model, "--profiles": profiles, "--global-batch": global_batch,
+                          "--seq-len": seq_len, "--memory-headroom": memory_headroom, "--time-limit": time_limit,
+                          "--budget": budget, "--fix": fix, "--job": job, "--global-batch-tokens": global_batch_tokens,
+                          "--precision": precision, "--flash-attention": flash_attention,
+                          "--grad-reduce-dtype": grad_reduce_dtype, "--distributed-optimizer": distributed_optimizer}
+        given = [flag for flag, value in instance_flags.items() if value is not None]
+        if given:
+            raise InputError(f"{given[0]} describes one instance; a suite's cases carry their own (drop it, or "
+                             "write it into the suite YAML)", field=given[0].lstrip("-"))
+        _compare_suite(suite, random_cases, max_gpus, seed, planners, max_solve_time, workers, executor, address,
+                       results, out, report, json_out)
+        return
+    for flag, value in (("--executor", executor != "local"), ("--address", address), ("--results", results),
+                        ("--report", report), ("--workers", workers != 1)):
+        if value:
+            raise InputError(f"{flag} is for suite runs; add --suite shipped|FILE or --random N",
+                             field=flag.lstrip("-"))
+    planners = planners or ",".join(comparing.DEFAULT_PLANNERS)
+    max_solve_time = max_solve_time or DEFAULT_MAX_SOLVE_TIME
     if objective not in ("min-time", "min-cost"):
         raise InputError(f"compare ranks by min-time or min-cost, got {objective!r}", field="objective")
     obj = Objective(kind=objective, time_limit_s=None if time_limit is None else parse_duration_s(time_limit,
@@ -571,10 +619,23 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
     csv_path = json_path[:-5] + ".csv"
     for path in (json_path, csv_path):
         check_output(path, allow_stdout=False)
-    inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
-                                        seq_len, memory_headroom, job, global_batch_tokens, precision,
-                                        flash_attention, grad_reduce_dtype, distributed_optimizer), obj)
-    result = comparing.compare(inst, obj.limits(), names, time_limit_s=limit_s, seed=seed, fix=solving.job_fix(inst, parse_fix(fix)))
+    given = [(path, read_plan(path)) for path in plan_files or ()]
+    job_flags = (job, global_batch_tokens, precision, flash_attention, grad_reduce_dtype, distributed_optimizer)
+    if given and all(v is None for v in (cluster, model, profiles, global_batch, seq_len, memory_headroom,
+                                         *job_flags)):
+        first, plan = given[0]
+        if not plan.inputs:
+            raise InputError("the plan records no inputs; give the instance flags (--cluster, --model, ...)",
+                             source=first, field="inputs")
+        inst = replace(instance_from_inputs(plan.inputs, first), objective=obj)
+    else:
+        inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
+                                            seq_len, memory_headroom, *job_flags), obj)
+    for path, plan in given:
+        comparing.same_instance(inst, plan, path)
+    result = comparing.compare(inst, obj.limits(), names, time_limit_s=limit_s, seed=seed,
+                               fix=solving.job_fix(inst, parse_fix(fix)),
+                               plans=[(Path(path).name, plan) for path, plan in given])
     doc = result.to_dict()
     write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
     write_atomic(csv_path, result.to_csv())
@@ -582,6 +643,64 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
                render_comparison(result) + f"\nWrote {json_path}, {csv_path}")
     if result.violations:
         raise InternalError("a plan beats a proven bound: " + "; ".join(result.violations))
+
+
+def _compare_suite(suite_spec, random_cases, max_gpus, seed, planner_list, max_solve_time, workers, executor,
+                   address, results, out, report, json_out) -> None:
+    """compare --suite / --random: every case, streamed to --results; summary, JSON, CSV, HTML."""
+    from milp_plan import planners as registry
+    from milp_plan import suite as suites
+    from milp_plan import suite_report
+    from milp_plan.errors import InputError, InternalError
+    from milp_plan.fileio import check_output, write_atomic
+    from milp_plan.units import parse_duration_s
+    if suite_spec is not None and random_cases is not None:
+        raise InputError("give --suite or --random, not both", field="suite")
+    the_suite = suites.load_suite(suite_spec) if suite_spec is not None else \
+        suites.random_suite(random_cases, seed, max_gpus)
+    from milp_plan.compare import DEFAULT_PLANNERS
+    names = [n.strip() for n in planner_list.split(",") if n.strip()] if planner_list is not None else \
+        list(the_suite.planners or DEFAULT_PLANNERS)
+    if not names or len(set(names)) != len(names):
+        raise InputError("give each planner once, e.g. cpsat,warm-start", field="planners")
+    for name in names:
+        registry.get(name)
+    limit_s = parse_duration_s(max_solve_time or the_suite.max_solve_time or DEFAULT_MAX_SOLVE_TIME,
+                               field="max-solve-time")
+    json_path = out if out.endswith(".json") else out + ".json"
+    csv_path = json_path[:-5] + ".csv"
+    for path in (json_path, csv_path) + ((report,) if report else ()):
+        check_output(path, allow_stdout=False)
+    if report:
+        suite_report._pyplot()  # refuse now, not after the run, when matplotlib is missing
+
+    def show(done: int, total: int, rec: dict) -> None:
+        if not json_out:
+            best = min((r["objective"] for r in rec["rows"] if r["valid"]), default=None)
+            typer.echo(f"[{done}/{total}] {rec['case']}: " + (f"refused ({rec['error']})" if rec.get("error") else
+                       f"best {best:.6g}" if best is not None else "no valid plan"), err=True)
+    from milp_plan import deadline
+    with deadline.handle_signals():
+        run = suites.run_suite(the_suite, names, limit_s, seed=seed, workers=workers, executor=executor,
+                               address=address, results=results, progress=show)
+    if deadline.interrupted():
+        name, code = _signal_name()
+        kept = f"; {len(run.records)} finished cases are in {results}: rerun to resume" if results else ""
+        raise Interrupted(f"interrupted by {name} during the suite; {json_path} left unchanged{kept}", code)
+    summary = suite_report.summarise(run.records)
+    meta = {"suite": the_suite.name, "cases": len(the_suite.cases), "planners": ", ".join(names),
+            "max solve time per planner (s)": limit_s, "seed": seed, "executor": executor, "workers": workers}
+    doc = {"meta": meta, "summary": summary, "records": run.records}
+    write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
+    write_atomic(csv_path, suite_report.rows_csv(run.records))
+    if report:
+        write_atomic(report, suite_report.render_html(f"milp-plan compare: {the_suite.name}", meta, summary,
+                                                      run.records))
+    resumed = f" ({run.resumed} read back from {results})" if run.resumed else ""
+    typer.echo(json.dumps(doc, indent=2) if json_out else suite_report.render_summary(summary) +
+               f"\n{len(run.records)} cases{resumed}. Wrote {json_path}, {csv_path}" + (f", {report}" if report else ""))
+    if summary["violations"]:
+        raise InternalError("a plan beats a proven bound: " + "; ".join(summary["violations"]))
 
 
 def _fail(message: str, code: int) -> None:

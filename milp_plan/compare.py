@@ -23,10 +23,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from milp_plan import check, planners
+from milp_plan import check, planners, predict
 from milp_plan.deadline import Deadline
+from milp_plan.errors import InputError
 from milp_plan.instance import Instance
-from milp_plan.job import Limits
+from milp_plan.job import Job, Limits
+from milp_plan.plan import Plan
 from milp_plan.result import Status, objective_of, relative_gap
 
 DEFAULT_PLANNERS = ("cpsat", "warm-start")
@@ -90,9 +92,10 @@ def _gap(objective: float | None, bound: float | None) -> float | None:
 
 
 def compare(inst: Instance, limits: Limits, names: Sequence[str] = DEFAULT_PLANNERS, *, time_limit_s: float = 30.0,
-            seed: int = 1, fix: dict | None = None) -> Comparison:
-    """Run each named planner (planners.get: an unknown name is an InputError, before any run)."""
-    from milp_plan.verify import SimulationCheck, simulation_check
+            seed: int = 1, fix: dict | None = None, plans: Sequence[tuple[str, Plan]] = ()) -> Comparison:
+    """Run each named planner (planners.get: an unknown name is an InputError, before any run),
+    then score each given plan (`plans`: (label, Plan), e.g. another planner's plan imported
+    with `import-plan`) the same way, as a row 'plan:LABEL' that proves nothing."""
     chosen = [(name, planners.get(name)) for name in names]
     runs = []
     for name, planner in chosen:
@@ -106,19 +109,48 @@ def compare(inst: Instance, limits: Limits, names: Sequence[str] = DEFAULT_PLANN
         elif planner.proves and result.best_bound is not None:
             bounds.append(result.best_bound)
     best = max(bounds) if bounds else None
-    rows = []
-    for name, planner, result, wall in runs:
-        plan = result.plan
-        if plan is None:
-            rows.append(Row(name, planner.proves, str(result.status), None, None, None, None, None, None, None,
-                            result.best_bound, None, wall))
-            continue
-        p = plan.predicted
-        sim = simulation_check(inst, plan)
-        valid = not check.check_plan(inst, plan) and limits.admit(plan)
-        objective = objective_of(plan, limits)  # the cost model's number, whatever the planner said
-        rows.append(Row(name, planner.proves, str(result.status), objective, p.step_time_s, p.usd_per_step,
-                        p.usd_per_hour, plan.num_gpus,
-                        sim.step_time_s if isinstance(sim, SimulationCheck) else None, valid,
-                        result.best_bound, _gap(objective, best), wall))
+    rows = [_row(inst, limits, name, planner.proves, str(result.status), result.plan, result.best_bound, best, wall)
+            for name, planner, result, wall in runs]
+    for label, plan in plans:  # scored afresh; a plan whose structure the checker rejects keeps its record
+        fresh = plan if check.check_structure(inst, plan) else plan.with_(predicted=predict.evaluate(inst, plan))
+        rows.append(_row(inst, limits, f"plan:{label}", False, "given", fresh, None, best, 0.0))
     return Comparison(limits.objective, time_limit_s, best, tuple(rows))
+
+
+def _row(inst: Instance, limits: Limits, name: str, proves: bool, status: str, plan: Plan | None,
+         own_bound: float | None, best: float | None, wall: float) -> Row:
+    """One planner's (or one given plan's) row: its plan judged by the cost model, the checker,
+    the limits and the simulator, its gap to the instance's best proven bound."""
+    from milp_plan.verify import SimulationCheck, simulation_check
+    if plan is None:
+        return Row(name, proves, status, None, None, None, None, None, None, None, own_bound, None, wall)
+    p = plan.predicted
+    sim = simulation_check(inst, plan) if not check.check_structure(inst, plan) else None
+    valid = not check.check_plan(inst, plan) and limits.admit(plan)
+    objective = objective_of(plan, limits)  # the cost model's number, whatever the planner said
+    return Row(name, proves, status, objective, p.step_time_s, p.usd_per_step, p.usd_per_hour, plan.num_gpus,
+               sim.step_time_s if isinstance(sim, SimulationCheck) else None, valid, own_bound,
+               _gap(objective, best) if valid else None, wall)
+
+
+def same_instance(inst: Instance, plan: Plan, source: str) -> None:
+    """A given plan must have been made for this instance: the cluster, model and job it
+    records are this instance's (else its devices and times mean something else)."""
+    rec = plan.inputs or {}
+    for what, obj in (("cluster", inst.cluster), ("model", inst.model)):
+        got = (rec.get(what) or {}).get("sha256")
+        if got != obj.content_hash():
+            name = (rec.get(what) or {}).get("name", "?")
+            raise InputError(f"the plan was made for {what} '{name}', not this compare's '{obj.name}' (or an edited "
+                             f"copy); give the plan's --{what} (and job flags) or leave them out to use the plan's",
+                             source=source, field=f"inputs.{what}")
+    job = rec.get("job")
+    try:   # a plan written before a job field existed records it by its default
+        job = Job.from_dict(job).to_dict()
+    except (InputError, TypeError, AttributeError):
+        pass
+    if job != inst.job.to_dict():
+        diff = next((k for k in inst.job.to_dict() if (job or {}).get(k) != inst.job.to_dict()[k]), "job")
+        raise InputError(f"the plan was made for {diff} = {(job or {}).get(diff)!r}, this compare has "
+                         f"{inst.job.to_dict()[diff]!r}; give the plan's job flags or leave them out",
+                         source=source, field=f"inputs.job.{diff}")

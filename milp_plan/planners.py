@@ -102,7 +102,7 @@ class WarmStartPlanner:
             if deadline.expired() or (best is not None and lb >= objective_of(best, limits)):
                 break  # no plan of the configs left can beat the best found (their bounds say so)
             seen += 1
-            got = best_plan(prep.coef(i), limits, "megatron", deadline)
+            got = best_plan(prep.coef(i), limits, deadline)
             if got is not None and (best is None or objective_of(got[0], limits) < objective_of(best, limits)):
                 best = got[0]
         notes = [] if not deadline.expired() else [f"the deadline stopped the heuristic after {seen} configurations"]

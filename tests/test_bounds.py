@@ -31,7 +31,7 @@ REL = 1e-9  # bounds are float sums of the cost model's own coefficients; plans 
 def config_optimum(inst, coef, limits, mode) -> float:
     """Best admitted plan of one complete config (math.inf when none)."""
     best = math.inf
-    for plan in bruteforce.candidate_plans(inst, coef.cfg, None, mode):
+    for plan in bruteforce.candidate_plans(inst, coef.cfg, None):
         if limits.admit(plan):
             best = min(best, objective_of(plan, limits))
     return best
@@ -39,7 +39,7 @@ def config_optimum(inst, coef, limits, mode) -> float:
 
 def assert_bounds_valid(inst, prepared, coef, limits, mode) -> float:
     """Checks this config's bounds (and, for a free parent, every child's) and returns its optimum."""
-    if getattr(coef.cfg, "complete", True):
+    if coef.cfg.complete:
         best = config_optimum(inst, coef, limits, mode)
     else:
         best = min([assert_bounds_valid(inst, prepared, kid, limits, mode) for kid in prepared.children(coef)],
@@ -153,6 +153,6 @@ def test_the_space_holds_gpipe_vpp_3_and_micro_batches_past_16(tmp_path):
     assert {c.vpp for c in configs if c.pp == 2 and c.schedule == "interleaved"} == {2, 3}
     assert {c.vpp for c in configs if c.pp == 3 and c.schedule == "interleaved"} == {2}
     assert any(c.schedule == "gpipe" for c in configs)
-    assert {c.mbs for c in configs if c.dp == 1} == {b for b in range(1, 33) if 96 % b == 0}
+    assert {c.uniform.mbs for c in configs if c.uniform.dp == 1} == {b for b in range(1, 33) if 96 % b == 0}
     wide = prepare(inst, {"extrapolate": True}).configs
-    assert {c.mbs for c in wide if c.dp == 1} == {b for b in range(1, 97) if 96 % b == 0}
+    assert {c.uniform.mbs for c in wide if c.uniform.dp == 1} == {b for b in range(1, 97) if 96 % b == 0}

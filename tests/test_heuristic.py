@@ -62,8 +62,9 @@ def test_heuristic_plans_are_valid_and_never_beat_brute_force(tmp_path, layers, 
         found += 1
         assert check.check_plan(inst, plan) == []
         assert [s.num_layers for s in plan.stages] == list(lays)
-        exact = bruteforce.solve(inst, Limits(), fix=dict(tp=cfg.tp, dp=cfg.dp, mbs=cfg.mbs, pp=cfg.pp,
-                                                          recompute=cfg.recompute, schedule=cfg.schedule,
+        u = cfg.uniform
+        exact = bruteforce.solve(inst, Limits(), fix=dict(tp=u.tp, dp=u.dp, mbs=u.mbs, pp=cfg.pp,
+                                                          recompute=u.recompute, schedule=cfg.schedule,
                                                           vpp=cfg.vpp)).objective
         assert objective_of(plan, Limits()) >= exact * (1 - 1e-9)
     assert found > 0

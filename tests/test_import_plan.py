@@ -166,15 +166,31 @@ def test_cli_import_then_verify_and_compare(fasop_case, tmp_path, capsys):
     report = json.loads(stdout)
     assert report["ok"] and report["violations"] == []
     assert report["comparisons"][0]["predicted"] == pytest.approx(plan.predicted.step_time_s)
-    # compare on the instance the plan records: cpsat proves a bound the imported plan cannot beat
+    # compare on the instance the plan records (no instance flags): cpsat proves a bound, and
+    # the imported plan is a row of its own, scored afresh, with its gap to that bound
     cmp_out = tmp_path / "cmp.json"
-    code, stdout, err = run_cli(capsys, "compare", "--cluster", str(cluster), "--model", "gpt2-xl",
-                                "--global-batch", "64", "--planners", "cpsat", "--max-solve-time", "60s",
-                                "--out", str(cmp_out))
+    code, stdout, err = run_cli(capsys, "compare", "--plan", str(out), "--planners", "cpsat",
+                                "--max-solve-time", "60s", "--out", str(cmp_out))
     assert code == 0, err
     doc = json.loads(cmp_out.read_text())
-    assert doc["best_bound"] is not None
-    assert plan.predicted.step_time_s >= doc["best_bound"] * (1 - 1e-6)
+    bound = doc["best_bound"]
+    given = next(r for r in doc["rows"] if r["planner"] == "plan:plan.json")
+    assert bound is not None and given["status"] == "given" and given["valid"] and not given["proves"]
+    assert given["objective"] == pytest.approx(plan.predicted.step_time_s)
+    assert given["objective"] >= bound * (1 - 1e-6)
+    assert given["gap"] == pytest.approx((given["objective"] - bound) / given["objective"])
+    assert "plan:plan.json" in stdout
+    # the same with the instance flags given: the same rows
+    code, _, err = run_cli(capsys, "compare", "--cluster", str(cluster), "--model", "gpt2-xl", "--global-batch",
+                           "64", "--plan", str(out), "--planners", "cpsat", "--max-solve-time", "60s",
+                           "--out", str(tmp_path / "cmp2.json"))
+    assert code == 0, err
+    again = json.loads((tmp_path / "cmp2.json").read_text())
+    assert [r["objective"] for r in again["rows"]] == [r["objective"] for r in doc["rows"]]
+    # a plan made for another job is refused, naming the field
+    code, _, err = run_cli(capsys, "compare", "--cluster", str(cluster), "--model", "gpt2-xl", "--global-batch",
+                           "32", "--plan", str(out), "--planners", "cpsat", "--out", str(tmp_path / "c3.json"))
+    assert code == 2 and "inputs.job.global_batch_size" in err and len(err.splitlines()) == 1
 
 
 def test_cli_violations_are_written_and_exit_1(fasop_case, tmp_path, capsys):

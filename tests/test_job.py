@@ -208,3 +208,23 @@ def test_job_rejects_fp8_in_the_library():
     with pytest.raises(InputError, match="fp32 or bf16"):
         Job(global_batch_size=8, seq_length=512, grad_reduce_dtype="fp16")
     _ = build_instance, InstanceSpec
+
+
+def test_compare_accepts_an_older_plan_of_the_same_job(tmp_path, capsys):
+    # a plan written before grad_reduce_dtype / distributed_optimizer existed records neither: it
+    # was made for their defaults, which is this compare's job
+    code, out, err = _solve(tmp_path, capsys)
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    for k in ("grad_reduce_dtype", "distributed_optimizer"):
+        del doc["inputs"]["job"][k]
+    out.write_text(json.dumps(doc))
+    code, stdout, err = run_cli(capsys, "compare", "--plan", str(out), "--planners", "warm-start",
+                                "--out", str(tmp_path / "cmp.json"))
+    assert code == 0, stdout + err
+    # and a job flag that differs from the plan's is named
+    cluster, model, prof = write_inputs(tmp_path)
+    code, stdout, err = run_cli(capsys, "compare", "--plan", str(out), "--planners", "warm-start", "--cluster",
+                                str(cluster), "--model", str(model), "--profiles", str(prof), "--global-batch", "8",
+                                "--grad-reduce-dtype", "bf16", "--out", str(tmp_path / "cmp2.json"))
+    assert code == 2 and "grad_reduce_dtype" in err, err

@@ -145,11 +145,11 @@ def test_selective_recompute_is_dominated_under_flash_attention(tmp_path):
     from milp_plan.formulations.space import enumerate_configs
     spec = write_instance(tmp_path, layers=4)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "flash_attention": True}))
-    assert {c.recompute for c in enumerate_configs(inst)} == {"none", "full"}
+    assert {c.uniform.recompute for c in enumerate_configs(inst)} == {"none", "full"}
     best = bruteforce.solve(inst, Limits()).objective
     assert bruteforce.solve(inst, Limits(), fix={"recompute": "selective"}).objective >= best
     no_flash = build_instance(InstanceSpec(**{**spec.__dict__, "flash_attention": False}))
-    assert {c.recompute for c in enumerate_configs(no_flash)} == {"none", "selective", "full"}
+    assert {c.uniform.recompute for c in enumerate_configs(no_flash)} == {"none", "selective", "full"}
 
 
 def test_zb_h1_is_refused_in_megatron_mode(tmp_path):

@@ -101,7 +101,7 @@ def test_caps_parse_and_bound_the_space(tmp_path):
             parse_fix(bad)
     inst = build_instance(InstanceSpec())
     configs = list(enumerate_configs(inst, parse_fix("tp<=2,mbs<=4")))
-    assert configs and {c.tp for c in configs} == {1, 2} and max(c.mbs for c in configs) == 4
+    assert configs and {c.uniform.tp for c in configs} == {1, 2} and max(c.uniform.mbs for c in configs) == 4
 
 
 def test_an_analytic_profile_generates_every_point():
@@ -114,7 +114,7 @@ def test_an_analytic_profile_generates_every_point():
     fwd, bwd, _ = analytic.layer_cost_s(model, gpu, "block", 2, 20, inst.job.seq_length)
     assert (cost.fwd_ms, cost.bwd_ms) == pytest.approx((fwd * 1e3, bwd * 1e3), rel=1e-12)
     assert not inst.profile.fills
-    assert any(c.mbs == 20 for c in enumerate_configs(inst, {"tp": 1, "dp": 4}))
+    assert any(c.uniform.mbs == 20 for c in enumerate_configs(inst, {"tp": 1, "dp": 4}))
 
 
 def solve_cli(capsys, d, *extra):

@@ -90,7 +90,7 @@ def test_every_pp1_config_with_a_plan_is_feasible_in_the_model(tmp_path):
     checked = 0
     for cfg in enumerate_configs(inst, {"pp": 1}):
         coef = Coefficients(inst, cfg)
-        if not coef.options or warmstart.best_plan(coef, limits, "megatron") is None:
+        if not coef.options or warmstart.best_plan(coef, limits) is None:
             continue
         be = make_backend("cpsat")
         PipelineModel(coef, limits, be).build()
@@ -284,7 +284,7 @@ def without_usd_per_step(limits: Limits) -> Limits:
 
 def assert_every_config_model_exact(inst, limits, mode, fix=None) -> int:
     prepared = driver.prepare(inst, fix, mode)
-    coefs = [c for c in prepared.coefs if getattr(c.cfg, "complete", True)]
+    coefs = [c for c in prepared.coefs if c.cfg.complete]
     if mode == "free":
         coefs = [kid for c in prepared.coefs for kid in _completions(prepared, c)]
     solved = 0

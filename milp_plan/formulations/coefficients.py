@@ -8,9 +8,9 @@ coefficients are obtained by evaluating the cost model's own stage functions at 
 models can never drift from `costmodel`. Positions matter: stage 0 holds the embedding,
 the last stage the head, and the in-flight micro-batch count depends on the position.
 
-Options that share a node type and a stage size (GPUs per stage) form a block: the
-stages of a block are one contiguous run placed on nodes of their own (build.place_stages),
-so placement, transfers and prices depend on the block only.
+Options that share a node type and a stage size (GPUs per stage) form a pool: the
+stages of a pool are one contiguous run placed on nodes of their own
+(placement.place_stages), so placement, transfers and prices depend on the pool only.
 """
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from milp_plan import costmodel as cm
-from milp_plan.formulations.space import (LIST_KEYS, Config, FreeConfig, Placement, StageOption, placement,
-                                          stage_options)
+from milp_plan.formulations.space import LIST_KEYS, Config, Placement, StageOption, placement, stage_options
 from milp_plan.instance import Instance
 from milp_plan.predict import SIMULATED, seed_paths, step_basis
 from milp_plan.schedules import PathTerms, Schedule
@@ -51,7 +50,7 @@ def _affine(fn, full: bool) -> Affine:
 
 
 @dataclass(frozen=True)
-class Block:
+class Pool:
     """A node type and a stage size: its stages run in one contiguous run on their own nodes."""
 
     k: int
@@ -146,12 +145,12 @@ class SharedCoefficients:
 class Coefficients:
     """Every coefficient of the per-stage models for one config."""
 
-    def __init__(self, inst: Instance, cfg: Config | FreeConfig, shared: SharedCoefficients | None = None,
+    def __init__(self, inst: Instance, cfg: Config, shared: SharedCoefficients | None = None,
                  fix: dict | None = None):
         """`shared` may be passed to every config of one instance: it memoises the
         coefficients that depend on only part of a config (stage times on node type,
         ends, tp, micro-batch and recompute; reduction and optimizer on tp, dp and the
-        distributed optimizer). `fix` restricts a FreeConfig's per-stage options."""
+        distributed optimizer). `fix` restricts the config's per-stage options."""
         self.inst, self.cfg = inst, cfg
         if shared is None:
             shared = SharedCoefficients(inst)
@@ -168,29 +167,31 @@ class Coefficients:
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
         self.options: list[StageOption] = stage_options(inst, cfg, fix)
         self.pins = {k: fix[k] for k in LIST_KEYS if fix and k in fix}   # per-stage layers / GPU type order
-        if isinstance(cfg, FreeConfig) and cfg.complete:
+        if cfg.complete:
             self.options = self._undominated(self.options)
         index: dict[tuple[int, int], int] = {}
         for o in self.options:
             index.setdefault((o.k, o.group), len(index))
-        self.blocks: list[Block] = [Block(k, g, placement(self.types[k], g)) for k, g in index]
-        self.block_of: list[int] = [index[o.k, o.group] for o in self.options]
+        self.pools: list[Pool] = [Pool(k, g, placement(self.types[k], g)) for k, g in index]
+        self.pool_of: list[int] = [index[o.k, o.group] for o in self.options]
         # Megatron: one r for every stage (a model variable); free: each full-recompute stage its own
-        self.shared_r = isinstance(cfg, Config) and cfg.recompute == "full"
+        self.shared_r = cfg.shared_recompute
         # free mode: every node type given a stage size hosts at least one stage
-        self.required_types = {k for k, g in enumerate(cfg.groups) if g > 0} if isinstance(cfg, FreeConfig) else set()
+        self.required_types = cfg.required_types
 
     def _undominated(self, options: list[StageOption]) -> list[StageOption]:
-        """Free mode: drop a recompute option when its no-recompute twin (same node type, tp, dp)
-        holds all L layers within memory at every position. The twin has the same transfers,
+        """Drop a recompute option when its no-recompute twin (same node type, tp, dp) is an
+        option too and holds all L layers within memory at every position (free mode: a
+        Megatron config has no twins). The twin has the same transfers,
         prices, reduction and optimizer step and never a longer forward or backward; a shorter
         backward can lengthen the reduction tail by no more than it shortens the stage-time sum
         (costmodel.dp_tail_s), so some optimum never uses the dropped option."""
         L, pp = self.inst.model.num_layers, self.cfg.pp
         worst = sorted({0, min(1, pp - 1), pp - 1})  # most in flight, embedding, head
+        twins = {(o.k, o.tp, o.dp) for o in options if o.recompute != "none"}
         roomy = set()
         for o in options:
-            if o.recompute == "none":
+            if o.recompute == "none" and (o.k, o.tp, o.dp) in twins:
                 cap = cm.usable_memory_bytes(self.inst, self.types[o.k])
                 if all(self._memory(o, s)(L) <= cap for s in worst):
                     roomy.add((o.k, o.tp, o.dp))
@@ -282,7 +283,7 @@ class Coefficients:
 
     def _dp_time(self, o: int, s: int) -> Affine:
         opt, (first, last) = self.options[o], self._ends(s)
-        nt, pl = self.types[opt.k], self.blocks[self.block_of[o]].place
+        nt, pl = self.types[opt.k], self.pools[self.pool_of[o]].place
         nodes = 1 if pl.stages_per_node else pl.nodes_per_stage
         per_node = opt.group if pl.stages_per_node else nt.gpus_per_node
 
@@ -301,47 +302,47 @@ class Coefficients:
         div = opt.dp if self.cfg.distributed_optimizer else 1
         return _affine(lambda n, r: cm.optimizer_s(self._params(opt, n, first, last) / div, nt), False)
 
-    # ---- hops (per block: with sequence parallelism a stage sends B / group samples' worth) ----
-    def hop_bytes(self, b: int) -> float:
-        """Bytes one GPU of block b sends per micro-batch and hop; equal for every option of
-        the block (space.FREE_SP_REFUSAL), which is asserted."""
-        return self._memo(self._local, ("bytes", b), lambda: self._hop_bytes(b))
+    # ---- hops (per pool: with sequence parallelism a stage sends B / group samples' worth) ----
+    def hop_bytes(self, p: int) -> float:
+        """Bytes one GPU of pool p sends per micro-batch and hop; equal for every option of
+        the pool (space.FREE_SP_REFUSAL), which is asserted."""
+        return self._memo(self._local, ("bytes", p), lambda: self._hop_bytes(p))
 
-    def _hop_bytes(self, b: int) -> float:
+    def _hop_bytes(self, p: int) -> float:
         sizes = {cm.p2p_bytes(self.inst, o.mbs, o.tp, self.cfg.sequence_parallel)
-                 for o, blk in zip(self.options, self.block_of) if blk == b}
-        assert len(sizes) == 1, "transfer size differs inside a block"
+                 for o, pool in zip(self.options, self.pool_of) if pool == p}
+        assert len(sizes) == 1, "transfer size differs inside a pool"
         return sizes.pop()
 
-    def senders(self, b: int) -> int:
-        blk = self.blocks[b]
-        return min(blk.group, self.types[blk.k].gpus_per_node)
+    def senders(self, p: int) -> int:
+        pool = self.pools[p]
+        return min(pool.group, self.types[pool.k].gpus_per_node)
 
-    def hop_intra(self, b: int) -> float:
-        return self._hop(b, self.blocks[b].k, True)
+    def hop_intra(self, p: int) -> float:
+        return self._hop(p, self.pools[p].k, True)
 
-    def hop_inter(self, b: int, k2: int) -> float:
-        """One transfer from a stage of block b to a stage on another node of node type k2."""
-        return self._hop(b, k2, False)
+    def hop_inter(self, p: int, k2: int) -> float:
+        """One transfer from a stage of pool p to a stage on another node of node type k2."""
+        return self._hop(p, k2, False)
 
-    def _hop(self, b: int, k2: int, same_node: bool) -> float:
-        n_bytes, k, senders = self.hop_bytes(b), self.blocks[b].k, self.senders(b)
+    def _hop(self, p: int, k2: int, same_node: bool) -> float:
+        n_bytes, k, senders = self.hop_bytes(p), self.pools[p].k, self.senders(p)
         return self.shared.get(HopKey(n_bytes, k, k2, same_node, senders),
                                lambda: cm.p2p_s(self.inst, n_bytes, self.types[k], self.types[k2], same_node, senders))
 
     # ---- money --------------------------------------------------------------------------
-    def usd_per_hour(self, b: int, stages: int) -> float:
-        blk = self.blocks[b]
-        nt = self.types[blk.k]
+    def usd_per_hour(self, p: int, stages: int) -> float:
+        pool = self.pools[p]
+        nt = self.types[pool.k]
         if stages == 0:
             return 0.0
-        return nt.rent_usd_per_hour(stages * blk.group, blk.place.nodes_used(stages))
+        return nt.rent_usd_per_hour(stages * pool.group, pool.place.nodes_used(stages))
 
-    def max_stages(self, b: int) -> int:
-        return min(self.cfg.pp, self.blocks[b].place.max_stages)
+    def max_stages(self, p: int) -> int:
+        return min(self.cfg.pp, self.pools[p].place.max_stages)
 
-    def min_stages(self, b: int) -> int:
-        return 1 if self.blocks[b].k in self.required_types else 0
+    def min_stages(self, p: int) -> int:
+        return 1 if self.pools[p].k in self.required_types else 0
 
     # ---- the step's form -------------------------------------------------------------------
     def basis(self) -> str:

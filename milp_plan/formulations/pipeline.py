@@ -14,28 +14,28 @@ model, cuts it off (`add_no_good`) if it breaks a limit, and checks that the mod
 objective lies within `rounding_error` below the cost model's (`objective_drift`).
 
 A stage option o (space.StageOption) is a node type with tp, dp, micro-batch and
-recompute; the options of a node type share its stage size and form its block b. In
+recompute; the options of a node type share its stage size and form its pool p. In
 Megatron mode there is one option per node type; in free mode several (tp x dp splits of
 the type's stage size, recompute granularities).
 
 Variables (symbols as in the math):
   y[s,o]    stage s runs as option o                         (bool)
-  Y[s,b]    sum of y[s,o] over block b's options             (0/1 expression)
+  Y[s,p]    sum of y[s,o] over pool p's options              (0/1 expression)
   n[s,o]    layers of stage s if it runs as o, else 0        (int)
   r         Megatron mode: recomputed layers of every stage  (int, >= 1)
   rr[s,o]   recomputed layers of stage s if it runs as o     (int; = r y[s,o] in Megatron mode)
-  u[b,beta] block b holds exactly beta stages                (bool, one-hot in beta)
-  st[s,b]   the run of block b starts at stage s             (bool)
-  e[s,b]    stages s and s+1 both in block b                 (bool, exact AND)
-  g[s,b]    ... and a node boundary lies between them        (bool, exact AND)
-  x[s,b,j]  stage s in block b, stage s+1 on another type j  (bool, exact AND)
+  u[p,beta] pool p holds exactly beta stages                 (bool, one-hot in beta)
+  st[s,p]   the run of pool p starts at stage s              (bool)
+  e[s,p]    stages s and s+1 both in pool p                  (bool, exact AND)
+  g[s,p]    ... and a node boundary lies between them        (bool, exact AND)
+  x[s,p,j]  stage s in pool p, stage s+1 on another type j   (bool, exact AND)
   h[s]      one-direction transfer time of hop s (ticks, exact expression of e, g, x)
   Q[s]      sum_{j<s} (t_j + 2 h_j): prefix sums for the steady-period windows
   P         the steady-period term, weights applied before rounding: 1F1B (m-1) z with
-            (b-a+1) z >= Q[b] - Q[a] + t_b for every window a..b; interleaved (m vpp - 1) z,
+            (c-a+1) z >= Q[c] - Q[a] + t_c for every window a..c; interleaved (m vpp - 1) z,
             z >= t_s; GPipe (m-1)(zf + zb), zf >= f_s, h_s and zb >= b_s, h_s
-  D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  o = max_s opt_s
-  W[b,beta] step time if u[b,beta] else 0 (ticks; min-cost and $/step budgets)
+  D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  opt = max_s opt_s
+  W[p,beta] step time if u[p,beta] else 0 (ticks; min-cost and $/step budgets)
 """
 from __future__ import annotations
 
@@ -138,10 +138,10 @@ class PipelineModel:
         self.cfg = coef.cfg
         self.S = range(coef.cfg.pp)
         self.O = range(len(coef.options))
-        self.B = range(len(coef.blocks))
-        self.opts_of = [[o for o in self.O if coef.block_of[o] == b] for b in self.B]
-        self.block_of_type = {blk.k: b for b, blk in enumerate(coef.blocks)}
-        assert len(self.block_of_type) == len(coef.blocks), "a solved config has one stage size per node type"
+        self.P = range(len(coef.pools))
+        self.opts_of = [[o for o in self.O if coef.pool_of[o] == p] for p in self.P]
+        self.pool_of_type = {pool.k: p for p, pool in enumerate(coef.pools)}
+        assert len(self.pool_of_type) == len(coef.pools), "a solved config has one stage size per node type"
         self.L = coef.inst.model.num_layers
         self.simulated = coef.basis() == SIMULATED
         self._weighted: dict[tuple, Any] = {}   # (what, index, weight) -> expression (add_path)
@@ -169,7 +169,7 @@ class PipelineModel:
         if self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None:
             mag = min(mag, W_MAGNITUDE)
         t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
-        h = max([c.hop_intra(b) for b in self.B] + [c.hop_inter(b, j) for b in self.B for j in self.block_of_type])
+        h = max([c.hop_intra(p) for p in self.P] + [c.hop_inter(p, j) for p in self.P for j in self.pool_of_type])
         dp = max(self._aff_hi_s(c.dp_time(o, s)) for o in self.O for s in self._positions())
         opt = max(self._aff_hi_s(c.opt_time(o, s)) for o in self.O for s in self._positions())
         step_s = self._step_bound(t, h, dp, opt)
@@ -206,16 +206,16 @@ class PipelineModel:
 
     def _hop_upper_bound(self) -> int:
         c = self.c
-        worst = [max(c.hop_intra(b), *(c.hop_inter(b, j) for j in self.block_of_type)) for b in self.B]
+        worst = [max(c.hop_intra(p), *(c.hop_inter(p, j) for j in self.pool_of_type)) for p in self.P]
         return self.res.t_up(max(worst, default=0.0))
 
     def _stage_upper_bound(self, coefficient) -> int:
         """Most ticks a per-stage term (reduction, optimizer step) takes in the model."""
         return max((self._aff_hi(coefficient(o, s)) for o in self.O for s in self._positions()), default=0)
 
-    def _on_block(self, s: int, b: int):
-        """Y[s,b]: stage s runs as one of block b's options (a 0/1 expression)."""
-        opts = self.opts_of[b]
+    def _on_pool(self, s: int, p: int):
+        """Y[s,p]: stage s runs as one of pool p's options (a 0/1 expression)."""
+        opts = self.opts_of[p]
         return self.v.y[s, opts[0]] if len(opts) == 1 else self.be.sum([self.v.y[s, o] for o in opts])
 
     # ---- constraint families -----------------------------------------------------------
@@ -285,25 +285,25 @@ class PipelineModel:
                     be.add(v.rr[s, o] == vpp * rq)
 
     def add_contiguity(self) -> None:
-        """The stages of one block (node type and stage size) form one contiguous run."""
+        """The stages of one pool (node type and stage size) form one contiguous run."""
         be, v = self.be, self.v
-        for b in self.B:
+        for p in self.P:
             for s in self.S:
-                v.st[s, b] = be.new_bool(f"st[{s},{b}]")
-                be.add(v.st[s, b] >= self._on_block(s, b) - (self._on_block(s - 1, b) if s else 0))
-            be.add(be.sum([v.st[s, b] for s in self.S]) <= 1)
+                v.st[s, p] = be.new_bool(f"st[{s},{p}]")
+                be.add(v.st[s, p] >= self._on_pool(s, p) - (self._on_pool(s - 1, p) if s else 0))
+            be.add(be.sum([v.st[s, p] for s in self.S]) <= 1)
 
     def add_device_count(self) -> None:
-        """u[b,beta] one-hot: block b holds beta stages, at most what fits on its type's nodes
+        """u[p,beta] one-hot: pool p holds beta stages, at most what fits on its type's nodes
         (at least one in a free child config: its node types are chosen)."""
         be, v, c = self.be, self.v, self.c
-        for b in self.B:
-            betas = range(c.min_stages(b), c.max_stages(b) + 1)
+        for p in self.P:
+            betas = range(c.min_stages(p), c.max_stages(p) + 1)
             for beta in betas:
-                v.u[b, beta] = be.new_bool(f"u[{b},{beta}]")
-            be.add(be.sum([v.u[b, beta] for beta in betas]) == 1)
-            be.add(be.sum([self._on_block(s, b) for s in self.S])
-                   == be.sum([beta * v.u[b, beta] for beta in betas]))
+                v.u[p, beta] = be.new_bool(f"u[{p},{beta}]")
+            be.add(be.sum([v.u[p, beta] for beta in betas]) == 1)
+            be.add(be.sum([self._on_pool(s, p) for s in self.S])
+                   == be.sum([beta * v.u[p, beta] for beta in betas]))
 
     def add_memory_capacity(self) -> None:
         """Per GPU: a n + rho r + c <= usable capacity of the option's node type (integer bytes,
@@ -345,17 +345,17 @@ class PipelineModel:
         be.add(w >= be.sum(list(bools)) - (len(bools) - 1))
         return w
 
-    def _leaving(self, s: int, s2: int, b: int, name: str) -> list:
-        """Cost terms (var, seconds) of a transfer from stage s in block b to stage s2 on another
-        node type: x[s,b,j] = Y[s,b] AND (s2 on type j), one per node type j != b's."""
+    def _leaving(self, s: int, s2: int, p: int, name: str) -> list:
+        """Cost terms (var, seconds) of a transfer from stage s in pool p to stage s2 on another
+        node type: x[s,p,j] = Y[s,p] AND (s2 on type j), one per node type j != p's."""
         terms = []
-        for j in sorted(self.block_of_type):
-            if j == self.c.blocks[b].k:
+        for j in sorted(self.pool_of_type):
+            if j == self.c.pools[p].k:
                 continue
-            x = self._and(f"{name}[{s},{b},{j}]", self._on_block(s, b),
-                          self._on_block(s2, self.block_of_type[j]))
-            self.v.x[s, b, j] = x
-            terms.append((x, self.c.hop_inter(b, j), 0.0))
+            x = self._and(f"{name}[{s},{p},{j}]", self._on_pool(s, p),
+                          self._on_pool(s2, self.pool_of_type[j]))
+            self.v.x[s, p, j] = x
+            terms.append((x, self.c.hop_inter(p, j), 0.0))
         return terms
 
     def _hop_expr(self, terms: list, rnd):
@@ -364,42 +364,42 @@ class PipelineModel:
         return self.be.sum([(rnd(plus) - (rnd(minus) if minus else 0)) * var for var, plus, minus in terms])
 
     def add_hops(self) -> None:
-        """h[s] exactly: same block -> intra-node unless a node boundary lies between the two
-        stages (canonical placement: a block starts on a fresh node and puts q_b =
+        """h[s] exactly: same pool -> intra-node unless a node boundary lies between the two
+        stages (canonical placement: a pool starts on a fresh node and puts q_p =
         stages_per_node stages on each); otherwise another node -> inter-node. Kept rounded
         down (h) and up (h_up: subtracted in the dp tail)."""
         be, v, c = self.be, self.v, self.c
         for s in list(self.S)[:-1]:
             terms = []  # (var, seconds, seconds subtracted)
-            for b in self.B:
-                v.e[s, b] = self._and(f"e[{s},{b}]", self._on_block(s, b), self._on_block(s + 1, b))
-                q = c.blocks[b].place.stages_per_node
+            for p in self.P:
+                v.e[s, p] = self._and(f"e[{s},{p}]", self._on_pool(s, p), self._on_pool(s + 1, p))
+                q = c.pools[p].place.stages_per_node
                 if q >= 2:
-                    starts = [v.st[a, b] for a in range(s + 1) if (s + 1 - a) % q == 0]
+                    starts = [v.st[a, p] for a in range(s + 1) if (s + 1 - a) % q == 0]
                     boundary = be.sum(starts) if starts else 0
                     if starts:
-                        v.g[s, b] = be.new_bool(f"g[{s},{b}]")
-                        be.add(v.g[s, b] <= v.e[s, b])
-                        be.add(v.g[s, b] <= boundary)
-                        be.add(v.g[s, b] >= v.e[s, b] + boundary - 1)
-                        terms += [(v.e[s, b], c.hop_intra(b), 0.0),
-                                  (v.g[s, b], c.hop_inter(b, c.blocks[b].k), c.hop_intra(b))]
+                        v.g[s, p] = be.new_bool(f"g[{s},{p}]")
+                        be.add(v.g[s, p] <= v.e[s, p])
+                        be.add(v.g[s, p] <= boundary)
+                        be.add(v.g[s, p] >= v.e[s, p] + boundary - 1)
+                        terms += [(v.e[s, p], c.hop_intra(p), 0.0),
+                                  (v.g[s, p], c.hop_inter(p, c.pools[p].k), c.hop_intra(p))]
                     else:
-                        terms.append((v.e[s, b], c.hop_intra(b), 0.0))
+                        terms.append((v.e[s, p], c.hop_intra(p), 0.0))
                 else:
-                    terms.append((v.e[s, b], c.hop_inter(b, c.blocks[b].k), 0.0))
-                terms += self._leaving(s, s + 1, b, "x")
+                    terms.append((v.e[s, p], c.hop_inter(p, c.pools[p].k), 0.0))
+                terms += self._leaving(s, s + 1, p, "x")
             v.hop_terms.append(terms)
             v.h.append(self._hop_expr(terms, self.res.t_down))
             v.h_up.append(self._hop_expr(terms, self.res.t_up))
         if self.cfg.sched.chunks > 1 and self.cfg.pp > 1:  # chunk j of the last rank feeds chunk j+1 of rank 0
             last, terms = self.cfg.pp - 1, []
-            for b in self.B:
-                # the wrap stays inside one node only when the whole pipeline is block b on one node
-                one_node = 0 < self.cfg.pp <= c.blocks[b].place.stages_per_node
-                w = self._and(f"wrap[{b},{b}]", self._on_block(last, b), self._on_block(0, b))
-                terms.append((w, c.hop_intra(b) if one_node else c.hop_inter(b, c.blocks[b].k), 0.0))
-                terms += self._leaving(last, 0, b, "wrap")
+            for p in self.P:
+                # the wrap stays inside one node only when the whole pipeline is pool p on one node
+                one_node = 0 < self.cfg.pp <= c.pools[p].place.stages_per_node
+                w = self._and(f"wrap[{p},{p}]", self._on_pool(last, p), self._on_pool(0, p))
+                terms.append((w, c.hop_intra(p) if one_node else c.hop_inter(p, c.pools[p].k), 0.0))
+                terms += self._leaving(last, 0, p, "wrap")
             v.wrap_terms = terms
             v.wrap = self._hop_expr(terms, self.res.t_down)
 
@@ -409,8 +409,8 @@ class PipelineModel:
     def add_steady_period(self) -> None:
         """The steady-period term P of the step (costmodel.pipeline_time_s), each stage time and
         hop multiplied by its weight before rounding:
-          1F1B:        P = (m-1) z, (b-a+1) z >= sum_{a..b} t + 2 sum_{a..b-1} h for every window
-                       (schedules.steady_period_s): P >= floor((m-1) window / (b-a+1));
+          1F1B:        P = (m-1) z, (c-a+1) z >= sum_{a..c} t + 2 sum_{a..c-1} h for every window
+                       a..c (schedules.steady_period_s): P >= floor((m-1) window / (c-a+1));
           interleaved: P = (m vpp - 1) z, z >= t_s;
           GPipe:       P = (m-1) (zf + zb), zf >= f_s, h_s and zb >= b_s, h_s (two flow shops).
         P is at most the cost model's (a relaxation, exact up to a few ticks)."""
@@ -445,20 +445,20 @@ class PipelineModel:
             be.add(q == (Q[-1] if s else 0) + ts[s] + 2 * self._scaled_hop(s, w))
             Q.append(q)
         for a in range(pp):
-            for b in range(a + 1, pp):
-                k = b - a + 1  # k P >= window - (k - 1)  <=>  P >= floor(window / k)
-                be.add(k * v.pipe >= Q[b] - (Q[a] if a else 0) + ts[b] - (k - 1))
+            for c in range(a + 1, pp):
+                k = c - a + 1  # k P >= window - (k - 1)  <=>  P >= floor(window / k)
+                be.add(k * v.pipe >= Q[c] - (Q[a] if a else 0) + ts[c] - (k - 1))
 
     def add_optimizer(self) -> None:
-        """o >= opt_s for every stage: the optimizer steps run side by side after the barrier."""
+        """opt >= opt_s for every stage: the optimizer steps run side by side after the barrier."""
         be, v = self.be, self.v
-        v.o = be.new_int(0, self.opt_hi, "o")
+        v.opt = be.new_int(0, self.opt_hi, "o")
         for s in self.S:
             for o in self.O:
-                be.add(v.o >= self._aff_ticks(self.c.opt_time(o, s), s, o))
+                be.add(v.opt >= self._aff_ticks(self.c.opt_time(o, s), s, o))
 
     def add_dp_optimizer(self) -> None:
-        """D >= scale (dp_s - sum_{k<s} (b_k / v + h_k)) and o >= opt_s for every stage
+        """D >= scale (dp_s - sum_{k<s} (b_k / v + h_k)) and opt >= opt_s for every stage
         (costmodel.dp_tail_s; D is scale x the reduction tail). The subtracted b_k and h_k
         are rounded up, dp_s down, so D is at most the cost model's."""
         be, v = self.be, self.v
@@ -518,7 +518,7 @@ class PipelineModel:
             terms.append(self._weighted_term(("w", 0, k), lambda k=k: self._hop_expr(
                 v.wrap_terms, lambda x: self.res.t_down(k * x))))
         if sum(path.opt):
-            terms.append(sc * v.o)  # the path's optimizer step is at most the largest: T >= ... + max opt
+            terms.append(sc * v.opt)  # the path's optimizer step is at most the largest: T >= ... + max opt
         be.add(v.step >= be.sum(terms))
         return True
 
@@ -529,17 +529,17 @@ class PipelineModel:
         if cfg.sched.chunks > 1:
             vp = cfg.vpp
             v.scale = vp  # vpp T = (m vpp - 1) z + sum t + vpp (2 (vpp sum h + (vpp-1) wrap) + o) + D
-            v.step = be.sum([v.pipe, be.sum(v.t), 2 * vp * vp * hops, 2 * vp * (vp - 1) * v.wrap, v.D, vp * v.o])
+            v.step = be.sum([v.pipe, be.sum(v.t), 2 * vp * vp * hops, 2 * vp * (vp - 1) * v.wrap, v.D, vp * v.opt])
         else:  # 1F1B: (m-1) z + sum t + 2 sum h;  GPipe: (m-1)(zf + zb) + sum t + 2 sum h
-            v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D, v.o])
+            v.step = be.sum([v.pipe, be.sum(v.t), 2 * hops, v.D, v.opt])
         if self.lim.time_limit_s is not None:
             be.add(v.step <= down(v.scale * self.lim.time_limit_s * self.res.tps))
 
     def add_cost(self) -> None:
-        """$/h from block sizes (prices rounded down); W[b,beta] = T u[b,beta] (binary x
+        """$/h from pool sizes (prices rounded down); W[p,beta] = T u[p,beta] (binary x
         bounded integer, exact) for $/step."""
         be, v, lim, res = self.be, self.v, self.lim, self.res
-        price = {(b, beta): res.usd_down(self.c.usd_per_hour(b, beta)) for (b, beta) in v.u}
+        price = {(p, beta): res.usd_down(self.c.usd_per_hour(p, beta)) for (p, beta) in v.u}
         v.usd_h = be.sum([price[key] * v.u[key] for key in v.u])
         if lim.budget_usd_per_hour is not None:
             be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))
@@ -547,16 +547,16 @@ class PipelineModel:
             hi = self._step_upper_bound()
             if lim.time_limit_s is not None:  # T <= the limit in every plan the model admits
                 hi = min(hi, down(v.scale * lim.time_limit_s * res.tps))
-            for (b, beta), var in v.u.items():
-                if beta == 0 or price[b, beta] == 0:
+            for (p, beta), var in v.u.items():
+                if beta == 0 or price[p, beta] == 0:
                     continue
-                w = be.new_int(0, hi, f"W[{b},{beta}]")
+                w = be.new_int(0, hi, f"W[{p},{beta}]")
                 be.add(w <= hi * var)
                 be.add(w >= v.step - hi * (1 - var))
-                v.W[b, beta] = (price[b, beta], w)
+                v.W[p, beta] = (price[p, beta], w)
             if lim.budget_usd_per_step is not None:
                 # sum price W / (SECONDS_PER_HOUR scale tps money) <= budget
-                be.add(be.sum([p * w for p, w in v.W.values()])
+                be.add(be.sum([usd * w for usd, w in v.W.values()])
                        <= down(lim.budget_usd_per_step * SECONDS_PER_HOUR * v.scale * res.tps * res.money))
 
     def _step_upper_bound(self) -> int:
@@ -566,7 +566,7 @@ class PipelineModel:
     def set_objective(self) -> None:
         be, v = self.be, self.v
         if self.lim.objective == "min-cost":
-            v.objective = be.sum([p * w for p, w in v.W.values()]) if v.W else 0
+            v.objective = be.sum([usd * w for usd, w in v.W.values()]) if v.W else 0
         else:
             v.objective = v.step
         if self.cutoff is not None and not isinstance(v.objective, int):
@@ -638,9 +638,9 @@ class PipelineModel:
                 pipe = max(e_t) + 3
             tail = sc * (self.L + 1) + sum(e_t) + sc * cfg.pp
             err = pipe + sum(e_t) + hops + tail + sc * (self.L + 1) + 1
-        if (objective or self.lim.objective) == "min-cost":  # price (floored, < 1 unit a block) x W
-            blocks = len({self.c.block_of[o] for o in options})
-            err = usd_per_hour * self.res.money * err + blocks * step_s * sc * self.res.tps
+        if (objective or self.lim.objective) == "min-cost":  # price (floored, < 1 unit a pool) x W
+            pools = len({self.c.pool_of[o] for o in options})
+            err = usd_per_hour * self.res.money * err + pools * step_s * sc * self.res.tps
         return err * (1 + 1e-9)
 
     def step_short(self, raw_step: float, plan, options: Sequence[int], layers: Sequence[int],
@@ -661,8 +661,8 @@ class PipelineModel:
                       getattr(self.be, "value_rel_tol", 0.0))
 
     def usd_per_hour_drift(self, raw: float, usd_per_hour: float, options: Sequence[int]) -> str | None:
-        """The same for the plan's $/h: each block's price is rounded down by < 1 unit."""
-        return _drift("$/h", raw, usd_per_hour * self.res.money, len({self.c.block_of[o] for o in options}))
+        """The same for the plan's $/h: each pool's price is rounded down by < 1 unit."""
+        return _drift("$/h", raw, usd_per_hour * self.res.money, len({self.c.pool_of[o] for o in options}))
 
     def limit_drift(self, plan, options: Sequence[int], layers: Sequence[int], rs: Sequence[int]) -> str | None:
         """A plan the model accepted may break a limit or memory only by the rounding (the model
@@ -675,9 +675,9 @@ class PipelineModel:
         t_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-time") / (sc * res.tps)
         usd_err = self.rounding_error(options, layers, rs, p.usd_per_hour, p.step_time_s, "min-cost") \
             / (SECONDS_PER_HOUR * sc * res.tps * res.money)
-        blocks = len({self.c.block_of[o] for o in options})
+        pools = len({self.c.pool_of[o] for o in options})
         checks = [(lim.time_limit_s, p.step_time_s, t_err, "s/step"),
-                  (lim.budget_usd_per_hour, p.usd_per_hour, (blocks + 1) / res.money, "$/h"),
+                  (lim.budget_usd_per_hour, p.usd_per_hour, (pools + 1) / res.money, "$/h"),
                   (lim.budget_usd_per_step, p.usd_per_step, usd_err, "$/step")]
         for limit, value, slack, unit in checks:
             if limit is not None and value > limit * (1 + 1e-9) + slack:

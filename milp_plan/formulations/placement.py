@@ -1,12 +1,12 @@
 """Turn a solution (stage options, layer counts, recomputed layers) into a Plan.
 
-Canonical placement, the one every backend and the brute force share: a block (a node
+Canonical placement, the one every backend and the brute force share: a pool (a node
 type and a stage size g) is one contiguous run of stages, and it takes nodes of its own:
 its first stage starts on the next unused node of its type (in cluster order). Inside
 the run a stage of g <= gpus_per_node GPUs takes the next g local GPUs of the current
 node (so gpus_per_node / g stages share a node), a larger stage takes g / gpus_per_node
 whole nodes. Devices are listed tp fastest, then dp, so every tp group is tp consecutive
-local GPUs of one node. In Megatron mode every node type has one block, which starts on
+local GPUs of one node. In Megatron mode every node type has one pool, which starts on
 the type's first node.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from milp_plan import predict
-from milp_plan.formulations.space import Config, FreeConfig, StageOption, placement
+from milp_plan.formulations.space import Config, StageOption, placement
 from milp_plan.instance import Instance
 from milp_plan.plan import Device, Plan, SolverRecord, Stage
 
@@ -38,9 +38,10 @@ def place_stages(inst: Instance, options: Sequence[StageOption]) -> list[tuple[D
     return out
 
 
-def build_plan(inst: Instance, cfg: Config | FreeConfig, options: Sequence[StageOption], layers: Sequence[int],
-               recompute_layers: Sequence[int], solver: SolverRecord | None, mode: str = "megatron") -> Plan:
-    """recompute_layers: per stage, used where the stage's option recomputes fully."""
+def build_plan(inst: Instance, cfg: Config, options: Sequence[StageOption], layers: Sequence[int],
+               recompute_layers: Sequence[int], solver: SolverRecord | None) -> Plan:
+    """recompute_layers: per stage, used where the stage's option recomputes fully. The plan's
+    mode is the config's (megatron when it is uniform)."""
     devices = place_stages(inst, options)
     stages, first = [], 0
     for opt, devs, n, r in zip(options, devices, layers, recompute_layers):
@@ -51,7 +52,7 @@ def build_plan(inst: Instance, cfg: Config | FreeConfig, options: Sequence[Stage
     sp = cfg.sequence_parallel and any(o.tp > 1 for o in options)
     distopt = cfg.distributed_optimizer and any(o.dp > 1 for o in options)
     plan = Plan(tuple(stages), inst.job.global_batch_size, cfg.num_microbatches(inst.job.global_batch_size),
-                cfg.schedule, cfg.vpp, distopt, sp, mode, solver=solver, inputs=inst.inputs_record())
+                cfg.schedule, cfg.vpp, distopt, sp, cfg.mode, solver=solver, inputs=inst.inputs_record())
     if cfg.vpp > 1:  # interleaved: stage s's first chunk starts after chunk 0 of stages < s
         plan = plan.with_schedule(cfg.schedule, cfg.vpp)
     return plan.with_(predicted=predict.evaluate(inst, plan))

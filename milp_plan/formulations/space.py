@@ -1,17 +1,14 @@
 """The global choices the planner enumerates around the per-stage models, and --fix.
 
-A `Config` fixes everything that is uniform across stages in Megatron-compatible mode:
-tp, dp, micro-batch size (per dp replica), pipeline depth pp, recompute granularity,
-schedule with its virtual-stage count, sequence parallelism and the distributed
-optimizer. The per-stage models (CP-SAT, MILP) then decide each stage's node type and
-layer count (and, with full recompute, the number r of recomputed layers per stage).
-
-A `FreeConfig` (--mode free) fixes only what a pipeline must share: the samples per
-micro-batch B (so the micro-batch count m = global batch / B), pp, the schedule and the
-two global switches. Each stage then picks one of the config's `StageOption`s: node
-type, tp, dp (B / dp samples per replica) and recompute granularity, with its own
-number of recomputed layers. `stage_options` lists them for both kinds of config, so
-the models, the heuristic and the brute force read one definition of the space.
+A `Config` fixes what every stage of a pipeline shares: the samples per micro-batch B (so
+the micro-batch count m = global batch / B), the pipeline depth pp, the schedule with its
+virtual-stage count, sequence parallelism, the distributed optimizer, and the stage size
+(GPUs per stage) of each node type, which may still be open. Each stage then picks one of
+the config's `StageOption`s: node type, tp, dp (B / dp samples per replica) and recompute
+granularity, with its own number of recomputed layers. Megatron-compatible mode is a
+restriction of it (`Uniform`): one tp, dp, micro-batch size and recompute for all stages,
+so one option per node type. `stage_options` lists the options of every config, so the
+models, the heuristics and the brute force read one definition of the space.
 
 The space (formulations/pipeline.md, "Decision spaces"): tp over the sizes that divide a
 node's GPU count (a tp group stays in one node) and pass the heads rule; every micro-batch
@@ -83,56 +80,63 @@ def _kinds(model) -> tuple[str, ...]:
     return tuple(model.kinds())
 
 
-@dataclass(frozen=True, order=True)
-class Config:
+OPEN = -1  # Config.sizes: this node type's stage size is still open (a node of the free search tree)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Megatron mode's restriction of a config: every stage runs tp x dp GPUs, the same
+    micro-batch size per dp replica and recompute granularity (and, under full recompute,
+    the same recomputed-layer count)."""
+
     tp: int
     dp: int
     mbs: int
-    pp: int
     recompute: str        # none | selective | full
-    schedule: str = OneFOneB.name
-    vpp: int = 1
-    sequence_parallel: bool = False
-    distributed_optimizer: bool = False
-
-    @property
-    def sched(self) -> schedules.Schedule:
-        return schedules.schedule_of(self.schedule, self.vpp)
 
     @property
     def group(self) -> int:
         """GPUs per stage."""
         return self.tp * self.dp
 
-    def num_microbatches(self, gbs: int) -> int:
-        return gbs // (self.mbs * self.dp)
 
-    def label(self) -> str:
-        sched = self.schedule + (f"/v{self.vpp}" if self.vpp > 1 else "")
-        return (f"tp={self.tp} dp={self.dp} pp={self.pp} mbs={self.mbs} recompute={self.recompute} {sched}"
-                f"{' sp' if self.sequence_parallel else ''}{' distopt' if self.distributed_optimizer else ''}")
+@dataclass(frozen=True)
+class Config:
+    """What every stage of a pipeline shares; each stage picks one of `stage_options(inst, cfg)`.
 
+    samples: B, samples per micro-batch (micro-batch size x dp of every stage), so the
+    micro-batch count is m = global batch / B; pp, the schedule with its vpp, and the two
+    global switches. `sizes` gives each node type (cluster order) its stage size, GPUs per
+    stage: every stage on that type has that many GPUs, split per stage into tp x dp; a type
+    of size 0 hosts no stage, a type with a size at least one. OPEN leaves a type's size open:
+    such a config stands for all its completions (`free_children` branches on one open type);
+    the driver bounds it to decide whether to expand it, and never solves it.
 
-ANY = -1  # FreeConfig.groups: this node type's stage size is still open
+    `uniform` (Megatron mode, --mode megatron) restricts every stage to one tp, dp,
+    micro-batch size and recompute: each node type then has one stage option, of size tp x dp,
+    and hosts any number of stages, none included. Without it (--mode free) each stage
+    chooses its own tp, dp and recompute among the options of its node type's size."""
 
-
-@dataclass(frozen=True, order=True)
-class FreeConfig:
-    """--mode free: what every stage shares; tp, dp and recompute are chosen per stage.
-
-    `groups` gives each node type (cluster order) its stage size, GPUs per stage: every
-    stage on that type has that many GPUs, split per stage into tp x dp; a type of size 0
-    hosts no stage, a type with a size at least one. ANY leaves a type's size open: such a
-    config stands for all its completions (`free_children` branches on one open type), the
-    driver bounds it to decide whether to expand it, and never solves it."""
-
-    samples: int          # B: samples per micro-batch = micro-batch size x dp of every stage
+    samples: int
     pp: int
     schedule: str = OneFOneB.name
     vpp: int = 1
     sequence_parallel: bool = True
     distributed_optimizer: bool = True
-    groups: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+    uniform: Uniform | None = None
+
+    @classmethod
+    def megatron(cls, tp: int, dp: int, mbs: int, pp: int, recompute: str, schedule: str = OneFOneB.name,
+                 vpp: int = 1, sequence_parallel: bool = False, distributed_optimizer: bool = False) -> "Config":
+        """The Megatron-mode config of these uniform values."""
+        return cls(mbs * dp, pp, schedule, vpp, sequence_parallel, distributed_optimizer, (),
+                   Uniform(tp, dp, mbs, recompute))
+
+    @property
+    def mode(self) -> str:
+        """The plan's mode (plan.json `mode`): megatron when the config is uniform, else free."""
+        return "free" if self.uniform is None else "megatron"
 
     @property
     def sched(self) -> schedules.Schedule:
@@ -140,22 +144,48 @@ class FreeConfig:
 
     @property
     def complete(self) -> bool:
-        return ANY not in self.groups
+        """Every node type's stage size is settled (by `sizes` or by the uniform rule)."""
+        return self.uniform is not None or OPEN not in self.sizes
+
+    @property
+    def required_types(self) -> frozenset[int]:
+        """Node types that host at least one stage: those given a stage size (free mode)."""
+        return frozenset(k for k, g in enumerate(self.sizes) if g > 0)
+
+    @property
+    def shared_recompute(self) -> bool:
+        """Megatron mode under full recompute: one recomputed-layer count for every stage."""
+        return self.uniform is not None and self.uniform.recompute == "full"
 
     def num_microbatches(self, gbs: int) -> int:
         return gbs // self.samples
 
+    def _order(self) -> tuple:
+        """The search's tie order between configs of equal bound (heaps, sorting)."""
+        u = self.uniform
+        if u is not None:
+            return (0, u.tp, u.dp, u.mbs, self.pp, u.recompute, self.schedule, self.vpp, self.sequence_parallel,
+                    self.distributed_optimizer)
+        return (1, self.samples, self.pp, self.schedule, self.vpp, self.sequence_parallel,
+                self.distributed_optimizer, self.sizes)
+
+    def __lt__(self, other: "Config") -> bool:
+        return self._order() < other._order()
+
     def label(self) -> str:
         sched = self.schedule + (f"/v{self.vpp}" if self.vpp > 1 else "")
-        sizes = ",".join("*" if g == ANY else str(g) for g in self.groups)
-        return (f"free pp={self.pp} micro-batch={self.samples} samples gpus/stage={sizes} {sched}"
-                f"{' sp' if self.sequence_parallel else ''}{' distopt' if self.distributed_optimizer else ''}")
+        switches = f"{' sp' if self.sequence_parallel else ''}{' distopt' if self.distributed_optimizer else ''}"
+        u = self.uniform
+        if u is not None:
+            return f"tp={u.tp} dp={u.dp} pp={self.pp} mbs={u.mbs} recompute={u.recompute} {sched}{switches}"
+        sizes = ",".join("*" if g == OPEN else str(g) for g in self.sizes)
+        return f"free pp={self.pp} micro-batch={self.samples} samples gpus/stage={sizes} {sched}{switches}"
 
 
 @dataclass(frozen=True, order=True)
 class StageOption:
     """One way to run a stage: node type k (cluster order), tp x dp GPUs, micro-batch size
-    per dp replica, recompute granularity. Stages that share (k, group) form a block."""
+    per dp replica, recompute granularity. Options that share (k, group) form a pool (coefficients.Pool)."""
 
     k: int
     tp: int
@@ -199,53 +229,50 @@ def _packs(nt: NodeType, group: int, tp: int) -> bool:
     return pl is not None and pl.max_stages > 0 and nt.gpus_per_node % tp == 0
 
 
-def stage_options(inst: Instance, cfg: "Config | FreeConfig",
-                  fix: dict[str, object] | None = None) -> list[StageOption]:
-    """The stage options of a config, sorted by node type and stage size (so a block's
-    options are consecutive); only those that pack into their node type.
+def stage_options(inst: Instance, cfg: Config, fix: dict[str, object] | None = None) -> list[StageOption]:
+    """The stage options of a config, sorted by node type and stage size (so a pool's options
+    are consecutive); only those that pack into their node type.
 
-    Megatron Config: one per node type, with the config's tp, dp, mbs and recompute.
-    FreeConfig: every node type x tp (`tp_sizes`, within the node) x dp dividing B (micro-batch
-    B / dp, `micro_batch_sizes`) x recompute granularity, tp x dp = the type's stage size unless
-    it is open (ANY), restricted by --fix tp, dp, mbs, recompute and the caps.
-    Both: only on points the profile covers (`covered`) unless `extrapolate`."""
-    types = inst.cluster.node_types
-    if isinstance(cfg, Config):
-        return [StageOption(k, cfg.tp, cfg.dp, cfg.mbs, cfg.recompute) for k, nt in enumerate(types)
-                if _packs(nt, cfg.group, cfg.tp) and covered(inst, nt.gpu.name, cfg.tp, cfg.mbs, fix)]
+    Every node type x tp (`tp_sizes`, within the node) x dp dividing B (micro-batch B / dp,
+    `micro_batch_sizes`) x recompute granularity, tp x dp = the type's stage size unless it is
+    open, restricted by --fix tp, dp, mbs, recompute and the caps; a uniform config (Megatron
+    mode) pins tp, dp and recompute, so each node type has at most one option. Only on points
+    the profile covers (`covered`) unless `extrapolate`."""
     fix = fix or {}
+    u = cfg.uniform
     out = []
     mbs_ok = set(micro_batch_sizes(cfg.samples, fix))
-    for k, nt in enumerate(types):
-        for tp in tp_sizes(inst, fix):
+    for k, nt in enumerate(inst.cluster.node_types):
+        for tp in ([u.tp] if u else tp_sizes(inst, fix)):
             if nt.gpus_per_node % tp:
                 continue  # a tp group stays inside one node (_packs, check_tp_within_node)
-            for dp in ([fix["dp"]] if "dp" in fix else range(1, cfg.samples + 1)):
+            for dp in ([u.dp] if u else [fix["dp"]] if "dp" in fix else range(1, cfg.samples + 1)):
                 mbs = cfg.samples // dp
                 if cfg.samples % dp or mbs not in mbs_ok:
                     continue
                 if not _packs(nt, tp * dp, tp) or not covered(inst, nt.gpu.name, tp, mbs, fix):
                     continue
-                if cfg.groups[k] not in (ANY, tp * dp):
+                if cfg.sizes and cfg.sizes[k] not in (OPEN, tp * dp):
                     continue
-                for rec in ([fix["recompute"]] if "recompute" in fix else recompute_choices(inst)):
+                for rec in ([u.recompute] if u else [fix["recompute"]] if "recompute" in fix
+                            else recompute_choices(inst)):
                     out.append(StageOption(k, tp, dp, mbs, rec))
     return sorted(out, key=lambda o: (o.k, o.group, o.tp, o.recompute))
 
 
-def free_children(inst: Instance, cfg: FreeConfig, fix: dict[str, object] | None = None) -> Iterator[FreeConfig]:
+def free_children(inst: Instance, cfg: Config, fix: dict[str, object] | None = None) -> Iterator[Config]:
     """Branch on the first node type whose stage size is open: each size its options offer,
     and 0 (the type hosts no stage). A type with a size hosts at least one stage, so every
     plan belongs to exactly one completion."""
-    k = cfg.groups.index(ANY)
+    k = cfg.sizes.index(OPEN)
     sizes = sorted({o.group for o in stage_options(inst, cfg, fix) if o.k == k})
     for g in [0] + sizes:
-        groups = cfg.groups[:k] + (g,) + cfg.groups[k + 1:]
-        if any(groups) and sum(1 for x in groups if x > 0) <= cfg.pp:
-            yield replace(cfg, groups=groups)
+        settled = cfg.sizes[:k] + (g,) + cfg.sizes[k + 1:]
+        if any(settled) and sum(1 for x in settled if x > 0) <= cfg.pp:
+            yield replace(cfg, sizes=settled)
 
 
-def free_completions(inst: Instance, cfg: FreeConfig, fix: dict[str, object] | None = None) -> Iterator[FreeConfig]:
+def free_completions(inst: Instance, cfg: Config, fix: dict[str, object] | None = None) -> Iterator[Config]:
     """Every complete config below `cfg` (the brute force's space)."""
     if cfg.complete:
         yield cfg
@@ -419,7 +446,7 @@ FREE_SP_REFUSAL = ("--mode free plans with sequence parallelism on (in the cost 
 
 def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                       names: tuple[str, ...] = SCHEDULES,
-                      mode: str = "megatron") -> Iterator[Config | FreeConfig]:
+                      mode: str = "megatron") -> Iterator[Config]:
     """Every global choice that passes the divisibility rules (checker's rules, in advance)."""
     fix = fix or {}
     if "schedule" in fix and not schedules.schedule_of(fix["schedule"]).modelled:
@@ -458,19 +485,19 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                         for sched, vpp in _schedules(fix, names, pp, n_mb, L):
                             sp = bool(fix.get("sp", True)) and tp > 1
                             distopt = bool(fix.get("distopt", True)) and dp > 1
-                            yield Config(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
+                            yield Config.megatron(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
 
 
 def least_activation_bytes(inst: Instance, tp: int, mbs: int, recompute: str, sequence_parallel: bool) -> float:
     """At most the activation bytes per GPU of any stage with this tp, micro-batch size and
-    recompute granularity, under any schedule: costmodel.stage_activation_bytes of one block
+    recompute granularity, under any schedule: costmodel.stage_activation_bytes of one Transformer block
     (a stage holds >= 1), one micro-batch in flight (1F1B min(pp - s, m) >= 1, GPipe m >= 1,
     interleaved >= 1 stage-unit), no embedding or head, and under full recompute that block
     recomputed (input only, plus its working activations), the least over block kinds."""
     from milp_plan import costmodel
-    blocks = [k for k in _kinds(inst.model) if k not in ("embedding", "head")]
+    block_kinds = [k for k in _kinds(inst.model) if k not in ("embedding", "head")]
     return min(costmodel.stage_activation_bytes(inst, [k], False, False, tp, mbs, sequence_parallel, recompute,
-                                                1 if recompute == "full" else 0, 1.0) for k in blocks)
+                                                1 if recompute == "full" else 0, 1.0) for k in block_kinds)
 
 
 def _activations_fit(inst: Instance, tp: int, mbs: int, recompute: str, sequence_parallel: bool) -> bool:
@@ -482,7 +509,7 @@ def _activations_fit(inst: Instance, tp: int, mbs: int, recompute: str, sequence
                for nt in inst.cluster.node_types if nt.gpus_per_node % tp == 0)
 
 
-def _free_configs(inst: Instance, fix: dict[str, object], names: tuple[str, ...]) -> Iterator[FreeConfig]:
+def _free_configs(inst: Instance, fix: dict[str, object], names: tuple[str, ...]) -> Iterator[Config]:
     """B (samples per micro-batch) dividing the global batch, pp up to the layers and to the
     stages the cluster holds at the smallest stage size, and the schedules."""
     if fix.get("sp") is False:
@@ -492,7 +519,7 @@ def _free_configs(inst: Instance, fix: dict[str, object], names: tuple[str, ...]
     for samples in range(1, gbs + 1):
         if gbs % samples:
             continue
-        opts = stage_options(inst, FreeConfig(samples, 1, groups=(ANY,) * len(inst.cluster.node_types)), fix)
+        opts = stage_options(inst, Config(samples, 1, sizes=(OPEN,) * len(inst.cluster.node_types)), fix)
         if not opts:
             continue
         most = sum(nt.count * nt.gpus_per_node for nt in inst.cluster.node_types) // min(o.group for o in opts)
@@ -501,7 +528,7 @@ def _free_configs(inst: Instance, fix: dict[str, object], names: tuple[str, ...]
             if pp > L or pp > most:
                 continue
             for sched, vpp in _schedules(fix, names, pp, m, L):
-                yield FreeConfig(samples, pp, sched, vpp, True, distopt, (ANY,) * len(inst.cluster.node_types))
+                yield Config(samples, pp, sched, vpp, True, distopt, (OPEN,) * len(inst.cluster.node_types))
 
 
 def explain_fix(inst: Instance, fix: dict[str, object]) -> str:
@@ -563,7 +590,3 @@ def _schedules(fix, names, pp, n_mb, L):
                     yield s, v
         else:
             yield s, 1
-
-
-def with_changes(cfg: Config, **kw) -> Config:
-    return replace(cfg, **kw)

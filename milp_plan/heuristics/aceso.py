@@ -64,7 +64,7 @@ from milp_plan.deadline import Deadline
 from milp_plan.errors import InputError
 from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.placement import build_plan
-from milp_plan.formulations.space import (FREE_SP_REFUSAL, Config, FreeConfig, StageOption, covered,
+from milp_plan.formulations.space import (FREE_SP_REFUSAL, Config, StageOption, covered,
                                           enumerate_configs, micro_batch_sizes, placement, recompute_choices,
                                           tp_sizes)
 from milp_plan.heuristics import warmstart
@@ -266,10 +266,10 @@ def _build(sx: Search, state: State) -> Plan:
     options = [StageOption(st.k, st.tp, st.dp, B // st.dp, g) for st, (g, _) in zip(state.stages, rec)]
     if sx.uniform:
         s0 = state.stages[0]
-        cfg = Config(s0.tp, s0.dp, B // s0.dp, pp, rec[0][0], OneFOneB.name, 1, sp, distopt)
+        cfg = Config.megatron(s0.tp, s0.dp, B // s0.dp, pp, rec[0][0], OneFOneB.name, 1, sp, distopt)
     else:
-        cfg = FreeConfig(B, pp, OneFOneB.name, 1, True, bool(sx.fix.get("distopt", True)))
-    return build_plan(sx.inst, cfg, options, [st.layers for st in state.stages], [r for _, r in rec], None, sx.mode)
+        cfg = Config(B, pp, OneFOneB.name, 1, True, bool(sx.fix.get("distopt", True)))
+    return build_plan(sx.inst, cfg, options, [st.layers for st in state.stages], [r for _, r in rec], None)
 
 
 def score(sx: Search, plan: Plan) -> tuple[int, float]:
@@ -428,14 +428,15 @@ def starts(sx: Search, pp: int, trials: int, rng: random.Random, shared: SharedC
     candidates of the 1F1B configs with this pp, most GPUs per stage first; the first is
     kept, the seed picks the others among the next few."""
     cfgs = [c for c in enumerate_configs(sx.inst, {**sx.fix, "pp": pp, "schedule": OneFOneB.name}, mode="megatron")]
-    cfgs.sort(key=lambda c: (-c.group, c.mbs, c.tp, recompute_choices(sx.inst).index(c.recompute)))
+    cfgs.sort(key=lambda c: (-c.uniform.group, c.uniform.mbs, c.uniform.tp,
+                             recompute_choices(sx.inst).index(c.uniform.recompute)))
     found: list[State] = []
     for cfg in cfgs:
         if len(found) >= 2 * trials or sx.deadline.expired():
             break
         coef = Coefficients(sx.inst, cfg, shared)
         for opts, layers, _ in warmstart.candidates(coef, sx.deadline):
-            st = State(cfg.mbs * cfg.dp, tuple(StageState(coef.options[o].k, cfg.tp, cfg.dp, n)
+            st = State(cfg.samples, tuple(StageState(coef.options[o].k, cfg.uniform.tp, cfg.uniform.dp, n)
                                                 for o, n in zip(opts, layers)))
             if st not in found:
                 found.append(st)

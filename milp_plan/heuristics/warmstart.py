@@ -43,7 +43,7 @@ def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
     usable = range(len(coef.options))
     speed = {k: coef.time(k, min(1, pp - 1))[0].a for k in usable}
     price = {k: coef.types[coef.options[k].k].usd_per_gpu_hour for k in usable}
-    most = {k: coef.max_stages(coef.block_of[k]) for k in usable}
+    most = {k: coef.max_stages(coef.pool_of[k]) for k in usable}
     fastest = sorted(usable, key=lambda k: (speed[k], k))
     cheapest = sorted(usable, key=lambda k: (price[k], k))
 
@@ -120,13 +120,12 @@ def candidates(coef: Coefficients, dl: Deadline | None = None) -> list[Candidate
     return out
 
 
-def best_plan(coef: Coefficients, limits: Limits, mode: str = "megatron",
-              dl: Deadline | None = None) -> tuple[Plan, Candidate] | None:
+def best_plan(coef: Coefficients, limits: Limits, dl: Deadline | None = None) -> tuple[Plan, Candidate] | None:
     """The best heuristic plan of this Config under the limits (objective from the plan), or None
     (also when the deadline `dl` runs out first)."""
     best = None
     for opts, layers, rs in candidates(coef, dl):
-        plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
+        plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
         if limits.admit(plan) and matches_pins(coef.inst, coef.pins, plan):
             key = objective_of(plan, limits)
             if best is None or key < best[0]:

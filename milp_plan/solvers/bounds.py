@@ -17,12 +17,12 @@ from milp_plan.units import SECONDS_PER_HOUR
 @dataclass(frozen=True)
 class SlotType:
     """What one node type offers the bottleneck bound: at most `gpus` GPUs, split into
-    stages of the given blocks, each (GPUs per stage, most stages, alternatives (a, room));
+    stages of the given pools, each (GPUs per stage, most stages, alternatives (a, room));
     `required`: it hosts at least one stage (free mode: the type has a stage size);
     `usd_per_gpu_hour`: the least a GPU of it costs (a stage of g GPUs at least g times that)."""
 
     gpus: int
-    blocks: tuple[tuple[int, int, tuple[tuple[float, int], ...]], ...]
+    pools: tuple[tuple[int, int, tuple[tuple[float, int], ...]], ...]
     required: bool = False
     usd_per_gpu_hour: float = 0.0
 
@@ -38,12 +38,12 @@ def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> i
 def _stage_runs(z: float, slot: SlotType, unit: int) -> list[tuple[int, int]]:
     """What a node type's successive stages add at most, with every a n <= z: runs of
     (layers, stages), non-increasing, so that the most layers j of its stages hold is the sum
-    of its first j increments; it forms no more stages than the runs count. One block: v_b for each
+    of its first j increments; it forms no more stages than the runs count. One pool: v_q for each
     of its stages. Several (a free parent, stage size open): with v_max the most one stage
     holds and d the best layers per GPU, j stages hold at most min(j v_max, GPUs x d) (a
     concave relaxation of packing whole stages), and they are at most GPUs / smallest size
-    and at most the blocks' stages together."""
-    vals = [(g, most, v) for g, most, alts in slot.blocks if (v := _stage_layers(z, alts, unit))]
+    and at most the pools' stages together."""
+    vals = [(g, most, v) for g, most, alts in slot.pools if (v := _stage_layers(z, alts, unit))]
     if len(vals) <= 1:
         return [(v, most) for _, most, v in vals if most > 0]
     vmax = max(v for _, _, v in vals)
@@ -93,7 +93,7 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: 
 def _breakpoints(slots: list[SlotType], L: int, unit: int) -> list[float]:
     """The z at which some stage's layer count floor(z / a) changes: a j for every per-layer
     time a and layer count j (multiples of `unit`)."""
-    return sorted({a * j for slot in slots for _, _, alts in slot.blocks for a, _ in alts
+    return sorted({a * j for slot in slots for _, _, alts in slot.pools for a, _ in alts
                    for j in range(unit, L + 1, unit)})
 
 
@@ -110,7 +110,7 @@ def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int
     relaxation: stage counts are not coupled across types)."""
     rows = []
     for slot in slots:
-        a = min(a for _, _, alts in slot.blocks for a, _ in alts)
+        a = min(a for _, _, alts in slot.pools for a, _ in alts)
         cap = _most_layers(z, slot, pp, unit)
         rows.append((a, cap - unit if slot.required else cap))
     total = sum(a * unit for (a, _), slot in zip(rows, slots) if slot.required)
@@ -126,8 +126,8 @@ JOINT_STEPS = 64  # _pipeline_bound: breakpoints evaluated at most (the full bou
 
 def _least_usd_per_hour(z: float, slots: list[SlotType], L: int, unit: int) -> float:
     """At least the $/h of any plan whose stages all have a n <= z: each stage s holds at most
-    v_s(z) layers, so sum_s p_s >= sum_s (p_s / v_s) n_s >= L min over blocks of p_b / v_b(z)."""
-    per_layer = [slot.usd_per_gpu_hour * g / v for slot in slots for g, _, alts in slot.blocks
+    v_s(z) layers, so sum_s p_s >= sum_s (p_s / v_s) n_s >= L min over pools q of p_q / v_q(z)."""
+    per_layer = [slot.usd_per_gpu_hour * g / v for slot in slots for g, _, alts in slot.pools
                  if (v := _stage_layers(z, alts, unit))]
     return L * min(per_layer) if per_layer else math.inf
 
@@ -198,27 +198,27 @@ def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
     return gpus
 
 
-def _affordable_stages(coef: Coefficients, b: int, limits: Limits) -> int:
-    """Most stages block b can hold in this config, and within a $/h budget on its own
-    (a relaxation: other blocks' stages only add to the bill)."""
-    most = coef.max_stages(b)
+def _affordable_stages(coef: Coefficients, q: int, limits: Limits) -> int:
+    """Most stages pool q can hold in this config, and within a $/h budget on its own
+    (a relaxation: other pools' stages only add to the bill)."""
+    most = coef.max_stages(q)
     if limits.budget_usd_per_hour is None:
         return most
     cap = limits.budget_usd_per_hour * (1 + 1e-9)
-    return max([j for j in range(most + 1) if coef.usd_per_hour(b, j) <= cap])
+    return max([j for j in range(most + 1) if coef.usd_per_hour(q, j) <= cap])
 
 
 def _p2p_lower_bound(coef: Coefficients) -> float:
     """The transfers of the step's lower bound (Coefficients.step_p2p) at their least: pp - 1 hops, at least R - 1 of them between the R node
     types the config must use (and the interleaved wrap between two of them when R >= 2),
-    each at least the cheapest transfer of its kind any block sends."""
+    each at least the cheapest transfer of its kind any pool sends."""
     cfg, R = coef.cfg, len(coef.required_types)
     if cfg.pp < 2:
         return 0.0
-    types = {blk.k for blk in coef.blocks}
-    inter = [coef.hop_inter(b, j) for b, blk in enumerate(coef.blocks) for j in types if j != blk.k]
-    same = [coef.hop_intra(b) if blk.place.stages_per_node >= 2 else coef.hop_inter(b, blk.k)
-            for b, blk in enumerate(coef.blocks)]
+    types = {pool.k for pool in coef.pools}
+    inter = [coef.hop_inter(q, j) for q, pool in enumerate(coef.pools) for j in types if j != pool.k]
+    same = [coef.hop_intra(q) if pool.place.stages_per_node >= 2 else coef.hop_inter(q, pool.k)
+            for q, pool in enumerate(coef.pools)]
     least = min(same + inter)
     crossing = max(R - 1, 0)
     hops = [least] * (cfg.pp - 1 - crossing) + [min(inter)] * crossing if inter else [least] * (cfg.pp - 1)
@@ -258,8 +258,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     assert (variants is None and _family is None) or not memory
     none = None if variants is None else [None] * len(variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
-    caps = {b: _affordable_stages(coef, b, limits) for b in range(len(coef.blocks))}
-    O = [o for o in range(len(coef.options)) if caps[coef.block_of[o]] > 0]
+    caps = {q: _affordable_stages(coef, q, limits) for q in range(len(coef.pools))}
+    O = [o for o in range(len(coef.options)) if caps[coef.pool_of[o]] > 0]
     if not O or sum(caps.values()) < cfg.pp:
         return none
     t = {o: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
@@ -270,20 +270,20 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     alts: dict[int, list[tuple[float, int]]] = {}
     for o in O:
         if rooms[o]:
-            alts.setdefault(coef.block_of[o], []).append((t[o][0].a, rooms[o]))
-    if coef.required_types - {coef.blocks[b].k for b in alts}:
+            alts.setdefault(coef.pool_of[o], []).append((t[o][0].a, rooms[o]))
+    if coef.required_types - {coef.pools[q].k for q in alts}:
         # a node type the config must use holds no layer within memory or budget
         return none
     by_type: dict[int, list] = {}
-    for b in sorted(alts):
-        by_type.setdefault(coef.blocks[b].k, []).append((coef.blocks[b].group, caps[b], tuple(alts[b])))
+    for q in sorted(alts):
+        by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
     gpu_hour = {k: coef.types[k].usd_per_gpu_hour for k in by_type}
     if memory:
-        slots = [SlotType(_type_gpus(coef, k, limits), tuple(blocks), k in coef.required_types, gpu_hour[k])
-                 for k, blocks in sorted(by_type.items())]
-    else:  # cheap: each block offers its stages on its own (no GPU sharing where a type's size is open)
-        slots = [SlotType(_type_gpus(coef, k, limits), (block,), k in coef.required_types, gpu_hour[k])
-                 for k, blocks in sorted(by_type.items()) for block in blocks]
+        slots = [SlotType(_type_gpus(coef, k, limits), tuple(pools), k in coef.required_types, gpu_hour[k])
+                 for k, pools in sorted(by_type.items())]
+    else:  # cheap: each pool offers its stages on its own (no GPU sharing where a type's size is open)
+        slots = [SlotType(_type_gpus(coef, k, limits), (pool,), k in coef.required_types, gpu_hour[k])
+                 for k, pools in sorted(by_type.items()) for pool in pools]
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
     unit = cfg.vpp if memory else 1

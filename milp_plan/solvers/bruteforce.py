@@ -29,7 +29,7 @@ from typing import Iterator
 from milp_plan.errors import InputError
 from milp_plan.formulations.placement import build_plan
 from milp_plan.job import Limits
-from milp_plan.formulations.space import (Config, FreeConfig, StageOption, enumerate_configs, free_completions,
+from milp_plan.formulations.space import (Config, StageOption, enumerate_configs, free_completions,
                                           matches_pins, placement, stage_options)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
@@ -53,9 +53,11 @@ def _caps(inst: Instance, cfg, options: list[StageOption]) -> dict[int, int]:
             for k, opts in _by_type(options).items()}
 
 
-def _fewest_types(cfg, caps: dict[int, int]) -> int:
-    """A free child config uses every node type it gives a stage size; Megatron mode any."""
-    return len(caps) if isinstance(cfg, FreeConfig) else 1
+def _fewest_types(cfg: Config, caps: dict[int, int]) -> int:
+    """A config uses every node type it gives a stage size (free mode: each type with
+    options); a uniform one (Megatron mode) at least one."""
+    assert not cfg.required_types or cfg.required_types == set(caps), "a required node type without options"
+    return len(cfg.required_types) or 1
 
 
 def type_sequences(inst: Instance, cfg, options: list[StageOption]) -> Iterator[tuple[int, ...]]:
@@ -112,39 +114,34 @@ def count_candidates(inst: Instance, cfg, fix: dict | None = None) -> int:
         return 0
     options = stage_options(inst, cfg, fix)
     splits = math.comb(L // unit - 1, cfg.pp - 1)
-    if isinstance(cfg, Config):
+    if cfg.shared_recompute:  # one r for every stage
         seqs = count_type_sequences(inst, cfg, options, {k: 1 for k in _by_type(options)})
-        return seqs * splits * (L // cfg.pp if cfg.recompute == "full" else 1)
+        return seqs * splits * (L // cfg.pp)
     most_r = L // unit - cfg.pp + 1
     weight = {k: sum(most_r if o.recompute == "full" else 1 for o in opts) for k, opts in _by_type(options).items()}
     return count_type_sequences(inst, cfg, options, weight) * splits
 
 
-def solved_configs(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> list[Config | FreeConfig]:
-    """The configs whose spaces the brute force enumerates: Megatron Configs, or in free mode
-    every completion (one stage size per node type) of every FreeConfig."""
-    configs = list(enumerate_configs(inst, fix, mode=mode))
-    if mode == "free":
-        configs = [child for cfg in configs for child in free_completions(inst, cfg, fix)]
-    return configs
+def solved_configs(inst: Instance, fix: dict | None = None, mode: str = "megatron") -> list[Config]:
+    """The configs whose spaces the brute force enumerates: every completion (one stage size
+    per node type) of every config of the mode (a Megatron config is complete)."""
+    return [child for cfg in enumerate_configs(inst, fix, mode=mode) for child in free_completions(inst, cfg, fix)]
 
 
-def _recompute_choices(cfg, opts: tuple[StageOption, ...], layers: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+def _recompute_choices(cfg: Config, opts: tuple[StageOption, ...], layers: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
     unit = cfg.vpp
-    if isinstance(cfg, Config):
-        rs = range(unit, min(layers) + 1, unit) if cfg.recompute == "full" else (0,)
-        return ((r,) * len(layers) for r in rs)
+    if cfg.shared_recompute:
+        return ((r,) * len(layers) for r in range(unit, min(layers) + 1, unit))
     return itertools.product(*(range(unit, n + 1, unit) if o.recompute == "full" else (0,)
                                for o, n in zip(opts, layers)))
 
 
-def candidate_plans(inst: Instance, cfg: Config | FreeConfig, fix: dict | None = None,
-                    mode: str = "megatron") -> Iterator[Plan]:
+def candidate_plans(inst: Instance, cfg: Config, fix: dict | None = None) -> Iterator[Plan]:
     """Every plan of the config's space, evaluated by the cost model (limits not applied)."""
     for opts in option_sequences(inst, cfg, stage_options(inst, cfg, fix)):
         for layers in compositions(inst.model.num_layers, cfg.pp, cfg.vpp):
             for rs in _recompute_choices(cfg, opts, layers):
-                plan = build_plan(inst, cfg, opts, layers, rs, None, mode)
+                plan = build_plan(inst, cfg, opts, layers, rs, None)
                 if matches_pins(inst, fix, plan):
                     yield plan
 
@@ -158,7 +155,7 @@ def solve(inst: Instance, limits: Limits, fix: dict | None = None, mode: str = "
                          "instance, --fix, or an exact solver (--solver cpsat)", field="solver")
     best, best_key = None, None
     for cfg in configs:
-        for plan in candidate_plans(inst, cfg, fix, mode):
+        for plan in candidate_plans(inst, cfg, fix):
             if not limits.admit(plan):
                 continue
             key = (objective_of(plan, limits), plan.predicted.step_time_s)

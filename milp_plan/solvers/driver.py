@@ -7,7 +7,7 @@ is no better than the incumbent. The overall best bound is the minimum of the
 incumbent and the bounds of every config not solved to optimality, so the reported gap
 is honest even when the time limit cuts the search short.
 
-Free mode: the configs are FreeConfigs (samples per micro-batch, pp, schedule) whose
+Free mode: the configs (samples per micro-batch, pp, schedule, no uniform rule) whose
 node types' stage sizes are open. Configs are kept in one heap by bound: a popped config
 with an open size is branched on one node type (space.free_children; the children keep
 the larger of their bound and the parent's), a complete one is solved. Open configs left
@@ -43,7 +43,7 @@ from milp_plan.formulations.placement import build_plan
 from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.pipeline import PipelineModel
 from milp_plan.job import Limits
-from milp_plan.formulations.space import (Config, FreeConfig, StageOption, coverage_gap, enumerate_configs,
+from milp_plan.formulations.space import (Config, StageOption, coverage_gap, enumerate_configs,
                                           explain_fix, free_children, matches_pins)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
@@ -83,7 +83,7 @@ class Prepared:
     the Megatron-mode configs whose optimum starts the free search. Coefficients are made on
     first use (`coef`): a large space has many configs the search never opens."""
 
-    configs: list[Config | FreeConfig]
+    configs: list[Config]
     inst: Instance
     mode: str = "megatron"
     base: "Prepared | None" = None
@@ -110,8 +110,7 @@ class Prepared:
         mode each config alone), in enumeration order: the members share a cheap bound's terms."""
         groups: dict = {}
         for i, c in enumerate(self.configs):
-            key = ((c.tp, c.dp, c.mbs, c.pp, c.recompute, c.sequence_parallel, c.distributed_optimizer)
-                   if isinstance(c, Config) else i)
+            key = (c.uniform, c.pp, c.sequence_parallel, c.distributed_optimizer) if c.uniform else i
             groups.setdefault(key, []).append(i)
         return list(groups.values())
     truncated: bool = False  # the deadline cut the enumeration short: the configs are not all here
@@ -166,7 +165,7 @@ def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
 
 
 def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: float | None,
-                  hint: heuristic.Candidate | None, time_s: float, seed: int, workers: int, mode: str,
+                  hint: heuristic.Candidate | None, time_s: float, seed: int, workers: int,
                   lb: float) -> tuple[Plan | None, float | None]:
     """Solve one complete config's per-stage model (objective <= cutoff when given). The model
     is a relaxation of the cost model (pipeline.md, "Rounding"): each plan it returns is
@@ -192,7 +191,7 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
         if run.bound is not None:
             bound = max(bound, model.objective_in_units(run.bound))
         opts, layers, rs = model.extract(run.value)
-        plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None, mode)
+        plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
         _require_valid(coef.inst, plan, backend, coef.cfg, coef.pins)
         if model.simulated and model.step_short(run.value(model.v.step), plan, opts, layers, rs):
             # the model's paths miss this plan's critical path: add it (for every config like this one)
@@ -271,7 +270,7 @@ class _Heap:
         lb, cfg, _, coef = heapq.heappop(heap)
         return lb, cfg, coef
 
-    def pop_config(self) -> tuple[float, Config | FreeConfig, Coefficients] | None:
+    def pop_config(self) -> tuple[float, Config, Coefficients] | None:
         """The config of least bound, or None when the heap holds only families without a plan."""
         while self.entries:
             got = self._opened()
@@ -314,7 +313,7 @@ class Incumbent:
             self.plan, self.objective = plan, objective_of(plan, limits)
 
 
-def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, mode: str, dl: Deadline,
+def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline,
                     time_limit_s: float) -> Incumbent:
     """Megatron mode's first step: the heuristic's plans of the configs of least bound,
     HEURISTIC_CONFIGS of them, or on until the first plan (so that a short limit returns one),
@@ -332,7 +331,7 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, mode: str, dl: 
             break
         if dl.expired():
             break
-        got = heuristic.best_plan(coef, limits, mode, dl)
+        got = heuristic.best_plan(coef, limits, dl)
         if got is None:
             continue
         plan, inc.hints[cfg] = got
@@ -341,7 +340,7 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, mode: str, dl: 
     return inc
 
 
-def megatron_mode_start(inst: Instance, limits: Limits, prepared: Prepared, backend: str, mode: str, seed: int,
+def megatron_mode_start(inst: Instance, limits: Limits, prepared: Prepared, backend: str, seed: int,
                         workers: int, dl: Deadline, time_limit_s: float) -> Incumbent:
     """Free mode's first step: the Megatron-mode optimum (a free plan too: uniform options)
     within FREE_BASE_SHARE of the limit."""
@@ -350,7 +349,7 @@ def megatron_mode_start(inst: Instance, limits: Limits, prepared: Prepared, back
                 workers=workers, mode="megatron", prepared=prepared.base,
                 dl=dl.within(FREE_BASE_SHARE * time_limit_s))
     if sub.plan is not None:
-        inc.offer(sub.plan.with_(mode=mode, solver=None), limits)
+        inc.offer(sub.plan.with_(mode=prepared.mode, solver=None), limits)
     return inc
 
 
@@ -370,10 +369,10 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     bounded, later = _cheap_bounds(prepared, limits, dl)
     if prepared.base is not None:
         start = "Megatron-mode"
-        inc = megatron_mode_start(inst, limits, prepared, backend, mode, seed, workers, dl, time_limit_s)
+        inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl, time_limit_s)
     else:
         start = "heuristic"
-        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded), mode, dl, time_limit_s)
+        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded), dl, time_limit_s)
     heuristic_obj = inc.objective if inc.plan is not None else None
     warm = inc.plan if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
     # the deadline cut the enumeration short: bound 0 stays open
@@ -409,7 +408,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
             continue  # no plan fits in memory, or none can beat the incumbent
         lb = max(lb, full_lb)
-        if isinstance(cfg, FreeConfig) and not cfg.complete:
+        if not cfg.complete:
             for kid in prepared.children(coef):
                 # a kid with open sizes inherits this bound until it is popped
                 kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
@@ -419,7 +418,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             continue
         hint = inc.hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
         plan, open_lb = _solve_config(coef, limits, backend, inc.objective if inc.plan is not None else None, hint,
-                                      left, seed, workers, mode, lb)
+                                      left, seed, workers, lb)
         solved += 1
         if plan is not None:
             inc.offer(plan, limits)

@@ -26,6 +26,8 @@ CASES: dict[str, list[str]] = {
     "default-cbc-pp2": [*JOB, "--solver", "cbc", "--fix", "pp=2"],
     "default-brute-pp2": [*JOB, "--solver", "brute-force", "--fix", "pp=2,tp=8"],
     "default-free-pp2": [*JOB, "--mode", "free", "--fix", "pp=2"],
+    "default-free-pp3": [*JOB, "--mode", "free", "--fix", "pp=3"],       # per-stage tp differs
+    "two-type-32-free-pp2": ["--cluster", "two-type-32", *JOB, "--mode", "free", "--fix", "pp=2"],
     "default-gpipe": [*JOB, "--fix", "schedule=gpipe"],
     "default-1f1b-fixed": [*JOB, "--fix", "schedule=1f1b,tp=4,pp=4,mbs=1"],
     "two-type-32": ["--cluster", "two-type-32", *JOB],
