@@ -228,3 +228,18 @@ def test_compare_accepts_an_older_plan_of_the_same_job(tmp_path, capsys):
                                 str(cluster), "--model", str(model), "--profiles", str(prof), "--global-batch", "8",
                                 "--grad-reduce-dtype", "bf16", "--out", str(tmp_path / "cmp2.json"))
     assert code == 2 and "grad_reduce_dtype" in err, err
+
+
+def test_pareto_searches_without_the_distributed_optimizer_when_the_job_says_so(tmp_path, capsys):
+    cluster, model, prof = write_inputs(tmp_path)
+    out = tmp_path / "front.json"
+    common = ["solve", "--objective", "pareto", "--cluster", str(cluster), "--model", str(model), "--profiles",
+              str(prof), "--global-batch", "8", "--max-solve-time", "20s", "--out", str(out)]
+    code, stdout, err = run_cli(capsys, *common)
+    assert code == 0, err
+    with_it = json.loads(out.read_text())
+    assert any(p["distributed_optimizer"] for p in with_it["plans"])   # dp 2 points use it when allowed
+    code, stdout, err = run_cli(capsys, *common, "--no-distributed-optimizer")
+    assert code == 0, err
+    without = json.loads(out.read_text())
+    assert without["plans"] and not any(p["distributed_optimizer"] for p in without["plans"])
