@@ -162,7 +162,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                    "stage; needs a per-stage runtime).")] = "megatron",
           solver: Annotated[str, typer.Option(
               help="auto | cpsat | highs | cbc | brute-force | warm-start (the heuristic alone, no bound) | "
-                   "aceso (Aceso-style bottleneck alleviation, no bound).")] = "auto",
+                   "aceso (Aceso-style bottleneck alleviation) | fasop (FASOP-style enumeration) | metis "
+                   "(Metis-style device groups); the last three prove no bound.")] = "auto",
           max_solve_time: Annotated[str, typer.Option("--max-solve-time", help="Bound on the search, e.g. 30s.")] = "30s",
           seed: SeedOpt = 1,
           workers: Annotated[int, typer.Option(
@@ -539,8 +540,8 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
             mode: Annotated[str, typer.Option(help="megatron | free.")] = "megatron",
             planners: Annotated[Optional[str], typer.Option(
-                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start, aceso. Default: "
-                     "cpsat,warm-start (a suite file may name its own).")] = None,
+                help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start, aceso, fasop, metis. "
+                     "Default: cpsat,warm-start (a suite file may name its own).")] = None,
             max_solve_time: Annotated[Optional[str], typer.Option(
                 "--max-solve-time", help="The same search limit for every planner, e.g. 30s. Default: 30s "
                                          "(a suite file may name its own).")] = None,

@@ -14,6 +14,13 @@ checker (`Limits.admit` and `check`); what differs is how it searches and what i
   aceso              Aceso-style iterative bottleneck alleviation (heuristics/aceso.py): multi-hop
                      actions on the bottleneck stage from warm-start plans, per pp; no bound
                      (status feasible), in the instance's mode, 1F1B only.
+  fasop              FASOP-style exhaustive search (heuristics/fasop.py): uniform (tp, dp, pp, mbs) x
+                     node-type orders with node counts, FASOP's min-max layer partition, the cheapest
+                     recompute that fits; no bound (status feasible), Megatron-mode plans, 1F1B only.
+  metis              Metis-style search (heuristics/metis.py): node sequences x device groups (its
+                     scale-variance and permutation-length pruning) x micro-batch counts, its greedy
+                     per-stage (dp, tp) search and layer load balancer; no bound (status feasible),
+                     in the instance's mode (megatron: uniform tp and dp), 1F1B only.
 
 `PLANNERS` is the registry; `get(name)` resolves `auto` to cpsat.
 """
@@ -130,9 +137,48 @@ class AcesoPlanner:
         return _heuristic_result(self.name, sx.best, limits, seed, deadline, total, done, notes)
 
 
+@dataclass(frozen=True)
+class FasopPlanner:
+    name: str = "fasop"
+    proves: bool = False
+
+    def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
+        """FASOP's exhaustive search (heuristics/fasop.py); deterministic, so the seed is only recorded."""
+        from milp_plan.heuristics.fasop import search
+        out = search(inst, limits, deadline, fix)
+        notes = [f"fasop: {out.evaluated} plans evaluated over {out.sequences_done} of {out.sequences_total} node "
+                 f"sequences; {out.skipped} (node sequence, tp, dp) layouts skipped: a stage would span two GPU "
+                 "types or part of two nodes, outside milp-plan's plan format"]
+        if out.sequences_done < out.sequences_total:
+            notes.append("the deadline stopped the search before every node sequence was tried")
+        return _heuristic_result(self.name, out.best, limits, seed, deadline, out.sequences_total,
+                                 out.sequences_done, notes)
+
+
+@dataclass(frozen=True)
+class MetisPlanner:
+    name: str = "metis"
+    proves: bool = False
+    scale_variance: float = 0.5   # Metis's defaults (heuristics/metis.py)
+    max_permute_len: int = 4
+
+    def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
+        """Metis's search (heuristics/metis.py); deterministic, so the seed is only recorded."""
+        from milp_plan.heuristics.metis import search
+        out = search(inst, limits, deadline, fix, self.scale_variance, self.max_permute_len)
+        notes = [f"metis: {out.evaluated} plans evaluated over {out.sequences_done} of {out.sequences_total} node "
+                 f"sequences; {out.skipped} device groups skipped: a stage would mix GPU types or span part of two "
+                 f"nodes, outside milp-plan's plan format; {out.outside} skipped as outside the exact planners' "
+                 "space: a node type's stages of two sizes"]
+        if out.sequences_done < out.sequences_total:
+            notes.append("the deadline stopped the search before every node sequence was tried")
+        return _heuristic_result(self.name, out.best, limits, seed, deadline, out.sequences_total,
+                                 out.sequences_done, notes)
+
+
 PLANNERS: dict[str, Planner] = {p.name: p for p in (ExactPlanner("cpsat"), ExactPlanner("highs"),
                                                      ExactPlanner("cbc"), BruteForcePlanner(), WarmStartPlanner(),
-                                                     AcesoPlanner())}
+                                                     AcesoPlanner(), FasopPlanner(), MetisPlanner())}
 NAMES = ("auto", *PLANNERS)
 
 

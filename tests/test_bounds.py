@@ -28,7 +28,7 @@ from instances import BACKENDS, EXAMPLES, assert_agrees, limits_for, small_free_
 REL = 1e-9  # bounds are float sums of the cost model's own coefficients; plans are scored by it
 
 
-def config_optimum(inst, coef, limits, mode) -> float:
+def config_optimum(inst, coef, limits) -> float:
     """Best admitted plan of one complete config (math.inf when none)."""
     best = math.inf
     for plan in bruteforce.candidate_plans(inst, coef.cfg, None):
@@ -40,7 +40,7 @@ def config_optimum(inst, coef, limits, mode) -> float:
 def assert_bounds_valid(inst, prepared, coef, limits, mode) -> float:
     """Checks this config's bounds (and, for a free parent, every child's) and returns its optimum."""
     if coef.cfg.complete:
-        best = config_optimum(inst, coef, limits, mode)
+        best = config_optimum(inst, coef, limits)
     else:
         best = min([assert_bounds_valid(inst, prepared, kid, limits, mode) for kid in prepared.children(coef)],
                    default=math.inf)

@@ -69,7 +69,8 @@ def test_cli_refuses_pins_that_cannot_hold(tmp_path, capsys):
             "--global-batch", "4", "--out", str(tmp_path / "p.json")]
     for fix, what in (("layers=2,2", "sums to 4, but hand-gpt has 6 layers"),
                       ("order=H100,A10", "order=H100: no node type or GPU"),
-                      ("order=A10,A100-80GB,A10", "puts stages of one GPU type apart")):
+                      ("order=A10,A100-80GB,A10", "puts A10 stages in 2 runs, but each run starts on a node of "
+                                                  "its own and the cluster has 1 A10 node")):
         code, _, err = run_cli(capsys, *base, "--fix", fix)
         assert code == 2 and what in err, err
         assert not (tmp_path / "p.json").exists()

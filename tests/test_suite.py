@@ -112,19 +112,23 @@ def test_summary_counts_what_each_planner_found(tmp_path):
 
 
 def test_summary_statistics_by_hand():
-    """Two cases; heuristic h: gap 0 on a proven case, 10% on the other; search 1 s and 4 s
-    against the reference's 2 s and 1 s: time ratios 0.5 and 4, geometric mean 2^0.5."""
+    """Two proven cases; heuristic h: gap 0 on one, 10% on the other; search 1 s and 4 s
+    against the reference's 2 s and 1 s; a third case left open."""
     def row(planner, proves, status, obj, gap, s, valid=True):
         return {"planner": planner, "proves": proves, "status": status, "objective": obj, "gap": gap,
                 "valid": valid, "search_s": s}
     recs = [{"case": "a", "rows": [row("x", True, "optimal", 1.0, 0.0, 2.0), row("h", False, "feasible", 1.0, 0.0, 1.0)]},
             {"case": "b", "rows": [row("x", True, "optimal", 9.0, 0.0, 1.0), row("h", False, "feasible", 10.0, 0.1, 4.0),
-                                   row("bad", False, "feasible", 5.0, None, 1.0, valid=False)]}]
+                                   row("bad", False, "feasible", 5.0, None, 1.0, valid=False)]},
+            # case c left open: x's plan 6 at a weak bound; h finds 4 (it beats x); its gap is not averaged
+            {"case": "c", "rows": [row("x", True, "feasible", 6.0, 0.5, 2.0), row("h", False, "feasible", 4.0, 0.25, 2.0)]}]
     by = {p["planner"]: p for p in suite_report.summarise(recs)["planners"]}
     h = by["h"]
-    assert (h["optimal"], h["proven"], h["mean_gap"], h["worst_gap"]) == (1, 2, 0.05, 0.1)
-    assert h["time_ratio_geomean"] == pytest.approx(2 ** 0.5) and h["time_ratio_max"] == 4.0
+    assert (h["optimal"], h["proven"], h["mean_gap"], h["worst_gap"], h["beats_ref"]) == (1, 2, 0.05, 0.1, 1)
+    # time ratios 0.5, 4 and 1: geometric mean 2^(1/3)
+    assert h["time_ratio_geomean"] == pytest.approx(2 ** (1 / 3)) and h["time_ratio_max"] == 4.0
     assert (by["bad"]["plans"], by["bad"]["valid"], by["bad"]["invalid"]) == (1, 0, 1)
+    assert by["x"]["beats_ref"] == 0 and by["x"]["mean_gap"] == 0.0
 
 
 def test_an_interrupted_results_file_resumes_and_gives_the_same_answers(tmp_path):

@@ -8,9 +8,10 @@ coefficients are obtained by evaluating the cost model's own stage functions at 
 models can never drift from `costmodel`. Positions matter: stage 0 holds the embedding,
 the last stage the head, and the in-flight micro-batch count depends on the position.
 
-Options that share a node type and a stage size (GPUs per stage) form a pool: the
-stages of a pool are one contiguous run placed on nodes of their own
-(placement.place_stages), so placement, transfers and prices depend on the pool only.
+Options that share a node type and a stage size (GPUs per stage) form a pool: each run of
+a pool's stages is placed on nodes of its own (placement.place_stages), so placement,
+transfers and prices depend on the pool only. A pool whose stages share nodes forms one
+run; one whose stages take whole nodes may form several (pipeline.md, add_contiguity).
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def _affine(fn, full: bool) -> Affine:
 
 @dataclass(frozen=True)
 class Pool:
-    """A node type and a stage size: its stages run in one contiguous run on their own nodes."""
+    """A node type and a stage size: each run of its stages on nodes of its own (one run where
+    its stages share nodes)."""
 
     k: int
     group: int

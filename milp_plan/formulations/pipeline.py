@@ -285,9 +285,13 @@ class PipelineModel:
                     be.add(v.rr[s, o] == vpp * rq)
 
     def add_contiguity(self) -> None:
-        """The stages of one pool (node type and stage size) form one contiguous run."""
+        """The stages of a pool whose stages share nodes (q_p >= 2 stages per node) form one
+        contiguous run; a pool whose stages take whole nodes may appear in any positions (its
+        nodes, price and hops do not depend on how its stages are grouped)."""
         be, v = self.be, self.v
         for p in self.P:
+            if self.c.pools[p].place.stages_per_node < 2:
+                continue
             for s in self.S:
                 v.st[s, p] = be.new_bool(f"st[{s},{p}]")
                 be.add(v.st[s, p] >= self._on_pool(s, p) - (self._on_pool(s - 1, p) if s else 0))

@@ -1,13 +1,14 @@
 """Turn a solution (stage options, layer counts, recomputed layers) into a Plan.
 
 Canonical placement, the one every backend and the brute force share: a pool (a node
-type and a stage size g) is one contiguous run of stages, and it takes nodes of its own:
-its first stage starts on the next unused node of its type (in cluster order). Inside
+type and a stage size g) runs in one or more runs of consecutive stages (one where its
+stages share nodes), and each run takes nodes of its own: its first stage starts on the
+next unused node of its type (in cluster order). Inside
 the run a stage of g <= gpus_per_node GPUs takes the next g local GPUs of the current
 node (so gpus_per_node / g stages share a node), a larger stage takes g / gpus_per_node
 whole nodes. Devices are listed tp fastest, then dp, so every tp group is tp consecutive
-local GPUs of one node. In Megatron mode every node type has one pool, which starts on
-the type's first node.
+local GPUs of one node. In Megatron mode every node type has one pool, whose first run
+starts on the type's first node.
 """
 from __future__ import annotations
 

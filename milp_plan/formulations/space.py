@@ -402,10 +402,13 @@ def check_pins(inst: Instance, fix: dict[str, object]) -> None:
             raise InputError(f"order={name}: no node type or GPU of cluster '{inst.cluster.name}' is called so; use "
                              f"{', '.join(sorted(known))}", field="fix")
     runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
-    if len(runs) != len(set(runs)):
-        raise InputError(f"order={','.join(order)} puts stages of one GPU type apart; the planner keeps each "
-                         "type's stages in one run (formulations/pipeline.md, contiguity): group them, e.g. "
-                         f"order={','.join(sorted(order, key=runs.index))}", field="fix")
+    for name in set(runs):  # each run of a type starts on a node of its own (placement.place_stages)
+        nodes = sum(nt.count for nt in inst.cluster.node_types if name in (nt.name, nt.gpu.name))
+        if runs.count(name) > nodes:
+            raise InputError(f"order={','.join(order)} puts {name} stages in {runs.count(name)} runs, but each run "
+                             f"starts on a node of its own and the cluster has {nodes} {name} node"
+                             f"{'s' if nodes > 1 else ''}: group them, e.g. "
+                             f"order={','.join(sorted(order, key=runs.index))}", field="fix")
 
 
 def pinned_types(inst: Instance, fix: dict[str, object], s: int) -> set[int] | None:

@@ -47,7 +47,8 @@ Where it departs from Aceso:
 - Stages never change node type (Aceso plans for one GPU type); the heterogeneous
   grouping comes from the start points.
 - The plan returned lies in the exact planners' space (`in_exact_space`: each node type's
-  stages one run of one stage size); the chain of actions may pass outside it.
+  stages one stage size, one run where they share nodes); the chain of actions may pass
+  outside it.
 - Schedule: 1F1B only (Aceso's). A fix that pins another schedule or vpp > 1 is refused.
 - For min-cost an extra action halves the fastest stage's dp or tp (its GPUs are given
   back, which is what lowers $/step); Aceso minimises time only.
@@ -159,16 +160,19 @@ def valid(sx: Search, state: State) -> bool:
     return fits_nodes(inst, state.stages)
 
 
-def in_exact_space(state: State) -> bool:
+def in_exact_space(inst: Instance, state: State) -> bool:
     """Whether the state lies in the space the exact planners prove optimality over
-    (formulations/pipeline.md): each node type's stages are one run of one stage size. The
-    search may pass through other states (two stage sizes on a type, on the way to one), but
-    only plans in this space are returned, so that `compare` measures every planner on the
-    same space and a heuristic plan below a proven bound always means a bug."""
-    runs = [st.k for i, st in enumerate(state.stages) if i == 0 or state.stages[i - 1].k != st.k]
-    if len(runs) != len(set(runs)):
+    (formulations/pipeline.md): each node type's stages have one stage size, and form one
+    run where they share nodes. The search may pass through other states (two stage sizes on
+    a type, on the way to one), but only plans in this space are returned, so that `compare`
+    measures every planner on the same space and a heuristic plan below a proven bound always
+    means a bug."""
+    types = {st.k for st in state.stages}
+    if any(len({st.group for st in state.stages if st.k == k}) != 1 for k in types):
         return False
-    return all(len({st.group for st in state.stages if st.k == k}) == 1 for k in runs)
+    runs = [st.k for i, st in enumerate(state.stages) if i == 0 or state.stages[i - 1].k != st.k]
+    shared = {st.k for st in state.stages if st.group < inst.cluster.node_types[st.k].gpus_per_node}
+    return all(runs.count(k) == 1 for k in shared)
 
 
 def fits_nodes(inst: Instance, stages: tuple[StageState, ...]) -> bool:
@@ -252,7 +256,7 @@ def realise(sx: Search, state: State) -> Plan | None:
     if valid(sx, state):
         plan = _build(sx, state)
         sx.evaluated += 1
-        if (sx.limits.admit(plan) and in_exact_space(state)
+        if (sx.limits.admit(plan) and in_exact_space(sx.inst, state)
                 and (sx.best is None or objective_of(plan, sx.limits) < objective_of(sx.best, sx.limits))):
             sx.best = plan
     sx.plans[state] = plan

@@ -61,6 +61,10 @@ MUTATIONS = [
     ("milp_plan/cluster.py", "per-GPU billing charged per node",
      'return self.usd_per_hour * nodes if self.billing == "node" else self.usd_per_gpu_hour * gpus',
      'return self.usd_per_hour * nodes'),
+    (PIPE, "contiguity on whole-node pools too (A100, A10, A100 lost)",
+     "            if self.c.pools[p].place.stages_per_node < 2:\n                continue\n", ""),
+    (PIPE, "a shared-node pool in several runs", "            be.add(be.sum([v.st[s, p] for s in self.S]) <= 1)",
+     "            pass"),
     (PIPE, "1F1B windows dropped (z = max t_s only)",
      "be.add(k * v.pipe >= Q[c] - (Q[a] if a else 0) + ts[c] - (k - 1))", "pass", CLOSED),
     (PIPE, "interleaved steady weight m vpp - 1 -> m vpp - 2",
@@ -112,6 +116,11 @@ from test_paths import test_every_path_weight_pair_bounds_the_simulation, test_e
 for sched in ("1f1b", "gpipe", "interleaved"):
     test_every_path_weight_pair_bounds_the_simulation(sched)
     test_every_stage_path_is_a_path(sched)
+# GPU-type order: a type in two runs where stages take whole nodes, never where they share them
+import test_type_order
+for t in (test_type_order.test_a_type_in_two_runs_is_found_and_proven,
+          test_type_order.test_the_model_keeps_shared_node_stages_in_one_run):
+    t(Path(tempfile.mkdtemp()))
 # every config's model on its own (no heuristic or bound can hide it), each schedule, slow
 # links, per-GPU billing, against each config's exhaustive optimum (tests/test_trust.py)
 from test_trust import assert_every_config_model_exact

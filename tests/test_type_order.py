@@ -1,0 +1,103 @@
+"""Any order of GPU types along the pipeline where stages take whole nodes (issue 15): a type
+may appear in several runs; only a type whose stages share nodes keeps one run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from milp_plan import planners
+from milp_plan.deadline import Deadline
+from milp_plan.errors import InputError
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.job import Limits
+from milp_plan.solvers import bruteforce
+from instances import BACKENDS, write_instance
+
+
+def ends_need_the_big_gpu(tmp: Path, memory_gib=(0.05, 0.03)):
+    """Two A100 nodes and one A10 node of 2 GPUs each; a 6-layer model (hidden 256) with an
+    8,000-token vocabulary, so the embedding (first stage) and the tied head (last stage)
+    weigh 2.0M parameters against 0.8M a layer. The A100s get 0.05 GiB, the A10 0.03 GiB:
+    at tp 1 the A10 holds two layers but neither end, and no A100 stage (2 GPUs) holds an
+    end with three layers, nor one of 4 GPUs all six. So with one run per type no plan fits;
+    A100, A10, A100 does."""
+    spec = write_instance(tmp, layers=6, gpn=2, counts=(2, 1), memory_gib=(*memory_gib, None),
+                          fast_ms=(1.0, 2.0), slow_ms=(1.5, 3.0))
+    model = (tmp / "model.yaml").read_text()
+    (tmp / "model.yaml").write_text(model.replace("vocab_size: 128", "vocab_size: 8000")
+                                    .replace("hidden_size: 64", "hidden_size: 256")
+                                    .replace("ffn_hidden_size: 256", "ffn_hidden_size: 1024"))
+    return build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+
+
+FIX = {"tp": 1}
+
+
+def test_a_type_in_two_runs_is_found_and_proven(tmp_path):
+    """Hand derivation: A100 (2 layers), A10 (2), A100 (2), dp 2, micro-batch 1, m = 2. Stage
+    times f/b per micro-batch (ms): A100 2/4, A10 3/6, A100 2/4; links cost ~0. 1F1B
+    (warm-up min(pp - s - 1, m) forwards): s0 F0 0-2, F1 2-4; s1 F0 2-5, F1 5-8; s2 F0 5-7,
+    B0 7-11, F1 11-13, B1 13-17; s1 B0 11-17, B1 17-23; s0 B0 17-21, B1 23-27. Makespan 27
+    ms, plus the optimizer step (~0.05 ms: 2.8M parameters at the catalog's memory speed)."""
+    inst = ends_need_the_big_gpu(tmp_path)
+    ref = planners.get("brute-force").plan(inst, Limits(), Deadline(600), fix=FIX)
+    assert ref.status == "optimal"
+    plan = ref.plan
+    assert [s.gpu for s in plan.stages] == ["A100-80GB", "A10", "A100-80GB"]
+    assert [(s.num_layers, s.dp, s.micro_batch_size) for s in plan.stages] == [(2, 2, 1)] * 3
+    assert 0.027 < plan.predicted.step_time_s < 0.0271
+    for backend in BACKENDS:
+        got = planners.get(backend).plan(inst, Limits(), Deadline(600), fix=FIX)
+        assert got.status == "optimal" and got.objective == pytest.approx(ref.objective, rel=1e-4), backend
+        assert [s.gpu for s in got.plan.stages] == ["A100-80GB", "A10", "A100-80GB"]
+        assert len({d for s in got.plan.stages for d in s.devices}) == 6  # three nodes, none shared
+
+
+def test_one_run_per_type_holds_no_plan_here(tmp_path):
+    """The former space (each type one run) has no plan on this instance: every plan the brute
+    force enumerates that fits in memory puts the A100 stages apart."""
+    inst = ends_need_the_big_gpu(tmp_path)
+    fitting = [p for cfg in bruteforce.solved_configs(inst, FIX) for p in bruteforce.candidate_plans(inst, cfg, FIX)
+               if Limits().admit(p)]
+    assert fitting
+    for p in fitting:
+        order = [s.gpu for s in p.stages]
+        runs = [g for i, g in enumerate(order) if i == 0 or order[i - 1] != g]
+        assert len(runs) > len(set(runs))
+    for order in (("A100-80GB", "A100-80GB", "A10"), ("A10", "A100-80GB", "A100-80GB"), ("A100-80GB",)):
+        got = planners.get("cpsat").plan(inst, Limits(), Deadline(600), fix={**FIX, "order": order})
+        assert got.status == "infeasible", order
+
+
+def test_stages_that_share_a_node_keep_one_run(tmp_path):
+    """Stages of 1 GPU on nodes of 2 share nodes: A10, A100, A10 would split the A10 node's
+    run, so the planner never returns it, and brute force enumerates no such sequence."""
+    spec = write_instance(tmp_path, layers=4, gpn=2, counts=(1, 1))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    fix = {"tp": 1, "dp": 1, "pp": 3}
+    for cfg in bruteforce.solved_configs(inst, fix):
+        for p in bruteforce.candidate_plans(inst, cfg, fix):
+            order = [s.gpu for s in p.stages]
+            runs = [g for i, g in enumerate(order) if i == 0 or order[i - 1] != g]
+            assert len(runs) == len(set(runs)), order
+    with pytest.raises(InputError, match="puts A10 stages in 2 runs"):
+        planners.get("cpsat").plan(inst, Limits(), Deadline(60), fix={**fix, "order": ("A10", "A100-80GB", "A10")})
+
+
+def test_the_model_keeps_shared_node_stages_in_one_run(tmp_path):
+    """1-GPU stages (tp 1, dp 1) on nodes of 2 GPUs share nodes. Here an A100, A10, A100 order
+    of them would fit where the A100 ends need the memory; the model must not return it
+    (a second A100 run would start on a fresh node): every backend agrees with brute force,
+    whose space keeps such stages in one run."""
+    inst = ends_need_the_big_gpu(tmp_path, memory_gib=(0.08, 0.05))
+    fix = {"tp": 1, "dp": 1}
+    ref = planners.get("brute-force").plan(inst, Limits(), Deadline(600), fix=fix)
+    for backend in BACKENDS:
+        got = planners.get(backend).plan(inst, Limits(), Deadline(600), fix=fix)
+        assert got.status == ref.status, backend
+        if ref.plan is not None:
+            assert got.objective == pytest.approx(ref.objective, rel=1e-4), backend
+            order = [s.gpu for s in got.plan.stages]
+            runs = [g for i, g in enumerate(order) if i == 0 or order[i - 1] != g]
+            assert len(runs) == len(set(runs)), (backend, order)
