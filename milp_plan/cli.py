@@ -46,6 +46,20 @@ GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", help="G
 SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help="Sequence length. Default: the model's.")]
 HeadroomOpt = Annotated[Optional[float], typer.Option(
     "--memory-headroom", help="Fraction of GPU memory kept free. Default: 0.10.")]
+JobOpt = Annotated[Optional[str], typer.Option(
+    "--job", help="Job YAML: global_batch or global_batch_tokens, seq_length, precision, flash_attention, "
+                  "grad_reduce_dtype, distributed_optimizer, memory_headroom (README: Job file). Flags override it.")]
+BatchTokensOpt = Annotated[Optional[int], typer.Option(
+    "--global-batch-tokens", help="Global batch in tokens (a multiple of the sequence length).")]
+PrecisionOpt = Annotated[Optional[str], typer.Option("--precision", help="bf16 | fp16. Default: bf16.")]
+FlashOpt = Annotated[Optional[bool], typer.Option(
+    "--flash-attention/--no-flash-attention", help="Fused attention (no s^2 activations). Default: on.")]
+GradDtypeOpt = Annotated[Optional[str], typer.Option(
+    "--grad-reduce-dtype", help="Gradient buffer and dp reduction dtype: fp32 | bf16 (fp16 with --precision "
+                                "fp16). Default: fp32.")]
+DistOptOpt = Annotated[Optional[bool], typer.Option(
+    "--distributed-optimizer/--no-distributed-optimizer",
+    help="Whether the planner may shard optimizer state over dp. Default: allowed.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of tables.")]
 # ... and by the commands that plan (solve, compare)
 TimeLimitOpt = Annotated[Optional[str], typer.Option(
@@ -83,14 +97,28 @@ def parse_gpu_map(text: str | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
-def instance_spec(cluster, model, profiles, profile_format, gpu_map, global_batch, seq_len, headroom):
+def instance_spec(cluster, model, profiles, profile_format, gpu_map, global_batch, seq_len, headroom, job=None,
+                  global_batch_tokens=None, precision=None, flash_attention=None, grad_reduce_dtype=None,
+                  distributed_optimizer=None):
     from milp_plan.instance import InstanceSpec
-    for name, v in (("global-batch", global_batch), ("seq-len", seq_len)):
+    from milp_plan.job import GRAD_REDUCE_DTYPES, PRECISIONS, REFUSED_PRECISIONS
+    for name, v in (("global-batch", global_batch), ("seq-len", seq_len), ("global-batch-tokens", global_batch_tokens)):
         if v is not None and v <= 0:
             raise InputError(f"must be > 0, got {v}", field=name)
+    if global_batch is not None and global_batch_tokens is not None:
+        raise InputError("give --global-batch (sequences) or --global-batch-tokens, not both",
+                         field="global-batch-tokens")
+    if precision in REFUSED_PRECISIONS:
+        raise InputError(REFUSED_PRECISIONS[precision], field="precision")
+    for name, v, choices in (("precision", precision, PRECISIONS), ("grad-reduce-dtype", grad_reduce_dtype,
+                                                                     GRAD_REDUCE_DTYPES)):
+        if v is not None and v not in choices:
+            raise InputError(f"must be {' or '.join(choices)}, got {v!r}", field=name)
     return InstanceSpec(cluster=cluster, model=model, profiles=profiles, profile_format=profile_format,
                         profile_gpu_map=parse_gpu_map(gpu_map), global_batch_size=global_batch, seq_length=seq_len,
-                        memory_headroom=headroom)
+                        memory_headroom=headroom, job_file=job, global_batch_tokens=global_batch_tokens,
+                        precision=precision, flash_attention=flash_attention, grad_reduce_dtype=grad_reduce_dtype,
+                        distributed_optimizer=distributed_optimizer)
 
 
 def echo_notices(inst) -> None:
@@ -102,12 +130,16 @@ def echo_notices(inst) -> None:
 def inspect(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: ProfilesOpt = None,
             profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
             global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
+            job: JobOpt = None, global_batch_tokens: BatchTokensOpt = None, precision: PrecisionOpt = None,
+            flash_attention: FlashOpt = None, grad_reduce_dtype: GradDtypeOpt = None,
+            distributed_optimizer: DistOptOpt = None,
             json_out: JsonOpt = False) -> None:
     """Show the instance: cluster, model, job and profile coverage. No arguments: the default."""
     from milp_plan.instance import build_instance
     from milp_plan.report import instance_report, render_instance
     inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
-                                        seq_len, memory_headroom))
+                                        seq_len, memory_headroom, job, global_batch_tokens, precision,
+                                        flash_attention, grad_reduce_dtype, distributed_optimizer))
     report = instance_report(inst)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
@@ -120,6 +152,9 @@ def inspect(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
 def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: ProfilesOpt = None,
           profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
           global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
+            job: JobOpt = None, global_batch_tokens: BatchTokensOpt = None, precision: PrecisionOpt = None,
+            flash_attention: FlashOpt = None, grad_reduce_dtype: GradDtypeOpt = None,
+            distributed_optimizer: DistOptOpt = None,
           objective: Annotated[str, typer.Option(help="min-time | min-cost | pareto.")] = "min-time",
           time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
           mode: Annotated[str, typer.Option(
@@ -181,7 +216,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     if plot:
         check_output(plot, "--plot", allow_stdout=False)
     inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
-                                        seq_len, memory_headroom), obj)
+                                        seq_len, memory_headroom, job, global_batch_tokens, precision,
+                                        flash_attention, grad_reduce_dtype, distributed_optimizer), obj)
     if objective == "pareto":
         try:
             with deadline.handle_signals():  # after an interrupt fileio writes nothing: the old front stays
@@ -444,6 +480,9 @@ def import_plan(
     cluster: ClusterOpt = None, model: ModelOpt = None, profiles: ProfilesOpt = None,
     profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
     global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
+            job: JobOpt = None, global_batch_tokens: BatchTokensOpt = None, precision: PrecisionOpt = None,
+            flash_attention: FlashOpt = None, grad_reduce_dtype: GradDtypeOpt = None,
+            distributed_optimizer: DistOptOpt = None,
     rank: Annotated[int, typer.Option("--rank", help="Which row: 1 is the peer's best.")] = 1,
     out: Annotated[str, typer.Option("--out", help="Where to write the plan (a regular file, or - for stdout).")]
         = "plan.json",
@@ -462,7 +501,8 @@ def import_plan(
         raise InputError(f"must be >= 1 (1 is the peer's best row), got {rank}", field="rank")
     check_output(out)
     inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
-                                        seq_len, memory_headroom))
+                                        seq_len, memory_headroom, job, global_batch_tokens, precision,
+                                        flash_attention, grad_reduce_dtype, distributed_optimizer))
     got = importing(spec, inst, rank)
     write_output(out, got.plan.to_json())
     err = out == "-"
@@ -493,6 +533,9 @@ def import_plan(
 def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: ProfilesOpt = None,
             profile_format: ProfileFormatOpt = "auto", profile_gpu_map: GpuMapOpt = None,
             global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
+            job: JobOpt = None, global_batch_tokens: BatchTokensOpt = None, precision: PrecisionOpt = None,
+            flash_attention: FlashOpt = None, grad_reduce_dtype: GradDtypeOpt = None,
+            distributed_optimizer: DistOptOpt = None,
             objective: Annotated[str, typer.Option(help="min-time | min-cost.")] = "min-time",
             time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
             mode: Annotated[str, typer.Option(help="megatron | free.")] = "megatron",
@@ -546,7 +589,9 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             raise InputError("--plan scores plans on their own instance; leave it out of a suite run", field="plan")
         instance_flags = {"--cluster": cluster, "--model": model, "--profiles": profiles, "--global-batch": global_batch,
                           "--seq-len": seq_len, "--memory-headroom": memory_headroom, "--time-limit": time_limit,
-                          "--budget": budget, "--fix": fix}
+                          "--budget": budget, "--fix": fix, "--job": job, "--global-batch-tokens": global_batch_tokens,
+                          "--precision": precision, "--flash-attention": flash_attention,
+                          "--grad-reduce-dtype": grad_reduce_dtype, "--distributed-optimizer": distributed_optimizer}
         given = [flag for flag, value in instance_flags.items() if value is not None]
         if given:
             raise InputError(f"{given[0]} describes one instance; a suite's cases carry their own (drop it, or "
@@ -576,7 +621,9 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
     for path in (json_path, csv_path):
         check_output(path, allow_stdout=False)
     given = [(path, read_plan(path)) for path in plan_files or ()]
-    if given and all(v is None for v in (cluster, model, profiles, global_batch, seq_len, memory_headroom)):
+    job_flags = (job, global_batch_tokens, precision, flash_attention, grad_reduce_dtype, distributed_optimizer)
+    if given and all(v is None for v in (cluster, model, profiles, global_batch, seq_len, memory_headroom,
+                                         *job_flags)):
         first, plan = given[0]
         if not plan.inputs:
             raise InputError("the plan records no inputs; give the instance flags (--cluster, --model, ...)",
@@ -584,10 +631,11 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
         inst = replace(instance_from_inputs(plan.inputs, first), objective=obj)
     else:
         inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
-                                            seq_len, memory_headroom), obj)
+                                            seq_len, memory_headroom, *job_flags), obj)
     for path, plan in given:
         comparing.same_instance(inst, plan, path)
-    result = comparing.compare(inst, obj.limits(), names, time_limit_s=limit_s, seed=seed, fix=parse_fix(fix),
+    result = comparing.compare(inst, obj.limits(), names, time_limit_s=limit_s, seed=seed,
+                               fix=solving.job_fix(inst, parse_fix(fix)),
                                plans=[(Path(path).name, plan) for path, plan in given])
     doc = result.to_dict()
     write_atomic(json_path, json.dumps(doc, indent=2) + "\n")

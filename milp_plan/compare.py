@@ -27,7 +27,7 @@ from milp_plan import check, planners, predict
 from milp_plan.deadline import Deadline
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance
-from milp_plan.job import Limits
+from milp_plan.job import Job, Limits
 from milp_plan.plan import Plan
 from milp_plan.result import Status, objective_of, relative_gap
 
@@ -145,6 +145,10 @@ def same_instance(inst: Instance, plan: Plan, source: str) -> None:
                              f"copy); give the plan's --{what} (and job flags) or leave them out to use the plan's",
                              source=source, field=f"inputs.{what}")
     job = rec.get("job")
+    try:   # a plan written before a job field existed records it by its default
+        job = Job.from_dict(job).to_dict()
+    except (InputError, TypeError, AttributeError):
+        pass
     if job != inst.job.to_dict():
         diff = next((k for k in inst.job.to_dict() if (job or {}).get(k) != inst.job.to_dict()[k]), "job")
         raise InputError(f"the plan was made for {diff} = {(job or {}).get(diff)!r}, this compare has "

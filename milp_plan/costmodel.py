@@ -18,18 +18,22 @@ p2p         bytes = s*b*h*2 / (t if sequence parallel else 1) per GPU per hop an
             same node: bytes / intra_node_gb_per_s; across nodes: the node's network link
             is shared by the stage's GPUs sending at once:
             bytes / (min inter_node_gb_per_s of the two nodes / senders per node)
-dp          gradients reduced in fp32 (Megatron accumulates bf16 gradients in fp32 main
-            grads): B = 4 x params per GPU. Inside one node: ring 2 (d-1)/d x B / intra.
+dp          gradients reduced in the job's grad_reduce_dtype (fp32 by default: Megatron
+            accumulates bf16 gradients in fp32 main grads; bf16 with --grad-reduce-in-bf16):
+            B = g x params per GPU, g = 4 (fp32) or 2 bytes (job.grad_bytes). Inside one node: ring 2 (d-1)/d x B / intra.
             Across n nodes with k replicas per node, hierarchical: intra reduce-scatter +
             all-gather 2 (k-1)/k x B / intra, plus inter-node ring 2 (n-1)/n x B x t / inter
             (the t tp-groups of the node share its link). The distributed optimizer
-            reduce-scatters fp32 gradients and all-gathers bf16 parameters: (4 + 2)/8 of
-            the all-reduce volume.
+            reduce-scatters the gradients and all-gathers bf16 parameters: (g + 2)/(2 g) of
+            the all-reduce volume ((4 + 2)/8 with fp32 gradients, 1 with bf16).
 optimizer   Adam touches OPTIMIZER_BYTES_PER_PARAM bytes per parameter it updates,
             memory-bound: params x 30 / (memory bandwidth x MEMORY_EFFICIENCY).
-memory      weights 2 bytes, fp32 main gradients 4, Adam (fp32 master, m, v) 12 bytes per
-            parameter on the GPU (params / t); with the distributed optimizer the 12 bytes
-            are divided by d (Megatron-LM docs/distrib_optimizer: 18 -> 6 + 12/d).
+memory      weights 2 bytes, main gradients g (4 in fp32), Adam (fp32 master, m, v) 12 bytes
+            per parameter on the GPU (params / t), plus an fp32 copy of the gradient (4) on
+            the optimizer's side when the gradients are 2-byte; with the distributed
+            optimizer the optimizer bytes are divided by d (Megatron-LM docs/distrib_optimizer,
+            bytes per parameter: bf16 params + fp32 grads 18 -> 6 + 12/d; 2-byte params and
+            grads 20 -> 4 + 16/d).
             Activations: in-flight micro-batches x per-micro-batch activations of the
             stage's layers (model.layer_activation_bytes), plus, when layers are fully
             recomputed, one layer's full activations while it is recomputed.
@@ -59,8 +63,9 @@ from milp_plan.schedules import schedule_of
 from milp_plan.units import GIB, SECONDS_PER_HOUR
 
 WEIGHT_BYTES = 2.0          # bf16 parameters
-GRAD_BYTES = 4.0            # fp32 main gradients
+GRAD_BYTES = 4.0            # fp32 main gradients (the default grad_reduce_dtype; job.DTYPE_BYTES)
 OPTIMIZER_BYTES = 12.0      # fp32 master weights + Adam m and v
+FP32_BYTES = 4.0            # the optimizer's fp32 copy of 2-byte gradients
 OPTIMIZER_BYTES_PER_PARAM = 30.0  # read grad 4, r/w master 8, m 8, v 8, write bf16 param 2
 ACT_BYTES = 2.0             # bf16 activations on the wire
 
@@ -173,17 +178,28 @@ def p2p_s(inst: Instance, n_bytes: float, src: NodeType, dst: NodeType, same_nod
 
 
 def dp_allreduce_s(grad_bytes: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
-                   intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool) -> float:
-    """Data-parallel gradient reduction of one stage (hierarchical when it spans nodes)."""
+                   intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool,
+                   grad_dtype_bytes: float = GRAD_BYTES) -> float:
+    """Data-parallel gradient reduction of one stage (hierarchical when it spans nodes);
+    grad_bytes = grad_dtype_bytes x parameters per GPU."""
     if dp <= 1:
         return 0.0
-    volume = grad_bytes * ((GRAD_BYTES + WEIGHT_BYTES) / (2 * GRAD_BYTES) if distributed_optimizer else 1.0)
+    volume = grad_bytes * ((grad_dtype_bytes + WEIGHT_BYTES) / (2 * grad_dtype_bytes) if distributed_optimizer
+                           else 1.0)
     if num_nodes <= 1:
         return ring_allreduce_s(volume, dp, intra_gb_per_s)
     k = replicas_per_node
     intra = ring_allreduce_s(volume, k, intra_gb_per_s)
     inter = 2.0 * (num_nodes - 1) / num_nodes * volume * tp / (inter_gb_per_s * 1e9)
     return intra + inter
+
+
+def stage_dp_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
+                intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool) -> float:
+    """dp_allreduce_s of a stage holding `params_per_gpu` parameters, in the job's gradient dtype."""
+    g = inst.job.grad_bytes
+    return dp_allreduce_s(g * params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
+                          inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g)
 
 
 # ---- parameters and memory ----------------------------------------------------------
@@ -202,10 +218,12 @@ def stage_params(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_
     return p
 
 
-def model_state_bytes(params_per_gpu: float, dp: int, distributed_optimizer: bool) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes per GPU."""
-    opt = OPTIMIZER_BYTES * params_per_gpu / (dp if distributed_optimizer else 1)
-    return WEIGHT_BYTES * params_per_gpu, GRAD_BYTES * params_per_gpu, opt
+def model_state_bytes(params_per_gpu: float, dp: int, distributed_optimizer: bool,
+                      grad_bytes: float = GRAD_BYTES) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per GPU; grad_bytes per gradient element (job.grad_bytes)."""
+    per_param = OPTIMIZER_BYTES + (FP32_BYTES if grad_bytes < FP32_BYTES else 0.0)
+    opt = per_param * params_per_gpu / (dp if distributed_optimizer else 1)
+    return WEIGHT_BYTES * params_per_gpu, grad_bytes * params_per_gpu, opt
 
 
 def inflight_microbatches(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:
@@ -247,7 +265,7 @@ def stage_memory_bytes(inst: Instance, *, schedule: str, pp: int, stage: int, m:
     """(weights, gradients, optimizer, activations, in-flight) bytes per GPU of stage `stage`."""
     first, last = stage == 0, stage == pp - 1
     params = stage_params(inst, kinds, first, last, single_stage=pp == 1) / tp
-    w, g, o = model_state_bytes(params, dp, distributed_optimizer)
+    w, g, o = model_state_bytes(params, dp, distributed_optimizer, inst.job.grad_bytes)
     inflight = inflight_microbatches(schedule, pp, stage, m, vpp)
     emb, head = end_inflight(schedule, pp, m, vpp, inflight)
     act = stage_activation_bytes(inst, kinds, first, last, tp, mbs, sequence_parallel, recompute,
@@ -365,10 +383,10 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
                                      (w + g + o + act) / GIB, cap / GIB, inflight))
         stage_nodes = {d.node for d in st.devices}
         per_node = max(sum(1 for d in st.devices if d.node == n) for n in stage_nodes)
-        dp_times.append(dp_allreduce_s(GRAD_BYTES * params, st.dp, st.tp, max(1, per_node // st.tp),
-                                       len(stage_nodes), nt.intra_node_gb_per_s,
-                                       min(n.type.inter_node_gb_per_s for n in _stage_nodes(inst, st)),
-                                       plan.distributed_optimizer))
+        dp_times.append(stage_dp_s(inst, params, st.dp, st.tp, max(1, per_node // st.tp),
+                                   len(stage_nodes), nt.intra_node_gb_per_s,
+                                   min(n.type.inter_node_gb_per_s for n in _stage_nodes(inst, st)),
+                                   plan.distributed_optimizer))
         opt_times.append(optimizer_s(params / (st.dp if plan.distributed_optimizer else 1), nt))
     hops = [hop_between(inst, plan, plan.stages[i], plan.stages[i + 1]) for i in range(pp - 1)]
     wrap = hop_between(inst, plan, plan.stages[-1], plan.stages[0]) if pp > 1 else 0.0

@@ -13,7 +13,7 @@ from milp_plan import analytic
 from milp_plan.cluster import Cluster, cluster_from_mapping
 from milp_plan.importers import load_cluster
 from milp_plan.errors import InputError
-from milp_plan.job import DEFAULT_GLOBAL_BATCH, DEFAULT_MODEL, Job, Objective
+from milp_plan.job import DEFAULT_MODEL, Job, JobSettings, Objective, load_job_file
 from milp_plan.model import Model, load_model, model_catalog, model_from_mapping
 from milp_plan.profile import Profile, match_gpu_names, read_native
 
@@ -31,6 +31,19 @@ class InstanceSpec:
     seq_length: int | None = None
     memory_headroom: float | None = None
     flash_attention: bool | None = None
+    job_file: str | None = None
+    global_batch_tokens: int | None = None
+    precision: str | None = None
+    grad_reduce_dtype: str | None = None
+    distributed_optimizer: bool | None = None
+
+    def job_settings(self) -> JobSettings:
+        """The job as the flags say it, over the job file (flags win)."""
+        flags = JobSettings(global_batch=self.global_batch_size, global_batch_tokens=self.global_batch_tokens,
+                            seq_length=self.seq_length, precision=self.precision,
+                            flash_attention=self.flash_attention, grad_reduce_dtype=self.grad_reduce_dtype,
+                            distributed_optimizer=self.distributed_optimizer, memory_headroom=self.memory_headroom)
+        return flags.over(load_job_file(self.job_file) if self.job_file else JobSettings())
 
 
 @dataclass(frozen=True)
@@ -102,10 +115,13 @@ def load_profiles(path: str | Path, fmt: str, model: Model, seq_length: int | No
     raise InputError(f"unknown profile format {fmt!r}; use auto, native, metis or fasop", field="profile-format")
 
 
-def _shipped_profile(model: Model, seq: int) -> tuple[Profile | None, list[str]]:
+def _shipped_profile(model: Model, seq: int, flash_attention: bool = True) -> tuple[Profile | None, list[str]]:
     path = analytic.shipped_profile_path(model.name)
     if model.source != "catalog" or not path.exists():
         return None, []
+    if not flash_attention:
+        return None, [f"shipped profiles for {model.name} assume flash attention; derived an analytic profile "
+                      "with unfused attention on the fly"]
     if seq != model.seq_length:
         return None, [f"shipped profiles for {model.name} are at seq {model.seq_length}; "
                       f"derived an analytic profile at seq {seq} on the fly"]
@@ -120,10 +136,7 @@ def build_instance(spec: InstanceSpec | None = None, objective: Objective | None
     spec = spec or InstanceSpec()
     cluster = cluster or load_cluster(spec.cluster)
     model = model or load_model(spec.model or DEFAULT_MODEL)
-    job = job or Job(global_batch_size=spec.global_batch_size or DEFAULT_GLOBAL_BATCH,
-                     seq_length=spec.seq_length or model.seq_length,
-                     **({} if spec.memory_headroom is None else {"memory_headroom": spec.memory_headroom}),
-                     **({} if spec.flash_attention is None else {"flash_attention": spec.flash_attention}))
+    job = job or spec.job_settings().resolve(model.seq_length)
     notices: list[str] = []
     cluster_gpus = {nt.gpu.name: nt.gpu for nt in cluster.node_types}
     gpu_map: dict[str, str] = {}
@@ -145,21 +158,23 @@ def build_instance(spec: InstanceSpec | None = None, objective: Objective | None
                     raise InputError(f"profile lacks layer kind '{kind}' for GPU '{g}'; {model.name} needs "
                                      f"{', '.join(model.kinds())}", source=spec.profiles)
     else:
-        profile, notes = _shipped_profile(model, job.seq_length)
+        profile, notes = _shipped_profile(model, job.seq_length, job.flash_attention)
         notices += notes
         missing = [g for name, g in cluster_gpus.items() if profile is None or name not in profile.gpus()]
         if missing:
             if profile is not None or not notes:
                 notices.append(f"no profile covers {model.name} on {', '.join(g.name for g in missing)}: "
                                "derived an analytic profile on the fly")
-            derived = analytic.generate_profile(model, missing, seq_lengths=[job.seq_length])
+            derived = analytic.generate_profile(model, missing, flash_attention=job.flash_attention,
+                                                seq_lengths=[job.seq_length])
             profile = derived if profile is None else profile.merged(derived)
         # an analytic profile generates every point: its planner space is not limited to the
         # table's tp and micro-batch sizes (profile.py, `generator`)
         from milp_plan.cluster import gpu_catalog
         catalog = gpu_catalog()
         profile.generator = analytic.Generator(model, {name: (gpu if gpu in missing else catalog.get(name, gpu))
-                                                       for name, gpu in cluster_gpus.items()})
+                                                       for name, gpu in cluster_gpus.items()},
+                                                      job.flash_attention)
     return Instance(cluster, model, profile, job, objective or Objective(), spec, tuple(notices),
                     tuple(sorted(gpu_map.items())))
 

@@ -21,14 +21,30 @@ MAX_GLOBAL_BATCH = 2**24   # samples per step; more is refused (micro-batch coun
 MAX_SEQ_LENGTH = 2**20
 
 
+PRECISIONS = ("bf16", "fp16")
+REFUSED_PRECISIONS = {"fp8": "fp8 is not modelled (its GEMM speed, the bf16 GEMMs it leaves, and Transformer "
+                             "Engine's scaling state are not calibrated); use bf16 or fp16"}
+GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+# bytes per element of a gradient kept and reduced in each dtype
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+
+
 @dataclass(frozen=True)
 class Job:
     """Training settings that are inputs, not decisions.
 
+    global_batch_size: sequences per step; seq_length: tokens per sequence.
+    precision: bf16 | fp16 weights and activations (fp8 is refused: not modelled).
+    flash_attention: the s^2 attention activations are never stored and the attention core
+    is one fused kernel (Megatron-Core with Transformer Engine or FlashAttention); False gives
+    Korthikanti et al.'s formulas (the 5as/h term) and the unfused attention's time.
+    grad_reduce_dtype: the dtype of the gradient buffer that data parallelism reduces: fp32
+    (Megatron's default with bf16, `--accumulate-allreduce-grads-in-fp32`) or the 2-byte
+    training dtype (`--grad-reduce-in-bf16`, or fp16 gradients with --fp16): half the bytes.
+    distributed_optimizer: whether the planner may shard the optimizer state over data
+    parallelism (`--use-distributed-optimizer`); False removes it from the search space.
     memory_headroom: fraction of each GPU's memory kept free for the CUDA context,
     NCCL buffers and allocator fragmentation (0.1 = plan against 90% of capacity).
-    flash_attention: the s^2 attention activations are never stored (Megatron-Core with
-    Transformer Engine or FlashAttention); False gives Korthikanti et al.'s formulas.
     """
 
     global_batch_size: int
@@ -37,31 +53,149 @@ class Job:
     optimizer: str = "adam"
     flash_attention: bool = True
     memory_headroom: float = 0.10
+    grad_reduce_dtype: str = "fp32"
+    distributed_optimizer: bool = True
 
     def __post_init__(self) -> None:
         from milp_plan.fileio import check_number
         check_number(self.global_batch_size, "global_batch_size", source=None, where="job", integer=True,
                      maximum=MAX_GLOBAL_BATCH)
         check_number(self.seq_length, "seq_length", source=None, where="job", integer=True, maximum=MAX_SEQ_LENGTH)
-        for name in ("flash_attention",):
+        for name in ("flash_attention", "distributed_optimizer"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"must be true or false, got {getattr(self, name)!r}", field=name)
         if isinstance(self.memory_headroom, bool) or not isinstance(self.memory_headroom, (int, float)):
             raise InputError(f"must be a number, got {self.memory_headroom!r}", field="memory_headroom")
-        if self.precision not in ("bf16", "fp16"):
+        if self.precision in REFUSED_PRECISIONS:
+            raise InputError(REFUSED_PRECISIONS[self.precision], field="precision")
+        if self.precision not in PRECISIONS:
             raise InputError(f"precision must be bf16 or fp16, got {self.precision!r}", field="precision")
         if self.optimizer != "adam":
             raise InputError(f"only the adam optimizer is modelled, got {self.optimizer!r}", field="optimizer")
         if not 0.0 <= self.memory_headroom < 1.0:
             raise InputError(f"memory headroom must be a fraction in [0, 1), got {self.memory_headroom}",
                              field="memory_headroom")
+        if self.grad_reduce_dtype not in ("fp32", self.precision):
+            raise InputError(f"with precision {self.precision} gradients are reduced in fp32 or "
+                             f"{self.precision}, got {self.grad_reduce_dtype!r}", field="grad_reduce_dtype")
+
+    @property
+    def grad_bytes(self) -> float:
+        """Bytes per gradient element in the buffer data parallelism reduces."""
+        return DTYPE_BYTES[self.grad_reduce_dtype]
+
+    @property
+    def global_batch_tokens(self) -> int:
+        return self.global_batch_size * self.seq_length
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Job":
+        """A recorded job (plan.json inputs.job); plans written before a field existed get its default."""
         return cls(**dict(data))
+
+
+JOB_FILE_FIELDS = ("global_batch", "global_batch_tokens", "seq_length", "precision", "optimizer", "flash_attention",
+                   "grad_reduce_dtype", "distributed_optimizer", "memory_headroom")
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What a job file and the command-line flags say; None = not said (the flag overrides the
+    file, the file overrides the default). `resolve` turns it into a Job once the model (the
+    default sequence length) is known."""
+
+    global_batch: int | None = None
+    global_batch_tokens: int | None = None
+    seq_length: int | None = None
+    precision: str | None = None
+    optimizer: str | None = None
+    flash_attention: bool | None = None
+    grad_reduce_dtype: str | None = None
+    distributed_optimizer: bool | None = None
+    memory_headroom: float | None = None
+    source: str | None = None      # the job file, for error messages
+    from_file: frozenset = frozenset()   # the fields the job file set (and no flag overrode)
+
+    def over(self, base: "JobSettings") -> "JobSettings":
+        """These settings, with `base` filling what these leave unsaid; a batch in sequences
+        and one in tokens are one setting (the later one wins)."""
+        meta = ("source", "from_file")
+        mine = {k: v for k, v in asdict(self).items() if v is not None and k not in meta}
+        if "global_batch" in mine or "global_batch_tokens" in mine:
+            mine.setdefault("global_batch", None)
+            mine.setdefault("global_batch_tokens", None)
+        kept = frozenset(k for k, v in asdict(base).items() if v is not None and k not in meta and k not in mine)
+        return JobSettings(**{**asdict(base), **mine, "source": base.source or self.source,
+                              "from_file": kept if base.source else frozenset()})
+
+    def resolve(self, default_seq_length: int) -> Job:
+        seq = self.seq_length if self.seq_length is not None else default_seq_length
+        where = {"source": self.source} if self.source and self.from_file & {"global_batch",
+                                                                              "global_batch_tokens"} else {}
+        if self.global_batch is not None and self.global_batch_tokens is not None:
+            raise InputError("give the global batch in sequences (global_batch) or in tokens "
+                             "(global_batch_tokens), not both", field="global_batch_tokens", **where)
+        gbs = self.global_batch if self.global_batch is not None else DEFAULT_GLOBAL_BATCH
+        if self.global_batch_tokens is not None:
+            if isinstance(self.global_batch_tokens, bool) or not isinstance(self.global_batch_tokens, int) \
+                    or self.global_batch_tokens <= 0 or self.global_batch_tokens % seq:
+                raise InputError(f"must be a positive multiple of the sequence length {seq} (whole sequences), "
+                                 f"got {self.global_batch_tokens!r}", field="global_batch_tokens", **where)
+            gbs = self.global_batch_tokens // seq
+        kw = {k: getattr(self, k) for k in ("precision", "optimizer", "flash_attention", "grad_reduce_dtype",
+                                            "distributed_optimizer", "memory_headroom") if getattr(self, k) is not None}
+        try:
+            return Job(global_batch_size=gbs, seq_length=seq, **kw)
+        except InputError as exc:   # name the job file when the field came from it
+            field = {"global_batch_size": "global_batch"}.get(exc.field or "", exc.field)
+            if self.source and not exc.source and (field in self.from_file or (
+                    field == "global_batch" and "global_batch_tokens" in self.from_file)):
+                raise InputError(str(exc), source=self.source) from None
+            raise
+
+
+def load_job_file(path: str) -> JobSettings:
+    """A job YAML: a mapping of JOB_FILE_FIELDS (each optional), e.g.
+
+        global_batch_tokens: 4194304    # or global_batch: 2048 (sequences)
+        seq_length: 2048
+        precision: bf16
+        flash_attention: false
+        grad_reduce_dtype: bf16
+        distributed_optimizer: true     # allowed (the planner uses it wherever dp > 1)
+        memory_headroom: 0.1
+    """
+    from milp_plan.fileio import check_fields, check_number, load_yaml
+    data = load_yaml(path, "job file")
+    if data is None:
+        data = {}
+    check_fields(data, source=str(path), where="job", required=(), optional=JOB_FILE_FIELDS)
+    out: dict[str, Any] = {}
+    for key in ("global_batch", "global_batch_tokens", "seq_length"):
+        if data.get(key) is not None:
+            out[key] = check_number(data[key], key, source=str(path), where="job", integer=True)
+    if data.get("memory_headroom") is not None:
+        out["memory_headroom"] = check_number(data["memory_headroom"], "memory_headroom", source=str(path),
+                                              where="job", allow_zero=True)
+    for key, choices in (("precision", PRECISIONS), ("optimizer", ("adam",)), ("grad_reduce_dtype", GRAD_REDUCE_DTYPES)):
+        v = data.get(key)
+        if v is None:
+            continue
+        if key == "precision" and v in REFUSED_PRECISIONS:
+            raise InputError(f"job: field '{key}': {REFUSED_PRECISIONS[v]}", source=str(path))
+        if v not in choices:
+            raise InputError(f"job: field '{key}' must be {' or '.join(choices)}, got {v!r}", source=str(path))
+        out[key] = v
+    for key in ("flash_attention", "distributed_optimizer"):
+        v = data.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise InputError(f"job: field '{key}' must be true or false, got {v!r}", source=str(path))
+        if v is not None:
+            out[key] = v
+    return JobSettings(**out, source=str(path), from_file=frozenset(out))
 
 
 @dataclass(frozen=True)

@@ -81,8 +81,11 @@ def render_instance(r: dict[str, Any]) -> str:
             f"(query groups {m['num_query_groups']}), vocab {m['vocab_size']}",
             f"  {m['flops_per_token'] / 1e9:.2f} GFLOP per token (fwd+bwd), {m['flops_per_step'] / 1e15:.2f} PFLOP "
             f"per step",
-            f"Job: global batch {j['global_batch_size']}, sequence {j['seq_length']}, {j['precision']}, "
-            f"{j['optimizer']}, flash attention {'on' if j['flash_attention'] else 'off'}, memory headroom "
+            f"Job: global batch {j['global_batch_size']} sequences x {j['seq_length']} tokens "
+            f"= {j['global_batch_size'] * j['seq_length']:,} tokens, {j['precision']}, {j['optimizer']}, "
+            f"flash attention {'on' if j['flash_attention'] else 'off'}, gradients reduced in "
+            f"{j['grad_reduce_dtype']}, distributed optimizer "
+            f"{'allowed' if j['distributed_optimizer'] else 'not allowed'}, memory headroom "
             f"{j['memory_headroom']:.0%}", ""]
     out.append("Profile coverage:")
     out.append(table(["GPU", "rows", "tp", "micro-batch", "seq", "kinds"],

@@ -52,12 +52,23 @@ def check_request(req: SolveRequest) -> None:
     parse_fix(req.fix)
 
 
+def job_fix(inst: Instance, fix: dict[str, object]) -> dict[str, object]:
+    """The --fix pins with the job's settings that narrow the search space: a job that does not
+    allow the distributed optimizer pins distopt=off (the space reads fix["distopt"])."""
+    if inst.job.distributed_optimizer:
+        return fix
+    if fix.get("distopt") is True:
+        raise InputError("distopt=on contradicts the job's distributed_optimizer: false; drop one of them",
+                         field="fix")
+    return {**fix, "distopt": False}
+
+
 def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progress=None,
         prepared=None) -> SolveResult:
     """One exact solve; `prepared` (driver.prepare) reuses configs and coefficients across solves."""
     check_request(req)
     limits = limits or inst.objective.limits()
-    fix = parse_fix(req.fix)
+    fix = job_fix(inst, parse_fix(req.fix))
     result = planners.get(req.solver).plan(inst, limits, Deadline(req.max_solve_time_s), fix=fix, seed=req.seed,
                                            workers=req.workers, progress=progress, prepared=prepared)
     if result.plan is not None:  # the filled profile points it rests on (only with extrapolate=on)

@@ -86,6 +86,8 @@ def test_wheel_holds_the_shipped_data_and_every_package(wheel):
         assert f"milp_plan/shipped/clusters/{cluster.name}" in names
     for prof in (REPO / "profiles").glob("*.csv"):
         assert f"milp_plan/shipped/profiles/{prof.name}" in names
+    for name in ("measurements.csv", "fit.json", "README.md"):   # tests/test_calibration.py reads them
+        assert f"milp_plan/shipped/profiles/calibration/{name}" in names
     missing = [pkg for pkg in _tracked_packages() if f"{pkg}/__init__.py" not in names]
     assert not missing, f"packages left out of the wheel (add them to pyproject.toml): {missing}"
     assert not any(n.startswith(("tests/", "clusters/", "profiles/")) for n in names)

@@ -164,7 +164,8 @@ def test_plan_from_dict_junk(data):
 
 # ---- property tests: junk at the CLI -------------------------------------------------------
 OPTIONS = ["--time-limit", "--budget", "--max-solve-time", "--fix", "--seed", "--workers", "--global-batch",
-           "--seq-len", "--memory-headroom", "--objective", "--mode", "--solver", "--profile-gpu-map"]
+           "--seq-len", "--memory-headroom", "--objective", "--mode", "--solver", "--profile-gpu-map", "--job",
+           "--global-batch-tokens", "--precision", "--grad-reduce-dtype"]
 
 
 @CLI

@@ -290,9 +290,9 @@ class Coefficients:
         per_node = opt.group if pl.stages_per_node else nt.gpus_per_node
 
         def dp(n: int, r: int) -> float:
-            return cm.dp_allreduce_s(cm.GRAD_BYTES * self._params(opt, n, first, last), opt.dp, opt.tp,
-                                     max(1, per_node // opt.tp), nodes, nt.intra_node_gb_per_s,
-                                     nt.inter_node_gb_per_s, self.cfg.distributed_optimizer)
+            return cm.stage_dp_s(self.inst, self._params(opt, n, first, last), opt.dp, opt.tp,
+                                 max(1, per_node // opt.tp), nodes, nt.intra_node_gb_per_s,
+                                 nt.inter_node_gb_per_s, self.cfg.distributed_optimizer)
         return _affine(dp, False)
 
     def opt_time(self, o: int, s: int) -> Affine:

@@ -127,8 +127,18 @@ def model_flags(model: Mapping[str, Any], seq_length: int) -> list[str]:
     return out
 
 
-def precision_flags(precision: str) -> list[str]:
-    return ["--bf16"] if precision == "bf16" else ["--fp16"]
+def precision_flags(precision: str, grad_reduce_dtype: str = "fp32") -> list[str]:
+    """--bf16 reduces gradients in fp32 by default (--grad-reduce-in-bf16 halves them); --fp16
+    reduces them in fp16 unless --accumulate-allreduce-grads-in-fp32."""
+    if precision == "bf16":
+        return ["--bf16"] + (["--grad-reduce-in-bf16"] if grad_reduce_dtype == "bf16" else [])
+    return ["--fp16"] + (["--accumulate-allreduce-grads-in-fp32"] if grad_reduce_dtype == "fp32" else [])
+
+
+def attention_flags(flash_attention: bool) -> list[str]:
+    """Unfused attention (softmax and dropout stored, Korthikanti et al.) when the job says so;
+    Megatron's default backend (auto) picks a fused one."""
+    return [] if flash_attention else ["--attention-backend", "unfused"]
 
 
 def flag_groups(plan: Plan, model: Mapping[str, Any], job: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
@@ -139,7 +149,8 @@ def flag_groups(plan: Plan, model: Mapping[str, Any], job: Mapping[str, Any]) ->
               ("batches", batch_flags(plan)),
               ("activation recompute", recompute_flags(plan)),
               ("model", model_flags(model, int(job["seq_length"]))),
-              ("precision", precision_flags(job.get("precision", "bf16")))]
+              ("precision", precision_flags(job.get("precision", "bf16"), job.get("grad_reduce_dtype", "fp32"))),
+              ("attention", attention_flags(job.get("flash_attention", True)))]
     return [(name, flags) for name, flags in groups if flags]
 
 
