@@ -16,7 +16,8 @@ on that case. Sources of a suite:
 
 Suite YAML: `cases:` a list of mappings with cluster, model (a catalog name or a model
 YAML), global_batch, objective ('min-time', 'min-time@60$/h', 'min-cost@1.2s/step') and
-optionally seq_length, mode, profiles and name; a list in any of cluster, model, global_batch, objective, mode expands to every
+optionally seq_length, mode, profiles, job (a job YAML: precision, flash attention, gradient
+dtype, ...; the case's global_batch and seq_length win) and name; a list in any of cluster, model, global_batch, objective, mode expands to every
 combination. `planners:` and `max_solve_time:` give defaults that flags override.
 
 Runs stream into a results file (JSON lines: a header with the run's fingerprint, then one
@@ -57,6 +58,7 @@ class Case:
     seq_length: int | None = None
     mode: str = "megatron"
     profiles: str | None = None  # a profile file or folder; None: the shipped or analytic profiles
+    job: str | None = None       # a job YAML (precision, flash attention, ...); the case's batch wins
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,7 +122,7 @@ def suite_from_mapping(data: Any, name: str, source: str, base: Path | None = No
                  None if data.get("max_solve_time") is None else str(data["max_solve_time"]))
 
 
-_CASE_FIELDS = {"name", "cluster", "model", "global_batch", "objective", "seq_length", "mode", "profiles"}
+_CASE_FIELDS = {"name", "cluster", "model", "global_batch", "objective", "seq_length", "mode", "profiles", "job"}
 _LISTABLE = ("cluster", "model", "global_batch", "objective", "mode")
 
 
@@ -159,7 +161,7 @@ def _expand(entry: Any, where: str, source: str, base: Path | None) -> list[Case
             ("" if kw["mode"] == "megatron" else f"/{kw['mode']}")
         out.append(Case(str(name), cluster, str(_beside(kw["model"], base)), int(kw["global_batch"]),
                         str(kw["objective"]), entry.get("seq_length"), str(kw["mode"]),
-                        _beside(entry.get("profiles"), base)))
+                        _beside(entry.get("profiles"), base), _beside(entry.get("job"), base)))
     return out
 
 
@@ -240,7 +242,7 @@ def build_case(case: Case):
     objective = Objective(obj.kind, obj.time_limit_s, obj.budget, case.mode)
     inline = isinstance(case.cluster, Mapping)
     spec = InstanceSpec(cluster=None if inline else str(case.cluster), model=case.model, profiles=case.profiles,
-                        global_batch_size=case.global_batch, seq_length=case.seq_length)
+                        global_batch_size=case.global_batch, seq_length=case.seq_length, job_file=case.job)
     cluster = cluster_from_mapping(dict(case.cluster), f"case {case.name}: cluster") if inline else None
     return build_instance(spec, objective, cluster=cluster)
 

@@ -44,6 +44,16 @@ def test_suite_file_expands_lists_and_reads_paths_beside_it(tmp_path):
     assert len({c.name for c in s.cases}) == 3
 
 
+def test_a_case_takes_its_job_settings_from_a_job_file(tmp_path):
+    tiny_suite(tmp_path)
+    (tmp_path / "job.yaml").write_text("global_batch: 2\nflash_attention: false\ngrad_reduce_dtype: bf16\n")
+    text = (tmp_path / "suite.yaml").read_text().replace("    global_batch: 4\n", "    global_batch: 4\n    job: job.yaml\n")
+    (tmp_path / "suite.yaml").write_text(text)
+    case = suite.load_suite(str(tmp_path / "suite.yaml")).cases[0]
+    job = suite.build_case(case).job
+    assert (job.global_batch_size, job.flash_attention, job.grad_reduce_dtype) == (4, False, "bf16")  # batch: the case's
+
+
 def test_the_shipped_suite_reads_and_every_case_builds():
     s = suite.load_suite(suite.SHIPPED)
     # default x {1.3b, 2.7b} x {min-time, min-cost}, default 2.7b under a $/h budget, two-type-32
