@@ -203,10 +203,12 @@ def candidate_plans(inst: Instance, cfg: Config, fix: dict | None = None) -> Ite
 def solve(inst: Instance, limits: Limits, fix: dict | None = None, mode: str = "megatron"):
     t0 = time.perf_counter()
     configs = solved_configs(inst, fix, mode)
-    total = sum(count_candidates(inst, c, fix) for c in configs)
-    if total > MAX_PLANS:
-        raise InputError(f"brute force would enumerate up to {total:,} plans (limit {MAX_PLANS:,}); use a smaller "
-                         "instance, --fix, or an exact solver (--solver cpsat)", field="solver")
+    total = 0
+    for c in configs:  # counting stops at the limit: past it, how far past does not matter
+        total += count_candidates(inst, c, fix)
+        if total > MAX_PLANS:
+            raise InputError(f"brute force would enumerate at least {total:,} plans (limit {MAX_PLANS:,}); use a "
+                             "smaller instance, --fix, or an exact solver (--solver cpsat)", field="solver")
     best, best_key = None, None
     for cfg in configs:
         for plan in candidate_plans(inst, cfg, fix):
