@@ -137,6 +137,15 @@ class AcesoPlanner:
         return _heuristic_result(self.name, sx.best, limits, seed, deadline, total, done, notes)
 
 
+def _node_sequence_result(name: str, out, limits: Limits, seed: int, deadline: Deadline,
+                          notes: list[str]) -> SolveResult:
+    """The answer of a search over node sequences (fasop, metis): its best plan, and a note
+    when the deadline stopped it before the last sequence."""
+    if out.sequences_done < out.sequences_total:
+        notes = notes + ["the deadline stopped the search before every node sequence was tried"]
+    return _heuristic_result(name, out.best, limits, seed, deadline, out.sequences_total, out.sequences_done, notes)
+
+
 @dataclass(frozen=True)
 class FasopPlanner:
     name: str = "fasop"
@@ -149,10 +158,7 @@ class FasopPlanner:
         notes = [f"fasop: {out.evaluated} plans evaluated over {out.sequences_done} of {out.sequences_total} node "
                  f"sequences; {out.skipped} (node sequence, tp, dp) layouts skipped: a stage would span two GPU "
                  "types or part of two nodes, outside milp-plan's plan format"]
-        if out.sequences_done < out.sequences_total:
-            notes.append("the deadline stopped the search before every node sequence was tried")
-        return _heuristic_result(self.name, out.best, limits, seed, deadline, out.sequences_total,
-                                 out.sequences_done, notes)
+        return _node_sequence_result(self.name, out, limits, seed, deadline, notes)
 
 
 @dataclass(frozen=True)
@@ -170,10 +176,7 @@ class MetisPlanner:
                  f"sequences; {out.skipped} device groups skipped: a stage would mix GPU types or span part of two "
                  f"nodes, outside milp-plan's plan format; {out.outside} skipped as outside the exact planners' "
                  "space: a node type's stages of two sizes"]
-        if out.sequences_done < out.sequences_total:
-            notes.append("the deadline stopped the search before every node sequence was tried")
-        return _heuristic_result(self.name, out.best, limits, seed, deadline, out.sequences_total,
-                                 out.sequences_done, notes)
+        return _node_sequence_result(self.name, out, limits, seed, deadline, notes)
 
 
 PLANNERS: dict[str, Planner] = {p.name: p for p in (ExactPlanner("cpsat"), ExactPlanner("highs"),

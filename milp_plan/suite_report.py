@@ -150,9 +150,17 @@ def _pyplot():
     return plt
 
 
-def _svg(fig) -> str:
+def _finish(plt, fig, ax, title: str, xlabel: str, ylabel: str, legend: bool) -> str:
+    """Label a plot, render it as SVG text (no date: the same records give the same SVG), close it."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if legend:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})
+    plt.close(fig)
     return buf.getvalue()[buf.getvalue().index("<svg"):]
 
 
@@ -169,27 +177,16 @@ def plots(records: Sequence[dict]) -> dict[str, str]:
         if pts:
             ax.scatter(*zip(*pts), label=name, s=18, alpha=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel("search time (s, log)")
-    ax.set_ylabel("gap to the best proven bound (%)")
-    ax.set_title("Plan quality against search time")
-    if rows:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    out["quality_vs_time"] = _svg(fig)
-    plt.close(fig)
+    out["quality_vs_time"] = _finish(plt, fig, ax, "Plan quality against search time", "search time (s, log)",
+                                     "gap to the best proven bound (%)", bool(rows))
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for name in names:
         gaps = sorted(100 * r["gap"] for r in rows if r["planner"] == name)
         if gaps:
             ax.step(gaps, [(i + 1) / len(gaps) for i in range(len(gaps))], where="post", label=name)
-    ax.set_xlabel("gap to the best proven bound (%)")
-    ax.set_ylabel("share of its valid plans with at most this gap")
-    ax.set_title("Gap distribution per planner")
-    if rows:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    out["gap_distribution"] = _svg(fig)
-    plt.close(fig)
+    out["gap_distribution"] = _finish(plt, fig, ax, "Gap distribution per planner",
+                                      "gap to the best proven bound (%)",
+                                      "share of its valid plans with at most this gap", bool(rows))
     return out
 
 
