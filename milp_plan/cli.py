@@ -28,7 +28,8 @@ def _usage_name(self) -> str:
 
 typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 
-DEFAULT_MAX_SOLVE_TIME = "30s"   # compare's search limit per planner unless a flag or a suite file says otherwise
+DEFAULT_MAX_SOLVE_TIME = "30s"   # the search limit (wall clock) unless a flag or a suite file says otherwise
+DEFAULT_WORK_LIMIT = 30.0        # compare's limit per planner (work units) when every planner measures work
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Plan parallel Transformer training on heterogeneous, rented GPU clusters.")
@@ -66,6 +67,10 @@ TimeLimitOpt = Annotated[Optional[str], typer.Option(
     "--time-limit", help="Step-time limit, e.g. 1.2s/step (needed by min-cost).")]
 BudgetOpt = Annotated[Optional[str], typer.Option(help="Budget, e.g. 40$/h or 0.02$/step.")]
 SeedOpt = Annotated[int, typer.Option(help="Solver seed, 0 to 2147483647.")]
+WorkLimitOpt = Annotated[Optional[float], typer.Option(
+    "--work-limit", help="Deterministic search limit in work units (about seconds on the reference machine): the "
+                         "same answer on any machine and load. cpsat and the heuristics; not highs or cbc. With it, "
+                         "--max-solve-time is only a wall-clock guard (default: none).")]
 
 
 def _version(value: bool) -> None:
@@ -164,7 +169,10 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
               help="auto | cpsat | highs | cbc | brute-force | warm-start (the heuristic alone, no bound) | "
                    "aceso (Aceso-style bottleneck alleviation) | fasop (FASOP-style enumeration) | metis "
                    "(Metis-style device groups); the last three prove no bound.")] = "auto",
-          max_solve_time: Annotated[str, typer.Option("--max-solve-time", help="Bound on the search, e.g. 30s.")] = "30s",
+          max_solve_time: Annotated[Optional[str], typer.Option(
+              "--max-solve-time", help="Bound on the search (wall clock), e.g. 30s. Default: 30s, or none "
+                                       "with --work-limit.")] = None,
+          work_limit: WorkLimitOpt = None,
           seed: SeedOpt = 1,
           workers: Annotated[int, typer.Option(
               help="CP-SAT search workers, 1 to 64 (1 is deterministic; more may find plans sooner).")] = 1,
@@ -202,7 +210,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                     field="time-limit"), budget=None if budget is None else parse_money(budget), mode=mode)
     from milp_plan.formulations.space import with_space_options
     fix = with_space_options(fix, extrapolate, max_tp, max_micro_batch)
-    req = solving.SolveRequest(solver, fix, parse_duration_s(max_solve_time, field="max-solve-time"), seed, workers)
+    req = solving.SolveRequest(solver, fix, _wall_limit(max_solve_time, work_limit), seed, workers, work_limit)
     solving.check_request(req)
     out = out or ("pareto.json" if objective == "pareto" else "plan.json")
     if objective == "pareto":
@@ -246,6 +254,27 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     else:
         typer.echo(render_solved(plan, inst, result), err=out == "-")
         typer.echo(f"Wrote {'the plan to stdout' if out == '-' else out}", err=out == "-")
+
+
+def _wall_limit(max_solve_time: str | None, work_limit: float | None) -> float:
+    """The wall-clock limit: --max-solve-time, else 30 s, or no limit (a week) under --work-limit."""
+    from milp_plan.solve import MAX_SOLVE_TIME_S
+    from milp_plan.units import parse_duration_s
+    if max_solve_time is not None:
+        return parse_duration_s(max_solve_time, field="max-solve-time")
+    return MAX_SOLVE_TIME_S if work_limit is not None else parse_duration_s(DEFAULT_MAX_SOLVE_TIME)
+
+
+def _compare_limits(max_solve_time: str | None, work_limit: float | None, names, suite=None) -> tuple[float, float | None]:
+    """(wall seconds, work units) for each planner of a comparison: the flags, else the suite
+    file's, else DEFAULT_WORK_LIMIT when every planner measures work (the same results on any
+    machine), else DEFAULT_MAX_SOLVE_TIME of wall clock."""
+    from milp_plan import planners as registry
+    if max_solve_time is None and work_limit is None and suite is not None:
+        max_solve_time, work_limit = suite.max_solve_time, suite.work_limit
+    if max_solve_time is None and work_limit is None and all(registry.get(n).deterministic for n in names):
+        work_limit = DEFAULT_WORK_LIMIT
+    return _wall_limit(max_solve_time, work_limit), work_limit
 
 
 def _run_pareto(inst, req, *, out: str, plot: str | None, json_out: bool) -> None:
@@ -543,8 +572,10 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
                 help="Comma-separated planners: cpsat, highs, cbc, brute-force, warm-start, aceso, fasop, metis. "
                      "Default: cpsat,warm-start (a suite file may name its own).")] = None,
             max_solve_time: Annotated[Optional[str], typer.Option(
-                "--max-solve-time", help="The same search limit for every planner, e.g. 30s. Default: 30s "
-                                         "(a suite file may name its own).")] = None,
+                "--max-solve-time", help="The same wall-clock limit for every planner, e.g. 30s (a suite file may "
+                                         "name its own). Default: --work-limit 30 when every planner measures "
+                                         "work, else 30s.")] = None,
+            work_limit: WorkLimitOpt = None,
             seed: SeedOpt = 1,
             fix: Annotated[Optional[str], typer.Option(help="Pin global choices, as for solve.")] = None,
             out: Annotated[str, typer.Option(
@@ -596,8 +627,8 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
         if given:
             raise InputError(f"{given[0]} describes one instance; a suite's cases carry their own (drop it, or "
                              "write it into the suite YAML)", field=given[0].lstrip("-"))
-        _compare_suite(suite, random_cases, max_gpus, seed, planners, max_solve_time, workers, executor, address,
-                       results, out, report, json_out)
+        _compare_suite(suite, random_cases, max_gpus, seed, planners, max_solve_time, work_limit, workers, executor,
+                       address, results, out, report, json_out)
         return
     for flag, value in (("--executor", executor != "local"), ("--address", address), ("--results", results),
                         ("--report", report), ("--workers", workers != 1)):
@@ -605,7 +636,6 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             raise InputError(f"{flag} is for suite runs; add --suite shipped|FILE or --random N",
                              field=flag.lstrip("-"))
     planners = planners or ",".join(comparing.DEFAULT_PLANNERS)
-    max_solve_time = max_solve_time or DEFAULT_MAX_SOLVE_TIME
     if objective not in ("min-time", "min-cost"):
         raise InputError(f"compare ranks by min-time or min-cost, got {objective!r}", field="objective")
     obj = Objective(kind=objective, time_limit_s=None if time_limit is None else parse_duration_s(time_limit,
@@ -613,9 +643,10 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
     names = [n.strip() for n in planners.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
         raise InputError("give each planner once, e.g. cpsat,warm-start", field="planners")
-    limit_s = parse_duration_s(max_solve_time, field="max-solve-time")
+    limit_s, work = _compare_limits(max_solve_time, work_limit, names)
     for name in names:
         solving.check_request(solving.SolveRequest(name, fix, limit_s, seed))
+    comparing.check_work_limit(names, work)
     json_path = out if out.endswith(".json") else out + ".json"
     csv_path = json_path[:-5] + ".csv"
     for path in (json_path, csv_path):
@@ -634,7 +665,7 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
                                             seq_len, memory_headroom, *job_flags), obj)
     for path, plan in given:
         comparing.same_instance(inst, plan, path)
-    result = comparing.compare(inst, obj.limits(), names, time_limit_s=limit_s, seed=seed,
+    result = comparing.compare(inst, obj.limits(), names, time_limit_s=limit_s, seed=seed, work_limit=work,
                                fix=solving.job_fix(inst, parse_fix(fix)),
                                plans=[(Path(path).name, plan) for path, plan in given])
     doc = result.to_dict()
@@ -646,15 +677,14 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
         raise InternalError("a plan beats a proven bound: " + "; ".join(result.violations))
 
 
-def _compare_suite(suite_spec, random_cases, max_gpus, seed, planner_list, max_solve_time, workers, executor,
-                   address, results, out, report, json_out) -> None:
+def _compare_suite(suite_spec, random_cases, max_gpus, seed, planner_list, max_solve_time, work_limit, workers,
+                   executor, address, results, out, report, json_out) -> None:
     """compare --suite / --random: every case, streamed to --results; summary, JSON, CSV, HTML."""
     from milp_plan import planners as registry
     from milp_plan import suite as suites
     from milp_plan import suite_report
     from milp_plan.errors import InputError, InternalError
     from milp_plan.fileio import check_output, write_atomic
-    from milp_plan.units import parse_duration_s
     if suite_spec is not None and random_cases is not None:
         raise InputError("give --suite or --random, not both", field="suite")
     the_suite = suites.load_suite(suite_spec) if suite_spec is not None else \
@@ -666,8 +696,9 @@ def _compare_suite(suite_spec, random_cases, max_gpus, seed, planner_list, max_s
         raise InputError("give each planner once, e.g. cpsat,warm-start", field="planners")
     for name in names:
         registry.get(name)
-    limit_s = parse_duration_s(max_solve_time or the_suite.max_solve_time or DEFAULT_MAX_SOLVE_TIME,
-                               field="max-solve-time")
+    limit_s, work = _compare_limits(max_solve_time, work_limit, names, the_suite)
+    from milp_plan.compare import check_work_limit
+    check_work_limit(names, work)
     json_path = out if out.endswith(".json") else out + ".json"
     csv_path = json_path[:-5] + ".csv"
     for path in (json_path, csv_path) + ((report,) if report else ()):
@@ -683,14 +714,15 @@ def _compare_suite(suite_spec, random_cases, max_gpus, seed, planner_list, max_s
     from milp_plan import deadline
     with deadline.handle_signals():
         run = suites.run_suite(the_suite, names, limit_s, seed=seed, workers=workers, executor=executor,
-                               address=address, results=results, progress=show)
+                               address=address, results=results, progress=show, work_limit=work)
     if deadline.interrupted():
         name, code = _signal_name()
         kept = f"; {len(run.records)} finished cases are in {results}: rerun to resume" if results else ""
         raise Interrupted(f"interrupted by {name} during the suite; {json_path} left unchanged{kept}", code)
     summary = suite_report.summarise(run.records)
     meta = {"suite": the_suite.name, "cases": len(the_suite.cases), "planners": ", ".join(names),
-            "max solve time per planner (s)": limit_s, "seed": seed, "executor": executor, "workers": workers}
+            "max solve time per planner (s)": limit_s, "work limit per planner": work, "seed": seed,
+            "executor": executor, "workers": workers}
     doc = {"meta": meta, "summary": summary, "records": run.records}
     write_atomic(json_path, json.dumps(doc, indent=2) + "\n")
     write_atomic(csv_path, suite_report.rows_csv(run.records))

@@ -9,6 +9,23 @@
 * `run_native(fn, stop)`: runs a call that does not return to Python until it is done (a
   native solver) in a worker thread, so that the main thread keeps receiving signals, and
   calls `stop()` when one arrives.
+
+Deterministic work (`--work-limit`). A wall-clock limit makes a search that stops early
+depend on the machine and its load. A Deadline may instead (or also) carry a budget of work
+units: every search charges what it does (`charge`), and `expired()` reads the meter, so the
+same inputs, seed and work limit give the same answer on any machine. One unit is about one
+second of one core of the reference machine (2 shared cores of this project's CI machine):
+
+* CP-SAT charges its own deterministic time (`max_deterministic_time`, which is in about
+  seconds); HiGHS and CBC have no deterministic measure and refuse a work limit;
+* the Python side charges a fixed amount per operation (`WORK`): a config's bound, a
+  per-config model built, a heuristic's step (a layer partition, a state it rejects), a plan
+  built and scored by the cost model. Enumerating the configs is not charged.
+
+The amounts are a least-squares fit of CPU time on 20 runs (5 planners x 4 instances) on the
+reference machine, where CP-SAT's deterministic time came out at 1.02 CPU seconds a unit;
+tests/benchmarks/bench_work.py runs them again and prints each run's CPU time, work and ratio
+(0.65-1.3 at the fit). They make work comparable across planners, not exact seconds.
 """
 from __future__ import annotations
 
@@ -16,6 +33,7 @@ import contextlib
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -117,32 +135,81 @@ def run_native(fn: Callable[[], T], stop: Callable[[], None]) -> T:
         return box["value"]  # type: ignore[return-value]
 
 
-class Deadline:
-    """A wall-clock budget of `seconds` from now (perf_counter). `expired()` is true once it has
-    run out or the command was interrupted."""
+@dataclass(frozen=True)
+class WorkCosts:
+    """Work units charged per operation (about seconds on the reference machine)."""
+    bound: float = 4e-4       # a config's or a family's lower bound (solvers/bounds.py)
+    model: float = 2e-2       # a per-config model built (formulations/pipeline.py) and handed to CP-SAT
+    step: float = 1e-4        # a heuristic step that builds no plan: a layer partition, a state rejected
+    plan: float = 3.7e-3      # a plan built and scored by the cost model (placement.build_plan)
 
-    def __init__(self, seconds: float, start: float | None = None) -> None:
+
+WORK = WorkCosts()
+
+
+class _Meter:
+    """The work a command has done, shared by a deadline and the deadlines cut from it."""
+    __slots__ = ("used",)
+
+    def __init__(self) -> None:
+        self.used = 0.0
+
+
+class Deadline:
+    """A budget from now: `seconds` of wall clock (perf_counter) and, optionally, `work` units
+    (see the module docstring). `expired()` is true once either has run out or the command
+    was interrupted."""
+
+    def __init__(self, seconds: float, start: float | None = None, work: float | None = None,
+                 meter: _Meter | None = None) -> None:
         self.seconds = float(seconds)
         self.start = time.perf_counter() if start is None else start
         self.end = self.start + self.seconds
+        self.meter = meter or _Meter()
+        self.work = None if work is None else float(work)
+        self.work_start = self.meter.used
+        self.work_end = None if work is None else self.work_start + self.work
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
+    def charge(self, units: float) -> None:
+        """Count `units` of work done (on the meter this deadline shares with its parts)."""
+        self.meter.used += units
+
+    def work_used(self) -> float:
+        return self.meter.used - self.work_start
+
+    def work_left(self) -> float | None:
+        """Work units left, or None without a work limit."""
+        if self.work_end is None:
+            return None
+        return 0.0 if _signal is not None else max(0.0, self.work_end - self.meter.used)
+
     def left(self) -> float:
+        """Wall-clock seconds left (whatever the work left: a native solver given both limits
+        must stop on the work, or the wall clock would decide where it stops)."""
         return 0.0 if _signal is not None else max(0.0, self.end - time.perf_counter())
 
     def expired(self) -> bool:
-        return _signal is not None or time.perf_counter() >= self.end
+        return (_signal is not None or (self.work_end is not None and self.meter.used >= self.work_end)
+                or time.perf_counter() >= self.end)
 
-    def share(self, fraction: float) -> "Deadline":
-        """A deadline at `fraction` of the time left (never past this one)."""
-        return Deadline(fraction * self.left())
+    def mark(self) -> tuple[float, float]:
+        """Now, to measure a step's share of the budget with `spent(since=...)`."""
+        return time.perf_counter(), self.meter.used
 
-    def within(self, seconds: float) -> "Deadline":
-        """A deadline `seconds` from now or this one's end, whichever comes first."""
-        return Deadline(min(seconds, self.left()))
+    def spent(self, since: tuple[float, float] | None = None) -> float:
+        """The share of the budget used (since `mark()` when given): the larger of the wall
+        clock's and the work's."""
+        t0, w0 = since or (self.start, self.work_start)
+        share = (time.perf_counter() - t0) / self.seconds if self.seconds > 0 else 1.0
+        if self.work is not None:
+            share = max(share, (self.meter.used - w0) / self.work if self.work > 0 else 1.0)
+        return share
 
-
-def unbounded() -> Deadline:
-    return Deadline(float("inf"))
+    def part(self, fraction: float) -> "Deadline":
+        """A deadline of `fraction` of this one's budget (seconds and work) from now, never past
+        this one's end; its work counts on the same meter."""
+        work = None if self.work is None else min(fraction * self.work, self.work_left())
+        return Deadline(min(fraction * self.seconds, self.left()), work=work, meter=self.meter)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from milp_plan.deadline import Deadline
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance
 from milp_plan.job import Limits
@@ -39,7 +39,8 @@ from milp_plan.result import Progress, SolveResult, Status, objective_of
 
 class Planner(Protocol):
     name: str
-    proves: bool   # whether its `optimal` is a proof over the whole space
+    proves: bool          # whether its `optimal` is a proof over the whole space
+    deterministic: bool   # whether it honours a work limit (deadline.py): the same answer on any machine
 
     def plan(self, inst: Instance, limits: Limits, deadline: Deadline, *, fix: dict | None = None,
              seed: int = 1, workers: int = 1, progress: Callable[[Progress], None] | None = None,
@@ -67,16 +68,25 @@ class ExactPlanner:
     def name(self) -> str:
         return self.backend
 
+    @property
+    def deterministic(self) -> bool:
+        """CP-SAT measures its work (deterministic time); HiGHS and CBC have no such measure."""
+        return self.backend == "cpsat"
+
     def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
         from milp_plan.solvers.driver import solve
-        return solve(inst, limits, backend=self.backend, fix=fix, time_limit_s=deadline.seconds, seed=seed,
-                     workers=workers, mode=inst.objective.mode, progress=progress, prepared=prepared, dl=deadline)
+        if deadline.work is not None and not self.deterministic:
+            raise InputError(f"{self.backend} has no deterministic work measure; use cpsat with a work limit, "
+                             "or a wall-clock limit alone", field="work-limit")
+        return solve(inst, limits, backend=self.backend, fix=fix, seed=seed, workers=workers,
+                     mode=inst.objective.mode, progress=progress, prepared=prepared, dl=deadline)
 
 
 @dataclass(frozen=True)
 class BruteForcePlanner:
     name: str = "brute-force"
     proves: bool = True
+    deterministic: bool = True
 
     def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
         from milp_plan.solvers.bruteforce import solve
@@ -87,6 +97,7 @@ class BruteForcePlanner:
 class WarmStartPlanner:
     name: str = "warm-start"
     proves: bool = False
+    deterministic: bool = True
 
     def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
         """Every Megatron-mode config in the order of its cheap lower bound (the exact search's
@@ -101,6 +112,7 @@ class WarmStartPlanner:
             if deadline.expired():
                 break
             lb = config_lower_bound(prep.coef(i), limits, memory=False)
+            deadline.charge(WORK.bound)
             if lb is not None:
                 order.append((lb, i))
         order.sort()
@@ -120,6 +132,7 @@ class WarmStartPlanner:
 class AcesoPlanner:
     name: str = "aceso"
     proves: bool = False
+    deterministic: bool = True
     max_hops: int = 7
     trials: int = 3
 
@@ -150,6 +163,7 @@ def _node_sequence_result(name: str, out, limits: Limits, seed: int, deadline: D
 class FasopPlanner:
     name: str = "fasop"
     proves: bool = False
+    deterministic: bool = True
 
     def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
         """FASOP's exhaustive search (heuristics/fasop.py); deterministic, so the seed is only recorded."""
@@ -165,6 +179,7 @@ class FasopPlanner:
 class MetisPlanner:
     name: str = "metis"
     proves: bool = False
+    deterministic: bool = True
     scale_variance: float = 0.5   # Metis's defaults (heuristics/metis.py)
     max_permute_len: int = 4
 

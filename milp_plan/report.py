@@ -180,7 +180,8 @@ def render_plan(plan, inst=None, result=None) -> str:
         what = step if result.objective is None or result.objective == p.step_time_s else f"$/step ({step})"
         out.append(f"Solver {result.backend}: {result.status} for the {what}, objective {result.objective:.6g}, "
                    f"bound {bound}, gap "
-                   f"{gap}, {result.wall_time_s:.2f} s, seed {result.seed} ({result.configs_solved} of "
+                   f"{gap}, {result.wall_time_s:.2f} s ({result.work:.2f} work units), seed {result.seed} "
+                   f"({result.configs_solved} of "
                    f"{result.configs_total} configurations solved, {result.configs_pruned} pruned by bounds"
                    + (f"; {result.start} start {result.heuristic_objective:.6g})"
                       if result.heuristic_objective is not None else ")"))
@@ -235,7 +236,11 @@ def render_comparison(c) -> str:
                      "-" if r.simulated_step_s is None else f"{r.simulated_step_s:.4g}",
                      "-" if r.usd_per_hour is None else f"{r.usd_per_hour:.2f}",
                      "-" if r.gpus is None else r.gpus, "-" if r.valid is None else ("yes" if r.valid else "NO"),
-                     f"{r.search_s:.2f}"])
-    return (f"Objective {c.objective} ({unit}); {head}; each planner limited to {c.time_limit_s:g} s\n"
+                     f"{r.search_s:.2f}", f"{r.work:.2f}"])
+    limit = (f"{c.time_limit_s:g} s" if c.work_limit is None else
+             f"{c.work_limit:g} work units (deterministic)" + (f" and {c.time_limit_s:g} s" if c.time_limit_s < 86400
+                                                               else ""))
+    return (f"Objective {c.objective} ({unit}); {head}; each planner limited to {limit}\n"
             + table(["planner", "status", "objective", "gap", "step s", "simulated s", "$/h", "GPUs", "valid",
-                     "search s"], rows, right=[False, False, True, True, True, True, True, True, False, True]))
+                     "search s", "work"], rows,
+                    right=[False, False, True, True, True, True, True, True, False, True, True]))

@@ -47,6 +47,7 @@ class SolveResult:
     heuristic_objective: float | None = None   # the starting incumbent, before the exact search
     start: str = "heuristic"                   # where it came from: heuristic | Megatron-mode
     notes: list[str] = field(default_factory=list)
+    work: float = 0.0                          # work units spent (deadline.py), set by whoever ran it
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from milp_plan import planners
-from milp_plan.deadline import Deadline
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.errors import Infeasible, InputError
 from milp_plan.job import Limits
 from milp_plan.formulations.space import parse_fix, plan_fills
@@ -29,11 +29,16 @@ class SolveRequest:
     max_solve_time_s: float = 30.0
     seed: int = 1
     workers: int = 1
+    work_limit: float | None = None   # deterministic work units (deadline.py); None: wall clock only
+
+    def deadline(self) -> Deadline:
+        return Deadline(self.max_solve_time_s, work=self.work_limit)
 
 
 MAX_SEED = 2**31 - 1          # CP-SAT's and HiGHS's seeds are non-negative 32-bit integers
 MAX_WORKERS = 64
 MAX_SOLVE_TIME_S = 7 * 86400.0
+MAX_WORK = 7 * 86400.0        # work units (about seconds)
 
 
 def check_request(req: SolveRequest) -> None:
@@ -43,6 +48,16 @@ def check_request(req: SolveRequest) -> None:
     if not 0 < req.max_solve_time_s <= MAX_SOLVE_TIME_S:
         raise InputError(f"must be > 0 and at most {MAX_SOLVE_TIME_S / 86400:g} days, e.g. 30s",
                          field="max-solve-time")
+    if req.work_limit is not None:
+        if not 0 < req.work_limit <= MAX_WORK:
+            raise InputError(f"must be > 0 and at most {MAX_WORK:g} work units (about seconds), e.g. 30",
+                             field="work-limit")
+        if not planners.get(req.solver).deterministic:
+            raise InputError(f"{req.solver} has no deterministic work measure; use --solver cpsat (or a heuristic) "
+                             "with --work-limit, or --max-solve-time alone", field="work-limit")
+        if req.workers != 1:
+            raise InputError("a work limit is deterministic with one CP-SAT worker only; drop --workers",
+                             field="workers")
     if not 1 <= req.workers <= MAX_WORKERS:
         raise InputError(f"must be between 1 and {MAX_WORKERS} (1 is deterministic), got {req.workers}",
                          field="workers")
@@ -69,8 +84,10 @@ def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progres
     check_request(req)
     limits = limits or inst.objective.limits()
     fix = job_fix(inst, parse_fix(req.fix))
-    result = planners.get(req.solver).plan(inst, limits, Deadline(req.max_solve_time_s), fix=fix, seed=req.seed,
+    dl = req.deadline()
+    result = planners.get(req.solver).plan(inst, limits, dl, fix=fix, seed=req.seed,
                                            workers=req.workers, progress=progress, prepared=prepared)
+    result.work = dl.work_used()
     if result.plan is not None:  # the filled profile points it rests on (only with extrapolate=on)
         result.plan = result.plan.with_(profile_fills=plan_fills(inst, result.plan))
     return result
@@ -78,25 +95,28 @@ def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progres
 
 def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveResult) -> str:
     """Plain words, with numbers: which constraint makes the instance infeasible. The diagnosis
-    shares the command's --max-solve-time: it gets what the solve left (at least
-    MIN_DIAGNOSIS_S), so the whole command stays within the limit plus that floor."""
-    dl = Deadline(max(req.max_solve_time_s - result.wall_time_s, MIN_DIAGNOSIS_S))
+    shares the command's --max-solve-time (and --work-limit): it gets what the solve left (at
+    least MIN_DIAGNOSIS_S), so the whole command stays within the limit plus that floor."""
+    work = None if req.work_limit is None else max(req.work_limit - result.work, MIN_DIAGNOSIS_S)
+    dl = Deadline(max(req.max_solve_time_s - result.wall_time_s, MIN_DIAGNOSIS_S), work=work)
     if result.status == "timeout":
-        memory = _memory_diagnosis(inst, Deadline(min(MEMORY_DIAGNOSIS_S, dl.left())), only_if_short=True)
+        memory = _memory_diagnosis(inst, _memory_deadline(dl), only_if_short=True)
         if memory:
             return memory  # no time would help
-        return (f"no plan found within --max-solve-time {req.max_solve_time_s:g}s "
-                f"({result.configs_solved} of {result.configs_total} configurations examined); allow more time")
+        limit = (f"--max-solve-time {req.max_solve_time_s:g}s" if req.work_limit is None
+                 else f"--work-limit {req.work_limit:g}")
+        return (f"no plan found within {limit} ({result.configs_solved} of {result.configs_total} configurations "
+                "examined); allow more")
     relaxed = Limits("min-time")
     if limits != relaxed:
-        free = run(inst, _within(req, dl), relaxed)
+        free = _run_within(inst, req, dl, relaxed)
         if free.plan is not None:
             p = free.plan.predicted
             parts = []
             if limits.time_limit_s is not None and p.step_time_s > limits.time_limit_s:
                 parts.append(f"the fastest plan takes {format_duration(p.step_time_s)}/step, more than the "
                              f"--time-limit {format_duration(limits.time_limit_s)}/step")
-            cheapest = run(inst, _within(req, dl), Limits("min-cost"))
+            cheapest = _run_within(inst, req, dl, Limits("min-cost"))
             cp = cheapest.plan.predicted if cheapest.plan else p
             if limits.budget_usd_per_hour is not None:
                 rent = _least_rent(inst, req, limits, min(p.usd_per_hour, cp.usd_per_hour), dl)
@@ -110,12 +130,23 @@ def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveRes
             if limits.time_limit_s is not None and not parts:
                 parts.append("no plan meets all limits together")
             return "; ".join(parts) if parts else "no plan meets the limits"
-    return _memory_diagnosis(inst, Deadline(min(MEMORY_DIAGNOSIS_S, dl.left())))
+    return _memory_diagnosis(inst, _memory_deadline(dl))
 
 
-def _within(req: SolveRequest, dl: Deadline) -> SolveRequest:
-    """The request with its solve time cut to what the deadline has left."""
-    return SolveRequest(req.solver, req.fix, max(dl.left(), MIN_DIAGNOSIS_S / 10), req.seed, req.workers)
+def _run_within(inst: Instance, req: SolveRequest, dl: Deadline, limits: Limits) -> SolveResult:
+    """A solve of the diagnosis, within what its deadline `dl` has left (seconds and work), its
+    work charged to `dl`."""
+    work = None if dl.work is None else max(dl.work_left(), MIN_DIAGNOSIS_S / 10)
+    got = run(inst, SolveRequest(req.solver, req.fix, max(dl.left(), MIN_DIAGNOSIS_S / 10), req.seed, req.workers,
+                                 work), limits)
+    dl.charge(got.work)
+    return got
+
+
+def _memory_deadline(dl: Deadline) -> Deadline:
+    """The memory scan's: at most MEMORY_DIAGNOSIS_S (seconds, and work units under a work limit)."""
+    return Deadline(min(MEMORY_DIAGNOSIS_S, dl.left()), work=None if dl.work is None else MEMORY_DIAGNOSIS_S,
+                    meter=dl.meter)
 
 
 MEMORY_DIAGNOSIS_S = 10.0  # the memory scan gets at most this long (well under a second usually)
@@ -137,7 +168,7 @@ def _least_rent(inst: Instance, req: SolveRequest, limits: Limits, known: float,
         if hi - lo <= 0.01 * hi or dl.expired():
             break
         mid = (lo + hi) / 2
-        got = run(inst, _within(req, dl), Limits("min-time", limits.time_limit_s, mid, limits.budget_usd_per_step))
+        got = _run_within(inst, req, dl, Limits("min-time", limits.time_limit_s, mid, limits.budget_usd_per_step))
         if got.plan is not None:
             hi = got.plan.predicted.usd_per_hour
         elif got.status == "infeasible":
@@ -161,6 +192,8 @@ def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short:
         if dl is not None and dl.expired():
             complete = False
             break
+        if dl is not None:
+            dl.charge(WORK.bound)
         coef = Coefficients(inst, cfg, shared)
         n = math.ceil(inst.model.num_layers / cfg.pp)
         for k in range(len(coef.options)):

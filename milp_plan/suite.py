@@ -18,7 +18,7 @@ Suite YAML: `cases:` a list of mappings with cluster, model (a catalog name or a
 YAML), global_batch, objective ('min-time', 'min-time@60$/h', 'min-cost@1.2s/step') and
 optionally seq_length, mode, profiles, job (a job YAML: precision, flash attention, gradient
 dtype, ...; the case's global_batch and seq_length win) and name; a list in any of cluster, model, global_batch, objective, mode expands to every
-combination. `planners:` and `max_solve_time:` give defaults that flags override.
+combination. `planners:`, `max_solve_time:` and `work_limit:` give defaults that flags override.
 
 Runs stream into a results file (JSON lines: a header with the run's fingerprint, then one
 line per finished case), so an interrupted run resumes where it stopped (`run_suite`).
@@ -70,12 +70,16 @@ class Suite:
     cases: tuple[Case, ...]
     planners: tuple[str, ...] | None = None
     max_solve_time: str | None = None
+    work_limit: float | None = None
 
 
-def fingerprint(planners: Sequence[str], time_limit_s: float, seed: int) -> str:
-    """What a results file must match to be resumed: the planners, the limit and the seed (each
+def fingerprint(planners: Sequence[str], time_limit_s: float, seed: int, work_limit: float | None = None) -> str:
+    """What a results file must match to be resumed: the planners, the limits and the seed (each
     record carries its case, so a larger suite resumes from a smaller one's file)."""
-    doc = json.dumps({"planners": list(planners), "time_limit_s": time_limit_s, "seed": seed}, sort_keys=True)
+    key = {"planners": list(planners), "time_limit_s": time_limit_s, "seed": seed}
+    if work_limit is not None:  # absent otherwise, so that files written before work limits still resume
+        key["work_limit"] = work_limit
+    doc = json.dumps(key, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
@@ -103,10 +107,14 @@ def suite_from_mapping(data: Any, name: str, source: str, base: Path | None = No
     if not isinstance(data, Mapping) or not isinstance(data.get("cases"), list) or not data["cases"]:
         raise InputError("a suite needs 'cases:', a non-empty list of mappings (cluster, model, global_batch, "
                          "objective)", source=source, field="cases")
-    unknown = set(data) - {"name", "description", "cases", "planners", "max_solve_time"}
+    unknown = set(data) - {"name", "description", "cases", "planners", "max_solve_time", "work_limit"}
     if unknown:
         raise InputError(f"unknown field '{sorted(unknown)[0]}'; a suite has name, description, cases, planners, "
-                         "max_solve_time", source=source)
+                         "max_solve_time, work_limit", source=source)
+    work = data.get("work_limit")
+    if work is not None and (isinstance(work, bool) or not isinstance(work, (int, float)) or not 0 < work < 1e9):
+        raise InputError(f"work_limit must be a positive number of work units (about seconds), e.g. 30; got {work!r}",
+                         source=source, field="work_limit")
     cases: list[Case] = []
     for i, entry in enumerate(data["cases"]):
         cases += _expand(entry, f"cases[{i}]", source, base)
@@ -119,7 +127,8 @@ def suite_from_mapping(data: Any, name: str, source: str, base: Path | None = No
         raise InputError("planners must be a list of planner names, e.g. [cpsat, warm-start]", source=source,
                          field="planners")
     return Suite(str(data.get("name", name)), tuple(cases), None if planners is None else tuple(planners),
-                 None if data.get("max_solve_time") is None else str(data["max_solve_time"]))
+                 None if data.get("max_solve_time") is None else str(data["max_solve_time"]),
+                 None if work is None else float(work))
 
 
 _CASE_FIELDS = {"name", "cluster", "model", "global_batch", "objective", "seq_length", "mode", "profiles", "job"}
@@ -247,14 +256,16 @@ def build_case(case: Case):
     return build_instance(spec, objective, cluster=cluster)
 
 
-def run_case(case: Mapping[str, Any], planners: Sequence[str], time_limit_s: float, seed: int) -> dict[str, Any]:
+def run_case(case: Mapping[str, Any], planners: Sequence[str], time_limit_s: float, seed: int,
+             work_limit: float | None = None) -> dict[str, Any]:
     """One case, every planner: a JSON-ready record (what a worker sends back). Bad input of
     a case is recorded as its error, so one broken case does not stop a suite."""
     from milp_plan.compare import compare
     c = Case(**case)
     try:
         inst = build_case(c)
-        result = compare(inst, inst.objective.limits(), planners, time_limit_s=time_limit_s, seed=seed)
+        result = compare(inst, inst.objective.limits(), planners, time_limit_s=time_limit_s, seed=seed,
+                         work_limit=work_limit)
     except InputError as exc:
         return {"case": c.name, "spec": c.to_dict(), "error": str(exc), "rows": []}
     doc = result.to_dict()
@@ -271,6 +282,7 @@ class SuiteRun:
     planners: tuple[str, ...]
     time_limit_s: float
     seed: int
+    work_limit: float | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     resumed: int = 0      # cases read back from the results file
     ran: int = 0          # cases run now
@@ -291,7 +303,7 @@ def _read_results(path: Path, fingerprint: str, suite: Suite) -> dict[str, dict]
     except json.JSONDecodeError:
         header = {}
     if header.get("fingerprint") != fingerprint:
-        raise InputError("this results file comes from another planner list, time limit or seed; give a new "
+        raise InputError("this results file comes from another planner list, time or work limit, or seed; give a new "
                          "--results file or delete it to start over", source=str(path), field="results")
     specs = {c.name: c.to_dict() for c in suite.cases}
     for line in lines[1:]:
@@ -306,18 +318,23 @@ def _read_results(path: Path, fingerprint: str, suite: Suite) -> dict[str, dict]
 
 def run_suite(suite: Suite, planners: Sequence[str], time_limit_s: float, *, seed: int = 1, workers: int = 1,
               executor: str = "local", address: str | None = None, results: str | Path | None = None,
-              progress: Callable[[int, int, dict], None] | None = None) -> SuiteRun:
-    """Run every case not yet in `results` (JSON lines, appended as each case finishes)."""
+              progress: Callable[[int, int, dict], None] | None = None,
+              work_limit: float | None = None) -> SuiteRun:
+    """Run every case not yet in `results` (JSON lines, appended as each case finishes). With a
+    `work_limit` (compare.compare) the records are the same whatever the machine, its load,
+    the executor or the number of workers; only the measured search times differ."""
     if executor not in EXECUTORS:
         raise InputError(f"executor must be {' or '.join(EXECUTORS)}, got {executor!r}", field="executor")
     if workers < 1:
         raise InputError(f"--workers must be >= 1, got {workers}", field="workers")
     planners = tuple(planners)
-    mark = fingerprint(planners, time_limit_s, seed)
+    from milp_plan.compare import check_work_limit
+    check_work_limit(planners, work_limit)
+    mark = fingerprint(planners, time_limit_s, seed, work_limit)
     path = Path(results) if results else None
     done = _read_results(path, mark, suite) if path else {}
     todo = [c for c in suite.cases if c.name not in done]
-    run = SuiteRun(suite, planners, time_limit_s, seed, resumed=len(done))
+    run = SuiteRun(suite, planners, time_limit_s, seed, work_limit, resumed=len(done))
     out = None
     if path is not None:
         # written anew (atomically) with what was read back, so a line an interruption cut short goes
@@ -342,7 +359,7 @@ def run_suite(suite: Suite, planners: Sequence[str], time_limit_s: float, *, see
         return True
     try:
         runner = _run_ray if executor == "ray" else _run_local
-        runner([c.to_dict() for c in todo], planners, time_limit_s, seed, workers, address, finished)
+        runner([c.to_dict() for c in todo], (planners, time_limit_s, seed, work_limit), workers, address, finished)
     finally:
         if out is not None:
             out.close()
@@ -350,17 +367,18 @@ def run_suite(suite: Suite, planners: Sequence[str], time_limit_s: float, *, see
     return run
 
 
-def _run_local(cases: list[dict], planners, time_limit_s, seed, workers, address, finished) -> None:
+def _run_local(cases: list[dict], args: tuple, workers, address, finished) -> None:
+    """`args`: run_case's arguments after the case (planners, time limit, seed, work limit)."""
     if address:
         raise InputError("--address names a Ray cluster; use it with --executor ray", field="address")
     if workers == 1:
         for case in cases:
-            if not finished(run_case(case, planners, time_limit_s, seed)):
+            if not finished(run_case(case, *args)):
                 return
         return
     pool = ProcessPoolExecutor(max_workers=workers)
     try:
-        pending = {pool.submit(run_case, case, planners, time_limit_s, seed) for case in cases}
+        pending = {pool.submit(run_case, case, *args) for case in cases}
         while pending and not deadline.interrupted():
             ready, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             for fut in ready:  # records go back into suite order at the end
@@ -375,7 +393,7 @@ def _run_local(cases: list[dict], planners, time_limit_s, seed, workers, address
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_ray(cases: list[dict], planners, time_limit_s, seed, workers, address, finished) -> None:
+def _run_ray(cases: list[dict], args: tuple, workers, address, finished) -> None:
     try:
         import ray
     except ImportError:
@@ -386,7 +404,7 @@ def _run_ray(cases: list[dict], planners, time_limit_s, seed, workers, address, 
                  log_to_driver=False, configure_logging=False)
     try:
         task = ray.remote(num_cpus=1)(run_case)
-        pending = [task.remote(case, planners, time_limit_s, seed) for case in cases]
+        pending = [task.remote(case, *args) for case in cases]
         while pending and not deadline.interrupted():
             ready, pending = ray.wait(pending, num_returns=1, timeout=0.2)
             for ref in ready:

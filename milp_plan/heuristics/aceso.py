@@ -61,7 +61,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from milp_plan import costmodel
-from milp_plan.deadline import Deadline
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.errors import InputError
 from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.placement import build_plan
@@ -255,10 +255,13 @@ def realise(sx: Search, state: State) -> Plan | None:
     plan = None
     if valid(sx, state):
         plan = _build(sx, state)
+        sx.deadline.charge(WORK.plan)
         sx.evaluated += 1
         if (sx.limits.admit(plan) and in_exact_space(sx.inst, state)
                 and (sx.best is None or objective_of(plan, sx.limits) < objective_of(sx.best, sx.limits))):
             sx.best = plan
+    else:
+        sx.deadline.charge(WORK.step)
     sx.plans[state] = plan
     return plan
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from milp_plan import costmodel
-from milp_plan.deadline import Deadline
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.errors import InputError
 from milp_plan.formulations.space import LIST_KEYS, micro_batch_sizes, placement, tp_sizes
 from milp_plan.heuristics import aceso
@@ -217,6 +217,7 @@ def search(inst: Instance, limits: Limits, deadline: Deadline, fix: dict | None 
                     if deadline.expired():
                         return Outcome(sx.best, sx.evaluated, skipped, done, total)
                     layers = minmax_partition(L, pp, stage_time_fn(inst, types, tp, mbs))
+                    deadline.charge(WORK.step)
                     if layers is not None:
                         aceso.realise(sx, State(mbs * dp, tuple(StageState(k, tp, dp, n)
                                                                 for k, n in zip(types, layers))))

@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from milp_plan import costmodel
-from milp_plan.deadline import Deadline
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.errors import InputError
 from milp_plan.formulations.space import (FREE_SP_REFUSAL, covered, micro_batch_sizes, placement,
                                           recompute_choices, tp_sizes)
@@ -369,6 +369,7 @@ def greedy_strategies(sx: Search, samples: int, types: Sequence[int], groups: Se
     while strategy is not None and not sx.deadline.expired():
         if strategy_ok(sx, samples, types, strategy):
             got = balance(sx, samples, types, strategy)
+            sx.deadline.charge(WORK.step)
             if got.layers is not None:
                 aceso.realise(sx, _state(samples, types, strategy, got.layers))
                 if got.attempts == 1:
@@ -398,6 +399,7 @@ def search(inst: Instance, limits: Limits, deadline: Deadline, fix: dict | None 
                            else device_groups(gpus, stages, variance, max_permute_len)):
                 if deadline.expired():
                     return Outcome(sx.best, sx.evaluated, skipped, outside, done, total)
+                deadline.charge(WORK.step)
                 types = group_types(inst, seq, groups)
                 if isinstance(types, str):
                     skipped += types == MIXED

@@ -24,7 +24,7 @@ import bisect
 
 from typing import Sequence
 
-from milp_plan.deadline import Deadline
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.formulations.placement import build_plan
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.space import matches_pins
@@ -114,6 +114,8 @@ def candidates(coef: Coefficients, dl: Deadline | None = None) -> list[Candidate
             if dl is not None and dl.expired():
                 return out
             layers = partition(coef, types, r)
+            if dl is not None:
+                dl.charge(WORK.step)
             if layers is not None:
                 out.append((types, layers, (r,) * len(types)))
                 break
@@ -126,6 +128,8 @@ def best_plan(coef: Coefficients, limits: Limits, dl: Deadline | None = None) ->
     best = None
     for opts, layers, rs in candidates(coef, dl):
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+        if dl is not None:
+            dl.charge(WORK.plan)
         if limits.admit(plan) and matches_pins(coef.inst, coef.pins, plan):
             key = objective_of(plan, limits)
             if best is None or key < best[0]:

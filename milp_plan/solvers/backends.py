@@ -1,7 +1,8 @@
 """Backend adapters: the same PipelineModel built into CP-SAT (OR-Tools) or a PuLP MILP
 (HiGHS through highspy, CBC through PuLP's bundled binary), and run with a time limit,
 a seed and optional hints. Each run returns a BackendRun with the status mapped to
-optimal | feasible | infeasible | timeout.
+optimal | feasible | infeasible | timeout. CP-SAT also takes a deterministic work limit (its
+`max_deterministic_time`) and reports the work spent; HiGHS and CBC have no such measure.
 
 Interrupts: CP-SAT and HiGHS run in a worker thread (deadline.run_native) so that SIGINT /
 SIGTERM reach Python at once and stop them (CpSolver.stop_search, Highs.cancelSolve); CP-SAT's
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from milp_plan import deadline
+from milp_plan.errors import InputError
 
 BACKENDS = ("cpsat", "highs", "cbc")
 
@@ -37,6 +39,7 @@ class BackendRun:
     bound: float | None              # raw model units
     value: Callable[[Any], float] | None
     wall_time_s: float
+    work: float = 0.0                # work units spent (deadline.py): CP-SAT's deterministic time
 
 
 @functools.cache
@@ -82,10 +85,12 @@ class CpsatBackend:
         self.model.add_hint(var, int(value))
 
     def solve(self, time_limit_s: float, seed: int, workers: int = 1,
-              on_progress: Callable[[float, float], None] | None = None) -> BackendRun:
+              on_progress: Callable[[float, float], None] | None = None, work: float | None = None) -> BackendRun:
         solver = self.cp.CpSolver()
         p = solver.parameters
         p.max_time_in_seconds = max(0.01, time_limit_s)
+        if work is not None:
+            p.max_deterministic_time = max(1e-3, work)
         p.random_seed = seed
         p.num_workers = workers
         p.catch_sigint_signal = False  # SIGINT goes to Python (deadline.handle_signals), which stops us
@@ -98,15 +103,16 @@ class CpsatBackend:
         t0 = time.perf_counter()
         status = deadline.run_native(lambda: solver.solve(self.model, cb) if cb else solver.solve(self.model),
                                      solver.stop_search)
-        wall = time.perf_counter() - t0
+        wall, work = time.perf_counter() - t0, solver.deterministic_time
         cp = self.cp
         if status == cp.OPTIMAL:
-            return BackendRun("optimal", solver.objective_value, solver.objective_value, solver.value, wall)
+            return BackendRun("optimal", solver.objective_value, solver.objective_value, solver.value, wall, work)
         if status == cp.FEASIBLE:
-            return BackendRun("feasible", solver.objective_value, solver.best_objective_bound, solver.value, wall)
+            return BackendRun("feasible", solver.objective_value, solver.best_objective_bound, solver.value, wall,
+                              work)
         if status == cp.INFEASIBLE:
-            return BackendRun("infeasible", None, None, None, wall)
-        return BackendRun("timeout", None, None, None, wall)
+            return BackendRun("infeasible", None, None, None, wall, work)
+        return BackendRun("timeout", None, None, None, wall, work)
 
 
 class PulpBackend:
@@ -153,7 +159,10 @@ class PulpBackend:
         var.setInitialValue(int(value))
 
     def solve(self, time_limit_s: float, seed: int, workers: int = 1,
-              on_progress: Callable[[float, float], None] | None = None) -> BackendRun:
+              on_progress: Callable[[float, float], None] | None = None, work: float | None = None) -> BackendRun:
+        if work is not None:  # planners.ExactPlanner refuses a work limit first; this is the backstop
+            raise InputError(f"{self.name} has no deterministic work measure; use --solver cpsat with "
+                             "--work-limit, or --max-solve-time", field="work-limit")
         pulp = self.pulp
         limit = max(0.05, time_limit_s)
         if self.name == "highs":

@@ -21,9 +21,11 @@ incumbent, and each such config's model gets its plan as a hint. A short
 solve (FREE_BASE_SHARE of the time limit) gives the first incumbent, a free plan too.
 
 Deadline (milp_plan/deadline.py): one Deadline bounds the whole search, enumeration,
-bounding, warm start and each backend run, and ends it at once on SIGINT/SIGTERM. The
-cheap bounding stops at BOUNDING_SHARE of the limit; configs it did not reach go on the
-heap with bound 0 and are bounded when popped, so the search stays exact.
+bounding, warm start and each backend run, and ends it at once on SIGINT/SIGTERM. Its budget
+is wall-clock seconds, work units (--work-limit: each bound, model, plan and CP-SAT run is
+charged, so a search cut short ends at the same point on any machine), or both. The cheap
+bounding stops at BOUNDING_SHARE of the budget; configs it did not reach go on the heap with
+bound 0 and are bounded when popped, so the search stays exact.
 
 Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 (solvers/bounds.py).
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from milp_plan import check, predict
-from milp_plan.deadline import Deadline, interrupted
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.errors import InputError, InternalError
 from milp_plan.formulations.placement import build_plan
 from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
@@ -162,7 +164,7 @@ def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
 
 
 def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: float | None,
-                  hint: heuristic.Candidate | None, time_s: float, seed: int, workers: int,
+                  hint: heuristic.Candidate | None, dl: Deadline, seed: int, workers: int,
                   lb: float) -> tuple[Plan | None, float | None]:
     """Solve one complete config's per-stage model (objective <= cutoff when given). The model
     is a relaxation of the cost model (pipeline.md, "Rounding"): each plan it returns is
@@ -171,16 +173,18 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
     "add_paths"); a plan over a limit or memory is cut off and solved again (at most MAX_CUTS
     times); and its objective must agree with the model's within the rounding.
     Returns the admitted plan or None, and the bound the config leaves (None when proven
-    empty: "infeasible" under the cutoff means no plan of this config beats the incumbent)."""
+    empty: "infeasible" under the cutoff means no plan of this config beats the incumbent).
+    Every backend run gets what the deadline `dl` has left, in seconds and in work."""
     be = make_backend(backend)
     model = PipelineModel(coef, limits, be, cutoff=cutoff)
     model.build()
+    dl.charge(WORK.model)
     if hint is not None:
         model.hint(*hint)
-    deadline = time.perf_counter() + time_s
     bound, cuts, paths = lb, 0, 0
     while True:
-        run = be.solve(deadline - time.perf_counter(), seed, workers)
+        run = be.solve(dl.left(), seed, workers, work=dl.work_left())
+        dl.charge(run.work)
         if run.status == "infeasible":
             return None, None
         if run.status == "timeout":
@@ -189,6 +193,7 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
             bound = max(bound, model.objective_in_units(run.bound))
         opts, layers, rs = model.extract(run.value)
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+        dl.charge(WORK.plan)
         _require_valid(coef.inst, plan, backend, coef.cfg, coef.pins)
         if model.simulated and model.step_short(run.value(model.v.step), plan, opts, layers, rs):
             # the model's paths miss this plan's critical path: add it (for every config like this one)
@@ -198,7 +203,7 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
                                     f"{plan.predicted.step_time_s:.9g} s though it holds the plan's critical path")
             predict.learn_path(coef.paths(), path)
             paths += 1
-            if paths > MAX_PATHS or time.perf_counter() >= deadline or interrupted():
+            if paths > MAX_PATHS or dl.expired():
                 # out of rounds: the plan is still a plan (its objective is the cost model's),
                 # and the config stays open at its proven bound
                 return (plan if limits.admit(plan) else None), bound
@@ -216,7 +221,7 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
             raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
         model.add_no_good(opts, layers, rs)
         cuts += 1
-        if cuts > MAX_CUTS or time.perf_counter() >= deadline or interrupted():
+        if cuts > MAX_CUTS or dl.expired():
             break
     return None, bound
 
@@ -228,11 +233,11 @@ class _Heap:
     popped; kind 2 the same at the weak family bound (or at 0, cut from the cheap bounding by the
     time limit), tightened when popped. A sorted list is a heap."""
 
-    def __init__(self, prepared: Prepared, limits: Limits, entries: list):
-        self.prepared, self.limits, self.entries = prepared, limits, entries
+    def __init__(self, prepared: Prepared, limits: Limits, entries: list, dl: Deadline):
+        self.prepared, self.limits, self.entries, self.dl = prepared, limits, entries, dl
 
     def copy(self) -> "_Heap":
-        return _Heap(self.prepared, self.limits, list(self.entries))
+        return _Heap(self.prepared, self.limits, list(self.entries), self.dl)
 
     def push(self, entry: tuple) -> None:
         heapq.heappush(self.entries, entry)
@@ -249,7 +254,10 @@ class _Heap:
         own cheap bound and the family's), until it is a config."""
         prep, heap = self.prepared, self.entries
         while heap[0][2] >= 1:
+            if self.dl.expired():
+                return None  # the families stay in the heap at their bounds
             flb, cfg, kind, members = heapq.heappop(heap)
+            self.dl.charge(WORK.bound * (1 if kind == 2 else len(members)))
             if kind == 2:  # a weakly bounded family: tighten (the bottleneck bound) and push it back
                 lb = family_lower_bound(prep.coef(members[0]), self.limits, [prep.configs[i] for i in members])
                 if lb is not None:
@@ -268,8 +276,9 @@ class _Heap:
         return lb, cfg, coef
 
     def pop_config(self) -> tuple[float, Config, Coefficients] | None:
-        """The config of least bound, or None when the heap holds only families without a plan."""
-        while self.entries:
+        """The config of least bound, or None when the heap holds only families without a plan
+        or the deadline stops the opening of families (what is left keeps its bounds)."""
+        while self.entries and not self.dl.expired():
             got = self._opened()
             if got is not None:
                 return got
@@ -282,10 +291,11 @@ def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline) -> tuple[lis
     bounded, later = [], []
     families = prepared.families()
     for f, members in enumerate(families):
-        if f % 16 == 0 and (dl.expired() or dl.elapsed() > BOUNDING_SHARE * dl.seconds):
+        if f % 16 == 0 and (dl.expired() or dl.spent() > BOUNDING_SHARE):
             later = [(0.0, prepared.configs[ms[0]], 2, ms) for ms in families[f:]]  # the heuristic gets the rest
             break
         head = prepared.coef(members[0])
+        dl.charge(WORK.bound)
         if len(members) == 1:
             lb = config_lower_bound(head, limits, memory=False)
             if lb is not None:
@@ -310,12 +320,11 @@ class Incumbent:
             self.plan, self.objective = plan, objective_of(plan, limits)
 
 
-def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline,
-                    time_limit_s: float) -> Incumbent:
+def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline) -> Incumbent:
     """Megatron mode's first step: the heuristic's plans of the configs of least bound,
     HEURISTIC_CONFIGS of them, or on until the first plan (so that a short limit returns one),
-    within HEURISTIC_SHARE of the limit and the deadline. It looks ahead on a copy of the heap."""
-    inc, ahead, h0 = Incumbent(), heap.copy(), time.perf_counter()
+    within HEURISTIC_SHARE of the budget and the deadline. It looks ahead on a copy of the heap."""
+    inc, ahead, h0 = Incumbent(), heap.copy(), dl.mark()
     for tried in range(HEURISTIC_MAX_CONFIGS):
         got = ahead.pop_config()
         if got is None:
@@ -323,8 +332,7 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline,
         lb, cfg, coef = got
         if lb >= inc.objective * (1 - REL_EPS):
             break
-        if inc.plan is not None and (tried >= HEURISTIC_CONFIGS or time.perf_counter() - h0 > HEURISTIC_SHARE
-                                     * time_limit_s):
+        if inc.plan is not None and (tried >= HEURISTIC_CONFIGS or dl.spent(since=h0) > HEURISTIC_SHARE):
             break
         if dl.expired():
             break
@@ -338,13 +346,13 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline,
 
 
 def megatron_mode_start(inst: Instance, limits: Limits, prepared: Prepared, backend: str, seed: int,
-                        workers: int, dl: Deadline, time_limit_s: float) -> Incumbent:
+                        workers: int, dl: Deadline) -> Incumbent:
     """Free mode's first step: the Megatron-mode optimum (a free plan too: uniform options)
     within FREE_BASE_SHARE of the limit."""
     inc = Incumbent()
-    sub = solve(inst, limits, backend=backend, time_limit_s=FREE_BASE_SHARE * time_limit_s, seed=seed,
+    sub = solve(inst, limits, backend=backend, seed=seed,
                 workers=workers, mode="megatron", prepared=prepared.base,
-                dl=dl.within(FREE_BASE_SHARE * time_limit_s))
+                dl=dl.part(FREE_BASE_SHARE))
     if sub.plan is not None:
         inc.offer(sub.plan.with_(mode=prepared.mode, solver=None), limits)
     return inc
@@ -366,10 +374,10 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     bounded, later = _cheap_bounds(prepared, limits, dl)
     if prepared.base is not None:
         start = "Megatron-mode"
-        inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl, time_limit_s)
+        inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
     else:
         start = "heuristic"
-        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded), dl, time_limit_s)
+        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl), dl)
     heuristic_obj = inc.objective if inc.plan is not None else None
     warm = inc.plan if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
     # the deadline cut the enumeration short: bound 0 stays open
@@ -377,7 +385,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     solved = pruned = 0
     # Best-first over the configs: a free config with open stage sizes is expanded when it is
     # popped (its children inherit its bound), a complete one is solved.
-    heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]))
+    heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]), dl)
     total = len(prepared.configs)  # and, in free mode, every child made
 
     def report() -> None:
@@ -390,18 +398,19 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         if heap.least() >= inc.objective * (1 - REL_EPS):
             pruned += heap.count()
             break
-        left = dl.left()
-        if left <= 0:
+        if dl.expired():
             open_bounds += [e[0] for e in heap.entries]
             break
         got = heap.pop_config()
         if got is None:
+            open_bounds += [e[0] for e in heap.entries]  # none unless the deadline stopped it
             break
         lb, cfg, coef = got
         if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
             heap.push((lb, cfg, 0, coef))
             continue
         full_lb = config_lower_bound(coef, limits, memory=True)
+        dl.charge(WORK.bound)
         if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
             continue  # no plan fits in memory, or none can beat the incumbent
         lb = max(lb, full_lb)
@@ -409,13 +418,14 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             for kid in prepared.children(coef):
                 # a kid with open sizes inherits this bound until it is popped
                 kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
+                dl.charge(WORK.bound)
                 if kid_lb is not None:
                     heap.push((max(lb, kid_lb), kid.cfg, 0, kid))
                     total += 1
             continue
         hint = inc.hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
         plan, open_lb = _solve_config(coef, limits, backend, inc.objective if inc.plan is not None else None, hint,
-                                      left, seed, workers, lb)
+                                      dl, seed, workers, lb)
         solved += 1
         if plan is not None:
             inc.offer(plan, limits)
