@@ -29,7 +29,7 @@ def _usage_name(self) -> str:
 typer.core.TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 
 DEFAULT_MAX_SOLVE_TIME = "30s"   # the search limit (wall clock) unless a flag or a suite file says otherwise
-DEFAULT_WORK_LIMIT = 30.0        # compare's limit per planner (work units) when every planner measures work
+DEFAULT_WORK_LIMIT = 30.0        # the search limit (work units) when no limit is given and the planners measure work
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Plan parallel Transformer training on heterogeneous, rented GPU clusters.")
@@ -68,9 +68,10 @@ TimeLimitOpt = Annotated[Optional[str], typer.Option(
 BudgetOpt = Annotated[Optional[str], typer.Option(help="Budget, e.g. 40$/h or 0.02$/step.")]
 SeedOpt = Annotated[int, typer.Option(help="Solver seed, 0 to 2147483647.")]
 WorkLimitOpt = Annotated[Optional[float], typer.Option(
-    "--work-limit", help="Deterministic search limit in work units (about seconds on the reference machine): the "
-                         "same answer on any machine and load. cpsat and the heuristics; not highs or cbc. With it, "
-                         "--max-solve-time is only a wall-clock guard (default: none).")]
+    "--work-limit", help="Deterministic search limit in work units (about CPU seconds on the reference machine): "
+                         "the same answer on any machine and load. cpsat and the heuristics; not highs or cbc. "
+                         "Default: 30 when no --max-solve-time is given. With it, --max-solve-time is only a "
+                         "wall-clock guard (default: none).")]
 
 
 def _version(value: bool) -> None:
@@ -170,8 +171,9 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                    "aceso (Aceso-style bottleneck alleviation) | fasop (FASOP-style enumeration) | metis "
                    "(Metis-style device groups); the last three prove no bound.")] = "auto",
           max_solve_time: Annotated[Optional[str], typer.Option(
-              "--max-solve-time", help="Bound on the search (wall clock), e.g. 30s. Default: 30s, or none "
-                                       "with --work-limit.")] = None,
+              "--max-solve-time", help="Bound on the search in wall-clock time, e.g. 30s (the answer then "
+                                       "depends on the machine's speed and load). Default: none, the "
+                                       "--work-limit applies; 30s for highs and cbc.")] = None,
           work_limit: WorkLimitOpt = None,
           seed: SeedOpt = 1,
           workers: Annotated[int, typer.Option(
@@ -210,6 +212,10 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                     field="time-limit"), budget=None if budget is None else parse_money(budget), mode=mode)
     from milp_plan.formulations.space import with_space_options
     fix = with_space_options(fix, extrapolate, max_tp, max_micro_batch)
+    from milp_plan import planners as registry
+    if max_solve_time is None and work_limit is None and workers == 1 and solver in solving.SOLVERS \
+            and registry.get(solver).deterministic:
+        work_limit = DEFAULT_WORK_LIMIT  # deterministic by default: the same plan.json on any machine
     req = solving.SolveRequest(solver, fix, _wall_limit(max_solve_time, work_limit), seed, workers, work_limit)
     solving.check_request(req)
     out = out or ("pareto.json" if objective == "pareto" else "plan.json")

@@ -103,10 +103,10 @@ def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveRes
         memory = _memory_diagnosis(inst, _memory_deadline(dl), only_if_short=True)
         if memory:
             return memory  # no time would help
-        limit = (f"--max-solve-time {req.max_solve_time_s:g}s" if req.work_limit is None
-                 else f"--work-limit {req.work_limit:g}")
+        limit, more = ((f"--max-solve-time {req.max_solve_time_s:g}s", "time") if req.work_limit is None
+                       else (f"--work-limit {req.work_limit:g}", "work"))
         return (f"no plan found within {limit} ({result.configs_solved} of {result.configs_total} configurations "
-                "examined); allow more")
+                f"examined); allow more {more}")
     relaxed = Limits("min-time")
     if limits != relaxed:
         free = _run_within(inst, req, dl, relaxed)

@@ -183,3 +183,24 @@ def test_a_suite_run_under_a_work_limit_is_the_same_in_two_processes(tmp_path):
         return [[{k: v for k, v in r.items() if k != "search_s"} for r in rec["rows"]] for rec in run.records]
     assert strip(one) == strip(two)
     assert Path(suite.shipped_suite_path()).read_text().count("work_limit: 30") == 1
+
+
+@pytest.mark.parametrize("flags, wall, work", [
+    ((), None, 30.0),                                   # the default: deterministic
+    (("--max-solve-time", "12s"), 12.0, None),          # wall clock only, as asked
+    (("--work-limit", "5", "--max-solve-time", "1h"), 3600.0, 5.0),  # work, with a guard
+    (("--solver", "highs"), 30.0, None),                # HiGHS cannot measure work: 30 s
+    (("--workers", "2"), 30.0, None),                   # nor can CP-SAT's parallel portfolio
+])
+def test_cli_solve_limits(tmp_path, capsys, monkeypatch, flags, wall, work):
+    from milp_plan import solve as solving
+    seen = []
+
+    def fake_run(inst, req, *a, **kw):
+        seen.append(req)
+        raise SystemExit(0)
+    monkeypatch.setattr(solving, "run", fake_run)
+    run_cli(capsys, "solve", "--out", str(tmp_path / "p.json"), *flags)
+    req = seen[0]
+    assert req.work_limit == work
+    assert req.max_solve_time_s == (solving.MAX_SOLVE_TIME_S if wall is None else wall)
