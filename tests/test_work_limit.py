@@ -60,6 +60,27 @@ def test_without_a_work_limit_the_meter_still_counts():
     assert dl.work_left() is None and dl.work_used() == 3.0 and not dl.expired()
 
 
+def test_cpsat_stops_on_its_deterministic_limit(inst):
+    """One config's model: solved to optimality it spends some deterministic time; given half
+    of that it stops, not proven, within the half (CP-SAT checks its limit often)."""
+    from milp_plan.formulations.pipeline import PipelineModel
+    from milp_plan.solvers.backends import make_backend
+    from milp_plan.solvers.driver import prepare
+    prep, limits = prepare(inst, None, "megatron"), inst.objective.limits()
+
+    def run(coef, work):
+        be = make_backend("cpsat")
+        PipelineModel(coef, limits, be, cutoff=None).build()
+        return be.solve(1e6, 1, 1, work=work)
+    for i in range(0, len(prep.configs), 50):  # the first model that takes CP-SAT a while
+        full = run(prep.coef(i), None)
+        if full.work > 5e-3:
+            break
+    assert full.status == "optimal" and full.work > 5e-3
+    cut = run(prep.coef(i), full.work / 2)
+    assert cut.status != "optimal" and cut.work <= full.work / 2 * 1.05
+
+
 # ---- the same answer on a slow machine -------------------------------------------------
 class Load:
     """A Python thread spinning for the GIL: the search runs about half as fast."""
