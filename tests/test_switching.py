@@ -1,0 +1,119 @@
+"""Hot switching across length buckets (milp_plan/formulations/switching.py): hand-derived
+optima, the wrap-around switch counted once per cycle, fills, the home layout, contiguity,
+and every backend against enumeration on random instances."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from milp_plan.errors import InputError
+from milp_plan.formulations.switching import SwitchingProblem, brute_force, solve, step_time
+from milp_plan.result import PROOF_TOL
+
+BACKENDS = ("cpsat", "highs", "cbc")
+A, B = 0, 1
+
+
+def two_strategies(time, fill=None, sigma=0.0, **kw):
+    n = len(time)
+    return SwitchingProblem(tuple(tuple(r) for r in time), tuple(tuple(r) for r in (fill or [[0, 0]] * n)),
+                            ((0, sigma), (sigma, 0)), **kw)
+
+
+def hotspa_hand(sigma):
+    """Buckets in step order: 10 sequences of length 1, then one of length 8. Strategy A (dp 2,
+    tp 1) holds rows of at most 4 tokens: short 10, long impossible; B (dp 1, tp 2): short 16,
+    long 8. pp 1: no fill.
+      short->A, long->B: 10 + 8 + sigma (A to B) + sigma (B to A, the next step)  = 18 + 2 sigma
+      all on B:          16 + 8                                                  = 24
+    sigma 2: 22 < 24, switching pays; sigma 4: 26 > 24, it does not (the break-even is 3)."""
+    return two_strategies([[10, 16], [None, 8]], sigma=sigma)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sigma, assignment, T", [(2, (A, B), 22), (4, (B, B), 24)])
+def test_hotspa_hand_instance(backend, sigma, assignment, T):
+    got = solve(hotspa_hand(sigma), backend)
+    assert got.status == "optimal" and got.assignment == assignment and got.step_time_s == pytest.approx(T)
+    assert brute_force(hotspa_hand(sigma)).step_time_s == T
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_wrap_around_switch_is_counted_once_per_cycle(backend):
+    """Three buckets: the first runs only on A (3), the last only on B (4), the middle on
+    either (A 5, B 6); sigma 10. Whatever the middle does, the cycle A..B..(next step) A
+    switches exactly twice: A,A,B: 3 + 5 + 4 + 10 (A to B) + 10 (B to A, wrap) = 32;
+    A,B,B: 3 + 6 + 4 + 20 = 33. No wrap would give 22, a wrap counted twice 42."""
+    p = two_strategies([[3, None], [5, 6], [None, 4]], sigma=10)
+    got = solve(p, backend)
+    assert got.assignment == (A, A, B) and got.step_time_s == pytest.approx(32) and got.switches == 2
+    assert step_time(p, (A, B, B)) == 33
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_strategy_pays_its_fill_once_at_its_longest_bucket(backend):
+    """Both buckets on B (A cannot run the second): fills 3 and 5 -> one fill of 5:
+    T = 1 + 1 + 5 = 7 (not 1 + 1 + 3 + 5 = 10). With A allowed for the first bucket at 1 and
+    fill 4, and no switch cost: A,B gives 1 + 1 + 4 + 5 = 11 > 7."""
+    p = two_strategies([[1, 1], [None, 1]], fill=[[4, 3], [0, 5]])
+    got = solve(p, backend)
+    assert got.assignment == (B, B) and got.step_time_s == pytest.approx(7)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_layout_leaves_room_for_the_home_optimizer_state(backend):
+    """The hand instance at sigma 2 prefers A,B (22). If A cannot hold B's optimizer state and
+    B cannot hold A's, two layouts cannot both run: all on B (24)."""
+    p = two_strategies([[10, 16], [None, 8]], sigma=2, room=((True, False), (False, True)))
+    got = solve(p, backend)
+    assert got.assignment == (B, B) and got.home == B and got.step_time_s == pytest.approx(24)
+    roomy = two_strategies([[10, 16], [None, 8]], sigma=2, room=((True, True), (False, True)))
+    got = solve(roomy, backend)  # A holds B's state: home B, A,B at 22
+    assert got.assignment == (A, B) and got.home == B and got.step_time_s == pytest.approx(22)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_contiguous_buckets(backend):
+    """Four buckets alternating in what is fastest (A 1/B 3, A 3/B 1, ...), sigma 0.5: free,
+    A,B,A,B costs 4 + 4 x 0.5 = 6; contiguous, one run per strategy: A,B,B,B or similar at
+    1+1+1+3 (or 1+1+3+1) + 2 x 0.5 = 7, or all on one strategy at 8."""
+    time = [[1, 3], [3, 1], [1, 3], [3, 1]]
+    assert solve(two_strategies(time, sigma=0.5), backend).step_time_s == pytest.approx(6)
+    got = solve(two_strategies(time, sigma=0.5, contiguous=True), backend)
+    assert got.step_time_s == pytest.approx(7) and got.switches == 2
+
+
+def random_problem(rng: random.Random) -> SwitchingProblem:
+    """2-4 buckets, 2-3 strategies; times and fills of a few seconds, some pairs impossible
+    (rows too long), asymmetric switch costs, sometimes a home constraint or contiguity."""
+    B, K = rng.randint(2, 4), rng.randint(2, 3)
+    time = tuple(tuple(None if rng.random() < 0.2 else round(rng.uniform(0.5, 5), 3) for _ in range(K))
+                 for _ in range(B))
+    fill = tuple(tuple(round(rng.uniform(0, 1), 3) for _ in range(K)) for _ in range(B))
+    switch = tuple(tuple(0.0 if i == j else round(rng.uniform(0, 2), 3) for j in range(K)) for i in range(K))
+    room = tuple(tuple(i == j or rng.random() < 0.7 for j in range(K)) for i in range(K)) \
+        if rng.random() < 0.4 else None
+    return SwitchingProblem(time, fill, switch, room, contiguous=rng.random() < 0.3)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_model_finds_the_enumerated_optimum(seed):
+    p = random_problem(random.Random(seed))
+    ref = brute_force(p)
+    backends = BACKENDS if seed < 8 else ("cpsat",)
+    for backend in backends:
+        got = solve(p, backend)
+        assert got.status == ref.status, backend
+        if ref.status == "optimal":
+            # the model's optimum is within its rounding of enumeration's, and it is a bound
+            assert got.step_time_s == pytest.approx(ref.step_time_s, rel=PROOF_TOL)
+            assert got.bound_s <= ref.step_time_s + 1e-12
+            assert step_time(p, got.assignment) == got.step_time_s
+
+
+def test_bad_problem_shapes_name_the_field():
+    with pytest.raises(InputError, match="fill must be buckets x strategies"):
+        SwitchingProblem(((1.0,),), ((0.0,), (0.0,)), ((0.0,),))
+    with pytest.raises(InputError, match="switch"):
+        SwitchingProblem(((1.0,),), ((0.0,),), ((1.0,),))
