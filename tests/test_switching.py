@@ -65,12 +65,21 @@ def test_a_strategy_pays_its_fill_once_at_its_longest_bucket(backend):
 def test_every_layout_leaves_room_for_the_home_optimizer_state(backend):
     """The hand instance at sigma 2 prefers A,B (22). If A cannot hold B's optimizer state and
     B cannot hold A's, two layouts cannot both run: all on B (24)."""
-    p = two_strategies([[10, 16], [None, 8]], sigma=2, room=((True, False), (False, True)))
+    p = two_strategies([[10, 16], [None, 8]], sigma=2, room=(((True, False), (False, True)),) * 2)
     got = solve(p, backend)
     assert got.assignment == (B, B) and got.home == B and got.step_time_s == pytest.approx(24)
-    roomy = two_strategies([[10, 16], [None, 8]], sigma=2, room=((True, True), (False, True)))
+    roomy = two_strategies([[10, 16], [None, 8]], sigma=2, room=(((True, True), (False, True)),) * 2)
     got = solve(roomy, backend)  # A holds B's state: home B, A,B at 22
     assert got.assignment == (A, B) and got.home == B and got.step_time_s == pytest.approx(22)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_home_layout_pays_the_once_a_step_work(backend):
+    """The hand instance at sigma 2 with the reduction and optimizer step once a step: 1 s in
+    A's layout, 5 s in B's. A,B may take either home: 22 + 1 = 23; all on B: 24 + 5 = 29."""
+    p = two_strategies([[10, 16], [None, 8]], sigma=2, home_time=(1.0, 5.0))
+    got = solve(p, backend)
+    assert got.assignment == (A, B) and got.home == A and got.step_time_s == pytest.approx(23)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -92,9 +101,10 @@ def random_problem(rng: random.Random) -> SwitchingProblem:
                  for _ in range(B))
     fill = tuple(tuple(round(rng.uniform(0, 1), 3) for _ in range(K)) for _ in range(B))
     switch = tuple(tuple(0.0 if i == j else round(rng.uniform(0, 2), 3) for j in range(K)) for i in range(K))
-    room = tuple(tuple(i == j or rng.random() < 0.7 for j in range(K)) for i in range(K)) \
+    room = tuple(tuple(tuple(i == j or rng.random() < 0.7 for j in range(K)) for i in range(K)) for _ in range(B)) \
         if rng.random() < 0.4 else None
-    return SwitchingProblem(time, fill, switch, room, contiguous=rng.random() < 0.3)
+    home = tuple(round(rng.uniform(0, 1), 3) for _ in range(K)) if rng.random() < 0.5 else None
+    return SwitchingProblem(time, fill, switch, room, contiguous=rng.random() < 0.3, home_time=home)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -109,7 +119,7 @@ def test_the_model_finds_the_enumerated_optimum(seed):
             # the model's optimum is within its rounding of enumeration's, and it is a bound
             assert got.step_time_s == pytest.approx(ref.step_time_s, rel=PROOF_TOL)
             assert got.bound_s <= ref.step_time_s + 1e-12
-            assert step_time(p, got.assignment) == got.step_time_s
+            assert step_time(p, got.assignment, got.home) == got.step_time_s
 
 
 def test_bad_problem_shapes_name_the_field():

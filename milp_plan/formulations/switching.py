@@ -12,20 +12,22 @@ Data (`SwitchingProblem`), all times in seconds:
                        at the longest (largest fill) of the buckets it runs
   switch[k][k2]        moving parameters and gradient accumulators from layout k to k2
                        (0 on the diagonal)
-  room[k][h]           optional: one used layout h is home, where the optimizer state lives
-                       (HotSPa: the longest bucket's); every used layout k must leave room
-                       for h's optimizer state (None: no such constraint)
+  home_time[h]         the gradient reduction and optimizer step, run once a step in the home
+                       layout h, one of the used layouts (HotSPa: the longest bucket's), where
+                       the optimizer state lives (default 0)
+  room[b][k][h]        optional: k running bucket b leaves room for home h's optimizer state
+                       (None: always)
   contiguous           each strategy runs one run of consecutive buckets (at most one entry)
 
 Step time T = sum_b time[b][x_b] + sum_k F_k + sum over the cycle's transitions of
-switch[x_b][x_{b+1}] (the last bucket to the first once: the next step starts over), with
-F_k = max{fill[b][k] : x_b = k} (0 for an unused k).
+switch[x_b][x_{b+1}] (the last bucket to the first once: the next step starts over)
++ home_time[h], with F_k = max{fill[b][k] : x_b = k} (0 for an unused k).
 
 The model (one function per constraint family, the names of switching.md) is an integer
 program on integer ticks: every coefficient is rounded down to TICK_S, so its optimum is a
 lower bound on the true optimum; the assignment it returns is evaluated exactly in seconds
 (`step_time`) and the gap between the two is reported (at most the rounding of the terms it
-sums: B + K + B ticks). `brute_force` enumerates every assignment (small instances) and is
+sums: B + K + B + 1 ticks). `brute_force` enumerates every assignment (small instances) and is
 the cross-check.
 """
 from __future__ import annotations
@@ -46,8 +48,9 @@ class SwitchingProblem:
     time: tuple[tuple[float | None, ...], ...]      # [bucket][strategy]
     fill: tuple[tuple[float, ...], ...]             # [bucket][strategy]
     switch: tuple[tuple[float, ...], ...]           # [strategy][strategy]
-    room: tuple[tuple[bool, ...], ...] | None = None  # [strategy k][home h]: k leaves room for h's state
+    room: tuple[tuple[tuple[bool, ...], ...], ...] | None = None  # [bucket][strategy][home]
     contiguous: bool = False
+    home_time: tuple[float, ...] | None = None      # [strategy]: once a step, in the home layout
 
     def __post_init__(self) -> None:
         B, K = len(self.time), len(self.switch)
@@ -58,8 +61,11 @@ class SwitchingProblem:
                 raise InputError(f"{what} must be buckets x strategies ({B} x {K})", field=what)
         if any(len(r) != K for r in self.switch) or any(self.switch[k][k] != 0 for k in range(K)):
             raise InputError("switch must be strategies x strategies with 0 on the diagonal", field="switch")
-        if self.room is not None and (len(self.room) != K or any(len(r) != K for r in self.room)):
-            raise InputError("room must be strategies x strategies", field="room")
+        if self.room is not None and (len(self.room) != B or any(len(r) != K or any(len(c) != K for c in r)
+                                                                  for r in self.room)):
+            raise InputError(f"room must be buckets x strategies x strategies ({B} x {K} x {K})", field="room")
+        if self.home_time is not None and len(self.home_time) != K:
+            raise InputError(f"home_time must have one entry a strategy ({K})", field="home_time")
 
     @property
     def buckets(self) -> int:
@@ -87,13 +93,16 @@ class Switching:
 
 
 # ---- the exact value of an assignment ------------------------------------------------
-def step_time(p: SwitchingProblem, assignment: Sequence[int]) -> float | None:
-    """T of an assignment (None when a bucket's strategy cannot run it): bucket times, each
-    used strategy's largest fill, and the switches around the cycle."""
+def step_time(p: SwitchingProblem, assignment: Sequence[int], home: int | None = None) -> float | None:
+    """T of an assignment and home (None when a bucket's strategy cannot run it): bucket
+    times, each used strategy's largest fill, the switches around the cycle and the home's
+    once-a-step time."""
     B = p.buckets
     if any(p.time[b][k] is None for b, k in enumerate(assignment)):
         return None
     total = sum(p.time[b][k] for b, k in enumerate(assignment))
+    if p.home_time is not None and home is not None:
+        total += p.home_time[home]
     for k in set(assignment):
         total += max(p.fill[b][k] for b in range(B) if assignment[b] == k)
     if B > 1:
@@ -104,9 +113,9 @@ def step_time(p: SwitchingProblem, assignment: Sequence[int]) -> float | None:
 def feasible(p: SwitchingProblem, assignment: Sequence[int], home: int | None) -> bool:
     """Runs (every bucket's strategy can run it), leaves room for the home's optimizer state,
     and is contiguous when asked."""
-    if any(p.time[b][k] is None for b, k in enumerate(assignment)):
+    if any(p.time[b][k] is None for b, k in enumerate(assignment)) or home not in set(assignment):
         return False
-    if p.room is not None and (home not in set(assignment) or not all(p.room[k][home] for k in set(assignment))):
+    if p.room is not None and not all(p.room[b][k][home] for b, k in enumerate(assignment)):
         return False
     if p.contiguous and len(assignment) > 1:
         entries = [assignment[b] for b in range(len(assignment)) if assignment[b] != assignment[b - 1]]
@@ -115,17 +124,13 @@ def feasible(p: SwitchingProblem, assignment: Sequence[int], home: int | None) -
     return True
 
 
-def _homes(p: SwitchingProblem) -> list[int | None]:
-    return [None] if p.room is None else list(range(p.strategies))
-
-
 def brute_force(p: SwitchingProblem) -> Switching:
     """Every assignment (and home): K^B x K evaluations; the least T, ties to the first."""
     best = None
     for assignment in itertools.product(range(p.strategies), repeat=p.buckets):
-        for home in _homes(p):
+        for home in sorted(set(assignment)):
             if feasible(p, assignment, home):
-                t = step_time(p, assignment)
+                t = step_time(p, assignment, home)
                 if best is None or t < best[0]:
                     best = (t, assignment, home)
     if best is None:
@@ -151,7 +156,7 @@ class SwitchingModel:
         self.F = {k: be.new_int(0, top, f"F[{k}]") for k in range(K)}
         self.y = {(b, k, k2): be.new_bool(f"y[{b},{k},{k2}]")
                   for b in range(B if B > 1 else 0) for k in range(K) for k2 in range(K) if k != k2}
-        self.h = {k: be.new_bool(f"h[{k}]") for k in range(K)} if p.room is not None else {}
+        self.h = {k: be.new_bool(f"h[{k}]") for k in range(K)}
 
     def build(self) -> None:
         self.add_assignment()
@@ -191,18 +196,19 @@ class SwitchingModel:
             self.be.add(y >= self.x[b, k] + self.x[(b + 1) % B, k2] - 1)
 
     def add_home_memory(self) -> None:
-        """home_memory: one of the used layouts keeps the optimizer state (h[k] <= u[k]); every
-        used strategy must leave room for it: u[k] + h[k2] <= 1 where room[k][k2] is false."""
+        """home_memory: one of the used layouts is home (sum h = 1, h[k] <= u[k]); a bucket
+        runs on k only where k leaves room for the home's optimizer state:
+        x[b,k] + h[k2] <= 1 where room[b][k][k2] is false."""
         p, be = self.p, self.be
-        if p.room is None:
-            return
         be.add(be.sum(list(self.h.values())) == 1)
         for k, h in self.h.items():
             be.add(h <= self.u[k])
-        for k in range(p.strategies):
+        if p.room is None:
+            return
+        for (b, k), x in self.x.items():
             for k2 in range(p.strategies):
-                if not p.room[k][k2]:
-                    be.add(self.u[k] + self.h[k2] <= 1)
+                if not p.room[b][k][k2]:
+                    be.add(x + self.h[k2] <= 1)
 
     def add_contiguity(self) -> None:
         """contiguity (optional): a strategy enters the cycle at most once:
@@ -215,11 +221,13 @@ class SwitchingModel:
                            if k2 != k]) <= 1)
 
     def add_objective(self) -> None:
-        """T = sum time x + sum F + sum switch y (ticks, each rounded down)."""
+        """T = sum time x + sum F + sum switch y + sum home_time h (ticks, each rounded down)."""
         p, be = self.p, self.be
         terms = [_ticks(p.time[b][k]) * x for (b, k), x in self.x.items() if p.time[b][k] is not None]
         terms += list(self.F.values())
         terms += [_ticks(p.switch[k][k2]) * y for (b, k, k2), y in self.y.items() if p.switch[k][k2] > 0]
+        if p.home_time is not None:
+            terms += [_ticks(p.home_time[k]) * h for k, h in self.h.items()]
         be.minimize(be.sum(terms))
 
     def extract(self, value) -> tuple[tuple[int, ...], int | None]:
@@ -244,7 +252,7 @@ def solve(p: SwitchingProblem, backend: str = "cpsat", time_limit_s: float = 60.
     if run.status == "timeout":
         return Switching(None, None, None, None, "timeout")
     assignment, home = model.extract(run.value)
-    t = step_time(p, assignment)
+    t = step_time(p, assignment, home)
     bound = run.bound * TICK_S
     status = "optimal" if run.status == "optimal" and relative_gap(t, bound) <= PROOF_TOL else "feasible"
     return Switching(assignment, home, t, bound, status)
