@@ -200,6 +200,15 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
               "--progress/--no-progress", help="Progress on stderr. Default: on when stderr is a terminal "
                                                "(redrawn), else off; --progress when not a terminal prints a "
                                                "line every few seconds.")] = None,
+          lengths: Annotated[Optional[str], typer.Option(
+              "--lengths", help="Variable sequence lengths: a CSV (length,count) or lognormal:MEAN:CAP:SEQUENCES[:SEED]; "
+                                "plans a strategy per length bucket with hot switching (HotSPa) and writes "
+                                "switching.json.")] = None,
+          buckets: Annotated[Optional[str], typer.Option(
+              "--buckets", help="--lengths: bucket edges in tokens, e.g. 2048,4096,16384 (default: powers of two "
+                                "from 512).")] = None,
+          contiguous_buckets: Annotated[bool, typer.Option(
+              "--contiguous-buckets", help="--lengths: each strategy runs one run of consecutive buckets.")] = False,
           json_out: JsonOpt = False) -> None:
     """Find the best plan (default: fastest step on the shipped default cluster) and write plan.json."""
     from milp_plan import deadline
@@ -218,6 +227,15 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         work_limit = DEFAULT_WORK_LIMIT  # deterministic by default: the same plan.json on any machine
     req = solving.SolveRequest(solver, fix, _wall_limit(max_solve_time, work_limit), seed, workers, work_limit)
     solving.check_request(req)
+    if lengths is not None:
+        spec = instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch, seq_len,
+                             memory_headroom, job, global_batch_tokens, precision, flash_attention,
+                             grad_reduce_dtype, distributed_optimizer)
+        _solve_buckets(spec, obj, req, lengths, buckets, contiguous_buckets, out or "switching.json", json_out)
+        return
+    for flag, value in (("--buckets", buckets), ("--contiguous-buckets", contiguous_buckets)):
+        if value:
+            raise InputError(f"{flag} splits a length distribution; give --lengths too", field=flag.lstrip("-"))
     out = out or ("pareto.json" if objective == "pareto" else "plan.json")
     if objective == "pareto":
         if out == "-":
@@ -260,6 +278,30 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     else:
         typer.echo(render_solved(plan, inst, result), err=out == "-")
         typer.echo(f"Wrote {'the plan to stdout' if out == '-' else out}", err=out == "-")
+
+
+def _solve_buckets(spec, obj, req, lengths: str, edges: str | None, contiguous: bool, out: str,
+                   json_out: bool) -> None:
+    """solve --lengths: a strategy per length bucket, switched inside the step (hotswitch.py)."""
+    from milp_plan import hotswitch, workload
+    from milp_plan.fileio import check_output, write_atomic
+    from milp_plan.report import render_switching
+    if obj.kind != "min-time" or obj.budget is not None or obj.time_limit_s is not None or obj.mode != "megatron":
+        raise InputError("--lengths plans min-time in megatron mode, without budgets or a step-time limit, for now",
+                         field="lengths")
+    for flag, value in (("--global-batch", spec.global_batch_size), ("--seq-len", spec.seq_length),
+                        ("--global-batch-tokens", spec.global_batch_tokens), ("--job", spec.job_file)):
+        if value is not None:
+            raise InputError(f"{flag} conflicts with --lengths: the distribution gives the sequences and their "
+                             "lengths; drop it", field=flag.lstrip("-"))
+    check_output(out, allow_stdout=False)
+    hist = workload.parse_lengths(lengths)
+    bks = workload.buckets(hist, workload.parse_edges(edges) if edges else None)
+    cands = hotswitch.candidates(spec, bks, req)
+    result = hotswitch.plan_buckets(spec, bks, cands, contiguous)
+    doc = hotswitch.to_dict(result, hist)
+    write_atomic(out, json.dumps(doc, indent=2) + "\n")
+    typer.echo(json.dumps(doc, indent=2) if json_out else render_switching(doc) + f"\nWrote {out}")
 
 
 def _wall_limit(max_solve_time: str | None, work_limit: float | None) -> float:

@@ -191,3 +191,38 @@ def break_even(problem: SwitchingProblem, static: tuple[int, float] | None, back
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if switches_pay(mid) else (lo, mid)
     return hi
+
+
+def label(plan: Plan) -> str:
+    s = plan.stages[0]
+    return (f"pp {plan.pp}, tp {s.tp}, dp {s.dp}, mbs {s.micro_batch_size}, {plan.num_gpus} GPUs, "
+            f"{plan.schedule}" + (f", recompute {s.recompute}" if s.recompute != "none" else ""))
+
+
+def to_dict(r: HotSwitchResult, hist) -> dict:
+    """switching.json: the buckets, the strategies (full plans at their own bucket), the
+    assignment and what it gains over the best static plan."""
+    p, best = r.problem, r.best
+    doc = {"kind": "switching", "version": 1,
+           "lengths": {"source": hist.source, "sequences": hist.sequences, "tokens": hist.tokens,
+                       "longest": hist.longest},
+           "rows": "each sequence padded to its bucket's edge",
+           "status": best.status, "scope": f"the {len(r.strategies)} candidate strategies (each bucket's own optimum)",
+           "step_time_s": best.step_time_s, "bound_s": best.bound_s,
+           "home": best.home, "switches": best.switches,
+           "buckets": [{"edge": b.edge, "sequences": b.sequences, "tokens": b.tokens, "padding": b.padding,
+                        "strategy": None if best.assignment is None else best.assignment[i],
+                        "time_s": None if best.assignment is None else p.time[i][best.assignment[i]],
+                        "fill_s": None if best.assignment is None else p.fill[i][best.assignment[i]]}
+                       for i, b in enumerate(r.buckets)],
+           "strategies": [{"label": label(k), "home_time_s": (p.home_time or (0.0,) * p.strategies)[i],
+                           "plan": k.to_dict()} for i, k in enumerate(r.strategies)],
+           "switch_s": [list(row) for row in p.switch],
+           "static": None if r.static is None else {"strategy": r.static[0], "step_time_s": r.static[1]},
+           "gain": None if r.static is None or best.step_time_s is None else 1 - best.step_time_s / r.static[1],
+           "break_even_factor": r.break_even,
+           "notes": ["switch costs: every GPU receives the weights and gradients its new layout gives it, each node "
+                     "over its inter-node link (an upper bound)",
+                     "stock Megatron-LM cannot switch layouts inside a step: this needs a runtime that can "
+                     "(HotSPa); each strategy's plan runs on Megatron-LM alone"]}
+    return doc

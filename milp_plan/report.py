@@ -219,6 +219,33 @@ def render_simulation(check) -> str:
             "GiB of the prediction")
 
 
+def render_switching(doc: dict) -> str:
+    """solve --lengths: buckets, their strategies, the step against the best static plan."""
+    out = [f"Lengths: {doc['lengths']['source']}: {doc['lengths']['sequences']} sequences, "
+           f"{doc['lengths']['tokens']} tokens, longest {doc['lengths']['longest']} ({doc['rows']})"]
+    rows = [[b["edge"], b["sequences"], f"{b['padding']:.0%}", "-" if b["strategy"] is None else b["strategy"],
+             "-" if b["time_s"] is None else f"{b['time_s']:.4g}", "-" if b["fill_s"] is None else f"{b['fill_s']:.4g}"]
+            for b in doc["buckets"]]
+    out.append(table(["bucket edge", "sequences", "padding", "strategy", "time s", "fill s"], rows,
+                     right=[True, True, True, True, True, True]))
+    out += [f"  strategy {i}: {s['label']}" for i, s in enumerate(doc["strategies"])]
+    if doc["step_time_s"] is None:
+        out.append(f"No assignment: {doc['status']}")
+        return "\n".join(out)
+    out.append(f"Step time {doc['step_time_s']:.6g} s ({doc['status']} over {doc['scope']}, "
+               f"bound {doc['bound_s']:.6g} s), "
+               f"{doc['switches']} switches a step, home layout {doc['home']}")
+    st = doc["static"]
+    if st is not None:
+        gain = doc["gain"]
+        be = doc["break_even_factor"]
+        out.append(f"Best static plan: strategy {st['strategy']}, {st['step_time_s']:.6g} s; "
+                   + ("switching gains nothing" if gain <= 1e-9 else
+                      f"switching gains {gain:.1%}; it stops paying at {be:.3g}x the estimated switch costs"))
+    out += [f"Note: {n}" for n in doc["notes"]]
+    return "\n".join(out)
+
+
 def render_comparison(c) -> str:
     """compare.Comparison as a table: one row per planner."""
     unit = "s/step" if c.objective == "min-time" else "$/step"

@@ -126,3 +126,30 @@ def buckets(hist: Histogram, edges: Sequence[int] | None = None) -> tuple[Bucket
             out.append(Bucket(edge, sum(c for _, c in inside), sum(l * c for l, c in inside)))
         lo = edge
     return tuple(out)
+
+
+def parse_lengths(spec: str) -> Histogram:
+    """`--lengths`: a CSV path, or lognormal:MEAN:CAP:SEQUENCES[:SEED]."""
+    if spec.startswith("lognormal:"):
+        parts = spec.split(":")[1:]
+        try:
+            mean, cap, n, *seed = (float(parts[0]), *(int(x) for x in parts[1:]))
+        except (ValueError, IndexError):
+            raise InputError(f"write it like lognormal:2048:16384:256 (mean, cap, sequences[, seed]), got {spec!r}",
+                             field="lengths") from None
+        if len(seed) > 1:
+            raise InputError(f"lognormal takes mean, cap, sequences and a seed at most, got {spec!r}", field="lengths")
+        return lognormal(mean, cap, n, *seed)
+    return read_lengths(spec)
+
+
+def parse_edges(text: str) -> tuple[int, ...]:
+    try:
+        edges = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"bucket edges are whole token counts, e.g. 2048,4096,16384; got {text!r}",
+                         field="buckets") from None
+    if not edges or min(edges) < 1:
+        raise InputError(f"bucket edges are whole token counts >= 1, e.g. 2048,4096,16384; got {text!r}",
+                         field="buckets")
+    return edges

@@ -1,0 +1,88 @@
+"""Length distributions and buckets (milp_plan/workload.py) and `solve --lengths`: a strategy
+per length bucket with hot switching (milp_plan/hotswitch.py) on the cost model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from milp_plan import hotswitch, workload
+from milp_plan.errors import InputError
+from milp_plan.formulations.switching import brute_force, step_time
+from milp_plan.instance import InstanceSpec
+from milp_plan.solve import SolveRequest
+from clitools import run_cli
+
+
+def test_a_lengths_csv_reads_and_buckets_by_its_edges(tmp_path):
+    f = tmp_path / "lengths.csv"
+    f.write_text("length,count\n100,3\n600,2\n600,1\n3000,1\n")
+    hist = workload.read_lengths(f)
+    assert hist.counts == ((100, 3), (600, 3), (3000, 1)) and hist.sequences == 7 and hist.tokens == 5100
+    # default edges 512, 1024, 2048, 4096: (0,512] holds 3, (512,1024] 3, (2048,4096] 1
+    got = workload.buckets(hist)
+    assert [(b.edge, b.sequences, b.tokens) for b in got] == [(512, 3, 300), (1024, 3, 1800), (4096, 1, 3000)]
+    assert got[0].padding == pytest.approx(1 - 300 / (3 * 512))
+    assert [b.edge for b in workload.buckets(hist, (3000, 600))] == [600, 3000]
+
+
+@pytest.mark.parametrize("text, field", [
+    ("len,count\n1,1\n", "header"), ("length,count\n1,x\n", "line 2"), ("length,count\n0,1\n", "length"),
+    ("length,count\n5,0\n", "count"),
+])
+def test_bad_lengths_files_are_one_line_errors(tmp_path, text, field):
+    f = tmp_path / "l.csv"
+    f.write_text(text)
+    with pytest.raises(InputError, match=field) as err:
+        workload.read_lengths(f)
+    assert str(f) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_synthetic_distribution_is_reproducible_and_capped():
+    a = workload.parse_lengths("lognormal:2048:16384:500:3")
+    assert a == workload.lognormal(2048, 16384, 500, 3) and a.sequences == 500 and a.longest <= 16384
+    assert 1500 < a.tokens / a.sequences < 2600  # mean 2048 before clipping
+    with pytest.raises(InputError, match="largest bucket edge"):
+        workload.buckets(a, (1024,))
+    with pytest.raises(InputError, match="lognormal:2048"):
+        workload.parse_lengths("lognormal:big")
+
+
+@pytest.fixture(scope="module")
+def four_a100(tmp_path_factory):
+    path = tmp_path_factory.mktemp("c") / "a100x4.yaml"
+    path.write_text("name: a100x4\nnode_types:\n  - {name: n, gpu: A100-80GB, gpus_per_node: 4, count: 1, "
+                    "intra_node_gb_per_s: 300, inter_node_gb_per_s: 50, usd_per_hour: 20}\n")
+    return str(path)
+
+
+def test_hot_switching_on_the_cost_model(four_a100):
+    """GPT-3 1.3B on 4 A100s, 24 long-tailed sequences: the switching model's answer is
+    enumeration's, never worse than the best static plan, and each bucket's time is the
+    cost model's for that strategy at that row length."""
+    spec = InstanceSpec(cluster=four_a100, model="gpt3-1.3b")
+    bks = workload.buckets(workload.lognormal(1024, 8192, 24, 1))
+    req = SolveRequest("cpsat", None, 86400.0, work_limit=20.0)
+    result = hotswitch.plan_buckets(spec, bks, hotswitch.candidates(spec, bks, req))
+    ref = brute_force(result.problem)
+    assert result.best.step_time_s == pytest.approx(ref.step_time_s, rel=1e-4)
+    assert result.static is not None and result.best.step_time_s <= result.static[1] * (1 + 1e-9)
+    assert step_time(result.problem, (result.static[0],) * len(bks), result.static[0]) == result.static[1]
+    b, k = len(bks) - 1, result.best.assignment[-1]
+    ev = hotswitch.evaluate_on(spec, result.strategies[k], bks[b], {})
+    p = ev.plan.predicted
+    assert result.problem.time[b][k] == pytest.approx(p.step_time_s - p.bubble_s - p.dp_allreduce_s - p.optimizer_s)
+
+
+def test_cli_solve_lengths_writes_switching_json(four_a100, tmp_path, capsys):
+    out = tmp_path / "sw.json"
+    code, text, _ = run_cli(capsys, "solve", "--cluster", four_a100, "--model", "gpt3-1.3b", "--lengths",
+                            "lognormal:1024:8192:24", "--work-limit", "20", "--out", str(out))
+    assert code == 0 and "Best static plan" in text and "candidate strategies" in text
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "switching" and sum(b["sequences"] for b in doc["buckets"]) == 24
+    code, _, err = run_cli(capsys, "solve", "--lengths", "lognormal:1024:8192:24", "--global-batch", "8",
+                           "--out", str(out))
+    assert code == 2 and "--global-batch conflicts with --lengths" in err
+    code, _, err = run_cli(capsys, "solve", "--buckets", "512,1024", "--out", str(out))
+    assert code == 2 and "give --lengths too" in err
