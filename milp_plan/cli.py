@@ -207,8 +207,6 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           buckets: Annotated[Optional[str], typer.Option(
               "--buckets", help="--lengths: bucket edges in tokens, e.g. 2048,4096,16384 (default: powers of two "
                                 "from 512).")] = None,
-          contiguous_buckets: Annotated[bool, typer.Option(
-              "--contiguous-buckets", help="--lengths: each strategy runs one run of consecutive buckets.")] = False,
           json_out: JsonOpt = False) -> None:
     """Find the best plan (default: fastest step on the shipped default cluster) and write plan.json."""
     from milp_plan import deadline
@@ -231,11 +229,10 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         spec = instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch, seq_len,
                              memory_headroom, job, global_batch_tokens, precision, flash_attention,
                              grad_reduce_dtype, distributed_optimizer)
-        _solve_buckets(spec, obj, req, lengths, buckets, contiguous_buckets, out or "switching.json", json_out)
+        _solve_buckets(spec, obj, req, lengths, buckets, out or "switching.json", json_out)
         return
-    for flag, value in (("--buckets", buckets), ("--contiguous-buckets", contiguous_buckets)):
-        if value:
-            raise InputError(f"{flag} splits a length distribution; give --lengths too", field=flag.lstrip("-"))
+    if buckets is not None:
+        raise InputError("--buckets splits a length distribution; give --lengths too", field="buckets")
     out = out or ("pareto.json" if objective == "pareto" else "plan.json")
     if objective == "pareto":
         if out == "-":
@@ -280,8 +277,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         typer.echo(f"Wrote {'the plan to stdout' if out == '-' else out}", err=out == "-")
 
 
-def _solve_buckets(spec, obj, req, lengths: str, edges: str | None, contiguous: bool, out: str,
-                   json_out: bool) -> None:
+def _solve_buckets(spec, obj, req, lengths: str, edges: str | None, out: str, json_out: bool) -> None:
     """solve --lengths: a strategy per length bucket, switched inside the step (hotswitch.py)."""
     from milp_plan import hotswitch, workload
     from milp_plan.fileio import check_output, write_atomic
@@ -298,7 +294,7 @@ def _solve_buckets(spec, obj, req, lengths: str, edges: str | None, contiguous: 
     hist = workload.parse_lengths(lengths)
     bks = workload.buckets(hist, workload.parse_edges(edges) if edges else None)
     cands = hotswitch.candidates(spec, bks, req)
-    result = hotswitch.plan_buckets(spec, bks, cands, contiguous)
+    result = hotswitch.plan_buckets(spec, bks, cands)
     doc = hotswitch.to_dict(result, hist)
     write_atomic(out, json.dumps(doc, indent=2) + "\n")
     typer.echo(json.dumps(doc, indent=2) if json_out else render_switching(doc) + f"\nWrote {out}")

@@ -114,7 +114,7 @@ def _switch_s(inst: Instance, target: Evaluation) -> float:
 
 
 def build_problem(spec: InstanceSpec, buckets: tuple[Bucket, ...], strategies: list[Plan],
-                  contiguous: bool = False) -> tuple[SwitchingProblem, list[list[Evaluation]]]:
+                  ) -> tuple[SwitchingProblem, list[list[Evaluation]]]:
     cache: dict = {}
     ev = [[evaluate_on(spec, k, b, cache) for k in strategies] for b in buckets]
     K = len(strategies)
@@ -129,7 +129,7 @@ def build_problem(spec: InstanceSpec, buckets: tuple[Bucket, ...], strategies: l
                              for h in range(K)) for k in range(K)) for b in range(len(buckets)))
     home = tuple(r.home_s if r is not None else 0.0 for r in rep)
     problem = SwitchingProblem(tuple(tuple(e.time_s for e in row) for row in ev),
-                               tuple(tuple(e.fill_s for e in row) for row in ev), switch, room, contiguous, home)
+                               tuple(tuple(e.fill_s for e in row) for row in ev), switch, room, home)
     return problem, ev
 
 
@@ -147,7 +147,7 @@ def candidates(spec: InstanceSpec, buckets: tuple[Bucket, ...], req) -> list[Pla
 
 
 def plan_buckets(spec: InstanceSpec, buckets: tuple[Bucket, ...], candidates: list[Plan],
-                 contiguous: bool = False, backend: str = "cpsat") -> HotSwitchResult:
+                 backend: str = "cpsat") -> HotSwitchResult:
     """The best strategy per bucket among `candidates` (deduplicated), the best static plan,
     and the switch-cost factor at which switching stops paying."""
     seen, strategies = set(), []
@@ -157,7 +157,7 @@ def plan_buckets(spec: InstanceSpec, buckets: tuple[Bucket, ...], candidates: li
             strategies.append(plan)
     if not strategies:
         raise InputError("no candidate strategy: no bucket has a plan on this cluster", field="lengths")
-    problem, _ = build_problem(spec, buckets, strategies, contiguous)
+    problem, _ = build_problem(spec, buckets, strategies)
     best = solve_switching(problem, backend)
     static = None
     for k in range(problem.strategies):

@@ -83,14 +83,15 @@ def test_the_home_layout_pays_the_once_a_step_work(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_contiguous_buckets(backend):
-    """Four buckets alternating in what is fastest (A 1/B 3, A 3/B 1, ...), sigma 0.5: free,
-    A,B,A,B costs 4 + 4 x 0.5 = 6; contiguous, one run per strategy: A,B,B,B or similar at
-    1+1+1+3 (or 1+1+3+1) + 2 x 0.5 = 7, or all on one strategy at 8."""
-    time = [[1, 3], [3, 1], [1, 3], [3, 1]]
-    assert solve(two_strategies(time, sigma=0.5), backend).step_time_s == pytest.approx(6)
-    got = solve(two_strategies(time, sigma=0.5, contiguous=True), backend)
+def test_each_strategy_runs_one_run_of_buckets(backend):
+    """Four buckets alternating in what is fastest (A 1/B 3, A 3/B 1, ...), sigma 0.5.
+    A,B,A,B would cost 4 + 4 x 0.5 = 6, but a strategy runs its buckets as one run (its one
+    fill is then exact): A,B,B,B-like at 1 + 1 + 1 + 3 (or 1 + 1 + 3 + 1) + 2 x 0.5 = 7; all
+    on one strategy costs 8."""
+    p = two_strategies([[1, 3], [3, 1], [1, 3], [3, 1]], sigma=0.5)
+    got = solve(p, backend)
     assert got.step_time_s == pytest.approx(7) and got.switches == 2
+    assert step_time(p, (A, B, A, B), A) == 6 and brute_force(p).step_time_s == 7
 
 
 def random_problem(rng: random.Random) -> SwitchingProblem:
@@ -104,7 +105,7 @@ def random_problem(rng: random.Random) -> SwitchingProblem:
     room = tuple(tuple(tuple(i == j or rng.random() < 0.7 for j in range(K)) for i in range(K)) for _ in range(B)) \
         if rng.random() < 0.4 else None
     home = tuple(round(rng.uniform(0, 1), 3) for _ in range(K)) if rng.random() < 0.5 else None
-    return SwitchingProblem(time, fill, switch, room, contiguous=rng.random() < 0.3, home_time=home)
+    return SwitchingProblem(time, fill, switch, room, home_time=home)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -8,8 +8,8 @@ Data (`SwitchingProblem`), all times in seconds:
   strategies k         layouts over all the cluster's GPUs (dp, tp, pp, ...)
   time[b][k]           running bucket b's sequences under k, pipeline fill excluded
                        (None: k cannot run b, e.g. b's rows do not fit k's memory)
-  fill[b][k]           k's pipeline fill and drain at b's row length; a strategy pays it once,
-                       at the longest (largest fill) of the buckets it runs
+  fill[b][k]           k's pipeline fill and drain at b's row length; a strategy runs its
+                       buckets as one run (contiguity) and pays one fill, the largest of them
   switch[k][k2]        moving parameters and gradient accumulators from layout k to k2
                        (0 on the diagonal)
   home_time[h]         the gradient reduction and optimizer step, run once a step in the home
@@ -17,7 +17,6 @@ Data (`SwitchingProblem`), all times in seconds:
                        the optimizer state lives (default 0)
   room[b][k][h]        optional: k running bucket b leaves room for home h's optimizer state
                        (None: always)
-  contiguous           each strategy runs one run of consecutive buckets (at most one entry)
 
 Step time T = sum_b time[b][x_b] + sum_k F_k + sum over the cycle's transitions of
 switch[x_b][x_{b+1}] (the last bucket to the first once: the next step starts over)
@@ -49,7 +48,6 @@ class SwitchingProblem:
     fill: tuple[tuple[float, ...], ...]             # [bucket][strategy]
     switch: tuple[tuple[float, ...], ...]           # [strategy][strategy]
     room: tuple[tuple[tuple[bool, ...], ...], ...] | None = None  # [bucket][strategy][home]
-    contiguous: bool = False
     home_time: tuple[float, ...] | None = None      # [strategy]: once a step, in the home layout
 
     def __post_init__(self) -> None:
@@ -112,12 +110,12 @@ def step_time(p: SwitchingProblem, assignment: Sequence[int], home: int | None =
 
 def feasible(p: SwitchingProblem, assignment: Sequence[int], home: int | None) -> bool:
     """Runs (every bucket's strategy can run it), leaves room for the home's optimizer state,
-    and is contiguous when asked."""
+    and gives each strategy one run of consecutive buckets around the cycle."""
     if any(p.time[b][k] is None for b, k in enumerate(assignment)) or home not in set(assignment):
         return False
     if p.room is not None and not all(p.room[b][k][home] for b, k in enumerate(assignment)):
         return False
-    if p.contiguous and len(assignment) > 1:
+    if len(assignment) > 1:
         entries = [assignment[b] for b in range(len(assignment)) if assignment[b] != assignment[b - 1]]
         if len(entries) != len(set(entries)):
             return False
@@ -211,10 +209,10 @@ class SwitchingModel:
                     be.add(x + self.h[k2] <= 1)
 
     def add_contiguity(self) -> None:
-        """contiguity (optional): a strategy enters the cycle at most once:
-        sum_b sum_{k2 != k} y[b,k2,k] <= 1."""
+        """contiguity: a strategy enters the cycle at most once, so it runs one run of
+        consecutive buckets and its one fill F[k] is exact: sum_b sum_{k2 != k} y[b,k2,k] <= 1."""
         p, be = self.p, self.be
-        if not p.contiguous or p.buckets < 2:
+        if p.buckets < 2:
             return
         for k in range(p.strategies):
             be.add(be.sum([self.y[b, k2, k] for b in range(p.buckets) for k2 in range(p.strategies)
