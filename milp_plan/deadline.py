@@ -200,13 +200,13 @@ class Deadline:
         return time.perf_counter(), self.meter.used
 
     def spent(self, since: tuple[float, float] | None = None) -> float:
-        """The share of the budget used (since `mark()` when given): the larger of the wall
-        clock's and the work's."""
+        """The share of the budget used (since `mark()` when given): of the work under a work
+        limit (the wall clock is then only a guard, so the shares, and where a search moves on,
+        do not depend on the machine), else of the wall clock."""
         t0, w0 = since or (self.start, self.work_start)
-        share = (time.perf_counter() - t0) / self.seconds if self.seconds > 0 else 1.0
         if self.work is not None:
-            share = max(share, (self.meter.used - w0) / self.work if self.work > 0 else 1.0)
-        return share
+            return (self.meter.used - w0) / self.work if self.work > 0 else 1.0
+        return (time.perf_counter() - t0) / self.seconds if self.seconds > 0 else 1.0
 
     def part(self, fraction: float) -> "Deadline":
         """A deadline of `fraction` of this one's budget (seconds and work) from now, never past
