@@ -130,7 +130,8 @@ def rows_csv(records: Sequence[dict]) -> str:
     rows = flat_rows(records)
     buf = io.StringIO()
     if rows:
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        # every field of every row, in first-seen order (records from an older version may lack some)
+        writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     return buf.getvalue()

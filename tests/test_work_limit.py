@@ -225,3 +225,14 @@ def test_cli_solve_limits(tmp_path, capsys, monkeypatch, flags, wall, work):
     req = seen[0]
     assert req.work_limit == work
     assert req.max_solve_time_s == (solving.MAX_SOLVE_TIME_S if wall is None else wall)
+
+
+def test_the_csv_of_a_resumed_run_takes_rows_with_and_without_work():
+    """A results file from before work limits (rows without `work`) resumes (same fingerprint
+    without a work limit); its CSV holds both kinds of row."""
+    from milp_plan import suite_report
+    old = {"planner": "cpsat", "proves": True, "status": "optimal", "objective": 1.0, "gap": 0.0, "valid": True,
+           "search_s": 1.0}
+    recs = [{"case": "a", "rows": [old]}, {"case": "b", "rows": [{**old, "work": 2.5}]}]
+    lines = suite_report.rows_csv(recs).splitlines()
+    assert lines[0].endswith(",work") and lines[1].endswith(",") and lines[2].endswith(",2.5")
