@@ -134,15 +134,26 @@ def build_problem(spec: InstanceSpec, buckets: tuple[Bucket, ...], strategies: l
 
 
 def candidates(spec: InstanceSpec, buckets: tuple[Bucket, ...], req) -> list[Plan]:
-    """Each bucket's own best plan (the exact planner, its row length, its sequences as the
-    global batch, under `req`: solver, limits, seed), where it has one."""
+    """Each bucket's own best plans (the exact planner at its row length, under `req`: solver,
+    limits, seed, pins): with its sequences as the global batch, and with them padded up to a
+    multiple of the cluster's GPUs (a count such as 13 admits dp 1 and 13 only)."""
     from milp_plan import solve as solving
     out = []
     for b in buckets:
-        inst = build_instance(replace(spec, seq_length=b.edge, global_batch_size=b.sequences), Objective("min-time"))
-        got = solving.run(inst, req)
-        if got.plan is not None:
-            out.append(got.plan)
+        gpus = None
+        for rows in (b.sequences, None):
+            if rows is None:
+                rows = -(-b.sequences // gpus) * gpus
+                if rows == b.sequences:
+                    continue
+            inst = build_instance(replace(spec, seq_length=b.edge, global_batch_size=rows), Objective("min-time"))
+            gpus = inst.cluster.num_gpus
+            try:
+                got = solving.run(inst, req)
+            except InputError:  # no config passes the rules (or the pins) at this batch
+                continue
+            if got.plan is not None:
+                out.append(got.plan)
     return out
 
 

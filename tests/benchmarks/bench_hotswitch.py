@@ -18,8 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from milp_plan import hotswitch, workload
-from milp_plan.instance import InstanceSpec, build_instance
-from milp_plan.job import Objective
+from milp_plan.instance import InstanceSpec
 from milp_plan import solve as solving
 
 CLUSTER = """name: a100x{n}
@@ -73,12 +72,11 @@ def hotspa(spec: InstanceSpec, hist, req) -> None:
     bks = workload.buckets(hist, tuple(HOTSPA_7B_8))
     plans = []
     for b in bks:
-        inst = build_instance(replace(spec, seq_length=b.edge, global_batch_size=b.sequences), Objective("min-time"))
-        got = solving.run(inst, replace(req, fix=HOTSPA_7B_8[b.edge]))
-        if got.plan is None:
-            print(f"  HotSPa's {HOTSPA_7B_8[b.edge]} has no plan for bucket {b.edge} ({got.status})")
+        got = hotswitch.candidates(spec, (b,), replace(req, fix=HOTSPA_7B_8[b.edge]))
+        if not got:
+            print(f"  HotSPa's {HOTSPA_7B_8[b.edge]} has no plan for bucket {b.edge}")
             return
-        plans.append(got.plan)
+        plans += got
     show("  HotSPa's hand-written strategies on its buckets", hotswitch.plan_buckets(spec, bks, plans),
          time.perf_counter() - t0)
     ours = hotswitch.plan_buckets(spec, bks, hotswitch.candidates(spec, bks, req))
