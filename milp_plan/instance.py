@@ -115,6 +115,16 @@ def load_profiles(path: str | Path, fmt: str, model: Model, seq_length: int | No
     raise InputError(f"unknown profile format {fmt!r}; use auto, native, metis or fasop", field="profile-format")
 
 
+def _profile_seq_length(spec: InstanceSpec) -> int | None:
+    """The sequence length a profile states where its rows carry none of their own: a Metis
+    directory's name (importers.metis.named_seq_length); None otherwise."""
+    p = Path(spec.profiles) if spec.profiles else None
+    if p is None or not p.is_dir() or (spec.profile_format if spec.profile_format != "auto" else _detect_format(p)) != "metis":
+        return None
+    from milp_plan.importers.metis import named_seq_length
+    return named_seq_length(p)
+
+
 def _shipped_profile(model: Model, seq: int, flash_attention: bool = True) -> tuple[Profile | None, list[str]]:
     path = analytic.shipped_profile_path(model.name)
     if model.source != "catalog" or not path.exists():
@@ -136,12 +146,20 @@ def build_instance(spec: InstanceSpec | None = None, objective: Objective | None
     spec = spec or InstanceSpec()
     cluster = cluster or load_cluster(spec.cluster)
     model = model or load_model(spec.model or DEFAULT_MODEL)
-    job = job or spec.job_settings().resolve(model.seq_length)
     notices: list[str] = []
+    if job is None:
+        settings = spec.job_settings()
+        inferred = _profile_seq_length(spec) if settings.seq_length is None else None
+        if inferred is not None and inferred != model.seq_length:
+            settings = replace(settings, seq_length=inferred)
+            notices.append(f"sequence length {inferred} inferred from the profile directory's name ({spec.profiles}); "
+                           f"{model.name}'s default is {model.seq_length}; pass --seq-len to choose")
+        job = settings.resolve(model.seq_length)
     cluster_gpus = {nt.gpu.name: nt.gpu for nt in cluster.node_types}
     gpu_map: dict[str, str] = {}
     if spec.profiles:
         profile = load_profiles(spec.profiles, spec.profile_format, model, job.seq_length)
+        notices += [p["notice"] for p in profile.provenance if p.get("notice")]
         profile_gpus = profile.gpus()
         gpu_map = match_gpu_names(profile.gpus(), cluster_gpus, dict(spec.profile_gpu_map), spec.profiles)
         profile = Profile(profile.table[profile.table.gpu.isin(gpu_map)].reset_index(drop=True),

@@ -297,6 +297,57 @@ def test_metis_profile_seq_length_follows_job(tmp_path):
     assert inst.profile.exact("gpt3-1.3b", "A100-80GB", 1, 4, 1024, "block").fwd_ms == pytest.approx(2.0)
 
 
+def test_metis_sequence_length_inferred_from_the_directory_name(tmp_path):
+    """Metis files record no sequence length; a directory named ...seq1024 states one. Without
+    --seq-len the job takes it, loudly (gpt3-1.3b's default is 2048); with another
+    --seq-len it is a one-line error naming the directory, the field and the fix."""
+    d = tmp_path / "gpt3_seq1024"
+    d.mkdir()
+    metis_profile(d, "A100", 1, 4, gpt_times())
+    cluster = str(yaml_cluster(tmp_path, ("A100-80GB",)))
+    inst = build_instance(InstanceSpec(cluster=cluster, model="gpt3-1.3b", profiles=str(d)))
+    assert inst.job.seq_length == 1024
+    assert set(inst.profile.table.seq_length) == {1024}
+    assert any("sequence length 1024 inferred" in n and "--seq-len" in n for n in inst.notices)
+    with pytest.raises(InputError) as err:
+        build_instance(InstanceSpec(cluster=cluster, model="gpt3-1.3b", profiles=str(d), seq_length=2048))
+    msg = str(err.value)
+    assert "gpt3_seq1024" in msg and "seq_length" in msg and "--seq-len 1024" in msg
+    # the same length given: no inference note, the name confirms it
+    inst = build_instance(InstanceSpec(cluster=cluster, model="gpt3-1.3b", profiles=str(d), seq_length=1024))
+    assert not any("inferred" in n for n in inst.notices)
+    assert any("read from the directory name" in n for n in inst.notices)
+
+
+def test_metis_without_a_stated_sequence_length_says_what_it_assumes(tmp_path):
+    d = metis_dir(tmp_path, ("A100",))
+    inst = build_instance(InstanceSpec(cluster=str(yaml_cluster(tmp_path, ("A100-80GB",))), model="gpt3-1.3b",
+                                       profiles=str(d)))
+    assert inst.job.seq_length == 2048
+    assert any("records no sequence length" in n and "2048" in n and "--seq-len" in n for n in inst.notices)
+
+
+def test_cli_metis_profile_mismatch_is_one_line_exit_2(tmp_path):
+    # a 34-slot profile (32 blocks) with gpt3-1.3b (24 blocks): exit 2, one line naming the file,
+    # the field and the fix; a directory stating seq 1024 against --seq-len 2048: the same
+    d = tmp_path / "m"
+    d.mkdir()
+    metis_profile(d, "A100", 1, 4, [1.0] * 34)
+    cluster = str(yaml_cluster(tmp_path, ("A100-80GB",)))
+    out = cli("inspect", "--cluster", cluster, "--profiles", str(d), "--model", "gpt3-1.3b", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "DeviceType.A100_tp1_bs4.json" in out.stderr and "model.num_layers" in out.stderr
+    assert "32 blocks" in out.stderr and "--model" in out.stderr
+    s = tmp_path / "seq1024"
+    s.mkdir()
+    metis_profile(s, "A100", 1, 4, gpt_times())
+    out = cli("inspect", "--cluster", cluster, "--profiles", str(s), "--model", "gpt3-1.3b", "--seq-len", "2048",
+              cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "--seq-len 1024" in out.stderr
+
+
 # ---- Metis cluster -----------------------------------------------------------------------------
 def test_metis_cluster_conversion_and_hosts(tmp_path):
     c, h = metis_cluster_files(tmp_path, HOSTS, HOSTFILE)

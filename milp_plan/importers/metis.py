@@ -44,9 +44,11 @@ takes the mean over the slots of its kind (see `slots`) and splits it 1:2,
     fwd_ms = t / 3,   bwd_ms = 2 t / 3      (backward ~ 2 x forward FLOPs),
 
 with micro_batch_size = B, tp = T, gpu = <GPU> as written in the file name (the
-instance maps it to a cluster GPU) and seq_length = the job's sequence length (Metis
-files do not record one). `model.parameters.parameters_per_layer_bytes[]` becomes
-`param_bytes` per kind. `execution_memory.layer_memory_total_mb[]` mixes activations,
+instance maps it to a cluster GPU) and seq_length = the job's sequence length. `model.parameters.parameters_per_layer_bytes[]` becomes
+`param_bytes` per kind. Metis files record no sequence length: a directory whose name says one
+(`gpt3_seq1024`, `seq_len-2048`) sets the job's when --seq-len is not given (a note says so)
+and must agree with it when it is (else an error); a directory whose name says none is read at
+the job's length, with a note. `execution_memory.layer_memory_total_mb[]` mixes activations,
 gradients and optimizer state, so it is not imported (the cost model computes memory
 from the model); its sum, `forward_backward_time_ms`, `optimizer_time_ms` and
 `batch_generator_time_ms` are kept per file in the provenance. Times are measured with
@@ -74,6 +76,7 @@ METIS_UNITS_UP_TO = 1e4   # a bandwidth up to this is in Metis' unit, 2^20 bytes
 GB_PER_S_PER_METIS_UNIT = 2**20 * 1e3 / 1e9   # 2^20 B/ms in 10^9 B/s: 1.048576
 _HOST_FIELDS = ["instance_type", "inter_bandwidth", "intra_bandwidth", "memory"]
 _PROFILE_NAME = re.compile(r"^DeviceType\.(?P<gpu>.+?)_tp(?P<tp>\d+)_bs(?P<bs>\d+)\.json$")
+_SEQ_IN_NAME = re.compile(r"seq(?:_?len(?:gth)?)?[_-]?(\d+)", re.IGNORECASE)   # gpt3_seq1024, seq_len-2048
 
 
 def load_json(path: Path, what: str) -> Any:
@@ -293,12 +296,30 @@ def metis_files(directory: Path) -> list[tuple[Path, str, int, int]]:
     return out
 
 
+def named_seq_length(directory: str | Path) -> int | None:
+    """The sequence length a Metis profile directory's name states (`..seq1024..`, `seq_len-2048`),
+    or None. Metis files record none, so the name is the only place one can be read."""
+    m = _SEQ_IN_NAME.search(Path(directory).resolve().name)
+    return int(m[1]) if m and int(m[1]) > 0 else None
+
+
 def load_metis_profiles(directory: Path, model: Model, seq_length: int | None = None) -> Profile:
-    """Native rows from a Metis profile directory; seq_length defaults to the model's."""
+    """Native rows from a Metis profile directory; seq_length defaults to the one the directory's
+    name states (named_seq_length), else the model's. A name that states another length than
+    `seq_length` is an error; a directory whose name states none gets a notice in the provenance
+    (`notice`: the times are read as measured at `seq`, which nothing in the files confirms)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError("Metis profile directory not found; check the path", source=str(directory))
-    seq = seq_length or model.seq_length
+    named = named_seq_length(directory)
+    seq = seq_length or named or model.seq_length
+    if named is not None and named != seq:
+        raise InputError(f"field 'seq_length': the directory name says the profiles were measured at sequence "
+                         f"length {named}, but the job's is {seq}; pass --seq-len {named}, or profile at {seq} "
+                         f"and name the directory seq{seq}", source=str(directory))
+    notice = (f"Metis profile {directory}: sequence length {seq} read from the directory name" if named else
+              f"Metis profile {directory} records no sequence length: its times are read as measured at the job's "
+              f"sequence length {seq}; if they were not, pass --seq-len N (or name the directory seqN)")
     rows, summaries, has_params = [], [], True
     files = metis_files(directory)
     for path, gpu, tp, bs in files:
@@ -316,6 +337,6 @@ def load_metis_profiles(directory: Path, model: Model, seq_length: int | None = 
         "conversions": "fwd_ms = layer_compute_total_ms / 3, bwd_ms = 2 x layer_compute_total_ms / 3 "
                        "(mean over the slots of a kind; slot 0 embedding, last slot head); "
                        f"micro_batch_size = bs; seq_length = {seq} (not in Metis files)",
-        "tp_comm_included": True, "files": summaries,
+        "tp_comm_included": True, "files": summaries, "notice": notice,
     }
     return Profile(table, [provenance])
