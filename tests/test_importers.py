@@ -102,16 +102,19 @@ def row(profile, gpu: str, kind: str, tp: int = 1):
 def test_metis_profile_values_converted(tmp_path):
     d = tmp_path / "m"
     d.mkdir()
-    params = [1000.0] + [40.0, 60.0] * 12 + [2000.0]
+    # a block of gpt3-1.3b at tp 2 in fp32: 4 x P / 2 = 2 P bytes (P = its block's parameters);
+    # the slots alternate 2P - 10 and 2P + 10 bytes, mean 2P
+    P = GPT.layer_params("block")
+    params = [1000.0] + [2.0 * P - 10, 2.0 * P + 10] * 12 + [2000.0]
     metis_profile(d, "A100", 2, 4, gpt_times(), params)
     prof = load_metis_profiles(d, GPT, seq_length=1024)
     # fwd = t/3, bwd = 2t/3: embedding 3 -> 1, 2; blocks mean 6 -> 2, 4; head 12 -> 4, 8
-    for kind, fwd, bwd, pbytes in (("embedding", 1.0, 2.0, 1000.0), ("block", 2.0, 4.0, 50.0),
+    for kind, fwd, bwd, pbytes in (("embedding", 1.0, 2.0, 1000.0), ("block", 2.0, 4.0, 2.0 * P),
                                    ("head", 4.0, 8.0, 2000.0)):
         r = row(prof, "A100", kind, tp=2)
         assert r.fwd_ms == pytest.approx(fwd, rel=1e-12)
         assert r.bwd_ms == pytest.approx(bwd, rel=1e-12)
-        assert r.param_bytes == pytest.approx(pbytes, rel=1e-12)   # blocks: mean(40, 60) = 50
+        assert r.param_bytes == pytest.approx(pbytes, rel=1e-12)   # blocks: the mean, 2 P
         assert (r.micro_batch_size, r.seq_length, r.model) == (4, 1024, "gpt3-1.3b")
     assert len(prof.table) == 3
     prov = prof.provenance[0]
@@ -317,6 +320,30 @@ def test_metis_sequence_length_inferred_from_the_directory_name(tmp_path):
     inst = build_instance(InstanceSpec(cluster=cluster, model="gpt3-1.3b", profiles=str(d), seq_length=1024))
     assert not any("inferred" in n for n in inst.notices)
     assert any("read from the directory name" in n for n in inst.notices)
+
+
+def test_metis_profile_of_another_hidden_size_is_an_error(tmp_path):
+    # gpt3-1.3b's block has P = 12 h^2 + 13 h = 50,358,272 parameters (h = 2048, f = 4h, biases):
+    # a profile of gpt3-6.7b (h = 4096: 201,379,840 parameters, 805,519,360 bytes in fp32 at tp 1)
+    # holds 16.0 bytes per gpt3-1.3b parameter, not 2 or 4
+    P = GPT.layer_params("block")
+    assert P == 12 * 2048**2 + 13 * 2048 == 50_358_272
+    d = tmp_path / "m"
+    d.mkdir()
+    big = 4.0 * load_model("gpt3-6.7b").layer_params("block")
+    assert big == 805_519_360
+    metis_profile(d, "A100", 1, 4, gpt_times(), [1000.0] + [big] * 24 + [2000.0])
+    with pytest.raises(InputError) as err:
+        load_metis_profiles(d, GPT)
+    msg = str(err.value)
+    assert "DeviceType.A100_tp1_bs4.json" in msg and "parameters_per_layer_bytes" in msg
+    assert "16 bytes per parameter" in msg and "hidden size 2048" in msg and "--model" in msg
+    assert "about 4,097 at 4 bytes" in msg   # sqrt(805,519,360 / 48) = 4096.6
+    # gpt3-1.3b's own block in bf16 at tp 1 (2 P = 100,716,544 bytes) passes
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    metis_profile(ok, "A100", 1, 4, gpt_times(), [1000.0] + [2.0 * P] * 24 + [2000.0])
+    assert row(load_metis_profiles(ok, GPT), "A100", "block").param_bytes == 100_716_544
 
 
 def test_metis_without_a_stated_sequence_length_says_what_it_assumes(tmp_path):

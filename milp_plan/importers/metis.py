@@ -45,7 +45,8 @@ takes the mean over the slots of its kind (see `slots`) and splits it 1:2,
 
 with micro_batch_size = B, tp = T, gpu = <GPU> as written in the file name (the
 instance maps it to a cluster GPU) and seq_length = the job's sequence length. `model.parameters.parameters_per_layer_bytes[]` becomes
-`param_bytes` per kind. Metis files record no sequence length: a directory whose name says one
+`param_bytes` per kind; a block slot's bytes x tp must be 2 or 4 per parameter of the
+model's block (15%), else the profile is of another model shape: an error. Metis files record no sequence length: a directory whose name says one
 (`gpt3_seq1024`, `seq_len-2048`) sets the job's when --seq-len is not given (a note says so)
 and must agree with it when it is (else an error); a directory whose name says none is read at
 the job's length, with a note. `execution_memory.layer_memory_total_mb[]` mixes activations,
@@ -56,6 +57,7 @@ tp, so `tp_comm_included` is true.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -247,7 +249,32 @@ def _optional(data: Any, dotted: str) -> Any:
         return None
 
 
-def _metis_file(path: Path, model: Model) -> tuple[dict[str, float], dict[str, float] | None, dict[str, Any]]:
+BYTES_PER_PARAMETER = (2.0, 4.0)   # what a profiler may count per parameter (fp16/bf16, fp32)
+PARAMETER_TOLERANCE = 0.15          # relative: a block slot's bytes against the model's block
+
+
+def check_block_parameters(per_kind: Mapping[str, float], model: Model, tp: int, source: str) -> None:
+    """A block slot's `parameters_per_layer_bytes` x tp must be 2 or 4 bytes per parameter of the
+    model's block (within PARAMETER_TOLERANCE): otherwise the profile was measured on a model of
+    another shape (hidden size, ffn size) than the one planned, and its times do not apply."""
+    for kind, nbytes in per_kind.items():
+        if kind in ("embedding", "head") or nbytes <= 0:
+            continue
+        params = model.layer_params(kind)
+        ratio = nbytes * tp / params
+        if any(abs(ratio / b - 1.0) <= PARAMETER_TOLERANCE for b in BYTES_PER_PARAMETER):
+            continue
+        about = " or ".join(f"{math.sqrt(nbytes * tp / (b * 12)):,.0f} at {b:g} bytes a parameter"
+                            for b in reversed(BYTES_PER_PARAMETER))
+        raise InputError(f"field 'model.parameters.parameters_per_layer_bytes': a {kind} slot holds {nbytes:,.0f} "
+                         f"bytes at tp {tp}, {ratio:.3g} bytes per parameter of {model.name}'s {kind} ({params:,} "
+                         f"parameters, hidden size {model.hidden_size}), not 2 or 4: the profile was measured on "
+                         f"another model (hidden size about {about}); pass --model with the profiled model's shape",
+                         source=source)
+
+
+def _metis_file(path: Path, model: Model, tp: int = 1) -> tuple[dict[str, float], dict[str, float] | None,
+                                                                 dict[str, Any]]:
     """Per kind: fwd+bwd ms, param bytes (or None); and the file's summary for the provenance."""
     src = str(path)
     data = load_json(path, "Metis profile")
@@ -268,6 +295,7 @@ def _metis_file(path: Path, model: Model) -> tuple[dict[str, float], dict[str, f
         if len(params) != n:
             raise InputError(f"model.parameters.parameters_per_layer_bytes has {len(params)} entries, not "
                              f"model.num_layers = {n}", source=src)
+        check_block_parameters(slots.mean_by_kind(params, model), model, tp, src)
     summary: dict[str, Any] = {"name": path.name, "layer_compute_sum_ms": sum(times)}
     for key in ("execution_time.forward_backward_time_ms", "execution_time.optimizer_time_ms",
                 "execution_time.batch_generator_time_ms"):
@@ -323,7 +351,7 @@ def load_metis_profiles(directory: Path, model: Model, seq_length: int | None = 
     rows, summaries, has_params = [], [], True
     files = metis_files(directory)
     for path, gpu, tp, bs in files:
-        fb, params, summary = _metis_file(path, model)
+        fb, params, summary = _metis_file(path, model, tp)
         has_params = has_params and params is not None
         summaries.append(summary)
         for kind, t in fb.items():
