@@ -119,7 +119,9 @@ def _profile_seq_length(spec: InstanceSpec) -> int | None:
     """The sequence length a profile states where its rows carry none of their own: a Metis
     directory's name (importers.metis.named_seq_length); None otherwise."""
     p = Path(spec.profiles) if spec.profiles else None
-    if p is None or not p.is_dir() or (spec.profile_format if spec.profile_format != "auto" else _detect_format(p)) != "metis":
+    if p is None or not p.is_dir():
+        return None
+    if (spec.profile_format if spec.profile_format != "auto" else _detect_format(p)) != "metis":
         return None
     from milp_plan.importers.metis import named_seq_length
     return named_seq_length(p)

@@ -44,14 +44,15 @@ takes the mean over the slots of its kind (see `slots`) and splits it 1:2,
     fwd_ms = t / 3,   bwd_ms = 2 t / 3      (backward ~ 2 x forward FLOPs),
 
 with micro_batch_size = B, tp = T, gpu = <GPU> as written in the file name (the
-instance maps it to a cluster GPU) and seq_length = the job's sequence length. `model.parameters.parameters_per_layer_bytes[]` becomes
-`param_bytes` per kind; a block slot's bytes x tp must be 2 or 4 per parameter of the
-model's block (15%), else the profile is of another model shape: an error. Metis files record no sequence length: a directory whose name says one
-(`gpt3_seq1024`, `seq_len-2048`) sets the job's when --seq-len is not given (a note says so)
-and must agree with it when it is (else an error); a directory whose name says none is read at
-the job's length, with a note. `execution_memory.layer_memory_total_mb[]` mixes activations,
-gradients and optimizer state, so it is not imported (the cost model computes memory
-from the model); its sum, `forward_backward_time_ms`, `optimizer_time_ms` and
+instance maps it to a cluster GPU) and seq_length = the job's sequence length.
+`model.parameters.parameters_per_layer_bytes[]` becomes `param_bytes` per kind; a block
+slot's bytes x tp must be 2 or 4 per parameter of the model's block (within 15%), else the
+profile is of another model shape: an error. Metis files record no sequence length: a
+directory whose name says one (`gpt3_seq1024`, `seq_len-2048`) sets the job's when --seq-len
+is not given (a note says so) and must agree with it when it is (else an error); a directory
+whose name says none is read at the job's length, with a note.
+`execution_memory.layer_memory_total_mb[]` mixes activations, gradients and optimizer
+state, so it is not imported (the cost model computes memory from the model); its sum, `forward_backward_time_ms`, `optimizer_time_ms` and
 `batch_generator_time_ms` are kept per file in the provenance. Times are measured with
 tp, so `tp_comm_included` is true.
 """
