@@ -431,12 +431,13 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
     return PlanCosts(tuple(fwd), tuple(bwd), tuple(hops), wrap, tuple(dp_times), tuple(opt_times), tuple(preds))
 
 
-def hop_between(inst: Instance, plan: Plan, a: Stage, b: Stage) -> float:
-    """One transfer from stage a to stage b: same node or not, senders = a's GPUs on its busiest node."""
+def hop_between(inst: Instance, plan: Plan, a: Stage, b: Stage, tokens: int | None = None) -> float:
+    """One transfer from stage a to stage b: same node or not, senders = a's GPUs on its busiest
+    node; rows of `tokens` tokens (row_tokens: a token slice's, or the job's length)."""
     nodes = inst.cluster.nodes
     same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
     senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
-    return p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel),
+    return p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel, tokens),
                  nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
 
 
@@ -446,3 +447,50 @@ def plan_usd_per_hour(inst: Instance, plan: Plan) -> float:
         for d in st.devices:
             used[d.node] = used.get(d.node, 0) + 1
     return usd_per_hour(inst.cluster.nodes, used)
+
+
+# ---- token slices (TeraPipe) ------------------------------------------------------------
+@dataclass(frozen=True)
+class SliceCosts:
+    """Per-slice coefficients of a plan whose sequences are cut into token slices (plan.slices,
+    tokens per slice, in order): fwd_s[s][k], bwd_s[s][k] stage s on slice k (its tokens after
+    the slices before it as context: slice_context_s); hop_s[h][k] one transfer of slice k on
+    hop h, each direction (its tokens' activations)."""
+
+    fwd_s: tuple[tuple[float, ...], ...]
+    bwd_s: tuple[tuple[float, ...], ...]
+    hop_s: tuple[tuple[float, ...], ...]
+
+
+def stage_slice_times(inst: Instance, node_type: NodeType, stage: Stage, pp: int, index: int,
+                      lengths: Sequence[int]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(f, b) of one stage on each slice of `lengths` tokens (stage_compute_s with context)."""
+    kinds = stage_kinds(inst, stage.first_layer, stage.num_layers)
+    fwd, bwd, c = [], [], 0
+    for n in lengths:
+        f, b = stage_compute_s(inst, node_type, stage.tp, stage.micro_batch_size, kinds, index == 0, index == pp - 1,
+                               stage.recompute, stage.recompute_layers, tokens=n, context=c)
+        fwd.append(f)
+        bwd.append(b)
+        c += n
+    return tuple(fwd), tuple(bwd)
+
+
+def slice_costs(inst: Instance, plan: Plan, lengths: Sequence[int] | None = None) -> SliceCosts:
+    """The cost model on each stage, hop and slice of `plan` cut into `lengths` (default
+    plan.slices). Memory is not sliced: every slice of every sequence in flight stays live
+    until its backward (GPipe-like order), so a stage holds what unsliced GPipe holds
+    (plan_costs); slicing shortens the bubble, not the activations."""
+    lengths = tuple(lengths if lengths is not None else plan.slices)
+    pp = plan.pp
+    fwd, bwd = [], []
+    for i, st in enumerate(plan.stages):
+        f, b = stage_slice_times(inst, _stage_node_type(inst, st), st, pp, i, lengths)
+        fwd.append(f)
+        bwd.append(b)
+    hops = []
+    for i in range(pp - 1):
+        a, b = plan.stages[i], plan.stages[i + 1]
+        hops.append(tuple(hop_between(inst, plan, a, b, n) for n in lengths))
+    return SliceCosts(tuple(fwd), tuple(bwd), tuple(hops))
+

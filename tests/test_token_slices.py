@@ -63,3 +63,133 @@ def test_latency_fit_slice_form():
     b, l, c = 2, 256, 768
     assert f.predict_slice(b, l, c) == pytest.approx(0.1 + 0.001 * b * l + 2e-6 * b * l * (l + c), rel=1e-12)
     assert f.predict_slice(b, l, c) - f.predict_slice(b, l, 0) == pytest.approx(2e-6 * b * l * c, rel=1e-9)
+
+
+# ---- the sliced GPipe form against the simulator ----------------------------------------
+import random  # noqa: E402
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from milp_plan import predict  # noqa: E402
+from milp_plan.schedules import schedule_of  # noqa: E402
+from milp_plan.sim.pipeline import PipelineSpec, simulate_pipeline  # noqa: E402
+
+GPIPE = schedule_of("gpipe")
+
+
+def _sliced_spec(pp, m, fwd, bwd, hops, dp=(), opt=()):
+    return PipelineSpec(schedule="gpipe", num_microbatches=m, fwd_s=tuple(sum(r) for r in fwd),
+                        bwd_s=tuple(sum(r) for r in bwd), hop_s=tuple(sum(r) for r in hops),
+                        slice_fwd_s=tuple(map(tuple, fwd)), slice_bwd_s=tuple(map(tuple, bwd)),
+                        slice_hop_s=tuple(map(tuple, hops)), dp_s=tuple(dp), opt_s=tuple(opt))
+
+
+def _form(m, fwd, bwd, hops, dp, opt):
+    """The closed form of predict.sliced_closed_form on raw rows."""
+    from milp_plan import costmodel as cmod
+    c = cmod.PlanCosts(tuple(sum(r) for r in fwd), tuple(sum(r) for r in bwd), tuple(sum(r) for r in hops), 0.0,
+                       tuple(dp), tuple(opt), ())
+    sc = cmod.SliceCosts(tuple(map(tuple, fwd)), tuple(map(tuple, bwd)), tuple(map(tuple, hops)))
+    return predict.sliced_closed_form(c, sc, m)
+
+
+def _random_rows(rng, rows, n, lo=0.0, hi=3.0):
+    return [[rng.uniform(lo, hi) for _ in range(n)] for _ in range(rows)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 4), st.integers(1, 5), st.integers(0, 10**6), st.booleans())
+def test_sliced_form_never_below_the_simulation(pp, m, n, seed, comm):
+    """Random heterogeneous stages (times per stage and slice drawn independently), random
+    hops, reductions and optimizer steps: the form is never below the simulated makespan, and
+    its pipeline part never below the simulated end of the last backward."""
+    rng = random.Random(seed)
+    fwd, bwd = _random_rows(rng, pp, n, 0.1), _random_rows(rng, pp, n, 0.1)
+    hops = _random_rows(rng, pp - 1, n, 0.0, 2.0 if comm else 0.0)
+    dp = [rng.uniform(0, 5) if comm else 0.0 for _ in range(pp)]
+    opt = [rng.uniform(0, 1) for _ in range(pp)]
+    sim = simulate_pipeline(_sliced_spec(pp, m, fwd, bwd, hops, dp, opt))
+    compute, bubble, xfer, dpt, o = _form(m, fwd, bwd, hops, dp, opt)
+    assert sim.pipeline_time_s <= compute + bubble + xfer + 1e-9
+    assert sim.step_time_s <= compute + bubble + xfer + dpt + o + 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(1, 6), st.integers(0, 10**6))
+def test_sliced_form_exact_at_equal_stages(pp, m, n, seed):
+    """TeraPipe's case: every stage takes t_k on slice k (no transfers): the simulated
+    pipeline is exactly m sum_k (f_k + b_k) + (K - 1)(max f + max b)."""
+    rng = random.Random(seed)
+    f = [rng.uniform(0.1, 3) for _ in range(n)]
+    b = [rng.uniform(0.1, 3) for _ in range(n)]
+    sim = simulate_pipeline(_sliced_spec(pp, m, [f] * pp, [b] * pp, [[0.0] * n] * (pp - 1)))
+    compute, bubble, xfer, _, _ = _form(m, [f] * pp, [b] * pp, [[0.0] * n] * (pp - 1), [0.0] * pp, [0.0] * pp)
+    want = m * (sum(f) + sum(b)) + (pp - 1) * (max(f) + max(b))
+    assert compute + bubble + xfer == pytest.approx(want, rel=1e-12)
+    assert sim.pipeline_time_s == pytest.approx(want, rel=1e-12)
+
+
+def test_hand_instance_in_the_simulator():
+    """The slicing hand test (tests/test_slicing.py) as a pipeline: t(l, c) = 4 + l^2 + 2 l c as
+    the forward, no backward work (1e-12), K = 4 equal stages: [2,1,1] -> 61, [4] -> 80."""
+    def t(i, j):
+        return 4 + (j - i) ** 2 + 2 * (j - i) * i
+    for lengths, want in (((2, 1, 1), 61), ((4,), 80), ((3, 1), 63)):
+        cuts, f = 0, []
+        for n in lengths:
+            f.append(float(t(cuts, cuts + n)))
+            cuts += n
+        zero = [0.0] * len(f)
+        sim = simulate_pipeline(_sliced_spec(4, 1, [f] * 4, [zero] * 4, [zero] * 3))
+        assert sim.pipeline_time_s == pytest.approx(want)
+
+
+def test_one_slice_is_gpipe():
+    """n = 1: the sliced form is GPipe's closed form plus its transfers, exactly."""
+    rng = random.Random(3)
+    for _ in range(50):
+        pp, m = rng.randint(1, 6), rng.randint(1, 8)
+        fwd, bwd = _random_rows(rng, pp, 1, 0.1), _random_rows(rng, pp, 1, 0.1)
+        hops = _random_rows(rng, pp - 1, 1, 0.0, 2.0)
+        compute, bubble, xfer = GPIPE.sliced_pipeline_time(fwd, bwd, m, hops)
+        c2, b2 = GPIPE.pipeline_time([r[0] for r in fwd], [r[0] for r in bwd], m, [h[0] for h in hops])
+        p2p = GPIPE.p2p_time([h[0] for h in hops], 0.0)
+        assert compute + bubble + xfer == pytest.approx(c2 + b2 + p2p, rel=1e-12)
+        assert xfer == pytest.approx(p2p, rel=1e-12, abs=1e-15)
+
+
+def test_slices_do_not_relieve_memory():
+    """Under the sliced GPipe order every slice of every sequence is live before the first
+    backward: the simulated peak activations equal unsliced GPipe's (m sequences)."""
+    n, pp, m = 4, 3, 2
+    one = [[1.0] * n] * pp
+    spec = PipelineSpec(schedule="gpipe", num_microbatches=m, fwd_s=(4.0,) * pp, bwd_s=(4.0,) * pp,
+                        slice_fwd_s=tuple(map(tuple, one)), slice_bwd_s=tuple(map(tuple, one)),
+                        slice_hop_s=((0.0,) * n,) * (pp - 1), slice_share=(0.4, 0.3, 0.2, 0.1),
+                        act_bytes=((100.0,),) * pp)
+    unsliced = PipelineSpec(schedule="gpipe", num_microbatches=m, fwd_s=(4.0,) * pp, bwd_s=(4.0,) * pp,
+                            act_bytes=((100.0,),) * pp)
+    assert simulate_pipeline(spec).peak_activation_bytes == pytest.approx(
+        simulate_pipeline(unsliced).peak_activation_bytes)
+    assert simulate_pipeline(spec).peak_activation_bytes[0] == pytest.approx(200.0)
+
+
+def test_trace_names_slices():
+    n, pp = 2, 2
+    one = ((1.0,) * n,) * pp
+    sim = simulate_pipeline(PipelineSpec(schedule="gpipe", num_microbatches=2, fwd_s=(2.0,) * pp, bwd_s=(2.0,) * pp,
+                                         slice_fwd_s=one, slice_bwd_s=one, slice_hop_s=((0.0,) * n,)))
+    names = [r.name for r in sorted(sim.records(), key=lambda r: r.start_s) if r.stage == 0 and r.kind in ("F", "B")]
+    assert names[:4] == ["F0/0", "F0/1", "F1/0", "F1/1"]
+    assert names[4:] == ["B0/1", "B0/0", "B1/1", "B1/0"]
+
+
+def test_sliced_form_by_hand_on_uneven_stages():
+    """K = 2, one sequence, slices k = 0, 1; forwards stage 0 (1, 5), stage 1 (4, 2); no
+    backward work, no transfers. t_k = max_s f = (4, 5): W = 9; M_s = (5, 4): sum - max = 4,
+    form 13 (the envelope a_max W + w_max (sum a - a_max) with a = (1, 1) gives 14). Simulated:
+    stage 0 runs 0-1, 1-6; stage 1 runs 1-5, 6-8: 8 <= 13."""
+    fwd, bwd, hops = [[1.0, 5.0], [4.0, 2.0]], [[0.0, 0.0], [0.0, 0.0]], [[0.0, 0.0]]
+    compute, bubble, xfer = GPIPE.sliced_pipeline_time(fwd, bwd, 1, hops)
+    assert (compute, bubble, xfer) == (9.0, 4.0, 0.0)
+    assert simulate_pipeline(_sliced_spec(2, 1, fwd, bwd, hops)).pipeline_time_s == pytest.approx(8.0)
