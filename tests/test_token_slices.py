@@ -193,3 +193,102 @@ def test_sliced_form_by_hand_on_uneven_stages():
     compute, bubble, xfer = GPIPE.sliced_pipeline_time(fwd, bwd, 1, hops)
     assert (compute, bubble, xfer) == (9.0, 4.0, 0.0)
     assert simulate_pipeline(_sliced_spec(2, 1, fwd, bwd, hops)).pipeline_time_s == pytest.approx(8.0)
+
+
+# ---- the planner decision: solve --slices -------------------------------------------------
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from clitools import run_cli  # noqa: E402
+
+from milp_plan import check  # noqa: E402
+from milp_plan.instance import instance_from_inputs  # noqa: E402
+from milp_plan.plan import plan_from_dict, read_plan  # noqa: E402
+
+A100_128 = str(Path(__file__).parent / "benchmarks" / "a100-128.yaml")
+FEW = ["--cluster", A100_128, "--model", "gpt3-175b", "--global-batch", "8", "--max-solve-time", "120s"]
+
+
+def test_slices_n_end_to_end(tmp_path, capsys):
+    """--slices 4 on GPT-3 175B, 8 sequences: the best GPipe plan cut into 4 slices; plan.json
+    records them, status feasible (never optimal), free mode; the checker passes, the recorded
+    prediction equals the evaluation from the plan alone and the simulator's step; verify passes;
+    launch writes per_stage.json with the slices and says stock Megatron cannot run it."""
+    out = tmp_path / "p.json"
+    code, stdout, err = run_cli(capsys, "solve", *FEW, "--slices", "4", "--out", str(out))
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert len(doc["slices"]) == 4 and sum(doc["slices"]) == 2048
+    assert doc["schedule"] == "gpipe" and doc["mode"] == "free"
+    assert doc["solver"]["status"] == "feasible" and doc["solver"]["best_bound"] is None
+    assert any("token slices" in r for r in doc["needs_per_stage_runtime"])
+    assert "not optimal" in stdout and "not activation memory" in stdout
+    plan = read_plan(out)
+    inst = instance_from_inputs(plan.inputs, str(out))
+    assert check.check_plan(inst, plan) == []
+    from milp_plan.sim.from_plan import simulate_plan
+    assert simulate_plan(inst, plan).step_time_s == pytest.approx(plan.predicted.step_time_s, rel=1e-9)
+    # the sliced closed form is never below it
+    assert predict.evaluate(inst, plan, basis=predict.CLOSED_FORM).step_time_s >= plan.predicted.step_time_s - 1e-12
+    # slicing the same GPipe plan does not change its memory
+    whole = predict.evaluate(inst, plan.with_(slices=()))
+    assert [s.peak_memory_gib for s in plan.predicted.stages] == [s.peak_memory_gib for s in whole.stages]
+    assert plan.predicted.step_time_s < whole.step_time_s
+    bad = check.check_plan(inst, plan.with_(slices=plan.slices[:-1]))
+    assert [v.rule for v in bad] == ["slices"] and "2048" in bad[0].message
+    assert [v.rule for v in check.check_plan(inst, plan.with_(schedule="1f1b"))] == ["slices"]
+    code, stdout, err = run_cli(capsys, "verify", str(out))
+    assert code == 0, stdout + err
+    code, stdout, err = run_cli(capsys, "launch", str(out), "--out", str(tmp_path / "launch"))
+    assert code == 0, err
+    per_stage = json.loads((tmp_path / "launch" / "per_stage.json").read_text())
+    assert per_stage["token_slices"] == doc["slices"]
+    assert "stock Megatron-LM cannot run" in stdout + err
+
+
+def test_slices_auto_is_deterministic_and_says_why(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for p in (a, b):
+        code, stdout, err = run_cli(capsys, "solve", *FEW, "--slices", "auto", "--out", str(p))
+        assert code == 0, err
+        assert "token slices:" in stdout
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_slices_auto_keeps_the_unsliced_plan_when_slicing_does_not_pay(tmp_path, capsys):
+    """Many micro-batches (global batch 128 of GPT-3 1.3B on 2 GPUs): the bubble is small, slicing's
+    per-slice cost outweighs it; auto writes the very plan --slices off writes, and says why."""
+    args = ["--model", "gpt3-1.3b", "--global-batch", "128", "--fix", "pp=2,tp=1"]
+    off, auto = tmp_path / "off.json", tmp_path / "auto.json"
+    assert run_cli(capsys, "solve", *args, "--out", str(off))[0] == 0
+    code, stdout, err = run_cli(capsys, "solve", *args, "--slices", "auto", "--out", str(auto))
+    assert code == 0, err
+    assert "token slices: off" in stdout
+    assert off.read_bytes() == auto.read_bytes()
+
+
+@pytest.mark.parametrize("args,flag", [(["--slices", "nope"], "slices"), (["--slices", "1"], "slices"),
+                                       (["--slices", "99"], "slices"),
+                                       (["--slices", "4", "--fix", "schedule=1f1b"], "slices"),
+                                       (["--slices", "auto", "--objective", "pareto"], "slices")])
+def test_bad_slices_is_one_line_exit_2(tmp_path, capsys, args, flag):
+    code, stdout, err = run_cli(capsys, "solve", *FEW, *args, "--out", str(tmp_path / "x.json"))
+    assert code == 2
+    assert flag in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_old_plans_read_and_slices_round_trip():
+    from milp_plan.plan import Device, Plan, Stage
+    plan = Plan(stages=(Stage("A100-80GB", (Device(0, 0),), 0, 2, 1, 1, 1),), global_batch_size=8,
+                num_microbatches=8, schedule="gpipe")
+    doc = plan.to_dict()
+    assert "slices" not in doc                     # an unsliced plan writes what it wrote before
+    old = plan_from_dict(doc)
+    assert old.slices == () and old.to_json() == plan.to_json()
+    new = plan.with_(slices=(512, 1536))
+    again = plan_from_dict(json.loads(new.to_json()))
+    assert again.slices == (512, 1536) and again.to_json() == new.to_json()
+    from milp_plan.errors import InputError
+    with pytest.raises(InputError, match="slices"):
+        plan_from_dict({**doc, "slices": [0, 2048]})
