@@ -146,7 +146,7 @@ def check_slices(inst: Instance, plan: Plan) -> list[Violation]:
     if sum(plan.slices) != seq or min(plan.slices) < 1:
         out.append(Violation("slices", f"token slices {list(plan.slices)} must be >= 1 token each and add up to the "
                                        f"sequence length {seq}"))
-    if plan.schedule != schedules.GPipe.name or plan.vpp != 1:
+    if not schedules.schedule_of(plan.schedule, plan.vpp).slices_ok:
         out.append(Violation("slices", f"token slices run under the gpipe schedule (vpp 1), not {plan.schedule}"))
     return out
 

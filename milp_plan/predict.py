@@ -18,7 +18,7 @@ import functools
 from milp_plan import costmodel
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, Prediction
-from milp_plan.schedules import PathTerms, Schedule, schedule_of
+from milp_plan.schedules import TOKEN_SLICED, PathTerms, Schedule, schedule_of
 from milp_plan.sim.from_plan import spec_from_plan
 from milp_plan.sim.pipeline import PipelineSpec, longest_path, simulate_pipeline
 
@@ -83,8 +83,8 @@ def sliced_closed_form(c: costmodel.PlanCosts, sc: costmodel.SliceCosts, m: int)
     the reduction tail by costmodel.dp_tail_s on the last backward item (slice 0 of the last
     sequence: stage s ends it sum_{k<s} (b_{k,0} + h_{k,0}) before stage 0 does); the optimizer
     step after the barrier."""
-    compute, bubble, xfer = schedule_of("gpipe").sliced_pipeline_time(sc.fwd_s, sc.bwd_s, m, sc.hop_s)
-    dp = costmodel.dp_tail_s(c.dp_s, [b[0] for b in sc.bwd_s], [h[0] for h in sc.hop_s], "gpipe")
+    compute, bubble, xfer = schedule_of(TOKEN_SLICED).sliced_pipeline_time(sc.fwd_s, sc.bwd_s, m, sc.hop_s)
+    dp = costmodel.dp_tail_s(c.dp_s, [b[0] for b in sc.bwd_s], [h[0] for h in sc.hop_s], TOKEN_SLICED)
     return compute, bubble, xfer, dp, max(c.opt_s)
 
 

@@ -132,6 +132,7 @@ class Schedule:
     grad_kind: ClassVar[str] = "B"           # the backward operation that produces the weight gradient
     needs_fork: ClassVar[str | None] = None  # why stock Megatron-LM cannot run it, or None
     megatron_note: ClassVar[str | None] = None  # how Megatron-LM runs it, where that differs from its name
+    runs_slices: ClassVar[bool] = False      # token slices (TeraPipe) run under it (sliced_rank_order)
 
     def __init__(self, vpp: int = 1):
         self.vpp = vpp
@@ -143,6 +144,11 @@ class Schedule:
     def chunks(self) -> int:
         """Model chunks per rank that the step's terms divide by (vpp where it applies, else 1)."""
         return 1
+
+    @property
+    def slices_ok(self) -> bool:
+        """Token slices run under this schedule at this vpp."""
+        return self.runs_slices and self.vpp == 1
 
     # ---- memory -------------------------------------------------------------------------
     def in_flight(self, pp: int, stage: int, m: int) -> float:
@@ -257,6 +263,7 @@ class GPipe(Schedule):
     name = "gpipe"
     period = Period.FLOW_SHOP
     megatron_note = "schedule gpipe runs as Megatron's 1F1B: the same bubble, fewer micro-batches in flight"
+    runs_slices = True
 
     def in_flight(self, pp: int, stage: int, m: int) -> float:
         return float(m)
@@ -526,6 +533,7 @@ _CLASSES: dict[str, type[Schedule]] = {c.name: c for c in (OneFOneB, Interleaved
 NAMES: tuple[str, ...] = tuple(_CLASSES)                                  # every schedule a plan may name
 MODELLED: tuple[str, ...] = tuple(n for n, c in _CLASSES.items() if c.modelled)  # solve's default space
 INTERLEAVED = Interleaved.name
+TOKEN_SLICED = GPipe.name     # the schedule token slices run under (TeraPipe's)
 
 
 def known(name: str) -> bool:

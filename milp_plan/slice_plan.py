@@ -37,7 +37,7 @@ from milp_plan.instance import Instance
 from milp_plan.job import Limits
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import SolveResult, Status, objective_of
-from milp_plan.schedules import GPipe
+from milp_plan.schedules import TOKEN_SLICED, schedule_of
 from milp_plan.slicing import best_slices, units_for
 
 OFF, AUTO = "off", "auto"
@@ -84,8 +84,8 @@ def _slice_time_table(inst: Instance, plan: Plan, unit: int):
 def slice_candidates(inst: Instance, plan: Plan, limits: Limits, count: int | None = None) -> list[Candidate]:
     """The best slicing of `plan` (a GPipe plan) for each count (or for `count` alone), each
     evaluated; sorted by objective, then fewer slices."""
-    if plan.schedule != GPipe.name or plan.vpp != 1:
-        raise InputError(f"token slices run under the gpipe schedule, not {plan.schedule}", field="slices")
+    if not schedule_of(plan.schedule, plan.vpp).slices_ok:
+        raise InputError(f"token slices run under the {TOKEN_SLICED} schedule, not {plan.schedule}", field="slices")
     L = inst.job.seq_length
     units = units_for(L)
     unit = L // units
@@ -114,10 +114,11 @@ def _sliced_result(base: SolveResult, cand: Candidate, extra: list[str]) -> Solv
 def _gpipe_fix(fix: str | None) -> str:
     from milp_plan.formulations.space import parse_fix
     pinned = parse_fix(fix).get("schedule")
-    if pinned not in (None, GPipe.name):
-        raise InputError(f"--fix schedule={pinned} contradicts token slices (they run under gpipe); drop one",
-                         field="slices")
-    return fix if pinned else (f"{fix},schedule=gpipe" if fix else "schedule=gpipe")
+    if pinned is not None and not schedule_of(str(pinned)).runs_slices:
+        raise InputError(f"--fix schedule={pinned} contradicts token slices (they run under {TOKEN_SLICED}); "
+                         "drop one", field="slices")
+    pin = f"schedule={TOKEN_SLICED}"
+    return fix if pinned else (f"{fix},{pin}" if fix else pin)
 
 
 def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, progress=None
@@ -141,7 +142,8 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
                 f"{cand.plan.predicted.step_time_s:.4g} s against {g.plan.predicted.step_time_s:.4g} s unsliced "
                 f"(the best GPipe plan)")
     a = solving.run(inst, req, limits, progress=progress)
-    g = a if a.plan is not None and a.plan.schedule == GPipe.name else solving.run(inst, greq, limits)
+    g = a if a.plan is not None and schedule_of(a.plan.schedule, a.plan.vpp).slices_ok else \
+        solving.run(inst, greq, limits)
     if g.plan is None:
         return a, "token slices: off (no GPipe plan to slice)"
     best = next((c for c in slice_candidates(inst, g.plan, limits) if limits.admit(c.plan)), None)

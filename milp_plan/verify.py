@@ -127,7 +127,7 @@ def target_plan(plan: Plan, schedule: str | None, vpp: int | None) -> Plan:
             raise InputError(f"stage {bad[0]} holds {plan.stages[bad[0]].num_layers} layers, not divisible by "
                              f"vpp {vpp}; choose a vpp that divides every stage's layer count", field="vpp")
     target = plan.with_schedule(schedule, vpp)
-    if plan.slices and schedule != "gpipe":
+    if plan.slices and not schedules.schedule_of(schedule, vpp).slices_ok:
         target = target.with_(slices=())  # a what-if: token slices run under gpipe only; the sequences whole
     if schedules.schedule_of(schedule, vpp).needs_fork and plan.mode == "megatron":
         target = target.with_(mode="free")  # a what-if: the schedule runs on a fork, not stock Megatron

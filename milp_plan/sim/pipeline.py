@@ -111,7 +111,7 @@ class PipelineSpec:
             raise InputError(f"must lie in [0, 1], got {self.w_fraction}", field="w_fraction")
         if self.slice_fwd_s:
             n = self.slices
-            if self.schedule != "gpipe" or self.vpp != 1 or self.dp_overlap:
+            if not schedule_of(self.schedule, self.vpp).slices_ok or self.dp_overlap:
                 raise InputError("token slices run under the gpipe schedule (TeraPipe's), vpp 1, reductions "
                                  f"after the last backward; got {self.schedule}, vpp {self.vpp}", field="slices")
             rows = {"slice_fwd_s": (self.slice_fwd_s, pp), "slice_bwd_s": (self.slice_bwd_s, pp),

@@ -63,6 +63,12 @@ def main() -> None:
         print(f"--slices auto writes: step {objective_of(p, limits):.4f} s, slices {list(p.slices) or 'none'} "
               f"[{result.status}]  {describe(p)}")
         print(f"  {line}")
+        if p.slices:
+            from milp_plan import predict
+            form = predict.evaluate(inst, p, basis=predict.CLOSED_FORM).step_time_s
+            print(f"  sliced closed form {form:.4f} s against the simulated {p.predicted.step_time_s:.4f} s "
+                  f"(+{form / p.predicted.step_time_s - 1:.1%}); peak memory per stage "
+                  f"{max(sp.peak_memory_gib for sp in p.predicted.stages):.1f} GiB, as unsliced GPipe")
         print(f"  ({time.perf_counter() - t0:.0f} s)\n")
 
 
