@@ -5,10 +5,12 @@ this file: 16 x 8 A100-80GB) and on the shipped mixed one (mixed-128: 32 H100, 3
 plan unsliced, and the slicing of that GPipe plan for every slice count (slice_plan), each
 candidate's step simulated; then what `solve --slices auto` writes.
 
-    python tests/benchmarks/bench_terapipe.py [--global-batch 8] [--max-solve-time 60s]
+    python tests/benchmarks/bench_terapipe.py [--global-batch 8] [--max-solve-time 120s] [--fix ...]
 
-tp = 8 is pinned (every plan these instances get has tp 8: 175B's layers do not fit smaller
-shards), to keep the mixed cluster's search short; the statuses say what is proven."""
+tp = 8, dp = 1, mbs = 1 are pinned by default (FIX): tp 8 is what every plan of these instances
+takes, and dp = mbs = 1 makes the micro-batch count the global batch (TeraPipe's regime: few
+micro-batches, each one sequence); the pins keep the mixed cluster's search short. The
+statuses say what is proven."""
 from __future__ import annotations
 
 import argparse
@@ -23,6 +25,7 @@ from milp_plan.slice_plan import slice_candidates, solve_with_slices
 from milp_plan.units import parse_duration_s
 
 HERE = Path(__file__).parent
+FIX = "tp=8,dp=1,mbs=1"   # one sequence per micro-batch, no data parallelism: m = global batch
 CLUSTERS = {"homogeneous a100-128": str(HERE / "a100-128.yaml"), "mixed-128": "mixed-128"}
 
 
@@ -39,14 +42,15 @@ def describe(plan) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--global-batch", type=int, default=8)
-    ap.add_argument("--max-solve-time", default="60s")
+    ap.add_argument("--max-solve-time", default="120s")
+    ap.add_argument("--fix", default=FIX, help=f"pins of every solve (default {FIX})")
     a = ap.parse_args()
     for label, cluster in CLUSTERS.items():
         inst = build_instance(InstanceSpec(cluster=cluster, model="gpt3-175b", global_batch_size=a.global_batch),
                               Objective())
         limits = inst.objective.limits()
-        req = solving.SolveRequest("auto", "tp=8", parse_duration_s(a.max_solve_time, field="max-solve-time"), 1, 1)
-        greq = solving.SolveRequest("auto", "tp=8,schedule=gpipe", req.max_solve_time_s, 1, 1)
+        req = solving.SolveRequest("auto", a.fix, parse_duration_s(a.max_solve_time, field="max-solve-time"), 1, 1)
+        greq = solving.SolveRequest("auto", f"{a.fix},schedule=gpipe", req.max_solve_time_s, 1, 1)
         print(f"== GPT-3 175B, seq {inst.job.seq_length}, global batch {a.global_batch}, {label} ==")
         t0 = time.perf_counter()
         best = solving.run(inst, req, limits)
