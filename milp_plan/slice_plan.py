@@ -43,9 +43,9 @@ from milp_plan.slicing import best_slices, units_for
 OFF, AUTO = "off", "auto"
 MEMORY_NOTE = ("slicing relieves the bubble, not activation memory: every slice of every sequence in flight stays "
                "live until its backward (GPipe-like order), so the plan is charged unsliced GPipe's activations")
-NOT_PROVEN = ("status feasible, not optimal: the slices are exact for TeraPipe's step on this plan's stages, but the "
-              "stages, tp, dp and micro-batches were proven best for the unsliced step only "
-              "(formulations/pipeline.md, 'Token slices')")
+NOT_PROVEN = ("status feasible, not optimal: each slice count's slicing is the exact optimum of TeraPipe's step "
+              "(exact at equal stages) on this plan's stages, but the stages, tp, dp and micro-batches were proven "
+              "best for the unsliced step only (formulations/pipeline.md, 'Token slices')")
 
 
 def parse_slices(text: str | None) -> str | int:
