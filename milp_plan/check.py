@@ -138,6 +138,19 @@ def check_schedule(inst: Instance, plan: Plan) -> list[Violation]:
         plan.stages[0].first_layer if plan.stages else 0)]
 
 
+def check_slices(inst: Instance, plan: Plan) -> list[Violation]:
+    """Token slices (TeraPipe): whole tokens that add up to the sequence, under gpipe (vpp 1)."""
+    if not plan.slices:
+        return []
+    out, seq = [], inst.job.seq_length
+    if sum(plan.slices) != seq or min(plan.slices) < 1:
+        out.append(Violation("slices", f"token slices {list(plan.slices)} must be >= 1 token each and add up to the "
+                                       f"sequence length {seq}"))
+    if not schedules.schedule_of(plan.schedule, plan.vpp).slices_ok:
+        out.append(Violation("slices", f"token slices run under the gpipe schedule (vpp 1), not {plan.schedule}"))
+    return out
+
+
 def check_megatron_rules(inst: Instance, plan: Plan) -> list[Violation]:
     """Stock Megatron-LM (reference/ecosystem.md section 1.6), in megatron mode only."""
     if plan.mode != "megatron":
@@ -167,7 +180,7 @@ def check_prediction(inst: Instance, plan: Plan) -> list[Violation]:
     return out
 
 
-STRUCTURE = (check_device_exists, check_stage_shape, check_layer_cover, check_batch_split, check_schedule)
+STRUCTURE = (check_device_exists, check_stage_shape, check_layer_cover, check_batch_split, check_schedule, check_slices)
 RULES = (check_device_count, check_device_unique, check_tp_divisibility, check_tp_within_node, check_recompute,
          check_megatron_rules)
 

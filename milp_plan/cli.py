@@ -207,6 +207,11 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           buckets: Annotated[Optional[str], typer.Option(
               "--buckets", help="--lengths: bucket edges in tokens, e.g. 2048,4096,16384 (default: powers of two "
                                 "from 512).")] = None,
+          slices: Annotated[str, typer.Option(
+              "--slices", help="Token slices (TeraPipe): off (default) | auto (slice when it beats the best "
+                               "unsliced plan, and say why) | N (cut every sequence into N slices, GPipe). "
+                               "Sliced plans need a runtime that pipelines token slices; status feasible, "
+                               "never optimal.")] = "off",
           json_out: JsonOpt = False) -> None:
     """Find the best plan (default: fastest step on the shipped default cluster) and write plan.json."""
     from milp_plan import deadline
@@ -226,6 +231,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     req = solving.SolveRequest(solver, fix, _wall_limit(max_solve_time, work_limit), seed, workers, work_limit)
     solving.check_request(req)
     if lengths is not None:
+        if slices != "off":
+            raise InputError("--slices and --lengths are not combined yet; drop one", field="slices")
         spec = instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch, seq_len,
                              memory_headroom, job, global_batch_tokens, precision, flash_attention,
                              grad_reduce_dtype, distributed_optimizer)
@@ -233,6 +240,11 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         return
     if buckets is not None:
         raise InputError("--buckets splits a length distribution; give --lengths too", field="buckets")
+    from milp_plan.slice_plan import OFF, parse_slices
+    slice_setting = parse_slices(slices)
+    if slice_setting != OFF and objective == "pareto":
+        raise InputError("token slices are decided for min-time and min-cost, not pareto; drop --slices",
+                         field="slices")
     out = out or ("pareto.json" if objective == "pareto" else "plan.json")
     if objective == "pareto":
         if out == "-":
@@ -262,7 +274,11 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     show = (not json_out and sys.stderr.isatty()) if progress is None else progress
     printer = _progress_printer(show)
     with deadline.handle_signals():
-        result = solving.run(inst, req, limits, progress=printer)
+        if slice_setting == OFF:
+            result, slice_line = solving.run(inst, req, limits, progress=printer), ""
+        else:
+            from milp_plan.slice_plan import solve_with_slices
+            result, slice_line = solve_with_slices(inst, req, limits, slice_setting, progress=printer)
     printer.close()
     if deadline.interrupted():
         _interrupted_solve(result, out, save_on_interrupt, record_wall_time)
@@ -274,6 +290,10 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         typer.echo(json.dumps(doc, indent=2), err=out == "-")
     else:
         typer.echo(render_solved(plan, inst, result), err=out == "-")
+        if slice_line:
+            typer.echo(slice_line, err=out == "-")
+            for note in result.notes if plan.slices else ():
+                typer.echo(f"  {note}", err=out == "-")
         typer.echo(f"Wrote {'the plan to stdout' if out == '-' else out}", err=out == "-")
 
 

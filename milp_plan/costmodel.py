@@ -119,9 +119,14 @@ def _flops_ratio(inst: Instance, kind: str):
 
 
 def layer_times(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str,
-                tokens: int | None = None) -> LayerTimes:
+                tokens: int | None = None, context: int = 0) -> LayerTimes:
     """Profile times (filled by the profile's rules when not profiled) plus tp collectives
-    when the profile does not include them, for rows of `tokens` tokens (row_tokens)."""
+    when the profile does not include them, for rows of `tokens` tokens (row_tokens); with
+    `context` > 0, a token slice after that many context tokens (slice_context_s)."""
+    if context:
+        base = layer_times(inst, node_type, tp, mbs, kind, tokens)
+        ctx_f, ctx_b = slice_context_s(inst, node_type, tp, mbs, kind, row_tokens(inst, tokens), context)
+        return LayerTimes(base.fwd_s + ctx_f, base.bwd_s + ctx_b, base.attn_core_fwd_s + ctx_f)
     m, seq = inst.model, row_tokens(inst, tokens)
     c = inst.profile.cost(m.name, node_type.gpu.name, tp, mbs, seq, kind, flops_ratio=_flops_ratio(inst, kind))
     comm_f, comm_b = (0.0, 0.0) if c.tp_comm_included else tp_comm_s(inst, node_type, tp, mbs, kind, seq)
@@ -133,15 +138,47 @@ def layer_times(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: st
     return LayerTimes(c.fwd_ms / 1e3 + comm_f, c.bwd_ms / 1e3 + comm_b, core)
 
 
+# Backward over forward time of the attention core's context term: its two batched GEMMs
+# (QK^T, AV) run twice backward (model.forward_flops_per_token: backward = 2 x forward).
+CONTEXT_BWD_FACTOR = 2.0
+
+
+def slice_context_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str, tokens: int,
+                    context: int) -> tuple[float, float]:
+    """(forward, backward) seconds a token slice's attention spends on its context: a slice of
+    l = `tokens` tokens after c = `context` tokens attends over c + l keys, 4 b h l (c + l) / tp
+    FLOPs of which the profile's time of an l-token row (layer_times at l tokens) holds the
+    4 b h l^2 / tp of its own keys; the rest, 4 b h l c / tp, is priced at the attention core's
+    rate at the job's length L:
+        ctx_f = core_f(L) x l c / L^2,   ctx_b = CONTEXT_BWD_FACTOR x ctx_f,
+    core_f(L) = the attention-core forward of an L-token row (LayerTimes.attn_core_fwd_s:
+    profiled, or the FLOP share of the forward). So t(l, c) = t(l) + ctx and t(L, 0) = t(L):
+    the unsliced sequence costs what it costs without slicing. Causal masking: the model prices
+    a full sequence's L x L scores unmasked (Megatron's kernels compute the full block and mask
+    it; model.forward_flops_per_token), and a slice's own l x l block the same way, so the
+    slices of a sequence price sum_k l_k (c_k + l_k) = (L^2 + sum_k l_k^2) / 2 <= L^2 keys: the
+    context term is exactly the part above the diagonal blocks that causality needs.
+    With a fitted profile (latency.LatencyFit, t = b0 + c T + d T s) this is TeraPipe's form
+    t = T0[b, l] + beta3 b l c with T0 = the fit at (b l, l) and beta3 = d (beta2 = 0: the
+    reads of the cached K/V are not priced)."""
+    if context <= 0 or tokens <= 0:
+        return 0.0, 0.0
+    seq = inst.job.seq_length
+    core = layer_times(inst, node_type, tp, mbs, kind, seq).attn_core_fwd_s
+    f = core * tokens * context / (seq * seq)
+    return f, CONTEXT_BWD_FACTOR * f
+
+
 def recompute_overhead_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kinds: Sequence[str],
-                         recompute: str, recompute_layers: int, tokens: int | None = None) -> float:
+                         recompute: str, recompute_layers: int, tokens: int | None = None,
+                         context: int = 0) -> float:
     """Extra backward time: full = forward of the first `recompute_layers` blocks again
     (Megatron's block method recomputes the first r layers of a stage); selective =
     the attention core of every block."""
     if recompute == "full":
-        return sum(layer_times(inst, node_type, tp, mbs, k, tokens).fwd_s for k in kinds[:recompute_layers])
+        return sum(layer_times(inst, node_type, tp, mbs, k, tokens, context).fwd_s for k in kinds[:recompute_layers])
     if recompute == "selective":
-        return sum(layer_times(inst, node_type, tp, mbs, k, tokens).attn_core_fwd_s for k in kinds)
+        return sum(layer_times(inst, node_type, tp, mbs, k, tokens, context).attn_core_fwd_s for k in kinds)
     return 0.0
 
 
@@ -151,13 +188,14 @@ def stage_kinds(inst: Instance, first_layer: int, num_layers: int) -> list[str]:
 
 def stage_compute_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kinds: Sequence[str],
                     has_embedding: bool, has_head: bool, recompute: str = "none",
-                    recompute_layers: int = 0, tokens: int | None = None) -> tuple[float, float]:
-    """(f_s, b_s): forward and backward seconds of one micro-batch through a stage."""
+                    recompute_layers: int = 0, tokens: int | None = None, context: int = 0) -> tuple[float, float]:
+    """(f_s, b_s): forward and backward seconds of one micro-batch through a stage (of a token
+    slice of `tokens` tokens after `context` tokens, when given: slice_context_s)."""
     parts = list(kinds) + (["embedding"] if has_embedding else []) + (["head"] if has_head else [])
-    times = [layer_times(inst, node_type, tp, mbs, k, tokens) for k in parts]
+    times = [layer_times(inst, node_type, tp, mbs, k, tokens, context) for k in parts]
     fwd = sum(t.fwd_s for t in times)
     bwd = sum(t.bwd_s for t in times)
-    bwd += recompute_overhead_s(inst, node_type, tp, mbs, kinds, recompute, recompute_layers, tokens)
+    bwd += recompute_overhead_s(inst, node_type, tp, mbs, kinds, recompute, recompute_layers, tokens, context)
     return fwd, bwd
 
 
@@ -393,12 +431,13 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
     return PlanCosts(tuple(fwd), tuple(bwd), tuple(hops), wrap, tuple(dp_times), tuple(opt_times), tuple(preds))
 
 
-def hop_between(inst: Instance, plan: Plan, a: Stage, b: Stage) -> float:
-    """One transfer from stage a to stage b: same node or not, senders = a's GPUs on its busiest node."""
+def hop_between(inst: Instance, plan: Plan, a: Stage, b: Stage, tokens: int | None = None) -> float:
+    """One transfer from stage a to stage b: same node or not, senders = a's GPUs on its busiest
+    node; rows of `tokens` tokens (row_tokens: a token slice's, or the job's length)."""
     nodes = inst.cluster.nodes
     same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
     senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
-    return p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel),
+    return p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel, tokens),
                  nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
 
 
@@ -408,3 +447,50 @@ def plan_usd_per_hour(inst: Instance, plan: Plan) -> float:
         for d in st.devices:
             used[d.node] = used.get(d.node, 0) + 1
     return usd_per_hour(inst.cluster.nodes, used)
+
+
+# ---- token slices (TeraPipe) ------------------------------------------------------------
+@dataclass(frozen=True)
+class SliceCosts:
+    """Per-slice coefficients of a plan whose sequences are cut into token slices (plan.slices,
+    tokens per slice, in order): fwd_s[s][k], bwd_s[s][k] stage s on slice k (its tokens after
+    the slices before it as context: slice_context_s); hop_s[h][k] one transfer of slice k on
+    hop h, each direction (its tokens' activations)."""
+
+    fwd_s: tuple[tuple[float, ...], ...]
+    bwd_s: tuple[tuple[float, ...], ...]
+    hop_s: tuple[tuple[float, ...], ...]
+
+
+def stage_slice_times(inst: Instance, node_type: NodeType, stage: Stage, pp: int, index: int,
+                      lengths: Sequence[int]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(f, b) of one stage on each slice of `lengths` tokens (stage_compute_s with context)."""
+    kinds = stage_kinds(inst, stage.first_layer, stage.num_layers)
+    fwd, bwd, c = [], [], 0
+    for n in lengths:
+        f, b = stage_compute_s(inst, node_type, stage.tp, stage.micro_batch_size, kinds, index == 0, index == pp - 1,
+                               stage.recompute, stage.recompute_layers, tokens=n, context=c)
+        fwd.append(f)
+        bwd.append(b)
+        c += n
+    return tuple(fwd), tuple(bwd)
+
+
+def slice_costs(inst: Instance, plan: Plan, lengths: Sequence[int] | None = None) -> SliceCosts:
+    """The cost model on each stage, hop and slice of `plan` cut into `lengths` (default
+    plan.slices). Memory is not sliced: every slice of every sequence in flight stays live
+    until its backward (GPipe-like order), so a stage holds what unsliced GPipe holds
+    (plan_costs); slicing shortens the bubble, not the activations."""
+    lengths = tuple(lengths if lengths is not None else plan.slices)
+    pp = plan.pp
+    fwd, bwd = [], []
+    for i, st in enumerate(plan.stages):
+        f, b = stage_slice_times(inst, _stage_node_type(inst, st), st, pp, i, lengths)
+        fwd.append(f)
+        bwd.append(b)
+    hops = []
+    for i in range(pp - 1):
+        a, b = plan.stages[i], plan.stages[i + 1]
+        hops.append(tuple(hop_between(inst, plan, a, b, n) for n in lengths))
+    return SliceCosts(tuple(fwd), tuple(bwd), tuple(hops))
+

@@ -14,6 +14,17 @@ T = b x s tokens, and its time is modelled as a roofline-shaped piecewise-linear
        span at least two sequence lengths (at one length T x s is proportional to T and c
        absorbs it).
 
+Token slices (TeraPipe): s is the number of keys each token attends to, so a slice of l
+tokens per row after c context tokens, b rows, is T = b l tokens attending over s = c + l keys:
+
+    t(l, c) = max(a, b0 + c x b l + d x b l (c + l))                     (`predict_slice`)
+
+which is TeraPipe's fitted form t = T0[b, l] + beta0 + beta1 b l + beta2 b c + beta3 b l c with
+T0[b, l] + beta0 + beta1 b l = the fit at (b l, l), beta3 = d and beta2 = 0 (the reads of the
+cached K/V, proportional to c, are not fitted). The cost model prices slices from any profile
+by the same rule (costmodel.slice_context_s): the profile's time of an l-token row plus the
+attention core's time at L scaled by l c / L^2, which for a fitted profile is d b l c.
+
 Fit: least squares on the *relative* error (weights 1/t, since times span orders of
 magnitude) with b0, c, d >= 0 (exact non-negative least squares by enumerating the
 column subsets, at most seven), and the floor a chosen by enumerating the knee: the k
@@ -51,6 +62,11 @@ class LatencyFit:
         """Predicted time in ms of a micro-batch of `tokens` tokens at sequence length `seq`."""
         line = self.intercept_ms + self.per_token_ms * tokens + self.per_token_seq_ms * tokens * seq
         return max(self.floor_ms, line)
+
+    def predict_slice(self, rows: int, tokens: int, context: int) -> float:
+        """Predicted ms of a token slice: `rows` rows of `tokens` tokens after `context` tokens
+        of each row, attending over context + tokens keys (module docstring)."""
+        return self.predict(rows * tokens, context + tokens)
 
 
 @dataclass(frozen=True)

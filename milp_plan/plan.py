@@ -21,6 +21,8 @@ from milp_plan.errors import InputError
 from milp_plan.fileio import parse_json, read_text, write_atomic
 
 SCHEMA_VERSION = "1"
+TOKEN_SLICES_RUNTIME = ("token slices (TeraPipe) need a runtime that pipelines slices of a sequence with a "
+                        "key/value cache across slices; stock Megatron-LM cannot run them")
 STATUSES = ("optimal", "feasible", "infeasible", "timeout", "evaluated")
 
 
@@ -109,6 +111,7 @@ class Plan:
     solver: SolverRecord | None = None
     inputs: Mapping[str, Any] = field(default_factory=dict)
     profile_fills: tuple[ProfileFill, ...] = ()   # filled profile points the plan uses (--extrapolate)
+    slices: tuple[int, ...] = ()   # token slices (TeraPipe): tokens per slice of each sequence; () = not sliced
 
     @property
     def pp(self) -> int:
@@ -162,6 +165,8 @@ class Plan:
         fork = schedules.schedule_of(self.schedule, self.vpp).needs_fork if schedules.known(self.schedule) else None
         if fork:
             reasons.append(fork)
+        if self.slices:
+            reasons.append(TOKEN_SLICES_RUNTIME)
         return reasons
 
     # ---- JSON ----------------------------------------------------------------
@@ -174,6 +179,7 @@ class Plan:
             "num_microbatches": self.num_microbatches,
             "schedule": self.schedule,
             "vpp": self.vpp,
+            **({"slices": list(self.slices)} if self.slices else {}),
             "distributed_optimizer": self.distributed_optimizer,
             "sequence_parallel": self.sequence_parallel,
             "stages": [dict(asdict(s), devices=[asdict(d) for d in s.devices]) for s in self.stages],
@@ -218,7 +224,8 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan") -> Plan:
                 schedule=d["schedule"], vpp=d["vpp"], distributed_optimizer=d["distributed_optimizer"],
                 sequence_parallel=d["sequence_parallel"], mode=d["mode"], predicted=pred,
                 solver=None if solver is None else SolverRecord(**solver), inputs=d.get("inputs") or {},
-                profile_fills=tuple(ProfileFill(**f) for f in d.get("profile_fills") or ()))
+                profile_fills=tuple(ProfileFill(**f) for f in d.get("profile_fills") or ()),
+                slices=tuple(d.get("slices") or ()))
 
 
 def read_plan(path: str | Path) -> Plan:

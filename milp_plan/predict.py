@@ -18,9 +18,9 @@ import functools
 from milp_plan import costmodel
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, Prediction
-from milp_plan.schedules import PathTerms, Schedule
+from milp_plan.schedules import TOKEN_SLICED, PathTerms, Schedule, schedule_of
 from milp_plan.sim.from_plan import spec_from_plan
-from milp_plan.sim.pipeline import PipelineSpec, longest_path
+from milp_plan.sim.pipeline import PipelineSpec, longest_path, simulate_pipeline
 
 # An instance whose plans may have more forward and backward operations than this (2 L B: pp
 # vpp <= L layers, m <= B micro-batches) is predicted by the closed form: its longest paths
@@ -77,6 +77,31 @@ def learn_path(paths: list[PathTerms], path: PathTerms) -> bool:
     return True
 
 
+def sliced_closed_form(c: costmodel.PlanCosts, sc: costmodel.SliceCosts, m: int) -> tuple[float, float, float, float, float]:
+    """(compute, bubble, transfers, dp, optimizer) of a token-sliced plan's closed form, an
+    upper bound of its simulated step: the pipeline by schedules.GPipe.sliced_pipeline_time;
+    the reduction tail by costmodel.dp_tail_s on the last backward item (slice 0 of the last
+    sequence: stage s ends it sum_{k<s} (b_{k,0} + h_{k,0}) before stage 0 does); the optimizer
+    step after the barrier."""
+    compute, bubble, xfer = schedule_of(TOKEN_SLICED).sliced_pipeline_time(sc.fwd_s, sc.bwd_s, m, sc.hop_s)
+    dp = costmodel.dp_tail_s(c.dp_s, [b[0] for b in sc.bwd_s], [h[0] for h in sc.hop_s], TOKEN_SLICED)
+    return compute, bubble, xfer, dp, max(c.opt_s)
+
+
+def _evaluate_sliced(inst: Instance, plan: Plan, c: costmodel.PlanCosts, basis: str) -> tuple:
+    """(step, compute, bubble, p2p, dp, opt, basis) of a token-sliced plan. Simulated: the
+    event simulation of its slices (compute = the form's, at most the pipeline's end; the
+    transfers on the path are counted in the bubble); closed form: sliced_closed_form."""
+    sc = costmodel.slice_costs(inst, plan)
+    compute, bubble, xfer, dp, opt = sliced_closed_form(c, sc, plan.num_microbatches)
+    if basis == SIMULATED:
+        sim = simulate_pipeline(spec_from_plan(inst, plan, costs=c, memory=False))
+        pipe = sim.pipeline_time_s
+        compute = min(compute, pipe)
+        return sim.step_time_s, compute, pipe - compute, 0.0, max(0.0, sim.step_time_s - pipe - opt), opt, SIMULATED
+    return compute + bubble + xfer + dp + opt, compute, bubble, xfer, dp, opt, CLOSED_FORM
+
+
 def evaluate(inst: Instance, plan: Plan, basis: str | None = None) -> Prediction:
     """Predicted step time, breakdown, memory per stage and cost, from the plan alone.
 
@@ -86,7 +111,9 @@ def evaluate(inst: Instance, plan: Plan, basis: str | None = None) -> Prediction
     same terms of the schedule's form. `basis` forces one (default: step_basis)."""
     c = costmodel.plan_costs(inst, plan)
     m = plan.num_microbatches
-    if (basis or step_basis(inst)) == SIMULATED:
+    if plan.slices:
+        step, compute, bubble, p2p, dp, opt, basis = _evaluate_sliced(inst, plan, c, basis or step_basis(inst))
+    elif (basis or step_basis(inst)) == SIMULATED:
         step, path = simulate_step(inst, plan, c)
         p2p = sum(k * h for k, h in zip(path.hop, c.hop_s)) + path.wrap * c.wrap_hop_s
         dp = sum(k * d for k, d in zip(path.dp, c.dp_s))

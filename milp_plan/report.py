@@ -153,6 +153,8 @@ def render_plan(plan, inst=None, result=None) -> str:
         rows.append([i, st.gpu, devs, f"{st.num_layers} ({layers})", f"{st.tp}/{st.dp}", st.micro_batch_size, rec,
                      f"{sp.fwd_ms + sp.bwd_ms:.1f}", f"{sp.peak_memory_gib:.1f} / {sp.capacity_gib:.1f}"])
     sched = plan.schedule + (f" (vpp {plan.vpp})" if plan.vpp > 1 else "")
+    if plan.slices:
+        sched += f" with {len(plan.slices)} token slices {list(plan.slices)} per sequence (TeraPipe)"
     st0 = plan.stages[0]
     split = (f"{plan.micro_batch_size} per replica" if plan.uniform("micro_batch_size")
              else f"{st0.micro_batch_size * st0.dp} samples, split per stage (mbs x dp)")

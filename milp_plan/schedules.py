@@ -132,6 +132,7 @@ class Schedule:
     grad_kind: ClassVar[str] = "B"           # the backward operation that produces the weight gradient
     needs_fork: ClassVar[str | None] = None  # why stock Megatron-LM cannot run it, or None
     megatron_note: ClassVar[str | None] = None  # how Megatron-LM runs it, where that differs from its name
+    runs_slices: ClassVar[bool] = False      # token slices (TeraPipe) run under it (sliced_rank_order)
 
     def __init__(self, vpp: int = 1):
         self.vpp = vpp
@@ -143,6 +144,11 @@ class Schedule:
     def chunks(self) -> int:
         """Model chunks per rank that the step's terms divide by (vpp where it applies, else 1)."""
         return 1
+
+    @property
+    def slices_ok(self) -> bool:
+        """Token slices run under this schedule at this vpp."""
+        return self.runs_slices and self.vpp == 1
 
     # ---- memory -------------------------------------------------------------------------
     def in_flight(self, pp: int, stage: int, m: int) -> float:
@@ -257,6 +263,7 @@ class GPipe(Schedule):
     name = "gpipe"
     period = Period.FLOW_SHOP
     megatron_note = "schedule gpipe runs as Megatron's 1F1B: the same bubble, fewer micro-batches in flight"
+    runs_slices = True
 
     def in_flight(self, pp: int, stage: int, m: int) -> float:
         return float(m)
@@ -287,6 +294,58 @@ class GPipe(Schedule):
 
     def rank_order(self, pp, rank, m):
         return [_act("F", 0, i) for i in range(m)] + [_act("B", 0, i) for i in range(m)]
+
+    # ---- token slices (TeraPipe) ---------------------------------------------------------
+    def sliced_rank_order(self, pp: int, rank: int, m: int, n: int) -> list[Action]:
+        """TeraPipe's order with each of m sequences cut into n token slices, item q n + k =
+        slice k of sequence q: every forward in item order (a slice after its context), then
+        the backwards sequence by sequence, each sequence's slices in reverse (slice k's
+        backward sends gradients into the keys and values of slices < k)."""
+        fwd = [_act("F", 0, i) for i in range(m * n)]
+        return fwd + [_act("B", 0, q * n + k) for q in range(m) for k in reversed(range(n))]
+
+    @staticmethod
+    def _sliced_flow_shop(times: Sequence[Sequence[float]], hops: Sequence[Sequence[float]],
+                          m: int) -> tuple[float, float, float]:
+        """One flow shop (the forwards, or the backwards) of m n items on the stages and links
+        (machines x, times[x][k] for slice k): (W, fill, transfers) with
+            B = W + sum_x M_x - tau,  W = m sum_k t_k,  t_k = max_x p_{x,k},
+            M_x = max_k p_{x,k},  tau = max_x M_x = max_k t_k,
+        fill + transfers = sum_x M_x - tau, transfers = the links' M_x (see sliced_pipeline_time)."""
+        machines = [list(r) for r in times] + [list(r) for r in hops]
+        n = len(machines[0])
+        t = [max(x[k] for x in machines) for k in range(n)]
+        big = [max(x) for x in machines]
+        links = sum(big[len(times):])
+        return m * sum(t), sum(big) - max(big) - links, links
+
+    def sliced_pipeline_time(self, fwd_s: Sequence[Sequence[float]], bwd_s: Sequence[Sequence[float]], m: int,
+                             hop_s: Sequence[Sequence[float]]) -> tuple[float, float, float]:
+        """(compute, bubble, transfers) of the sliced GPipe form, an upper bound of the
+        simulated end of the last backward (sliced_rank_order; fwd_s[s][k], bwd_s[s][k]: stage
+        s on slice k; hop_s[h][k]: one transfer of slice k on hop h, each direction).
+
+        The forwards are a permutation flow shop whose machines are the stages and the links
+        (a link serves its sender's transfers in order); so are the backwards. A step's path
+        runs a monotone path of the forward grid to some stage s, steps to s's first backward
+        (after its last forward), and a monotone path of the backward grid back to stage 0. A
+        monotone path through machines x_1..x_r covers every item once and the r - 1 items
+        where it changes machine twice. Keep each item once, on its own segment, except that
+        the segments before the segment j* of the machine with the largest M_x give up their
+        last item and those after it their first; what is kept is at most sum_items t_k =
+        W = m sum_k t_k, what was given up one item per machine other than j*'s, at most M_x
+        each, so a shop's path is at most
+            B = W + sum_x M_x - max_x M_x,   t_k = max_x p_{x,k},  M_x = max_k p_{x,k}
+        (a path over fewer machines is shorter still), and the step's compute ends by
+        B_f + B_b. This is at most the issue's envelope form a_max W + w_max (sum_x a_x - a_max)
+        (w_k = t_k, a_x = max_k p_{x,k} / t_k, so w_max a_x >= M_x): the form with
+        m_eff = W / w_max. Exact at equal stages without transfers (TeraPipe's case:
+        m sum_k t_k + (K - 1) max_k t_k per shop); at n = 1 it is GPipe's form
+        m (zf + zb) + (sum_s t_s - zf - zb) plus 2 sum h, exactly. Reported as
+        compute = W_f + W_b, transfers = the links' M_x, bubble the rest."""
+        wf, fill_f, xf = self._sliced_flow_shop(fwd_s, hop_s, m)
+        wb, fill_b, xb = self._sliced_flow_shop(bwd_s, hop_s, m)
+        return wf + wb, fill_f + fill_b, xf + xb
 
 
 class Interleaved(OneFOneB):
@@ -474,6 +533,7 @@ _CLASSES: dict[str, type[Schedule]] = {c.name: c for c in (OneFOneB, Interleaved
 NAMES: tuple[str, ...] = tuple(_CLASSES)                                  # every schedule a plan may name
 MODELLED: tuple[str, ...] = tuple(n for n, c in _CLASSES.items() if c.modelled)  # solve's default space
 INTERLEAVED = Interleaved.name
+TOKEN_SLICED = GPipe.name     # the schedule token slices run under (TeraPipe's)
 
 
 def known(name: str) -> bool:

@@ -127,6 +127,8 @@ def target_plan(plan: Plan, schedule: str | None, vpp: int | None) -> Plan:
             raise InputError(f"stage {bad[0]} holds {plan.stages[bad[0]].num_layers} layers, not divisible by "
                              f"vpp {vpp}; choose a vpp that divides every stage's layer count", field="vpp")
     target = plan.with_schedule(schedule, vpp)
+    if plan.slices and not schedules.schedule_of(schedule, vpp).slices_ok:
+        target = target.with_(slices=())  # a what-if: token slices run under gpipe only; the sequences whole
     if schedules.schedule_of(schedule, vpp).needs_fork and plan.mode == "megatron":
         target = target.with_(mode="free")  # a what-if: the schedule runs on a fork, not stock Megatron
     return target
@@ -152,6 +154,9 @@ def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule
         raise InputError("the plan records no inputs (cluster, model, job); it must come from `milp-plan solve` "
                          "or carry an 'inputs' record", source=str(path), field="inputs")
     inst = instance_from_inputs(plan.inputs, str(path))
+    if plan.slices and dp_overlap:
+        raise InputError("a plan with token slices is simulated with the reductions after the last backward; "
+                         "drop --dp-overlap", source=str(path), field="dp-overlap")
     target = target_plan(plan, schedule, vpp)
     changed = target is not plan
     report = VerifyReport(str(path), target.schedule, target.vpp, changed, tolerance,
@@ -164,7 +169,8 @@ def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule
     if changed:
         predicted = fresh
         report.notes.append(f"schedule changed to {target.schedule}" + (f" (vpp {target.vpp})" if target.vpp > 1
-                            else "") + ": compared with the cost model's prediction for it"
+                            else "") + (" without the token slices (they run under gpipe only)"
+                                        if plan.slices and not target.slices else "") + ": compared with the cost model's prediction for it"
                             + (f"; {fork}" if (fork := schedules.schedule_of(target.schedule, target.vpp).needs_fork)
                                else ""))
     elif plan.predicted is None:

@@ -233,6 +233,7 @@ def per_stage_json(plan: Plan, cluster: Cluster, reasons: list[str]) -> str:
     doc = {"megatron_compatible": False, "reasons": reasons, "mode": plan.mode, "schedule": plan.schedule,
            "vpp": plan.vpp, "global_batch_size": plan.global_batch_size, "num_microbatches": plan.num_microbatches,
            "distributed_optimizer": plan.distributed_optimizer, "sequence_parallel": plan.sequence_parallel,
+           **({"token_slices": list(plan.slices)} if plan.slices else {}),
            "model": plan.inputs["model"]["definition"], "job": plan.inputs["job"], "stages": stages}
     return json.dumps(doc, indent=2) + "\n"
 

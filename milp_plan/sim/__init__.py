@@ -12,7 +12,8 @@ SIM_MAX_OPERATIONS = 500_000  # a plan with more pipeline operations is not simu
 def operation_count(plan) -> int:
     """Forward and backward operations the simulator would run for one step of `plan`
     (three per micro-batch and chunk under ZB-H1, which splits the backward)."""
-    return schedule_of(plan.schedule, int(plan.vpp)).operations(int(plan.pp), int(plan.num_microbatches))
+    n = schedule_of(plan.schedule, int(plan.vpp)).operations(int(plan.pp), int(plan.num_microbatches))
+    return n * max(1, len(plan.slices))   # token slices: one operation per slice
 
 
 def too_large_to_simulate(plan) -> str | None:

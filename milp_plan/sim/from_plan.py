@@ -35,7 +35,13 @@ def spec_from_plan(inst: Instance, plan: Plan, dp_overlap: bool = False, costs: 
     c = costs or costmodel.plan_costs(inst, plan)
     mem = [_chunk_memory(inst, plan, r) for r in range(plan.pp)] if memory else []
     static = tuple((sp.weights_gib + sp.gradients_gib + sp.optimizer_gib) * GIB for sp in c.stages)
-    return PipelineSpec(
+    sliced = {}
+    if plan.slices:   # token slices: per-slice times; each slice holds its tokens' share of the activations
+        sc = costmodel.slice_costs(inst, plan)
+        total = sum(plan.slices)
+        sliced = dict(slice_fwd_s=sc.fwd_s, slice_bwd_s=sc.bwd_s, slice_hop_s=sc.hop_s,
+                      slice_share=tuple(n / total for n in plan.slices))
+    return PipelineSpec(**sliced,
         schedule=plan.schedule, num_microbatches=plan.num_microbatches, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
         hop_s=c.hop_s, vpp=plan.vpp, wrap_hop_s=c.wrap_hop_s if plan.vpp > 1 else 0.0,
         dp_s=c.dp_s, opt_s=c.opt_s, dp_overlap=dp_overlap, static_bytes=static,

@@ -63,6 +63,25 @@ class PipelineSpec:
     act_bytes: tuple[tuple[float, ...], ...] = ()
     working_bytes: tuple[tuple[float, ...], ...] = ()
     buckets: tuple[tuple[int, ...], ...] = ()    # gradient buckets per chunk (overlapped dp)
+    # token slices (TeraPipe; GPipe only): each of the m sequences is cut into n slices, item
+    # q n + k = slice k of sequence q, run in schedules.GPipe.sliced_rank_order; slice_fwd_s[r][k],
+    # slice_bwd_s[r][k]: rank r on slice k (these replace fwd_s, bwd_s, which then hold one
+    # sequence's sum); slice_hop_s[h][k]: one transfer of slice k on hop h; slice_share[k]: the
+    # slice's share of one sequence's activations (allocated at its F, freed at its B)
+    slice_fwd_s: tuple[tuple[float, ...], ...] = ()
+    slice_bwd_s: tuple[tuple[float, ...], ...] = ()
+    slice_hop_s: tuple[tuple[float, ...], ...] = ()
+    slice_share: tuple[float, ...] = ()
+
+    @property
+    def slices(self) -> int:
+        """Token slices per sequence (1: not sliced)."""
+        return len(self.slice_fwd_s[0]) if self.slice_fwd_s else 1
+
+    @property
+    def items(self) -> int:
+        """Work items per rank and kind: sequences x slices."""
+        return self.num_microbatches * self.slices
 
     @property
     def pp(self) -> int:
@@ -90,6 +109,18 @@ class PipelineSpec:
                 raise InputError(f"need one value per chunk ({self.vpp}) for every stage", field=name)
         if not 0.0 <= self.w_fraction <= 1.0:
             raise InputError(f"must lie in [0, 1], got {self.w_fraction}", field="w_fraction")
+        if self.slice_fwd_s:
+            n = self.slices
+            if not schedule_of(self.schedule, self.vpp).slices_ok or self.dp_overlap:
+                raise InputError("token slices run under the gpipe schedule (TeraPipe's), vpp 1, reductions "
+                                 f"after the last backward; got {self.schedule}, vpp {self.vpp}", field="slices")
+            rows = {"slice_fwd_s": (self.slice_fwd_s, pp), "slice_bwd_s": (self.slice_bwd_s, pp),
+                    "slice_hop_s": (self.slice_hop_s, pp - 1)}
+            for name, (v, want) in rows.items():
+                if len(v) != want or any(len(r) != n for r in v):
+                    raise InputError(f"need {want} rows of {n} slice times", field=name)
+            if self.slice_share and len(self.slice_share) != n:
+                raise InputError(f"need one share per slice ({n})", field="slice_share")
 
 
 @dataclass(frozen=True)
@@ -141,7 +172,8 @@ class _Builder:
     channels [3pp, 4pp), the barrier 4pp."""
 
     def __init__(self, spec: PipelineSpec):
-        self.spec, self.pp, self.v, self.m = spec, spec.pp, spec.vpp, spec.num_microbatches
+        self.spec, self.pp, self.v, self.m = spec, spec.pp, spec.vpp, spec.items
+        self.n = spec.slices
         self.G = self.pp * self.v
         sched = schedule_of(spec.schedule, spec.vpp)
         self.kinds = sched.op_kinds
@@ -164,12 +196,16 @@ class _Builder:
             k, rest = divmod(o, G * m)
             gs, i = divmod(rest, m)
             r, c, kind = gs % pp, gs // pp, self.kinds[k]
-            return (f"{kind}{i}" if self.v == 1 else f"{c}{kind}{i}", kind, r, c, i, f"stage {r}")
+            return (f"{kind}{self.item(i)}" if self.v == 1 else f"{c}{kind}{i}", kind, r, c, i, f"stage {r}")
         back, rest = divmod(o - self.x0, (G - 1) * m)
         gs, i = divmod(rest, m)
         a, b = (gs + 1, gs) if back else (gs, gs + 1)
-        return (f"x{a}>{b}:{i}", KIND_TRANSFER_BWD if back else KIND_TRANSFER_FWD, a % pp, a // pp, i,
+        return (f"x{a}>{b}:{self.item(i)}", KIND_TRANSFER_BWD if back else KIND_TRANSFER_FWD, a % pp, a // pp, i,
                 f"link {a % pp}->{b % pp}")
+
+    def item(self, i: int) -> str:
+        """Name of work item i: the micro-batch, or "q/k" for slice k of sequence q."""
+        return str(i) if self.n == 1 else f"{i // self.n}/{i % self.n}"
 
     def op(self, dur: float, res: int, meta: tuple) -> int:
         o = self.g.add_op(max(0.0, dur), res)
@@ -178,6 +214,13 @@ class _Builder:
 
     def compute_ops(self) -> None:
         s, v = self.spec, self.v
+        if self.n > 1:   # token slices: item i is slice i mod n
+            for kind in self.kinds:
+                rows = s.slice_fwd_s if kind == "F" else s.slice_bwd_s
+                for r in range(self.pp):
+                    for i in range(self.m):
+                        self.g.add_op(max(0.0, rows[r][i % self.n]), r)
+            return
         for kind in self.kinds:
             for gs in range(self.G):
                 r = gs % self.pp
@@ -194,6 +237,9 @@ class _Builder:
         for back in (False, True):
             for gs in range(G - 1):
                 x = self.g.add_ops(m, max(0.0, self.hop(gs)), (2 if back else 1) * pp + gs % pp)
+                if self.n > 1:
+                    for i in range(m):
+                        self.g.duration_s[x + i] = max(0.0, self.spec.slice_hop_s[gs][i % self.n])
                 src = self.cid(self.bkind, gs + 1, 0) if back else self.cid("F", gs, 0)
                 dst = self.cid(self.bkind, gs, 0) if back else self.cid("F", gs + 1, 0)
                 for i in range(m):
@@ -283,17 +329,20 @@ def memory_walk(spec: PipelineSpec, rank: int, order: Sequence[Action]) -> tuple
     act = spec.per_chunk(spec.act_bytes, 0.0)[rank]
     work = spec.per_chunk(spec.working_bytes, 0.0)[rank]
     free_kind = schedule_of(spec.schedule, spec.vpp).grad_kind
+    n = spec.slices
+    share = list(spec.slice_share) if spec.slice_share else [1.0 / n] * n
     cur = peak = inflight = peak_inflight = 0.0
     for a in order:
+        k = share[a.mb % n] if n > 1 else 1.0   # a slice holds its share of the sequence's activations
         if a.kind == "F":
-            cur += act[a.chunk]
-            inflight += 1.0 / spec.vpp
+            cur += k * act[a.chunk]
+            inflight += k / spec.vpp
             peak, peak_inflight = max(peak, cur), max(peak_inflight, inflight)
         if a.kind in ("B", "I"):
             peak = max(peak, cur + work[a.chunk])
         if a.kind == free_kind:
-            cur -= act[a.chunk]
-            inflight -= 1.0 / spec.vpp
+            cur -= k * act[a.chunk]
+            inflight -= k / spec.vpp
     return peak, peak_inflight
 
 
@@ -315,7 +364,11 @@ def simulate_pipeline(spec: PipelineSpec) -> SimResult:
     """Simulate one training step of `spec` event by event."""
     spec.validate()
     with _no_cyclic_gc():
-        orders = device_orders(spec.schedule, spec.pp, spec.num_microbatches, spec.vpp)
+        if spec.slices > 1:
+            sched = schedule_of(spec.schedule, spec.vpp)
+            orders = [sched.sliced_rank_order(spec.pp, r, spec.num_microbatches, spec.slices) for r in range(spec.pp)]
+        else:
+            orders = device_orders(spec.schedule, spec.pp, spec.num_microbatches, spec.vpp)
         b = _Builder(spec)
         chains = b.build(orders)
         t = run_graph(b.g)
@@ -432,6 +485,8 @@ def longest_path(spec: PipelineSpec) -> tuple[float, PathTerms]:
     m 80, vpp 4)."""
     if spec.dp_overlap:
         raise ValueError("longest_path needs the reductions after the last backward (dp_overlap off)")
+    if spec.slices > 1:
+        raise ValueError("longest_path prices whole micro-batches; simulate token slices with simulate_pipeline")
     spec.validate()
     pp = spec.pp
     sg = step_graph(spec.schedule, spec.vpp, pp, spec.num_microbatches, spec.w_fraction)
