@@ -31,6 +31,10 @@ HOTSPA_7B_8 = {4096: "dp=8,tp=1,pp=1", 8192: "dp=2,tp=2,pp=2", 16384: "dp=1,tp=4
 
 def show(title: str, r: hotswitch.HotSwitchResult, wall: float) -> None:
     best = r.best
+    if best.assignment is None:
+        print(f"{title}: no assignment ({best.status}: no layout leaves room for another's optimizer state, or "
+              f"a bucket no strategy runs)  [{wall:.0f} s]")
+        return
     per = ", ".join(f"{b.edge}:{b.sequences}->{best.assignment[i]}" for i, b in enumerate(r.buckets))
     print(f"{title}: switching {best.step_time_s:.4f} s ({best.status}, {best.switches} switches; {per}); "
           + (f"static {r.static[1]:.4f} s (strategy {r.static[0]}); gain {1 - best.step_time_s / r.static[1]:.1%}; "
