@@ -41,8 +41,9 @@ def write(folder: Path) -> None:
     for name, args in CASES.items():
         out = folder / f"{name}.json"
         t0 = time.perf_counter()
-        r = subprocess.run(["milp-plan", "solve", *args, "--max-solve-time", "120s", "--out", str(out)],
-                           capture_output=True, text=True)
+        # a work limit (deterministic), but for HiGHS and CBC, which cannot measure work
+        limit = ["--max-solve-time", "600s"] if {"highs", "cbc"} & set(args) else ["--work-limit", "300"]
+        r = subprocess.run(["milp-plan", "solve", *args, *limit, "--out", str(out)], capture_output=True, text=True)
         status = next((line for line in r.stdout.splitlines() if line.startswith("Solver")), r.stderr.strip())
         print(f"{name:22s} exit {r.returncode}  {time.perf_counter() - t0:6.1f} s  {status[:110]}")
 
