@@ -67,11 +67,17 @@ def bucket_instance(spec: InstanceSpec, edge: int, rows: int, cache: dict) -> In
 
 
 def evaluate_on(spec: InstanceSpec, plan: Plan, bucket: Bucket, cache: dict) -> Evaluation:
+    """The plan's stages on the bucket: the fewest micro-batches (of the plan's samples) that
+    hold the bucket's sequences and that the schedule runs (interleaving wants a multiple of
+    pp: up to pp - 1 more, padded)."""
     samples = plan.global_batch_size // plan.num_microbatches
-    m = math.ceil(bucket.sequences / samples)
-    inst = bucket_instance(spec, bucket.edge, m * samples, cache)
-    shaped = plan.with_(global_batch_size=m * samples, num_microbatches=m, predicted=None, solver=None)
-    if check.check_structure(inst, shaped):
+    least = math.ceil(bucket.sequences / samples)
+    for m in range(least, least + plan.pp):
+        inst = bucket_instance(spec, bucket.edge, m * samples, cache)
+        shaped = plan.with_(global_batch_size=m * samples, num_microbatches=m, predicted=None, solver=None)
+        if not check.check_structure(inst, shaped):
+            break
+    else:
         return Evaluation(None, None, 0.0, 0.0)
     shaped = shaped.with_(predicted=predict.evaluate(inst, shaped))
     p = shaped.predicted
