@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 from milp_plan import check, predict
+from milp_plan.deadline import Deadline
 from milp_plan.errors import InternalError
 from milp_plan.formulations import pipeline
 from milp_plan.formulations.coefficients import Coefficients
@@ -297,7 +298,7 @@ def assert_every_config_model_exact(inst, limits, mode, fix=None) -> int:
         if not coef.options:  # no node type can host this config's stages: the driver never builds it
             assert best == math.inf
             continue
-        plan, bound = driver._solve_config(coef, limits, "cpsat", None, None, 60.0, 1, 1, 0.0)
+        plan, bound = driver._solve_config(coef, limits, "cpsat", None, None, Deadline(60.0), 1, 1, 0.0)
         if best == math.inf:
             assert plan is None, coef.cfg.label()
             continue
