@@ -22,7 +22,9 @@ checker (`Limits.admit` and `check`); what differs is how it searches and what i
                      per-stage (dp, tp) search and layer load balancer; no bound (status feasible),
                      in the instance's mode (megatron: uniform tp and dp), 1F1B only.
 
-`PLANNERS` is the registry; `get(name)` resolves `auto` to cpsat.
+`PLANNERS` is the registry; `get(name)` resolves `auto` to cpsat. A planner is
+`deterministic` when it charges its work to the deadline (deadline.py), so that a work limit
+stops it at the same point on any machine: all but highs and cbc.
 """
 from __future__ import annotations
 
