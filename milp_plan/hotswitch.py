@@ -119,8 +119,8 @@ def _switch_s(inst: Instance, target: Evaluation) -> float:
     return max(b / (nodes[n].type.inter_node_gb_per_s * 1e9) for n, b in by_node.items())
 
 
-def build_problem(spec: InstanceSpec, buckets: tuple[Bucket, ...], strategies: list[Plan],
-                  ) -> tuple[SwitchingProblem, list[list[Evaluation]]]:
+def build_problem(spec: InstanceSpec, buckets: tuple[Bucket, ...],
+                  strategies: list[Plan]) -> tuple[SwitchingProblem, list[list[Evaluation]]]:
     cache: dict = {}
     ev = [[evaluate_on(spec, k, b, cache) for k in strategies] for b in buckets]
     K = len(strategies)
@@ -144,18 +144,12 @@ def candidates(spec: InstanceSpec, buckets: tuple[Bucket, ...], req) -> list[Pla
     limits, seed, pins): with its sequences as the global batch, and with them padded up to a
     multiple of the cluster's GPUs (a count such as 13 admits dp 1 and 13 only)."""
     from milp_plan import solve as solving
-    out = []
+    out, cache = [], {}
     for b in buckets:
-        gpus = None
-        for rows in (b.sequences, None):
-            if rows is None:
-                rows = -(-b.sequences // gpus) * gpus
-                if rows == b.sequences:
-                    continue
-            inst = build_instance(replace(spec, seq_length=b.edge, global_batch_size=rows), Objective("min-time"))
-            gpus = inst.cluster.num_gpus
+        gpus = bucket_instance(spec, b.edge, b.sequences, cache).cluster.num_gpus
+        for rows in sorted({b.sequences, -(-b.sequences // gpus) * gpus}):
             try:
-                got = solving.run(inst, req)
+                got = solving.run(bucket_instance(spec, b.edge, rows, cache), req)
             except InputError:  # no config passes the rules (or the pins) at this batch
                 continue
             if got.plan is not None:
