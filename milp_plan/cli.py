@@ -224,11 +224,9 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                     field="time-limit"), budget=None if budget is None else parse_money(budget), mode=mode)
     from milp_plan.formulations.space import with_space_options
     fix = with_space_options(fix, extrapolate, max_tp, max_micro_batch)
-    from milp_plan import planners as registry
-    if max_solve_time is None and work_limit is None and workers == 1 and solver in solving.SOLVERS \
-            and registry.get(solver).deterministic:
-        work_limit = DEFAULT_WORK_LIMIT  # deterministic by default: the same plan.json on any machine
-    req = solving.SolveRequest(solver, fix, _wall_limit(max_solve_time, work_limit), seed, workers, work_limit)
+    # deterministic by default (the same plan.json on any machine), but for CP-SAT's parallel portfolio
+    wall, work_limit = _search_limits(max_solve_time, work_limit, [solver], parallel=workers != 1)
+    req = solving.SolveRequest(solver, fix, wall, seed, workers, work_limit)
     solving.check_request(req)
     if lengths is not None:
         if slices != "off":
@@ -329,14 +327,17 @@ def _wall_limit(max_solve_time: str | None, work_limit: float | None) -> float:
     return MAX_SOLVE_TIME_S if work_limit is not None else parse_duration_s(DEFAULT_MAX_SOLVE_TIME)
 
 
-def _compare_limits(max_solve_time: str | None, work_limit: float | None, names, suite=None) -> tuple[float, float | None]:
-    """(wall seconds, work units) for each planner of a comparison: the flags, else the suite
-    file's, else DEFAULT_WORK_LIMIT when every planner measures work (the same results on any
-    machine), else DEFAULT_MAX_SOLVE_TIME of wall clock."""
+def _search_limits(max_solve_time: str | None, work_limit: float | None, names, suite=None,
+                   parallel: bool = False) -> tuple[float, float | None]:
+    """(wall seconds, work units) for each planner named (solve: one; compare: several): the
+    flags, else the suite file's, else DEFAULT_WORK_LIMIT when every planner measures work and
+    none runs in parallel (the same results on any machine), else DEFAULT_MAX_SOLVE_TIME of wall
+    clock. An unknown planner name is refused here (planners.get)."""
     from milp_plan import planners as registry
     if max_solve_time is None and work_limit is None and suite is not None:
         max_solve_time, work_limit = suite.max_solve_time, suite.work_limit
-    if max_solve_time is None and work_limit is None and all(registry.get(n).deterministic for n in names):
+    if max_solve_time is None and work_limit is None and not parallel \
+            and all(registry.get(n).deterministic for n in names):
         work_limit = DEFAULT_WORK_LIMIT
     return _wall_limit(max_solve_time, work_limit), work_limit
 
@@ -707,7 +708,7 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
     names = [n.strip() for n in planners.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
         raise InputError("give each planner once, e.g. cpsat,warm-start", field="planners")
-    limit_s, work = _compare_limits(max_solve_time, work_limit, names)
+    limit_s, work = _search_limits(max_solve_time, work_limit, names)
     for name in names:
         solving.check_request(solving.SolveRequest(name, fix, limit_s, seed))
     comparing.check_work_limit(names, work)
@@ -760,7 +761,7 @@ def _compare_suite(suite_spec, random_cases, max_gpus, seed, planner_list, max_s
         raise InputError("give each planner once, e.g. cpsat,warm-start", field="planners")
     for name in names:
         registry.get(name)
-    limit_s, work = _compare_limits(max_solve_time, work_limit, names, the_suite)
+    limit_s, work = _search_limits(max_solve_time, work_limit, names, the_suite)
     from milp_plan.compare import check_work_limit
     check_work_limit(names, work)
     json_path = out if out.endswith(".json") else out + ".json"

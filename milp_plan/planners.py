@@ -73,13 +73,11 @@ class ExactPlanner:
     @property
     def deterministic(self) -> bool:
         """CP-SAT measures its work (deterministic time); HiGHS and CBC have no such measure."""
-        return self.backend == "cpsat"
+        from milp_plan.solvers.backends import DETERMINISTIC_BACKENDS
+        return self.backend in DETERMINISTIC_BACKENDS
 
     def plan(self, inst, limits, deadline, *, fix=None, seed=1, workers=1, progress=None, prepared=None):
         from milp_plan.solvers.driver import solve
-        if deadline.work is not None and not self.deterministic:
-            raise InputError(f"{self.backend} has no deterministic work measure; use cpsat with a work limit, "
-                             "or a wall-clock limit alone", field="work-limit")
         return solve(inst, limits, backend=self.backend, fix=fix, seed=seed, workers=workers,
                      mode=inst.objective.mode, progress=progress, prepared=prepared, dl=deadline)
 

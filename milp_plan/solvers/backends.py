@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from milp_plan import deadline
-from milp_plan.errors import InputError
 
 BACKENDS = ("cpsat", "highs", "cbc")
+DETERMINISTIC_BACKENDS = ("cpsat",)   # those that take a work limit (CP-SAT's deterministic time)
 
 
 @dataclass
@@ -159,10 +159,8 @@ class PulpBackend:
         var.setInitialValue(int(value))
 
     def solve(self, time_limit_s: float, seed: int, workers: int = 1,
-              on_progress: Callable[[float, float], None] | None = None, work: float | None = None) -> BackendRun:
-        if work is not None:  # planners.ExactPlanner refuses a work limit first; this is the backstop
-            raise InputError(f"{self.name} has no deterministic work measure; use --solver cpsat with "
-                             "--work-limit, or --max-solve-time", field="work-limit")
+              on_progress: Callable[[float, float], None] | None = None, work: None = None) -> BackendRun:
+        """`work`: always None (solvers/driver.py refuses a work limit for HiGHS and CBC)."""
         pulp = self.pulp
         limit = max(0.05, time_limit_s)
         if self.name == "highs":

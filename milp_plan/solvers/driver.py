@@ -51,7 +51,7 @@ from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, relative_gap
 from milp_plan.heuristics import warmstart as heuristic
-from milp_plan.solvers.backends import BACKENDS, make_backend
+from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
 from milp_plan.solvers.bounds import config_lower_bound, family_lower_bound
 
 REL_EPS = 1e-9
@@ -369,6 +369,9 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     if backend not in BACKENDS:
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
     dl = dl or Deadline(time_limit_s)
+    if dl.work is not None and backend not in DETERMINISTIC_BACKENDS:
+        raise InputError(f"{backend} has no deterministic work measure; use cpsat with a work limit, or a "
+                         "wall-clock limit alone", field="work-limit")
     t0 = dl.start
     prepared = prepared or prepare(inst, fix, mode, dl)
     bounded, later = _cheap_bounds(prepared, limits, dl)
