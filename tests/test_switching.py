@@ -94,6 +94,39 @@ def test_each_strategy_runs_one_run_of_buckets(backend):
     assert step_time(p, (A, B, A, B), A) == 6 and brute_force(p).step_time_s == 7
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_run_through_the_wrap_pays_a_fill_on_each_side_of_the_optimizer_step(backend):
+    """Three buckets: A runs the first and the last (1 s each), B the middle (1 s), no switch
+    cost; fills: A 2 at the first, 3 at the last, B 1. Around the cycle A's buckets are one
+    run (last, then the next step's first), but the optimizer step between them drains the
+    pipeline: T = 1 + 1 + 1 + 2 (A's head) + 1 (B) + 3 (A's tail) = 9, not 7 (one fill of 3)."""
+    p = two_strategies([[1, None], [None, 1], [1, None]], fill=[[2, 0], [0, 1], [3, 0]])
+    got = solve(p, backend)
+    assert got.status == "optimal" and got.assignment == (A, B, A) and got.step_time_s == pytest.approx(9)
+    assert brute_force(p).step_time_s == 9
+
+
+def merged_edges(merged_time):
+    """Two bins of sequences on one strategy whose micro-batch holds 4 rows, 8 s a micro-batch
+    at the short edge, 10 s at the long one: 5 short sequences and 3 long ones.
+      bins apart:  2 micro-batches (8 rows, 3 padded) x 8 + 1 micro-batch x 10  = 26
+      one bucket:  8 sequences padded to the long edge, 2 micro-batches x 10    = 20
+    Items 0 and 1 are the bins, item 2 both; no fill, one strategy, no switch."""
+    return SwitchingProblem(((16.0,), (10.0,), (merged_time,)), ((0.0,),) * 3, ((0.0,),),
+                            ranges=((0, 0), (1, 1), (0, 1)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("merged_time, items, T", [(20.0, (2,), 20), (30.0, (0, 1), 26)])
+def test_the_model_chooses_the_bucket_edges(backend, merged_time, items, T):
+    """merged_edges: one bucket of both bins (20) beats two (26); at 30 for the merged bucket
+    the two bins stay apart (26)."""
+    p = merged_edges(merged_time)
+    got = solve(p, backend)
+    assert got.status == "optimal" and got.items == items and got.step_time_s == pytest.approx(T) and got.assignment == (0, 0)
+    assert brute_force(p).items == items
+
+
 def random_problem(rng: random.Random) -> SwitchingProblem:
     """2-4 buckets, 2-3 strategies; times and fills of a few seconds, some pairs impossible
     (rows too long), asymmetric switch costs, sometimes a home constraint or contiguity."""
@@ -105,10 +138,17 @@ def random_problem(rng: random.Random) -> SwitchingProblem:
     room = tuple(tuple(tuple(i == j or rng.random() < 0.7 for j in range(K)) for i in range(K)) for _ in range(B)) \
         if rng.random() < 0.4 else None
     home = tuple(round(rng.uniform(0, 1), 3) for _ in range(K)) if rng.random() < 0.5 else None
+    if rng.random() < 0.5:   # the edges chosen too: every range of consecutive bins is an item
+        ranges = tuple((a, z) for a in range(B) for z in range(a, B))
+        item = tuple(tuple(None if rng.random() < 0.2 else round(rng.uniform(0.5, 5) * (z - a + 1) ** 0.8, 3)
+                           for _ in range(K)) for a, z in ranges)
+        fills = tuple(tuple(round(rng.uniform(0, 1), 3) for _ in range(K)) for _ in ranges)
+        rooms = None if room is None else tuple(room[z] for _, z in ranges)
+        return SwitchingProblem(item, fills, switch, rooms, home_time=home, ranges=ranges)
     return SwitchingProblem(time, fill, switch, room, home_time=home)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(60))
 def test_the_model_finds_the_enumerated_optimum(seed):
     p = random_problem(random.Random(seed))
     ref = brute_force(p)
@@ -120,7 +160,7 @@ def test_the_model_finds_the_enumerated_optimum(seed):
             # the model's optimum is within its rounding of enumeration's, and it is a bound
             assert got.step_time_s == pytest.approx(ref.step_time_s, rel=PROOF_TOL)
             assert got.bound_s <= ref.step_time_s + 1e-12
-            assert step_time(p, got.assignment, got.home) == got.step_time_s
+            assert step_time(p, got.assignment, got.home, got.items) == got.step_time_s
 
 
 def test_bad_problem_shapes_name_the_field():
