@@ -202,11 +202,11 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                                                "line every few seconds.")] = None,
           lengths: Annotated[Optional[str], typer.Option(
               "--lengths", help="Variable sequence lengths: a CSV (length,count) or lognormal:MEAN:CAP:SEQUENCES[:SEED]; "
-                                "plans a strategy per length bucket with hot switching (HotSPa) and writes "
-                                "switching.json.")] = None,
+                                "plans a strategy per length bucket with hot switching (HotSPa): plan.json "
+                                "gains phases.")] = None,
           buckets: Annotated[Optional[str], typer.Option(
-              "--buckets", help="--lengths: bucket edges in tokens, e.g. 2048,4096,16384 (default: powers of two "
-                                "from 512).")] = None,
+              "--buckets", help="--lengths: fix the bucket edges in tokens, e.g. 2048,4096,16384 (default: the "
+                                "model chooses them among powers of two from 512).")] = None,
           slices: Annotated[str, typer.Option(
               "--slices", help="Token slices (TeraPipe): off (default) | auto (slice when it beats the best "
                                "unsliced plan, and say why) | N (cut every sequence into N slices, GPipe). "
@@ -234,7 +234,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         spec = instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch, seq_len,
                              memory_headroom, job, global_batch_tokens, precision, flash_attention,
                              grad_reduce_dtype, distributed_optimizer)
-        _solve_buckets(spec, obj, req, lengths, buckets, out or "switching.json", json_out)
+        _solve_buckets(spec, obj, req, lengths, buckets, out or "plan.json", json_out)
         return
     if buckets is not None:
         raise InputError("--buckets splits a length distribution; give --lengths too", field="buckets")
@@ -298,24 +298,33 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
 def _solve_buckets(spec, obj, req, lengths: str, edges: str | None, out: str, json_out: bool) -> None:
     """solve --lengths: a strategy per length bucket, switched inside the step (hotswitch.py)."""
     from milp_plan import hotswitch, workload
-    from milp_plan.fileio import check_output, write_atomic
-    from milp_plan.report import render_switching
-    if obj.kind != "min-time" or obj.budget is not None or obj.time_limit_s is not None or obj.mode != "megatron":
-        raise InputError("--lengths plans min-time in megatron mode, without budgets or a step-time limit, for now",
-                         field="lengths")
+    from milp_plan.fileio import check_output
+    from milp_plan.plan import write_plan
+    from milp_plan.report import render_phases
+    if obj.kind == "pareto" or obj.mode != "megatron":
+        raise InputError("--lengths plans min-time or min-cost (with budgets) in megatron mode; drop "
+                         + ("--objective pareto" if obj.kind == "pareto" else "--mode free"),
+                         field="objective" if obj.kind == "pareto" else "mode")
+    obj.limits()  # min-cost with a budget: the one-line error of a plain solve
     for flag, value in (("--global-batch", spec.global_batch_size), ("--seq-len", spec.seq_length),
                         ("--global-batch-tokens", spec.global_batch_tokens), ("--job", spec.job_file)):
         if value is not None:
             raise InputError(f"{flag} conflicts with --lengths: the distribution gives the sequences and their "
                              "lengths; drop it", field=flag.lstrip("-"))
-    check_output(out, allow_stdout=False)
+    check_output(out)
     hist = workload.parse_lengths(lengths)
-    bks = workload.buckets(hist, workload.parse_edges(edges) if edges else None)
-    cands = hotswitch.candidates(spec, bks, req)
-    result = hotswitch.plan_buckets(spec, bks, cands)
-    doc = hotswitch.to_dict(result, hist)
-    write_atomic(out, json.dumps(doc, indent=2) + "\n")
-    typer.echo(json.dumps(doc, indent=2) if json_out else render_switching(doc) + f"\nWrote {out}")
+    bins = workload.buckets(hist, workload.parse_edges(edges) if edges else None)
+    choose = edges is None
+    cands = hotswitch.candidates(spec, bins, req, obj, choose_edges=choose)
+    result = hotswitch.plan_buckets(spec, bins, cands, obj, choose_edges=choose,
+                                    edges="chosen" if choose else "given")
+    plan = hotswitch.to_plan(result, hist)
+    if out != "-":
+        write_plan(out, plan)
+    if json_out or out == "-":
+        typer.echo(plan.to_json(), nl=False)
+    else:
+        typer.echo(render_phases(plan) + f"\nWrote {out}")
 
 
 def _wall_limit(max_solve_time: str | None, work_limit: float | None) -> float:

@@ -1,20 +1,32 @@
 """A strategy per sequence-length bucket, switched inside the step (HotSPa, SOSP'24), decided
 by the exact switching model (formulations/switching.py) on milp-plan's own cost model.
 
-1. Candidate strategies: for each bucket, the exact planner's best plan for that bucket
-   alone (its row length, its sequences as the global batch); duplicates dropped.
-2. Every candidate is evaluated on every bucket (`evaluate_on`): the same stages at the
-   bucket's row length, with ceil(sequences / samples per micro-batch) micro-batches (the
-   last one padded: the model's rows are whole micro-batches), by `predict.evaluate`:
-     time[b][k] = step - fill - reduction - optimizer   (the micro-batches' steady work)
-     fill[b][k] = the prediction's bubble (fill and drain)
+1. Candidate strategies (`candidates`): for each bin (the finest bucket), the exact
+   planner's best plans for that bin alone (its row length, its sequences as the global
+   batch, and padded to a multiple of the GPUs), under the objective's $/h budget; under
+   min-cost or a $/step budget also the bin's cheapest plan within its share of the step
+   limit; with chosen edges also the plan for all sequences padded to the longest edge (the
+   static padded plan). Duplicates dropped.
+2. Items: each bin alone (edges given), or every range of consecutive bins (edges chosen: a
+   range is one bucket whose sequences are padded to its longest bin's edge).
+3. Every candidate is evaluated on every item (`evaluate_on`): the same stages at the item's
+   row length, with the fewest micro-batches that hold its sequences (the last padded), by
+   `predict.evaluate`:
+     time[r][k] = step - fill - reduction - optimizer   (the micro-batches' steady work)
+     fill[r][k] = the prediction's bubble (fill and drain)
      home_time[k] = reduction + optimizer (once a step, in the home layout)
-   k cannot run b when the checker rejects the reshaped plan or a stage is over memory.
-3. room[b][k][h]: every GPU holds k's weights, gradients and activations at b plus home h's
+   k cannot run r when the checker rejects the reshaped plan or a stage is over memory.
+4. room[r][k][h]: every GPU holds k's weights, gradients and activations at r plus home h's
    optimizer state for the layers h gives it, within its capacity.
-4. switch[k][k2]: every GPU receives the weights and gradient accumulators k2 gives it
-   (an upper bound: some may already be there; HotSPa's own planner sends less), each node
-   over its inter-node link (intra-node on a one-node cluster); the slowest node sets it.
+5. switch[k][k2]: every GPU whose parameter shard differs between k and k2 (its layers or
+   its place in the tp group) receives the weights and gradient accumulators k2 gives it (an
+   upper bound: part may already be there; HotSPa's own planner sends less), each node over
+   its inter-node link (intra-node on a one-node cluster); the slowest node sets it. Layouts
+   that differ only in micro-batch size or recompute switch for free.
+6. Money (`plan_buckets`): a step rents the GPUs its layouts use. For every union of the
+   candidates' GPU sets S (closed under union), the model is solved over the candidates that
+   stay inside S; S's rent times that step time is exact for S, so the least over the sets
+   (within the $/h, $/step and step-time limits) is the optimum over the candidates.
 
 The static plan (every bucket on one strategy, no switch) is a point of the same model, so
 the answer says whether switching pays; `break_even` scales every switch cost until it
@@ -25,12 +37,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from milp_plan import check, predict
+from milp_plan import check, costmodel, predict
 from milp_plan.errors import InputError
 from milp_plan.formulations.switching import Switching, SwitchingProblem, solve as solve_switching, step_time
 from milp_plan.instance import Instance, InstanceSpec, build_instance
-from milp_plan.job import Objective
-from milp_plan.plan import Plan
+from milp_plan.job import Limits, Objective
+from milp_plan.plan import Phase, Phases, Plan, Prediction, SolverRecord
 from milp_plan.workload import Bucket
 
 GIB = 2**30
@@ -46,12 +58,17 @@ class Evaluation:
 
 @dataclass(frozen=True)
 class HotSwitchResult:
-    buckets: tuple[Bucket, ...]
+    bins: tuple[Bucket, ...]
+    items: tuple[Bucket, ...]        # the buckets the model could form (problem.ranges over the bins)
     strategies: tuple[Plan, ...]
     problem: SwitchingProblem
-    best: Switching                  # the switching model's optimum
-    static: tuple[int, float] | None  # the best single strategy and its step time
+    evaluations: tuple[tuple[Evaluation, ...], ...]   # [item][strategy]
+    best: Switching                  # the optimum (over the candidates, within the limits)
+    usd_per_hour: float | None       # the rent of the GPUs the best answer's layouts use
+    static: tuple[int, float] | None  # the best single strategy and its objective (s or $/step)
     break_even: float | None         # the switch-cost factor at which switching stops paying
+    objective: str = "min-time"
+    edges: str = "default"
 
 
 def layout_key(plan: Plan) -> tuple:
@@ -66,6 +83,12 @@ def bucket_instance(spec: InstanceSpec, edge: int, rows: int, cache: dict) -> In
     return cache[key]
 
 
+def merged(bins: tuple[Bucket, ...], first: int, last: int) -> Bucket:
+    """Bins first..last as one bucket: their sequences padded to the last bin's edge."""
+    part = bins[first:last + 1]
+    return Bucket(part[-1].edge, sum(b.sequences for b in part), sum(b.tokens for b in part))
+
+
 def evaluate_on(spec: InstanceSpec, plan: Plan, bucket: Bucket, cache: dict) -> Evaluation:
     """The plan's stages on the bucket: the fewest micro-batches (of the plan's samples) that
     hold the bucket's sequences and that the schedule runs (interleaving wants a multiple of
@@ -74,7 +97,8 @@ def evaluate_on(spec: InstanceSpec, plan: Plan, bucket: Bucket, cache: dict) -> 
     least = math.ceil(bucket.sequences / samples)
     for m in range(least, least + plan.pp):
         inst = bucket_instance(spec, bucket.edge, m * samples, cache)
-        shaped = plan.with_(global_batch_size=m * samples, num_microbatches=m, predicted=None, solver=None)
+        shaped = plan.with_(global_batch_size=m * samples, num_microbatches=m, predicted=None, solver=None,
+                            inputs=inst.inputs_record())
         if not check.check_structure(inst, shaped):
             break
     else:
@@ -105,10 +129,25 @@ def _room(ev_k: Evaluation, ev_h: Evaluation) -> bool:
     return all(own.get(g, 0.0) + opt.get(g, 0.0) <= cap[g] * (1 + 1e-12) for g in cap)
 
 
-def _switch_s(inst: Instance, target: Evaluation) -> float:
-    """Seconds to move into layout `target`: each node receives its GPUs' new weights and
-    gradients over its inter-node link (intra-node per GPU on a one-node cluster)."""
-    per_gpu = _per_gpu(target.plan, lambda sp: (sp.weights_gib + sp.gradients_gib) * GIB)
+def _shards(plan: Plan) -> dict:
+    """Each GPU's parameter shard: its stage's layer chunks and its place in the tp group (dp
+    replicas hold the same shard; the micro-batch size and recompute do not move weights)."""
+    out = {}
+    for i, st in enumerate(plan.stages):
+        for j, d in enumerate(st.devices):
+            out[(d.node, d.local_gpu)] = (tuple(plan.layer_chunks(i)), st.tp, j % st.tp, i == 0, i == plan.pp - 1)
+    return out
+
+
+def _switch_s(inst: Instance, source: Evaluation, target: Evaluation) -> float:
+    """Seconds to move from layout `source` into `target`: each GPU whose shard changes
+    receives its new weights and gradients, each node over its inter-node link (intra-node
+    per GPU on a one-node cluster); an upper bound (a GPU may hold part of its new shard)."""
+    old, new = _shards(source.plan), _shards(target.plan)
+    per_gpu = {g: b for g, b in _per_gpu(target.plan, lambda sp: (sp.weights_gib + sp.gradients_gib) * GIB).items()
+               if old.get(g) != new[g]}
+    if not per_gpu:
+        return 0.0
     nodes = inst.cluster.nodes
     if len(nodes) == 1:
         nt = nodes[0].type
@@ -119,48 +158,132 @@ def _switch_s(inst: Instance, target: Evaluation) -> float:
     return max(b / (nodes[n].type.inter_node_gb_per_s * 1e9) for n, b in by_node.items())
 
 
-def build_problem(spec: InstanceSpec, buckets: tuple[Bucket, ...],
-                  strategies: list[Plan]) -> tuple[SwitchingProblem, list[list[Evaluation]]]:
+def item_ranges(bins: int, choose_edges: bool) -> tuple[tuple[int, int], ...]:
+    """The buckets the model may form: each bin alone, or every range of consecutive bins."""
+    if not choose_edges:
+        return tuple((b, b) for b in range(bins))
+    return tuple((a, z) for a in range(bins) for z in range(a, bins))
+
+
+def build_problem(spec: InstanceSpec, bins: tuple[Bucket, ...], strategies: list[Plan],
+                  choose_edges: bool = False) -> tuple[SwitchingProblem, tuple[Bucket, ...], list[list[Evaluation]]]:
     cache: dict = {}
-    ev = [[evaluate_on(spec, k, b, cache) for k in strategies] for b in buckets]
+    ranges = item_ranges(len(bins), choose_edges)
+    items = tuple(merged(bins, a, z) for a, z in ranges)
+    ev = [[evaluate_on(spec, k, it, cache) for k in strategies] for it in items]
     K = len(strategies)
     # the largest bucket a strategy can run stands for it (its weights do not depend on the length)
-    rep = [next((ev[b][k] for b in reversed(range(len(buckets))) if ev[b][k].plan is not None), None)
-           for k in range(K)]
+    rep = [next((ev[r][k] for r in sorted(range(len(items)), key=lambda r: -items[r].edge)
+                 if ev[r][k].plan is not None), None) for k in range(K)]
     inst = next(iter(cache.values()))  # every bucket's instance has the same cluster
-    switch = tuple(tuple(0.0 if k == k2 or rep[k2] is None else _switch_s(inst, rep[k2]) for k2 in range(K))
-                   for k in range(K))
-    room = tuple(tuple(tuple(ev[b][k].time_s is not None and (k == h or (rep[h] is not None
-                                                                         and _room(ev[b][k], rep[h])))
-                             for h in range(K)) for k in range(K)) for b in range(len(buckets)))
+    switch = tuple(tuple(0.0 if k == k2 or rep[k] is None or rep[k2] is None else _switch_s(inst, rep[k], rep[k2])
+                         for k2 in range(K)) for k in range(K))
+    room = tuple(tuple(tuple(ev[r][k].time_s is not None and (k == h or (rep[h] is not None
+                                                                         and _room(ev[r][k], rep[h])))
+                             for h in range(K)) for k in range(K)) for r in range(len(items)))
     home = tuple(r.home_s if r is not None else 0.0 for r in rep)
     problem = SwitchingProblem(tuple(tuple(e.time_s for e in row) for row in ev),
-                               tuple(tuple(e.fill_s for e in row) for row in ev), switch, room, home)
-    return problem, ev
+                               tuple(tuple(e.fill_s for e in row) for row in ev), switch, room, home,
+                               ranges=ranges if choose_edges else None)
+    return problem, items, ev
 
 
-def candidates(spec: InstanceSpec, buckets: tuple[Bucket, ...], req) -> list[Plan]:
-    """Each bucket's own best plans (the exact planner at its row length, under `req`: solver,
-    limits, seed, pins): with its sequences as the global batch, and with them padded up to a
-    multiple of the cluster's GPUs (a count such as 13 admits dp 1 and 13 only)."""
-    from milp_plan import solve as solving
-    out, cache = [], {}
-    for b in buckets:
-        gpus = bucket_instance(spec, b.edge, b.sequences, cache).cluster.num_gpus
-        for rows in sorted({b.sequences, -(-b.sequences // gpus) * gpus}):
-            try:
-                got = solving.run(bucket_instance(spec, b.edge, rows, cache), req)
-            except InputError:  # no config passes the rules (or the pins) at this batch
-                continue
-            if got.plan is not None:
-                out.append(got.plan)
+def _bin_limits(objective: Objective, share: float) -> list[Limits]:
+    """The limits a bin's candidates are solved under: min-time within the $/h budget, and
+    under min-cost or a $/step budget the bin's share of the step's limit as well."""
+    lim = objective.limits()
+    out = [Limits("min-time", None, lim.budget_usd_per_hour, None)]
+    if lim.objective == "min-cost":
+        out.append(Limits("min-cost", lim.time_limit_s * share, None, None))
+    elif lim.budget_usd_per_step is not None:
+        out.append(Limits("min-time", None, lim.budget_usd_per_hour, lim.budget_usd_per_step * share))
     return out
 
 
-def plan_buckets(spec: InstanceSpec, buckets: tuple[Bucket, ...], candidates: list[Plan],
-                 backend: str = "cpsat") -> HotSwitchResult:
-    """The best strategy per bucket among `candidates` (deduplicated), the best static plan,
-    and the switch-cost factor at which switching stops paying."""
+def candidates(spec: InstanceSpec, bins: tuple[Bucket, ...], req, objective: Objective = Objective(),
+               choose_edges: bool = False) -> list[Plan]:
+    """Each bin's own best plans (the exact planner at its row length, under `req`: solver,
+    limits, seed, pins): with its sequences as the global batch, and with them padded up to a
+    multiple of the cluster's GPUs (a count such as 13 admits dp 1 and 13 only); see the
+    module docstring for the limits and the static padded plan."""
+    from milp_plan import solve as solving
+    out, cache = [], {}
+    padded = sum(b.edge * b.sequences for b in bins)
+    jobs = [(b, b.edge * b.sequences / padded) for b in bins]
+    if choose_edges and len(bins) > 1:
+        jobs.append((merged(bins, 0, len(bins) - 1), 1.0))
+    for b, share in jobs:
+        gpus = bucket_instance(spec, b.edge, b.sequences, cache).cluster.num_gpus
+        for rows in sorted({b.sequences, -(-b.sequences // gpus) * gpus}):
+            for limits in _bin_limits(objective, share):
+                try:
+                    got = solving.run(bucket_instance(spec, b.edge, rows, cache), req, limits)
+                except InputError:  # no config passes the rules (or the pins) at this batch
+                    continue
+                if got.plan is not None:
+                    out.append(got.plan)
+    return out
+
+
+def gpu_set(plan: Plan) -> frozenset:
+    return frozenset((d.node, d.local_gpu) for s in plan.stages for d in s.devices)
+
+
+def rent(inst: Instance, gpus: frozenset) -> float:
+    """$/h of renting `gpus` (costmodel.usd_per_hour: node or GPU billing)."""
+    used: dict[int, int] = {}
+    for n, _ in gpus:
+        used[n] = used.get(n, 0) + 1
+    return costmodel.usd_per_hour(inst.cluster.nodes, used)
+
+
+def union_closure(sets: list[frozenset], cap: int = 256) -> list[frozenset]:
+    """Every union of some of `sets`, smallest first (ties in a fixed order)."""
+    out = set(sets)
+    frontier = list(out)
+    while frontier:
+        new = {a | b for a in frontier for b in sets} - out
+        if len(out) + len(new) > cap:
+            raise InputError(f"the candidates use more than {cap} different GPU sets; pin the layout with --fix "
+                             "or give --buckets with fewer buckets", field="lengths")
+        out |= new
+        frontier = list(new)
+    return sorted(out, key=lambda s: (len(s), sorted(s)))
+
+
+def restrict(p: SwitchingProblem, keep: list[int]) -> SwitchingProblem:
+    """The problem over the strategies `keep` only (their indices renumbered in order)."""
+    return replace(p, time=tuple(tuple(row[k] for k in keep) for row in p.time),
+                   fill=tuple(tuple(row[k] for k in keep) for row in p.fill),
+                   switch=tuple(tuple(p.switch[k][k2] for k2 in keep) for k in keep),
+                   room=None if p.room is None else tuple(tuple(tuple(r[k][h] for h in keep) for k in keep)
+                                                          for r in p.room),
+                   home_time=None if p.home_time is None else tuple(p.home_time[k] for k in keep))
+
+
+def _lift(ans: Switching, keep: list[int]) -> Switching:
+    if ans.assignment is None:
+        return ans
+    return replace(ans, assignment=tuple(keep[k] for k in ans.assignment),
+                   home=None if ans.home is None else keep[ans.home])
+
+
+def _value(limits: Limits, t: float, usd_h: float) -> float | None:
+    """The objective of step time t at rent usd_h, or None when a limit is broken."""
+    per_step = costmodel.usd_per_step(usd_h, t)
+    if (limits.time_limit_s is not None and t > limits.time_limit_s * (1 + 1e-12)) \
+            or (limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-12)) \
+            or (limits.budget_usd_per_step is not None and per_step > limits.budget_usd_per_step * (1 + 1e-12)):
+        return None
+    return per_step if limits.objective == "min-cost" else t
+
+
+def plan_buckets(spec: InstanceSpec, bins: tuple[Bucket, ...], candidates: list[Plan],
+                 objective: Objective = Objective(), choose_edges: bool = False,
+                 backend: str = "cpsat", edges: str = "default") -> HotSwitchResult:
+    """The best strategy per bucket among `candidates` (deduplicated) under the objective and
+    its limits, the edges too when `choose_edges`, the best static plan, and the switch-cost
+    factor at which switching stops paying."""
     seen, strategies = set(), []
     for plan in candidates:
         if layout_key(plan) not in seen:
@@ -168,22 +291,49 @@ def plan_buckets(spec: InstanceSpec, buckets: tuple[Bucket, ...], candidates: li
             strategies.append(plan)
     if not strategies:
         raise InputError("no candidate strategy: no bucket has a plan on this cluster", field="lengths")
-    problem, _ = build_problem(spec, buckets, strategies)
-    best = solve_switching(problem, backend)
+    problem, items, ev = build_problem(spec, bins, strategies, choose_edges)
+    limits = objective.limits()
+    inst = bucket_instance(spec, bins[-1].edge, bins[-1].sequences, {})
+    sets = [gpu_set(k) for k in strategies]
+    best, best_key, proven = None, None, True
+    for S in union_closure(sets):
+        keep = [k for k in range(len(strategies)) if sets[k] <= S]
+        usd_h = rent(inst, S)
+        if limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-12):
+            continue
+        ans = _lift(solve_switching(restrict(problem, keep), backend), keep)
+        if ans.step_time_s is None:
+            proven &= ans.status == "infeasible"
+            continue
+        proven &= ans.status == "optimal"
+        value = _value(limits, ans.step_time_s, usd_h)
+        if value is not None and (best_key is None or (value, usd_h) < best_key):
+            best, best_key = (ans, S, keep), (value, usd_h)
     static = None
-    for k in range(problem.strategies):
-        t = step_time(problem, (k,) * problem.buckets, k)
-        if t is not None and all(problem.room is None or problem.room[b][k][k] for b in range(problem.buckets)) \
-                and (static is None or t < static[1]):
-            static = (k, t)
-    return HotSwitchResult(buckets, tuple(strategies), problem, best, static, break_even(problem, static, backend))
+    for k in range(len(strategies)):
+        one = solve_switching(restrict(problem, [k]), backend)
+        value = None if one.step_time_s is None else _value(limits, one.step_time_s, rent(inst, sets[k]))
+        if value is not None and (static is None or value < static[1]):
+            static = (k, value)
+    if best is None:
+        return HotSwitchResult(bins, items, tuple(strategies), problem, tuple(map(tuple, ev)),
+                               Switching(None, None, None, None, "infeasible" if proven else "timeout"), None,
+                               static, None, limits.objective, edges)
+    ans, S, keep = best
+    if not proven and ans.status == "optimal":
+        ans = replace(ans, status="feasible")
+    sub = restrict(problem, keep)
+    sub_static = min((t, k) for k in range(len(keep))
+                     if (t := solve_switching(restrict(sub, [k]), backend).step_time_s) is not None)
+    return HotSwitchResult(bins, items, tuple(strategies), problem, tuple(map(tuple, ev)), ans, rent(inst, S),
+                           static, break_even(sub, (sub_static[1], sub_static[0]), backend), limits.objective, edges)
 
 
 def break_even(problem: SwitchingProblem, static: tuple[int, float] | None, backend: str = "cpsat",
-               steps: int = 30) -> float | None:
+               steps: int = 20) -> float | None:
     """The least factor f on every switch cost at which the best plan is static (no switch),
-    by bisection on f in [0, 2^steps/2^10]; None when switching never pays (f = 0 is static)
-    or no static plan exists."""
+    by bisection on f (relative precision 2^-steps); None when switching never pays (f = 0 is
+    static) or no static plan exists; inf when it pays at every factor up to 2^20."""
     if static is None:
         return None
 
@@ -210,30 +360,50 @@ def label(plan: Plan) -> str:
             f"{plan.schedule}" + (f", recompute {s.recompute}" if s.recompute != "none" else ""))
 
 
-def to_dict(r: HotSwitchResult, hist) -> dict:
-    """switching.json: the buckets, the strategies (full plans at their own bucket), the
-    assignment and what it gains over the best static plan."""
-    p, best = r.problem, r.best
-    doc = {"kind": "switching", "version": 1,
-           "lengths": {"source": hist.source, "sequences": hist.sequences, "tokens": hist.tokens,
-                       "longest": hist.longest},
-           "rows": "each sequence padded to its bucket's edge",
-           "status": best.status, "scope": f"the {len(r.strategies)} candidate strategies (each bucket's own optimum)",
-           "step_time_s": best.step_time_s, "bound_s": best.bound_s,
-           "home": best.home, "switches": best.switches,
-           "buckets": [{"edge": b.edge, "sequences": b.sequences, "tokens": b.tokens, "padding": b.padding,
-                        "strategy": None if best.assignment is None else best.assignment[i],
-                        "time_s": None if best.assignment is None else p.time[i][best.assignment[i]],
-                        "fill_s": None if best.assignment is None else p.fill[i][best.assignment[i]]}
-                       for i, b in enumerate(r.buckets)],
-           "strategies": [{"label": label(k), "home_time_s": (p.home_time or (0.0,) * p.strategies)[i],
-                           "plan": k.to_dict()} for i, k in enumerate(r.strategies)],
-           "switch_s": [list(row) for row in p.switch],
-           "static": None if r.static is None else {"strategy": r.static[0], "step_time_s": r.static[1]},
-           "gain": None if r.static is None or best.step_time_s is None else 1 - best.step_time_s / r.static[1],
-           "break_even_factor": r.break_even,
-           "notes": ["switch costs: every GPU receives the weights and gradients its new layout gives it, each node "
-                     "over its inter-node link (an upper bound)",
-                     "stock Megatron-LM cannot switch layouts inside a step: this needs a runtime that can "
-                     "(HotSPa); each strategy's plan runs on Megatron-LM alone"]}
-    return doc
+SCOPE = ("the candidate strategies (each bin's own optima, and the static padded plan with chosen edges), "
+         "not every layout")
+
+
+def to_plan(r: HotSwitchResult, hist, backend: str = "cpsat") -> Plan:
+    """The answer as a plan with phases (plan.json schema 2): the top level is the home layout
+    at its own bucket, its prediction the whole step (see plan.Phases)."""
+    best, p = r.best, r.problem
+    if best.assignment is None:
+        raise InputError(f"no assignment of strategies to buckets meets the limits ({best.status})", field="lengths")
+    ranges = p.item_ranges
+    used: list[int] = []
+    for it in best.items:
+        k = best.assignment[ranges[it][0]]
+        if k not in used:
+            used.append(k)
+    phases = tuple(Phase(edge=r.items[it].edge, sequences=r.items[it].sequences, tokens=r.items[it].tokens,
+                         strategy=used.index(best.assignment[ranges[it][0]]),
+                         plan=r.evaluations[it][best.assignment[ranges[it][0]]].plan,
+                         time_s=p.time[it][best.assignment[ranges[it][0]]],
+                         fill_s=p.fill[it][best.assignment[ranges[it][0]]]) for it in best.items)
+    home = used.index(best.home)
+    value = best.step_time_s if r.objective == "min-time" else costmodel.usd_per_step(r.usd_per_hour,
+                                                                                      best.step_time_s)
+    static = None if r.static is None else {"strategy": label(r.strategies[r.static[0]]),
+                                           ("step_time_s" if r.objective == "min-time" else "usd_per_step"): r.static[1]}
+    ph = Phases(phases=phases, strategies=tuple(label(r.strategies[k]) for k in used), home=home,
+                home_time_s=p.home_time[best.home] if p.home_time else 0.0,
+                switch_s=tuple(tuple(p.switch[a][b] for b in used) for a in used),
+                lengths={"source": hist.source, "sequences": hist.sequences, "tokens": hist.tokens,
+                         "longest": hist.longest, "counts": [list(c) for c in hist.counts]},
+                edges=r.edges, scope=SCOPE, static=static,
+                gain=None if r.static is None else 1 - value / r.static[1],
+                break_even_factor="never" if r.break_even == math.inf else r.break_even)
+    top = next(x.plan for x in phases if x.strategy == home)
+    hp = top.predicted
+    fills = sum(max(x.fill_s for x in phases[a:z + 1]) for a, z in ph.segments())
+    whole = Prediction(step_time_s=best.step_time_s, compute_s=sum(x.time_s for x in phases), bubble_s=fills,
+                       p2p_s=0.0, dp_allreduce_s=hp.dp_allreduce_s, optimizer_s=hp.optimizer_s,
+                       usd_per_hour=r.usd_per_hour,
+                       usd_per_step=costmodel.usd_per_step(r.usd_per_hour, best.step_time_s),
+                       tokens_per_s=hist.tokens / best.step_time_s, stages=hp.stages, step_basis="phases")
+    scale = value / best.step_time_s
+    bound = None if best.bound_s is None or best.status not in ("optimal", "feasible") else best.bound_s * scale
+    from milp_plan.result import relative_gap
+    rec = SolverRecord(backend, best.status, value, bound, None if bound is None else relative_gap(value, bound))
+    return top.with_(predicted=whole, solver=rec, phases=ph)

@@ -20,7 +20,8 @@ from milp_plan.schedules import OneFOneB
 from milp_plan.errors import InputError
 from milp_plan.fileio import parse_json, read_text, write_atomic
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"   # 2 adds `phases` (a strategy per length bucket); "1" files still read
+READ_VERSIONS = ("1", "2")
 TOKEN_SLICES_RUNTIME = ("token slices (TeraPipe) need a runtime that pipelines slices of a sequence with a "
                         "key/value cache across slices; stock Megatron-LM cannot run them")
 STATUSES = ("optimal", "feasible", "infeasible", "timeout", "evaluated")
@@ -97,6 +98,77 @@ class ProfileFill:
     how: str
 
 
+def segments(strategies) -> list[tuple[int, int]]:
+    """(first, last) index of each maximal run of one strategy in step order: a segment of a
+    step in phases, which pays one pipeline fill (the step's optimizer barrier cuts a run
+    through the wrap to the next step in two)."""
+    out, start = [], 0
+    for i in range(1, len(strategies) + 1):
+        if i == len(strategies) or strategies[i] != strategies[start]:
+            out.append((start, i - 1))
+            start = i
+    return out
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One length bucket of a step whose sequence lengths vary (hot switching, HotSPa): its
+    sequences, each padded to `edge` tokens, run under strategy `strategy`, whose layout on
+    this bucket is `plan` (its rows as the global batch, its micro-batches, its inputs)."""
+    edge: int
+    sequences: int
+    tokens: int                    # before padding
+    strategy: int                  # index into Phases.strategies
+    plan: "Plan"
+    time_s: float                  # steady work: fill, reduction and optimizer excluded
+    fill_s: float                  # the pipeline fill and drain at this bucket's rows
+
+
+@dataclass(frozen=True)
+class Phases:
+    """A step in phases (formulations/switching.md): the buckets in step order (shortest
+    first), the strategies' labels, the home layout that holds the optimizer state and runs
+    the once-a-step reduction and optimizer step, and the switch costs between layouts."""
+    phases: tuple[Phase, ...]
+    strategies: tuple[str, ...]
+    home: int
+    home_time_s: float
+    switch_s: tuple[tuple[float, ...], ...]     # [from strategy][to strategy], seconds
+    lengths: Mapping[str, Any]                  # source, sequences, tokens, longest, counts [[length, n], ...]
+    edges: str                                  # "chosen" by the model | "given" (--buckets) | "default"
+    scope: str                                  # what `optimal` covers
+    static: Mapping[str, Any] | None = None     # the best single strategy: {"strategy": label, "step_time_s": s}
+    gain: float | None = None                   # 1 - step / static step
+    break_even_factor: float | str | None = None  # the switch-cost factor at which switching stops paying
+    #                                               (None: it never pays; "never": it pays at any factor)
+
+    def segments(self) -> list[tuple[int, int]]:
+        """(first, last) phase of each segment (`segments`)."""
+        return segments([ph.strategy for ph in self.phases])
+
+    def switches(self) -> list[tuple[int, int, float]]:
+        """(after phase i, to strategy, seconds) of every change of layout around the step's
+        cycle, the wrap to the next step's first phase included."""
+        n, out = len(self.phases), []
+        for i in range(n):
+            a, b = self.phases[i].strategy, self.phases[(i + 1) % n].strategy
+            if a != b:
+                out.append((i, b, self.switch_s[a][b]))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"edges": self.edges, "scope": self.scope, "lengths": copy.deepcopy(dict(self.lengths)),
+                "rows": "each sequence padded to its bucket's edge",
+                "strategies": list(self.strategies), "home": self.home, "home_time_s": self.home_time_s,
+                "switch_s": [list(r) for r in self.switch_s],
+                "switches": [{"after_phase": i, "to_strategy": k, "seconds": t} for i, k, t in self.switches()],
+                "static": None if self.static is None else dict(self.static), "gain": self.gain,
+                "break_even_factor": self.break_even_factor,
+                "phases": [{"edge": ph.edge, "sequences": ph.sequences, "tokens": ph.tokens,
+                            "strategy": ph.strategy, "time_s": ph.time_s, "fill_s": ph.fill_s,
+                            "plan": ph.plan.to_dict()} for ph in self.phases]}
+
+
 @dataclass(frozen=True)
 class Plan:
     stages: tuple[Stage, ...]
@@ -112,6 +184,8 @@ class Plan:
     inputs: Mapping[str, Any] = field(default_factory=dict)
     profile_fills: tuple[ProfileFill, ...] = ()   # filled profile points the plan uses (--extrapolate)
     slices: tuple[int, ...] = ()   # token slices (TeraPipe): tokens per slice of each sequence; () = not sliced
+    phases: Phases | None = None   # a strategy per length bucket (hot switching); the top level is then the
+    #                                home layout at its own bucket, `predicted` the whole step
 
     @property
     def pp(self) -> int:
@@ -189,6 +263,7 @@ class Plan:
             "solver": None if self.solver is None else asdict(self.solver),
             "inputs": copy.deepcopy(dict(self.inputs)),
             "profile_fills": [asdict(f) for f in self.profile_fills],
+            **({"phases": self.phases.to_dict()} if self.phases is not None else {}),
         }
         return d
 
@@ -207,14 +282,30 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan") -> Plan:
     import jsonschema
     if not isinstance(d, Mapping) or "schema_version" not in d:
         raise InputError("not a milp-plan plan (no schema_version); make one with `milp-plan solve`", source=source)
-    if str(d["schema_version"]) != SCHEMA_VERSION:
+    if str(d["schema_version"]) not in READ_VERSIONS:
         raise InputError(f"plan schema_version {d['schema_version']!r} is not supported (this milp-plan reads "
-                         f"{SCHEMA_VERSION!r}); re-solve with this version", source=source, field="schema_version")
+                         f"{', '.join(READ_VERSIONS)}); re-solve with this version", source=source,
+                         field="schema_version")
     try:
         jsonschema.validate(d, schema())
     except jsonschema.ValidationError as exc:
         path = ".".join(str(p) for p in exc.absolute_path) or "(top level)"
         raise InputError(f"{exc.message}", source=source, field=path) from None
+    return _plan(d)
+
+
+def _phases(d: Mapping[str, Any]) -> Phases:
+    return Phases(phases=tuple(Phase(edge=ph["edge"], sequences=ph["sequences"], tokens=ph["tokens"],
+                                     strategy=ph["strategy"], plan=_plan(ph["plan"]), time_s=ph["time_s"],
+                                     fill_s=ph["fill_s"]) for ph in d["phases"]),
+                  strategies=tuple(d["strategies"]), home=d["home"], home_time_s=d["home_time_s"],
+                  switch_s=tuple(tuple(r) for r in d["switch_s"]), lengths=d["lengths"], edges=d["edges"],
+                  scope=d["scope"], static=d.get("static"), gain=d.get("gain"),
+                  break_even_factor=d.get("break_even_factor"))
+
+
+def _plan(d: Mapping[str, Any]) -> Plan:
+    """A schema-valid plan dict as a Plan."""
     stages = tuple(Stage(**{**s, "devices": tuple(Device(**dv) for dv in s["devices"])}) for s in d["stages"])
     pred = d.get("predicted")
     if pred is not None:
@@ -225,7 +316,8 @@ def plan_from_dict(d: Mapping[str, Any], source: str = "plan") -> Plan:
                 sequence_parallel=d["sequence_parallel"], mode=d["mode"], predicted=pred,
                 solver=None if solver is None else SolverRecord(**solver), inputs=d.get("inputs") or {},
                 profile_fills=tuple(ProfileFill(**f) for f in d.get("profile_fills") or ()),
-                slices=tuple(d.get("slices") or ()))
+                slices=tuple(d.get("slices") or ()),
+                phases=None if d.get("phases") is None else _phases(d["phases"]))
 
 
 def read_plan(path: str | Path) -> Plan:

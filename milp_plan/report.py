@@ -221,30 +221,42 @@ def render_simulation(check) -> str:
             "GiB of the prediction")
 
 
-def render_switching(doc: dict) -> str:
-    """solve --lengths: buckets, their strategies, the step against the best static plan."""
-    out = [f"Lengths: {doc['lengths']['source']}: {doc['lengths']['sequences']} sequences, "
-           f"{doc['lengths']['tokens']} tokens, longest {doc['lengths']['longest']} ({doc['rows']})"]
-    rows = [[b["edge"], b["sequences"], f"{b['padding']:.0%}", "-" if b["strategy"] is None else b["strategy"],
-             "-" if b["time_s"] is None else f"{b['time_s']:.4g}", "-" if b["fill_s"] is None else f"{b['fill_s']:.4g}"]
-            for b in doc["buckets"]]
-    out.append(table(["bucket edge", "sequences", "padding", "strategy", "time s", "fill s"], rows,
-                     right=[True, True, True, True, True, True]))
-    out += [f"  strategy {i}: {s['label']}" for i, s in enumerate(doc["strategies"])]
-    if doc["step_time_s"] is None:
-        out.append(f"No assignment: {doc['status']}")
-        return "\n".join(out)
-    out.append(f"Step time {doc['step_time_s']:.6g} s ({doc['status']} over {doc['scope']}, "
-               f"bound {doc['bound_s']:.6g} s), "
-               f"{doc['switches']} switches a step, home layout {doc['home']}")
-    st = doc["static"]
-    if st is not None:
-        gain = doc["gain"]
-        be = doc["break_even_factor"]
-        out.append(f"Best static plan: strategy {st['strategy']}, {st['step_time_s']:.6g} s; "
-                   + ("switching gains nothing" if gain <= 1e-9 else
-                      f"switching gains {gain:.1%}; it stops paying at {be:.3g}x the estimated switch costs"))
-    out += [f"Note: {n}" for n in doc["notes"]]
+SWITCH_NOTES = ("switch costs: every GPU whose parameter shard changes receives the weights and gradients its new "
+                "layout gives it, each node over its inter-node link (an upper bound); layouts that differ only in "
+                "micro-batch size or recompute switch for free",
+                "stock Megatron-LM cannot switch layouts inside a step: this needs a runtime that can (HotSPa); "
+                "`milp-plan launch` writes one Megatron-LM configuration per bucket and a manifest")
+
+
+def render_phases(plan) -> str:
+    """solve --lengths: the buckets, their strategies, the step against the best static plan."""
+    ph, pr, rec = plan.phases, plan.predicted, plan.solver
+    ln = ph.lengths
+    out = [f"Lengths: {ln['source']}: {ln['sequences']} sequences, {ln['tokens']} tokens, longest {ln['longest']} "
+           f"(each sequence padded to its bucket's edge; edges {ph.edges})"]
+    rows = [[i, x.edge, x.sequences, f"{1 - x.tokens / (x.edge * x.sequences):.0%}", x.strategy,
+             x.plan.num_microbatches, f"{x.time_s:.4g}", f"{x.fill_s:.4g}"] for i, x in enumerate(ph.phases)]
+    out.append(table(["phase", "bucket edge", "sequences", "padding", "strategy", "micro-batches", "time s",
+                      "fill s"], rows, right=[True] * 8))
+    out += [f"  strategy {i}: {lab}" + (" (home: optimizer state, reduction and optimizer step)" if i == ph.home
+                                        else "") for i, lab in enumerate(ph.strategies)]
+    sw = ph.switches()
+    unit = "$/step" if plan.inputs.get("objective", {}).get("kind") == "min-cost" else "s"
+    out.append(f"Step time {pr.step_time_s:.6g} s = work {pr.compute_s:.6g} + fills {pr.bubble_s:.6g} + "
+               f"{len(sw)} switches {sum(t for *_, t in sw):.4g} + reduction and optimizer "
+               f"{pr.dp_allreduce_s + pr.optimizer_s:.4g}")
+    out.append(f"{rec.status} over {ph.scope}" + ("" if rec.best_bound is None else
+                                                  f" (bound {rec.best_bound:.6g} {unit})"))
+    out.append(f"Rent {pr.usd_per_hour:.2f} $/h, {pr.usd_per_step:.4g} $/step, {pr.tokens_per_s:,.0f} tokens/s "
+               "(unpadded)")
+    if ph.static is not None:
+        key = "step_time_s" if "step_time_s" in ph.static else "usd_per_step"
+        be = ph.break_even_factor
+        out.append(f"Best static plan: {ph.static['strategy']}, {ph.static[key]:.6g} {'s' if key == 'step_time_s' else '$/step'}; "
+                   + ("switching gains nothing" if ph.gain <= 1e-9 else
+                      f"switching gains {ph.gain:.1%}" + ("; it pays at any switch cost" if be == "never" else
+                                                          f"; it stops paying at {be:.3g}x the estimated switch costs")))
+    out += [f"Note: {n}" for n in SWITCH_NOTES]
     return "\n".join(out)
 
 

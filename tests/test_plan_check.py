@@ -52,10 +52,20 @@ def test_json_validates_against_shipped_schema(inst):
     jsonschema.validate(json.loads(full_plan(inst).to_json()), schema_doc)
     jsonschema.validate(json.loads(two_stage_plan().to_json()), schema_doc)   # no prediction, no solver
     doc = two_stage_plan().to_dict()
-    assert doc["schema_version"] == "1" and doc["megatron_compatible"] is True
+    assert doc["schema_version"] == "2" and doc["megatron_compatible"] is True
     doc["stages"][0]["tp"] = 0
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, schema_doc)
+
+
+def test_a_version_1_plan_still_reads(tmp_path, inst):
+    """Schema 2 only added `phases`: a file written by the version before reads as the same plan."""
+    plan = full_plan(inst)
+    doc = plan.to_dict()
+    doc["schema_version"] = "1"
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(doc))
+    assert read_plan(p) == plan and "phases" not in doc
 
 
 def test_read_plan_not_json(tmp_path):

@@ -381,7 +381,7 @@ def test_out_dash_writes_stdout(files, capsys, tiny_plan):
     code, out, err = run_cli(capsys, "solve", "--cluster", "c.yaml", "--model", "m.yaml", "--profiles", "p.csv",
                              "--global-batch", "8", "--fix", "tp=1,dp=8,pp=1", "--out", "-")
     assert code == 0, err
-    assert json.loads(out)["schema_version"] == "1"
+    assert json.loads(out)["schema_version"] == "2"
     assert not (files / "-").exists()
 
 

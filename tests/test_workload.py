@@ -11,6 +11,7 @@ from milp_plan.errors import InputError
 from milp_plan.formulations.switching import brute_force, step_time
 from milp_plan.instance import InstanceSpec
 from milp_plan.solve import SolveRequest
+from milp_plan.plan import read_plan
 from clitools import run_cli
 
 
@@ -74,13 +75,15 @@ def test_hot_switching_on_the_cost_model(four_a100):
     assert result.problem.time[b][k] == pytest.approx(p.step_time_s - p.bubble_s - p.dp_allreduce_s - p.optimizer_s)
 
 
-def test_cli_solve_lengths_writes_switching_json(four_a100, tmp_path, capsys):
+def test_cli_solve_lengths_writes_a_plan_with_phases(four_a100, tmp_path, capsys):
     out = tmp_path / "sw.json"
     code, text, _ = run_cli(capsys, "solve", "--cluster", four_a100, "--model", "gpt3-1.3b", "--lengths",
                             "lognormal:1024:8192:24", "--work-limit", "20", "--out", str(out))
     assert code == 0 and "Best static plan" in text and "candidate strategies" in text
     doc = json.loads(out.read_text())
-    assert doc["kind"] == "switching" and sum(b["sequences"] for b in doc["buckets"]) == 24
+    assert doc["schema_version"] == "2" and sum(ph["sequences"] for ph in doc["phases"]["phases"]) == 24
+    plan = read_plan(out)   # the schema holds it, and it reads back to the same bytes
+    assert plan.to_json() == out.read_text() and plan.predicted.step_basis == "phases"
     code, _, err = run_cli(capsys, "solve", "--lengths", "lognormal:1024:8192:24", "--global-batch", "8",
                            "--out", str(out))
     assert code == 2 and "--global-batch conflicts with --lengths" in err

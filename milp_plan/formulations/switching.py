@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from milp_plan.errors import InputError
+from milp_plan.plan import segments
 from milp_plan.result import PROOF_TOL, relative_gap
 
 TICK_S = 1e-6   # the model's time unit
@@ -134,17 +135,6 @@ def _items_of(p: SwitchingProblem, items: Sequence[int] | None) -> tuple[int, ..
             return None
         nxt = z + 1
     return items if items and nxt == p.buckets else None
-
-
-def segments(assignment: Sequence[int]) -> list[tuple[int, int]]:
-    """(first, last) bins of each maximal run of one strategy in step order 0..B-1: the step's
-    optimizer barrier cuts a run through the wrap in two."""
-    out, start = [], 0
-    for b in range(1, len(assignment) + 1):
-        if b == len(assignment) or assignment[b] != assignment[start]:
-            out.append((start, b - 1))
-            start = b
-    return out
 
 
 def step_time(p: SwitchingProblem, assignment: Sequence[int], home: int | None = None,
