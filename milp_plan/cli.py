@@ -554,6 +554,10 @@ def verify(
         "--dp-overlap", help="Overlap the gradient reduction with the last backward (per-layer buckets).")] = False,
     trace: Annotated[Optional[str], typer.Option("--trace", help="Write a Chrome/Perfetto trace JSON here.")] = None,
     gantt: Annotated[Optional[str], typer.Option("--gantt", help="Write a Gantt chart PNG here (needs [plot]).")] = None,
+    samples: Annotated[int, typer.Option(
+        "--samples", help="A plan with phases (solve --lengths): batches drawn from its length distribution and "
+                          "simulated, for the spread of step times.")] = 20,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled batches.")] = 0,
     json_out: JsonOpt = False,
 ) -> None:
     """Re-check a plan, simulate it event by event, compare prediction and simulation (exit 0 / 1 / 2)."""
@@ -564,7 +568,9 @@ def verify(
     for what, path in (("--trace", trace), ("--gantt", gantt)):
         if path:
             check_output(path, what, allow_stdout=False)
-    report = verify_plan(plan_file, parse_tolerance(tolerance), schedule, vpp, dp_overlap)
+    if not 0 <= samples <= 10_000:
+        raise InputError(f"must be between 0 and 10000 sampled batches, got {samples}", field="samples")
+    report = verify_plan(plan_file, parse_tolerance(tolerance), schedule, vpp, dp_overlap, samples, seed)
     if report.result is not None and trace:
         from milp_plan.sim.trace import write_trace
         write_trace(trace, report.result)

@@ -42,7 +42,7 @@ from milp_plan.errors import InputError
 from milp_plan.formulations.switching import Switching, SwitchingProblem, solve as solve_switching, step_time
 from milp_plan.instance import Instance, InstanceSpec, build_instance
 from milp_plan.job import Limits, Objective
-from milp_plan.plan import Phase, Phases, Plan, Prediction, SolverRecord
+from milp_plan.plan import Phase, Phases, Plan, Prediction, SolverRecord, fewest_micro_batches
 from milp_plan.workload import Bucket
 
 GIB = 2**30
@@ -90,18 +90,16 @@ def merged(bins: tuple[Bucket, ...], first: int, last: int) -> Bucket:
 
 
 def evaluate_on(spec: InstanceSpec, plan: Plan, bucket: Bucket, cache: dict) -> Evaluation:
-    """The plan's stages on the bucket: the fewest micro-batches (of the plan's samples) that
-    hold the bucket's sequences and that the schedule runs (interleaving wants a multiple of
-    pp: up to pp - 1 more, padded)."""
+    """The plan's stages on the bucket, with the fewest micro-batches (of the plan's samples)
+    that hold the bucket's sequences and that its schedule runs (plan.fewest_micro_batches)."""
     samples = plan.global_batch_size // plan.num_microbatches
-    least = math.ceil(bucket.sequences / samples)
-    for m in range(least, least + plan.pp):
-        inst = bucket_instance(spec, bucket.edge, m * samples, cache)
-        shaped = plan.with_(global_batch_size=m * samples, num_microbatches=m, predicted=None, solver=None,
-                            inputs=inst.inputs_record())
-        if not check.check_structure(inst, shaped):
-            break
-    else:
+    m = fewest_micro_batches(plan, bucket.sequences)
+    if m is None:
+        return Evaluation(None, None, 0.0, 0.0)
+    inst = bucket_instance(spec, bucket.edge, m * samples, cache)
+    shaped = plan.with_(global_batch_size=m * samples, num_microbatches=m, predicted=None, solver=None,
+                        inputs=inst.inputs_record())
+    if check.check_structure(inst, shaped):
         return Evaluation(None, None, 0.0, 0.0)
     shaped = shaped.with_(predicted=predict.evaluate(inst, shaped))
     p = shaped.predicted
@@ -119,13 +117,13 @@ def _per_gpu(plan: Plan, value) -> dict:
     return out
 
 
-def _room(ev_k: Evaluation, ev_h: Evaluation) -> bool:
-    """Every GPU: k's memory without its optimizer state, plus h's optimizer state."""
-    if ev_k.plan is None or ev_h.plan is None:
+def room_for(k: Plan | None, home: Plan | None) -> bool:
+    """Every GPU: k's memory without its optimizer state, plus the home's optimizer state."""
+    if k is None or home is None:
         return False
-    own = _per_gpu(ev_k.plan, lambda sp: sp.peak_memory_gib - sp.optimizer_gib)
-    cap = _per_gpu(ev_k.plan, lambda sp: sp.capacity_gib) | _per_gpu(ev_h.plan, lambda sp: sp.capacity_gib)
-    opt = _per_gpu(ev_h.plan, lambda sp: sp.optimizer_gib)
+    own = _per_gpu(k, lambda sp: sp.peak_memory_gib - sp.optimizer_gib)
+    cap = _per_gpu(k, lambda sp: sp.capacity_gib) | _per_gpu(home, lambda sp: sp.capacity_gib)
+    opt = _per_gpu(home, lambda sp: sp.optimizer_gib)
     return all(own.get(g, 0.0) + opt.get(g, 0.0) <= cap[g] * (1 + 1e-12) for g in cap)
 
 
@@ -179,7 +177,7 @@ def build_problem(spec: InstanceSpec, bins: tuple[Bucket, ...], strategies: list
     switch = tuple(tuple(0.0 if k == k2 or rep[k] is None or rep[k2] is None else _switch_s(inst, rep[k], rep[k2])
                          for k2 in range(K)) for k in range(K))
     room = tuple(tuple(tuple(ev[r][k].time_s is not None and (k == h or (rep[h] is not None
-                                                                         and _room(ev[r][k], rep[h])))
+                                                                         and room_for(ev[r][k].plan, rep[h].plan)))
                              for h in range(K)) for k in range(K)) for r in range(len(items)))
     home = tuple(r.home_s if r is not None else 0.0 for r in rep)
     problem = SwitchingProblem(tuple(tuple(e.time_s for e in row) for row in ev),

@@ -98,6 +98,24 @@ class ProfileFill:
     how: str
 
 
+def fewest_micro_batches(plan: "Plan", sequences: int) -> int | None:
+    """The fewest micro-batches of `plan`'s samples that hold `sequences` (the last padded) and
+    that its schedule runs (interleaving may want a multiple of pp: up to pp - 1 more); 0 for
+    no sequence; None when no count up to that runs."""
+    if sequences == 0:
+        return 0
+    samples = plan.global_batch_size // plan.num_microbatches
+    least = -(-sequences // samples)
+    sched = schedules.schedule_of(plan.schedule, plan.vpp)
+    for m in range(least, least + plan.pp):
+        try:
+            sched.check_runtime(plan.pp, m)
+        except InputError:
+            continue
+        return m
+    return None
+
+
 def segments(strategies) -> list[tuple[int, int]]:
     """(first, last) index of each maximal run of one strategy in step order: a segment of a
     step in phases, which pays one pipeline fill (the step's optimizer barrier cuts a run

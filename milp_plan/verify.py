@@ -23,11 +23,12 @@ from typing import Any
 from milp_plan import check, predict, schedules
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance, instance_from_inputs
-from milp_plan.plan import Plan, Prediction, read_plan
+from milp_plan.plan import Plan, Prediction, fewest_micro_batches, read_plan
 from milp_plan.report import table
 from milp_plan.sim import SimResult, simulate_plan, too_large_to_simulate
 
 DEFAULT_TOLERANCE = 0.02
+DEFAULT_SAMPLES = 20      # sampled batches of a plan with phases
 
 
 def parse_tolerance(text: str | float) -> float:
@@ -75,10 +76,11 @@ class VerifyReport:
     comparisons: list[Comparison] = field(default_factory=list)
     fresh_step_time_s: float | None = None     # cost model now, when it differs from the recorded one
     result: SimResult | None = None
+    phases: "PhasesCheck | None" = None        # a plan with phases: its step and sampled batches, simulated
 
     @property
     def simulated(self) -> bool:
-        return self.result is not None
+        return self.result is not None or self.phases is not None
 
     @property
     def ok(self) -> bool:
@@ -147,9 +149,15 @@ def _compare(report: VerifyReport, inst: Instance, plan: Plan, predicted: Predic
 
 
 def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule: str | None = None,
-                vpp: int | None = None, dp_overlap: bool = False) -> VerifyReport:
+                vpp: int | None = None, dp_overlap: bool = False, samples: int = DEFAULT_SAMPLES,
+                seed: int = 0) -> VerifyReport:
     """Check, simulate and compare one plan file (see the module docstring)."""
     plan = read_plan(path)
+    if plan.phases is not None:
+        if schedule is not None or vpp is not None or dp_overlap:
+            raise InputError("a plan with phases is verified as it is written; drop --schedule, --vpp and "
+                             "--dp-overlap", source=str(path), field="phases")
+        return verify_phases(str(path), plan, tolerance, samples, seed)
     if not plan.inputs:
         raise InputError("the plan records no inputs (cluster, model, job); it must come from `milp-plan solve` "
                          "or carry an 'inputs' record", source=str(path), field="inputs")
@@ -195,6 +203,114 @@ def verify_plan(path: str | Path, tolerance: float = DEFAULT_TOLERANCE, schedule
     return report
 
 
+# ---- a plan with phases ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PhasesCheck:
+    step: Any                          # sim.phases.PhaseStep: the plan's own batch, simulated
+    sampled_s: tuple[float, ...]       # the simulated step of each sampled batch
+    seed: int
+
+    def spread(self) -> dict[str, float]:
+        xs = sorted(self.sampled_s)
+        if not xs:
+            return {}
+        pick = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+        mean = sum(xs) / len(xs)
+        return {"mean": mean, "stdev": (sum((x - mean) ** 2 for x in xs) / len(xs)) ** 0.5, "min": xs[0],
+                "p50": pick(0.5), "p95": pick(0.95), "max": xs[-1]}
+
+
+def check_phases(plan: Plan, insts: list[Instance]) -> list[check.Violation]:
+    """Rule "phases": the phases hold the distribution's sequences in their buckets, each with
+    the fewest micro-batches its plan needs at its row length; one strategy index is one layout;
+    a strategy runs one run around the cycle; every layout leaves room for the home's optimizer
+    state; each phase's time and fill are its plan's prediction."""
+    from milp_plan import hotswitch, workload
+    ph, out = plan.phases, []
+
+    def bad(msg: str) -> None:
+        out.append(check.Violation("phases", msg))
+    edges = [x.edge for x in ph.phases]
+    if edges != sorted(set(edges)):
+        bad(f"bucket edges {edges} must ascend")
+        return out
+    lengths = [l for l, c in ph.lengths["counts"] for _ in range(c)]
+    try:
+        counts = workload.bucket_counts(lengths, edges)
+    except InputError as exc:
+        bad(str(exc))
+        return out
+    keys: dict[int, tuple] = {}
+    for i, (x, inst, n) in enumerate(zip(ph.phases, insts, counts)):
+        where = f"phase {i} ({x.edge} tokens)"
+        if x.sequences != n:
+            bad(f"{where} holds {x.sequences} sequences; the distribution puts {n} in it")
+        if inst.job.seq_length != x.edge:
+            bad(f"{where}: its plan is for {inst.job.seq_length}-token rows")
+        if not 0 <= x.strategy < len(ph.strategies):
+            bad(f"{where}: strategy {x.strategy} is not one of the {len(ph.strategies)}")
+            continue
+        if keys.setdefault(x.strategy, hotswitch.layout_key(x.plan)) != hotswitch.layout_key(x.plan):
+            bad(f"{where}: strategy {x.strategy}'s layout differs from its other phases'")
+        m = fewest_micro_batches(x.plan, x.sequences)
+        if m != x.plan.num_microbatches:
+            bad(f"{where}: {x.plan.num_microbatches} micro-batches where {m} hold its {x.sequences} sequences")
+        p = x.plan.predicted
+        if p is not None and (abs(x.fill_s - p.bubble_s) > 1e-9 * max(1.0, p.step_time_s) or abs(
+                x.time_s - (p.step_time_s - p.bubble_s - p.dp_allreduce_s - p.optimizer_s)) > 1e-9 * p.step_time_s):
+            bad(f"{where}: time_s and fill_s are not its plan's prediction (edited by hand?)")
+    order = [x.strategy for x in ph.phases]
+    entries = [k for i, k in enumerate(order) if len(order) > 1 and k != order[i - 1]]
+    if len(entries) != len(set(entries)):
+        bad(f"a strategy runs more than one run of buckets around the cycle ({order})")
+    homes = [x for x in ph.phases if x.strategy == ph.home]
+    if not homes:
+        bad(f"the home layout {ph.home} runs no phase")
+    else:
+        for i, x in enumerate(ph.phases):
+            if not hotswitch.room_for(x.plan, homes[-1].plan):
+                bad(f"phase {i} ({x.edge} tokens) leaves no room for the home layout's optimizer state")
+    return out
+
+
+def verify_phases(path: str, plan: Plan, tolerance: float, samples: int, seed: int) -> VerifyReport:
+    """Check every phase's plan and the phases' rules, simulate the step (sim/phases.py) against
+    the prediction, each phase's memory against its plan's, and `samples` batches drawn from the
+    distribution for the spread of step times."""
+    from milp_plan import workload
+    from milp_plan.sim.phases import simulate_step
+    ph = plan.phases
+    insts = [instance_from_inputs(x.plan.inputs, f"{path} (phase {i})") for i, x in enumerate(ph.phases)]
+    violations = []
+    for i, (inst, x) in enumerate(zip(insts, ph.phases)):
+        violations += [check.Violation(v.rule, f"phase {i} ({x.edge} tokens): {v.message}")
+                       for v in check_input_hashes(x.plan.inputs, inst) + check.check_plan(inst, x.plan)]
+    violations += check_phases(plan, insts)
+    report = VerifyReport(path, plan.schedule, plan.vpp, False, tolerance, violations)
+    report.notes.append(f"{len(ph.phases)} phases, {len(ph.strategies)} layouts, {len(ph.switches())} switches a "
+                        "step; switch costs are the cost model's estimate, not simulated")
+    if any(check.check_structure(inst, x.plan) for inst, x in zip(insts, ph.phases)) or \
+            any(v.rule == "phases" for v in violations):
+        report.notes.append("not simulated: a phase is invalid (see the violations)")
+        return report
+    step = simulate_step(ph, insts)
+    report.comparisons.append(Comparison("step time", "s", plan.predicted.step_time_s, step.step_time_s, tolerance))
+    for i, (inst, x) in enumerate(zip(insts, ph.phases)):
+        if too_large_to_simulate(x.plan) is None:
+            sim = simulate_plan(inst, x.plan)
+            for s, (sp, peak) in enumerate(zip(x.plan.predicted.stages, sim.peak_memory_gib)):
+                report.comparisons.append(Comparison(f"phase {i} stage {s} peak memory", "GiB", sp.peak_memory_gib,
+                                                     peak, tolerance))
+    hist = workload.Histogram(tuple(tuple(c) for c in ph.lengths["counts"]), ph.lengths["source"])
+    edges = [x.edge for x in ph.phases]
+    sampled = []
+    for batch in workload.sample_batches(hist, samples, seed):
+        counts = [fewest_micro_batches(x.plan, n) for x, n in zip(ph.phases, workload.bucket_counts(batch, edges))]
+        sampled.append(simulate_step(ph, insts, counts).step_time_s)
+    report.phases = PhasesCheck(step, tuple(sampled), seed)
+    return report
+
+
 # ---- rendering ------------------------------------------------------------------------------
 def report_dict(r: VerifyReport) -> dict[str, Any]:
     res = r.result
@@ -208,6 +324,13 @@ def report_dict(r: VerifyReport) -> dict[str, Any]:
         "fresh_step_time_s": r.fresh_step_time_s,
         "simulation": None,
     }
+    if r.phases is not None:
+        st = r.phases.step
+        out["phases"] = {"step_time_s": st.step_time_s, "segments": [
+            {"phases": list(seg), "pipeline_s": t} for seg, t in zip(st.segments, st.segment_s)],
+            "switches_s": st.switches_s, "home_s": st.home_s,
+            "sampled": {"batches": len(r.phases.sampled_s), "seed": r.phases.seed,
+                        "step_time_s": list(r.phases.sampled_s), **r.phases.spread()}}
     if res is not None:
         out["simulation"] = {
             "step_time_s": res.step_time_s, "pipeline_time_s": res.pipeline_time_s,
@@ -238,6 +361,17 @@ def render_report(r: VerifyReport) -> str:
                  "ok" if c.ok else f"OFF by {_pct(c.rel_diff)}"] for c in r.comparisons]
         lines += ["", table(["quantity", "predicted", "simulated", "difference", f"within {100 * r.tolerance:g}%"],
                             rows, right=[False, True, True, True, False])]
+    if r.phases is not None:
+        st, sp = r.phases.step, r.phases.spread()
+        rows = [[f"phases {a}-{z}" if a != z else f"phase {a}", f"{t:.6g}"] for (a, z), t in zip(st.segments,
+                                                                                               st.segment_s)]
+        lines += ["", f"Simulated step {st.step_time_s:.6g} s: segments (one pipeline each) "
+                  f"{sum(st.segment_s):.6g} + switches {st.switches_s:.4g} + reduction and optimizer {st.home_s:.4g}",
+                  table(["segment", "pipeline s"], rows, right=[False, True])]
+        if sp:
+            lines.append(f"{len(r.phases.sampled_s)} batches sampled from the distribution (seed {r.phases.seed}): "
+                         f"mean {sp['mean']:.6g} s, stdev {sp['stdev']:.3g}, min {sp['min']:.6g}, p50 {sp['p50']:.6g}, "
+                         f"p95 {sp['p95']:.6g}, max {sp['max']:.6g}")
     if r.result is not None:
         res = r.result
         rows = [[f"stage {s}", res.busy_s[s], f"{100 * res.bubble_fraction[s]:.1f}%", res.peak_inflight[s]]

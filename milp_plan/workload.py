@@ -153,3 +153,26 @@ def parse_edges(text: str) -> tuple[int, ...]:
         raise InputError(f"bucket edges are whole token counts >= 1, e.g. 2048,4096,16384; got {text!r}",
                          field="buckets")
     return edges
+
+
+def sample_batches(hist: Histogram, count: int, seed: int) -> list[tuple[int, ...]]:
+    """`count` global batches of hist.sequences lengths each, drawn with replacement from the
+    histogram (lengths sorted within a batch); the same (hist, count, seed) gives the same."""
+    rng = random.Random(seed)
+    lengths = [l for l, _ in hist.counts]
+    weights = [c for _, c in hist.counts]
+    return [tuple(sorted(rng.choices(lengths, weights, k=hist.sequences))) for _ in range(count)]
+
+
+def bucket_counts(lengths: Sequence[int], edges: Sequence[int]) -> list[int]:
+    """How many of `lengths` fall in each bucket (previous edge, edge]; edges ascending, the
+    last holding the longest."""
+    out, i = [0] * len(edges), 0
+    for l in sorted(lengths):
+        while i < len(edges) and l > edges[i]:
+            i += 1
+        if i == len(edges):
+            raise InputError(f"a sequence of {l} tokens is longer than the last bucket edge ({edges[-1]})",
+                             field="buckets")
+        out[i] += 1
+    return out

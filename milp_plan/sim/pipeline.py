@@ -72,6 +72,13 @@ class PipelineSpec:
     slice_bwd_s: tuple[tuple[float, ...], ...] = ()
     slice_hop_s: tuple[tuple[float, ...], ...] = ()
     slice_share: tuple[float, ...] = ()
+    # micro-batches of several row lengths back to back (a segment of a step in phases): rank r
+    # runs micro-batch i in item_fwd_s[r][i], item_bwd_s[r][i] (whole stage, all chunks);
+    # item_hop_s[h][i] is its transfer on hop h (h = pp - 1: the interleaved wrap-around). These
+    # replace fwd_s, bwd_s, hop_s, wrap_hop_s, which still give pp.
+    item_fwd_s: tuple[tuple[float, ...], ...] = ()
+    item_bwd_s: tuple[tuple[float, ...], ...] = ()
+    item_hop_s: tuple[tuple[float, ...], ...] = ()
 
     @property
     def slices(self) -> int:
@@ -121,6 +128,15 @@ class PipelineSpec:
                     raise InputError(f"need {want} rows of {n} slice times", field=name)
             if self.slice_share and len(self.slice_share) != n:
                 raise InputError(f"need one share per slice ({n})", field="slice_share")
+        if self.item_fwd_s:
+            m, hops = self.num_microbatches, pp if self.vpp > 1 else pp - 1
+            rows = {"item_fwd_s": (self.item_fwd_s, pp), "item_bwd_s": (self.item_bwd_s, pp),
+                    "item_hop_s": (self.item_hop_s, hops)}
+            for name, (v, want) in rows.items():
+                if len(v) != want or any(len(r) != m for r in v):
+                    raise InputError(f"need {want} rows of {m} micro-batch times", field=name)
+            if self.slice_fwd_s:
+                raise InputError("per-micro-batch times and token slices are not combined", field="item_fwd_s")
 
 
 @dataclass(frozen=True)
@@ -221,11 +237,16 @@ class _Builder:
                     for i in range(self.m):
                         self.g.add_op(max(0.0, rows[r][i % self.n]), r)
             return
+        share = {"F": 1.0, "B": 1.0, "I": 1 - s.w_fraction, "W": s.w_fraction}
         for kind in self.kinds:
             for gs in range(self.G):
                 r = gs % self.pp
-                b = s.bwd_s[r] / v
-                dur = {"F": s.fwd_s[r] / v, "B": b, "I": (1 - s.w_fraction) * b, "W": s.w_fraction * b}[kind]
+                if s.item_fwd_s:   # micro-batches of several row lengths
+                    row = s.item_fwd_s[r] if kind == "F" else s.item_bwd_s[r]
+                    for i in range(self.m):
+                        self.g.add_op(max(0.0, share[kind] * (row[i] / v)), r)
+                    continue
+                dur = share[kind] * ((s.fwd_s[r] if kind == "F" else s.bwd_s[r]) / v)
                 self.g.add_ops(self.m, max(0.0, dur), r)
 
     def hop(self, gs: int) -> float:
@@ -240,6 +261,9 @@ class _Builder:
                 if self.n > 1:
                     for i in range(m):
                         self.g.duration_s[x + i] = max(0.0, self.spec.slice_hop_s[gs][i % self.n])
+                elif self.spec.item_hop_s:
+                    for i in range(m):
+                        self.g.duration_s[x + i] = max(0.0, self.spec.item_hop_s[gs % pp][i])
                 src = self.cid(self.bkind, gs + 1, 0) if back else self.cid("F", gs, 0)
                 dst = self.cid(self.bkind, gs, 0) if back else self.cid("F", gs + 1, 0)
                 for i in range(m):
