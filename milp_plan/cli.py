@@ -528,7 +528,10 @@ def launch(
     from milp_plan.report import table
     res = write_launch(plan, LaunchOptions(out, scheduler, force, megatron_path, master_port, cluster,
                                            parse_partitions(partition)))
-    if not res.compatible:
+    from milp_plan.launch import SWITCH_REASON
+    if res.reasons == (SWITCH_REASON,):
+        typer.echo(f"note: {SWITCH_REASON}", err=True)
+    elif not res.compatible:
         typer.echo("note: stock Megatron-LM cannot run this plan; wrote per_stage.json for a per-stage runtime:",
                    err=True)
         for r in res.reasons:

@@ -360,3 +360,33 @@ def test_gantt_png_is_written(tmp_path):
     path = tmp_path / "g.png"
     write_gantt(path, simulate_pipeline(equal("zb-h1", 3, 6, dp_s=(0.5,) * 3, opt_s=(0.2,) * 3)))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_micro_batches_of_several_row_lengths_run_back_to_back():
+    """A segment of a step in phases: 1F1B on 2 stages, micro-batch 0 long (F 2, B 4 on each
+    stage), micro-batch 1 short (F 1, B 2), free transfers. Rank 1 runs F0 B0 F1 B1, rank 0
+    F0 F1 B0 B1:
+      rank 0: F0 0-2, F1 2-3;  rank 1: F0 2-4, B0 4-8, F1 8-9 (rank 1 is busy until 8), B1 9-11
+      rank 0: B0 8-12 (after rank 1's B0), B1 12-14
+    so the segment takes 14 (equal micro-batches of the long kind would take 2+2+4+4+... = 18)."""
+    spec = PipelineSpec(schedule="1f1b", num_microbatches=2, fwd_s=(2, 2), bwd_s=(4, 4), hop_s=(0,),
+                        item_fwd_s=((2, 1), (2, 1)), item_bwd_s=((4, 2), (4, 2)), item_hop_s=((0, 0),))
+    assert simulate_pipeline(spec).pipeline_time_s == 14
+    same = PipelineSpec(schedule="1f1b", num_microbatches=2, fwd_s=(2, 2), bwd_s=(4, 4), hop_s=(0,))
+    assert simulate_pipeline(same).pipeline_time_s == 18
+    with pytest.raises(InputError, match="item_bwd_s"):
+        PipelineSpec(schedule="1f1b", num_microbatches=2, fwd_s=(2, 2), bwd_s=(4, 4), hop_s=(0,),
+                     item_fwd_s=((2, 1), (2, 1)), item_bwd_s=((4, 2),), item_hop_s=((0, 0),)).validate()
+
+
+@pytest.mark.parametrize("schedule, vpp", [("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("interleaved", 2)])
+def test_equal_per_micro_batch_times_are_the_plain_spec(schedule, vpp):
+    """Per-micro-batch rows that repeat the stage times simulate exactly as the plain spec."""
+    m, fwd, bwd, hop = 4, (1.0, 1.5), (2.0, 2.5), (0.25,)
+    plain = PipelineSpec(schedule=schedule, num_microbatches=m, fwd_s=fwd, bwd_s=bwd, hop_s=hop, vpp=vpp,
+                         wrap_hop_s=0.125 if vpp > 1 else 0.0)
+    rows = PipelineSpec(schedule=schedule, num_microbatches=m, fwd_s=fwd, bwd_s=bwd, hop_s=hop, vpp=vpp,
+                        wrap_hop_s=plain.wrap_hop_s, item_fwd_s=tuple((f,) * m for f in fwd),
+                        item_bwd_s=tuple((b,) * m for b in bwd),
+                        item_hop_s=((0.25,) * m,) + (((0.125,) * m,) if vpp > 1 else ()))
+    assert simulate_pipeline(rows).step_time_s == simulate_pipeline(plain).step_time_s

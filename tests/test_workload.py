@@ -89,3 +89,82 @@ def test_cli_solve_lengths_writes_a_plan_with_phases(four_a100, tmp_path, capsys
     assert code == 2 and "--global-batch conflicts with --lengths" in err
     code, _, err = run_cli(capsys, "solve", "--buckets", "512,1024", "--out", str(out))
     assert code == 2 and "give --lengths too" in err
+
+
+@pytest.fixture(scope="module")
+def phased(four_a100, tmp_path_factory):
+    """GPT-3 1.3B on 4 A100s, 48 long-tailed sequences, two pipeline stages pinned (so each
+    segment of several buckets has a fill the simulator can check), edges chosen."""
+    d = tmp_path_factory.mktemp("phased")
+    hosts = d / "hosts.yaml"
+    hosts.write_text(open(four_a100).read().replace("usd_per_hour: 20}", "usd_per_hour: 20, hosts: [gpu-a]}"))
+    return d, str(hosts)
+
+
+def test_a_plan_with_phases_verifies_launches_and_is_reproducible(four_a100, phased, capsys):
+    d, hosts = phased
+    args = ("solve", "--cluster", four_a100, "--model", "gpt3-1.3b", "--lengths", "lognormal:1024:8192:48",
+            "--fix", "pp=2", "--work-limit", "10")
+    code, text, err = run_cli(capsys, *args, "--out", str(d / "a.json"))
+    assert code == 0, err
+    code, _, err = run_cli(capsys, *args, "--out", str(d / "b.json"))
+    assert code == 0 and (d / "a.json").read_bytes() == (d / "b.json").read_bytes()
+    plan = read_plan(d / "a.json")
+    ph = plan.phases
+    assert ph.edges == "chosen" and sum(x.sequences for x in ph.phases) == 48
+    assert all(x.plan.pp == 2 for x in ph.phases)
+    # the step's parts: work, one fill per segment, the switches around the cycle, the home's reduction
+    segs = ph.segments()
+    fills = sum(max(x.fill_s for x in ph.phases[a:z + 1]) for a, z in segs)
+    assert plan.predicted.step_time_s == pytest.approx(sum(x.time_s for x in ph.phases) + fills
+                                                       + sum(t for *_, t in ph.switches()) + ph.home_time_s)
+    code, out, err = run_cli(capsys, "verify", str(d / "a.json"), "--samples", "5", "--json")
+    rep = json.loads(out)
+    assert code == 0 and rep["ok"], rep
+    step = rep["comparisons"][0]
+    assert step["what"] == "step time" and abs(step["rel_diff"]) <= 0.02
+    assert len(rep["phases"]["segments"]) == len(segs) and rep["phases"]["sampled"]["batches"] == 5
+    code, out2, _ = run_cli(capsys, "verify", str(d / "a.json"), "--samples", "5", "--json")
+    assert json.loads(out2)["phases"]["sampled"] == rep["phases"]["sampled"]   # the same seed, the same batches
+    code, _, err = run_cli(capsys, "launch", str(d / "a.json"), "--out", str(d / "L"), "--cluster", hosts)
+    assert code == 0 and "stock Megatron-LM cannot" in err
+    man = json.loads((d / "L" / "launch.json").read_text())
+    assert man["megatron"]["compatible"] is False and len(man["phases"]) == len(ph.phases)
+    for row, x in zip(man["phases"], ph.phases):
+        flags = (d / "L" / row["dir"] / "megatron_args.sh").read_text()
+        assert f"--seq-length {x.edge}" in flags and f"--global-batch-size {x.plan.global_batch_size}" in flags
+
+
+def test_verify_catches_a_hand_edited_phase(four_a100, phased, capsys):
+    d, _ = phased
+    src = d / "a.json"
+    if not src.exists():
+        run_cli(capsys, "solve", "--cluster", four_a100, "--model", "gpt3-1.3b", "--lengths",
+                "lognormal:1024:8192:48", "--fix", "pp=2", "--work-limit", "10", "--out", str(src))
+    doc = json.loads(src.read_text())
+    doc["phases"]["phases"][0]["sequences"] += 1
+    bad = d / "edited.json"
+    bad.write_text(json.dumps(doc))
+    code, out, _ = run_cli(capsys, "verify", str(bad), "--samples", "0")
+    n = doc["phases"]["phases"][0]["sequences"]
+    assert code == 1 and f"holds {n} sequences; the distribution puts {n - 1} in it" in out and "FAIL" in out
+
+
+def test_lengths_under_a_budget_rent_only_what_it_allows(tmp_path, capsys):
+    """4 A100s billed per GPU at 5 $/h each; a 10 $/h budget rents 2 of them: every phase's
+    layout stays on at most 2 GPUs (the union of the layouts' GPUs is what the step rents)."""
+    c = tmp_path / "c.yaml"
+    c.write_text("name: a100x4g\nnode_types:\n  - {name: n, gpu: A100-80GB, gpus_per_node: 4, count: 1, billing: gpu, "
+                 "intra_node_gb_per_s: 300, inter_node_gb_per_s: 50, usd_per_hour: 20}\n")
+    out = tmp_path / "p.json"
+    code, text, err = run_cli(capsys, "solve", "--cluster", str(c), "--model", "gpt3-1.3b", "--lengths",
+                              "lognormal:1024:4096:16", "--budget", "10$/h", "--work-limit", "10", "--out", str(out))
+    assert code == 0, err
+    plan = read_plan(out)
+    used = {(dv.node, dv.local_gpu) for x in plan.phases.phases for st in x.plan.stages for dv in st.devices}
+    assert len(used) <= 2 and plan.predicted.usd_per_hour == pytest.approx(5.0 * len(used))
+    limit = plan.predicted.step_time_s * 0.5      # min-cost under a limit no layout meets: one line, exit 2
+    code, _, err = run_cli(capsys, "solve", "--cluster", str(c), "--model", "gpt3-1.3b", "--lengths",
+                           "lognormal:1024:4096:16", "--objective", "min-cost", "--time-limit", f"{limit}s/step",
+                           "--work-limit", "10", "--out", str(tmp_path / "q.json"))
+    assert code == 2 and "meets the limits" in err and not (tmp_path / "q.json").exists()

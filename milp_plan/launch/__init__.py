@@ -11,6 +11,12 @@ For a plan stock Megatron-LM can run, DIR gets
 and otherwise per_stage.json (the per-stage description a per-stage runtime needs, with
 the reasons) plus launch.json, instead of pretending.
 
+A plan with phases (solve --lengths: a strategy per length bucket) gets one such directory
+per phase, phase<i>-<edge>/ (its Megatron-LM configuration: that bucket's row length, rows
+and micro-batches under its layout), and launch.json as the manifest a switching runtime
+reads: the phases in step order, their layouts, the switches and the home layout. Stock
+Megatron-LM cannot switch layouts inside a step, and the manifest says so.
+
 Order of work: read the plan, rebuild its instance (this validates the recorded cluster,
 hosts included), run the checker, render every file in memory, refuse to clobber, then
 write each file atomically. Nothing is written when any step fails.
@@ -274,10 +280,50 @@ def write_files(out: Path, files: Mapping[str, tuple[str, bool]], force: bool) -
             os.chmod(out / name, os.stat(out / name).st_mode | 0o111)
 
 
+SWITCH_REASON = ("the plan switches layouts inside a step (a strategy per length bucket); stock Megatron-LM "
+                 "cannot: each phase directory runs on Megatron-LM alone, and a switching runtime (HotSPa) "
+                 "follows launch.json")
+
+
+def render_phases(plan: Plan, options: LaunchOptions, plan_file: str, plan_sha256: str,
+                  source: str) -> tuple[dict[str, tuple[str, bool]], dict]:
+    """A directory per phase (render_launch of the phase's plan) and the switching manifest."""
+    ph, files, rows = plan.phases, {}, []
+    for i, x in enumerate(ph.phases):
+        where = f"{source} (phase {i})"
+        inst = plan_instance(x.plan, where)
+        check_launchable(inst, x.plan, where)
+        sub, man = render_launch(x.plan, hosts_cluster(inst.cluster, options.hosts_cluster), options,
+                                 f"{plan_file}#phases.{i}", plan_sha256)
+        d = f"phase{i}-{x.edge}"
+        files.update({f"{d}/{n}": v for n, v in sub.items()})
+        rows.append({"phase": i, "dir": d, "edge": x.edge, "sequences": x.sequences, "strategy": x.strategy,
+                     "global_batch_size": x.plan.global_batch_size, "num_microbatches": x.plan.num_microbatches,
+                     "megatron_compatible": man["megatron"]["compatible"], "reasons": man["megatron"]["reasons"]})
+    manifest = {"milp_plan_launch": LAUNCH_FORMAT, "plan": {"file": plan_file, "sha256": plan_sha256},
+                "scheduler": options.scheduler,
+                "megatron": {"version": megatron.MEGATRON_VERSION, "compatible": False, "reasons": [SWITCH_REASON]},
+                "step": "phases in order, phase 0 first; each segment of one layout is one pipeline; after the last "
+                        "phase the gradient reduction and optimizer step run in the home layout",
+                "strategies": list(ph.strategies), "home": ph.home,
+                "switches": [{"after_phase": i, "to_strategy": k, "seconds": t} for i, k, t in ph.switches()],
+                "phases": rows}
+    manifest["files"] = sorted([*files, "launch.json"])
+    files["launch.json"] = (json.dumps(manifest, indent=2) + "\n", False)
+    return files, manifest
+
+
 def write_launch(plan_path: str | Path, options: LaunchOptions) -> LaunchResult:
     """Read, check, render and write a launch directory; raise InputError before writing anything."""
     source = str(plan_path)
     plan = read_plan(plan_path)
+    if plan.phases is not None:
+        files, manifest = render_phases(plan, options, Path(plan_path).name, sha256_file(plan_path), source)
+        out = Path(options.out)
+        write_files(out, files, options.force)
+        inst = plan_instance(plan, source)
+        return LaunchResult(out, tuple(sorted(files)), False, (SWITCH_REASON,), (),
+                            assign_ranks(plan, hosts_cluster(inst.cluster, options.hosts_cluster)))
     inst = plan_instance(plan, source)
     cluster = hosts_cluster(inst.cluster, options.hosts_cluster)
     check_launchable(inst, plan, source)
