@@ -228,6 +228,10 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     wall, work_limit = _search_limits(max_solve_time, work_limit, [solver], parallel=workers != 1)
     req = solving.SolveRequest(solver, fix, wall, seed, workers, work_limit)
     solving.check_request(req)
+    if lengths is None and job is not None:
+        from milp_plan.job import load_job_lengths
+        lengths, from_job = load_job_lengths(job)
+        buckets = buckets or from_job
     if lengths is not None:
         if slices != "off":
             raise InputError("--slices and --lengths are not combined yet; drop one", field="slices")
@@ -307,10 +311,16 @@ def _solve_buckets(spec, obj, req, lengths: str, edges: str | None, out: str, js
                          field="objective" if obj.kind == "pareto" else "mode")
     obj.limits()  # min-cost with a budget: the one-line error of a plain solve
     for flag, value in (("--global-batch", spec.global_batch_size), ("--seq-len", spec.seq_length),
-                        ("--global-batch-tokens", spec.global_batch_tokens), ("--job", spec.job_file)):
+                        ("--global-batch-tokens", spec.global_batch_tokens)):
         if value is not None:
             raise InputError(f"{flag} conflicts with --lengths: the distribution gives the sequences and their "
                              "lengths; drop it", field=flag.lstrip("-"))
+    if spec.job_file is not None:
+        from milp_plan.job import load_job_file
+        said = sorted(load_job_file(spec.job_file).from_file & {"seq_length", "global_batch", "global_batch_tokens"})
+        if said:
+            raise InputError(f"job: field '{said[0]}' conflicts with --lengths: the distribution gives the "
+                             "sequences and their lengths; drop it", source=spec.job_file)
     check_output(out)
     hist = workload.parse_lengths(lengths)
     bins = workload.buckets(hist, workload.parse_edges(edges) if edges else None)

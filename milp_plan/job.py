@@ -99,6 +99,7 @@ class Job:
 
 JOB_FILE_FIELDS = ("global_batch", "global_batch_tokens", "seq_length", "precision", "optimizer", "flash_attention",
                    "grad_reduce_dtype", "distributed_optimizer", "memory_headroom")
+LENGTH_FIELDS = ("lengths", "buckets")   # variable lengths (solve --lengths, --buckets): load_job_lengths
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def load_job_file(path: str) -> JobSettings:
     data = load_yaml(path, "job file")
     if data is None:
         data = {}
-    check_fields(data, source=str(path), where="job", required=(), optional=JOB_FILE_FIELDS)
+    check_fields(data, source=str(path), where="job", required=(), optional=JOB_FILE_FIELDS + LENGTH_FIELDS)
     out: dict[str, Any] = {}
     for key in ("global_batch", "global_batch_tokens", "seq_length"):
         if data.get(key) is not None:
@@ -269,3 +270,32 @@ class Limits:
         if self.budget_usd_per_hour is not None and p.usd_per_hour > self.budget_usd_per_hour:
             return False
         return self.budget_usd_per_step is None or p.usd_per_step <= self.budget_usd_per_step
+
+
+def load_job_lengths(path: str) -> tuple[str | None, str | None]:
+    """A job file's `lengths` (a CSV path, relative to the job file, or lognormal:...) and
+    `buckets` (a list of edges) as `--lengths` and `--buckets` would give them; (None, None)
+    when it has none. A job with lengths takes its sequences and their lengths from them, so
+    it may not also set seq_length or a global batch."""
+    from pathlib import Path
+    from milp_plan.fileio import load_yaml
+    data = load_yaml(path, "job file") or {}
+    lengths, buckets = data.get("lengths"), data.get("buckets")
+    if lengths is None:
+        if buckets is not None:
+            raise InputError("job: field 'buckets' splits a length distribution; add 'lengths'", source=str(path))
+        return None, None
+    if not isinstance(lengths, str) or not lengths:
+        raise InputError(f"job: field 'lengths' must be a CSV path or lognormal:MEAN:CAP:SEQUENCES, got {lengths!r}",
+                         source=str(path))
+    both = [k for k in ("seq_length", "global_batch", "global_batch_tokens") if data.get(k) is not None]
+    if both:
+        raise InputError(f"job: field '{both[0]}' conflicts with 'lengths': the distribution gives the sequences "
+                         "and their lengths; drop it", source=str(path))
+    if buckets is not None and (not isinstance(buckets, list) or not buckets
+                                or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in buckets)):
+        raise InputError(f"job: field 'buckets' must be a list of bucket edges in tokens, e.g. [2048, 8192], "
+                         f"got {buckets!r}", source=str(path))
+    if not lengths.startswith("lognormal:") and not Path(lengths).is_absolute():
+        lengths = str(Path(path).parent / lengths)
+    return lengths, None if buckets is None else ",".join(map(str, buckets))

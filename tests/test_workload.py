@@ -168,3 +168,21 @@ def test_lengths_under_a_budget_rent_only_what_it_allows(tmp_path, capsys):
                            "lognormal:1024:4096:16", "--objective", "min-cost", "--time-limit", f"{limit}s/step",
                            "--work-limit", "10", "--out", str(tmp_path / "q.json"))
     assert code == 2 and "meets the limits" in err and not (tmp_path / "q.json").exists()
+
+
+def test_a_job_file_carries_the_lengths_and_buckets(four_a100, tmp_path, capsys):
+    """lengths (relative to the job file) and buckets in job.yaml act as --lengths and --buckets;
+    a job that also sets seq_length is one line, exit 2."""
+    (tmp_path / "lens.csv").write_text("length,count\n300,10\n900,6\n3000,3\n")
+    job = tmp_path / "job.yaml"
+    job.write_text("lengths: lens.csv\nbuckets: [1024, 4096]\nprecision: bf16\n")
+    out = tmp_path / "p.json"
+    code, _, err = run_cli(capsys, "solve", "--cluster", four_a100, "--model", "gpt3-1.3b", "--job", str(job),
+                           "--work-limit", "5", "--out", str(out))
+    assert code == 0, err
+    ph = read_plan(out).phases
+    assert ph.edges == "given" and [(x.edge, x.sequences) for x in ph.phases] == [(1024, 16), (4096, 3)]
+    job.write_text("lengths: lens.csv\nseq_length: 2048\n")
+    code, _, err = run_cli(capsys, "solve", "--cluster", four_a100, "--model", "gpt3-1.3b", "--job", str(job),
+                           "--out", str(tmp_path / "q.json"))
+    assert code == 2 and "field 'seq_length' conflicts with 'lengths'" in err and str(job) in err
