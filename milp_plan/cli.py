@@ -201,7 +201,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                                                "(redrawn), else off; --progress when not a terminal prints a "
                                                "line every few seconds.")] = None,
           lengths: Annotated[Optional[str], typer.Option(
-              "--lengths", help="Variable sequence lengths: a CSV (length,count) or lognormal:MEAN:CAP:SEQUENCES[:SEED]; "
+              "--lengths", help="Variable sequence lengths: a CSV (length,count), example (the shipped one) or lognormal:MEAN:CAP:SEQUENCES[:SEED]; "
                                 "plans a strategy per length bucket with hot switching (HotSPa): plan.json "
                                 "gains phases.")] = None,
           buckets: Annotated[Optional[str], typer.Option(

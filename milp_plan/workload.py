@@ -128,8 +128,14 @@ def buckets(hist: Histogram, edges: Sequence[int] | None = None) -> tuple[Bucket
     return tuple(out)
 
 
+EXAMPLE = Path(__file__).parent / "catalog" / "lengths-example.csv"   # `--lengths example`: synthetic, made
+# by lognormal(2048, 16384, 256, seed 1) and written out as a CSV (no third-party data)
+
+
 def parse_lengths(spec: str) -> Histogram:
-    """`--lengths`: a CSV path, or lognormal:MEAN:CAP:SEQUENCES[:SEED]."""
+    """`--lengths`: a CSV path, `example` (the shipped EXAMPLE), or lognormal:MEAN:CAP:SEQUENCES[:SEED]."""
+    if spec == "example":
+        return read_lengths(EXAMPLE)
     if spec.startswith("lognormal:"):
         parts = spec.split(":")[1:]
         try:
