@@ -276,6 +276,28 @@ def _value(limits: Limits, t: float, usd_h: float) -> float | None:
     return per_step if limits.objective == "min-cost" else t
 
 
+def best_over_sets(problem: SwitchingProblem, sets: list[frozenset], rent_of, limits: Limits,
+                   backend: str = "cpsat") -> tuple[tuple[Switching, frozenset, list[int]] | None, bool]:
+    """The best answer within the limits over every union S of the strategies' GPU sets
+    (`sets[k]`), each solved over the strategies inside S and charged S's rent (`rent_of`):
+    (answer, S, the strategies kept) or None, and whether every set's model was proven."""
+    best, best_key, proven = None, None, True
+    for S in union_closure(sets):
+        keep = [k for k in range(len(sets)) if sets[k] <= S]
+        usd_h = rent_of(S)
+        if limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-12):
+            continue
+        ans = _lift(solve_switching(restrict(problem, keep), backend), keep)
+        if ans.step_time_s is None:
+            proven &= ans.status == "infeasible"
+            continue
+        proven &= ans.status == "optimal"
+        value = _value(limits, ans.step_time_s, usd_h)
+        if value is not None and (best_key is None or (value, usd_h) < best_key):
+            best, best_key = (ans, S, keep), (value, usd_h)
+    return best, proven
+
+
 def plan_buckets(spec: InstanceSpec, bins: tuple[Bucket, ...], candidates: list[Plan],
                  objective: Objective = Objective(), choose_edges: bool = False,
                  backend: str = "cpsat", edges: str = "default") -> HotSwitchResult:
@@ -293,20 +315,7 @@ def plan_buckets(spec: InstanceSpec, bins: tuple[Bucket, ...], candidates: list[
     limits = objective.limits()
     inst = bucket_instance(spec, bins[-1].edge, bins[-1].sequences, {})
     sets = [gpu_set(k) for k in strategies]
-    best, best_key, proven = None, None, True
-    for S in union_closure(sets):
-        keep = [k for k in range(len(strategies)) if sets[k] <= S]
-        usd_h = rent(inst, S)
-        if limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-12):
-            continue
-        ans = _lift(solve_switching(restrict(problem, keep), backend), keep)
-        if ans.step_time_s is None:
-            proven &= ans.status == "infeasible"
-            continue
-        proven &= ans.status == "optimal"
-        value = _value(limits, ans.step_time_s, usd_h)
-        if value is not None and (best_key is None or (value, usd_h) < best_key):
-            best, best_key = (ans, S, keep), (value, usd_h)
+    best, proven = best_over_sets(problem, sets, lambda S: rent(inst, S), limits, backend)
     static = None
     for k in range(len(strategies)):
         one = solve_switching(restrict(problem, [k]), backend)
@@ -321,10 +330,11 @@ def plan_buckets(spec: InstanceSpec, bins: tuple[Bucket, ...], candidates: list[
     if not proven and ans.status == "optimal":
         ans = replace(ans, status="feasible")
     sub = restrict(problem, keep)
-    sub_static = min((t, k) for k in range(len(keep))
-                     if (t := solve_switching(restrict(sub, [k]), backend).step_time_s) is not None)
+    singles = [(t, k) for k in range(len(keep)) if (t := solve_switching(restrict(sub, [k]), backend).step_time_s)
+               is not None]
+    sub_static = None if not singles else (min(singles)[1], min(singles)[0])
     return HotSwitchResult(bins, items, tuple(strategies), problem, tuple(map(tuple, ev)), ans, rent(inst, S),
-                           static, break_even(sub, (sub_static[1], sub_static[0]), backend), limits.objective, edges)
+                           static, break_even(sub, sub_static, backend), limits.objective, edges)
 
 
 def break_even(problem: SwitchingProblem, static: tuple[int, float] | None, backend: str = "cpsat",

@@ -168,3 +168,26 @@ def test_bad_problem_shapes_name_the_field():
         SwitchingProblem(((1.0,),), ((0.0,), (0.0,)), ((0.0,),))
     with pytest.raises(InputError, match="switch"):
         SwitchingProblem(((1.0,),), ((0.0,),), ((1.0,),))
+
+
+def test_the_rent_is_the_union_of_the_layouts_gpus():
+    """Two bins; A runs on GPUs {0, 1} (10 s a bin), B on {0, 1, 2, 3} (6 s a bin), 1 $/h a GPU,
+    no switch cost. The sets are {0,1} (2 $/h: only A) and {0..3} (4 $/h: A, B or both).
+      min-time:               all on B, 12 s (A,B mixed: 16 s; all on A: 20 s)
+      min-cost under 25 s:    all on A, 20 s x 2 $/h = 40 $.s/h, against B's 12 x 4 = 48
+      min-cost under 15 s:    A breaks the limit: all on B, 48
+      min-time within 3 $/h:  only {0,1} is affordable: all on A, 20 s
+    ($/step is $.s/h / 3600.)"""
+    from milp_plan import hotswitch
+    from milp_plan.job import Limits
+    p = SwitchingProblem(((10.0, 6.0), (10.0, 6.0)), ((0.0, 0.0),) * 2, ((0.0, 0.0), (0.0, 0.0)))
+    sets = [frozenset({0, 1}), frozenset({0, 1, 2, 3})]
+    for limits, assignment, usd_h in [(Limits("min-time"), (B, B), 4.0),
+                                      (Limits("min-cost", 25.0), (A, A), 2.0),
+                                      (Limits("min-cost", 15.0), (B, B), 4.0),
+                                      (Limits("min-time", None, 3.0), (A, A), 2.0)]:
+        (ans, S, _), proven = hotswitch.best_over_sets(p, sets, lambda S: float(len(S)), limits)
+        assert proven and ans.assignment == assignment and float(len(S)) == usd_h, limits
+    (ans, _, _), _ = hotswitch.best_over_sets(p, sets, lambda S: float(len(S)), Limits("min-cost", 15.0))
+    assert ans.step_time_s == 12.0
+    assert hotswitch.best_over_sets(p, sets, lambda S: float(len(S)), Limits("min-cost", 5.0))[0] is None
