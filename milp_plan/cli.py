@@ -201,7 +201,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                                                "(redrawn), else off; --progress when not a terminal prints a "
                                                "line every few seconds.")] = None,
           lengths: Annotated[Optional[str], typer.Option(
-              "--lengths", help="Variable sequence lengths: a CSV (length,count), example (the shipped one) or lognormal:MEAN:CAP:SEQUENCES[:SEED]; "
+              "--lengths", help="Variable sequence lengths: a CSV (length,count), example (the shipped one) or "
+                                "lognormal:MEAN:CAP:SEQUENCES[:SEED]; "
                                 "plans a strategy per length bucket with hot switching (HotSPa): plan.json "
                                 "gains phases.")] = None,
           buckets: Annotated[Optional[str], typer.Option(
@@ -745,6 +746,11 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
     for path in (json_path, csv_path):
         check_output(path, allow_stdout=False)
     given = [(path, read_plan(path)) for path in plan_files or ()]
+    for path, plan in given:
+        if plan.phases is not None:
+            raise InputError("a plan with phases (a strategy per length bucket) is compared by `solve --lengths`, "
+                             "not beside single-length planners; give a plan without phases", source=path,
+                             field="phases")
     job_flags = (job, global_batch_tokens, precision, flash_attention, grad_reduce_dtype, distributed_optimizer)
     if given and all(v is None for v in (cluster, model, profiles, global_batch, seq_len, memory_headroom,
                                          *job_flags)):

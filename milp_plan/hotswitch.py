@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 
 from milp_plan import check, costmodel, predict
 from milp_plan.errors import InputError
-from milp_plan.formulations.switching import Switching, SwitchingProblem, solve as solve_switching, step_time
+from milp_plan.formulations.switching import Switching, SwitchingProblem, solve as solve_switching
 from milp_plan.instance import Instance, InstanceSpec, build_instance
 from milp_plan.job import Limits, Objective
 from milp_plan.plan import Phase, Phases, Plan, Prediction, SolverRecord, fewest_micro_batches
@@ -392,8 +392,8 @@ def to_plan(r: HotSwitchResult, hist, backend: str = "cpsat") -> Plan:
     home = used.index(best.home)
     value = best.step_time_s if r.objective == "min-time" else costmodel.usd_per_step(r.usd_per_hour,
                                                                                       best.step_time_s)
-    static = None if r.static is None else {"strategy": label(r.strategies[r.static[0]]),
-                                           ("step_time_s" if r.objective == "min-time" else "usd_per_step"): r.static[1]}
+    unit = "step_time_s" if r.objective == "min-time" else "usd_per_step"
+    static = None if r.static is None else {"strategy": label(r.strategies[r.static[0]]), unit: r.static[1]}
     ph = Phases(phases=phases, strategies=tuple(label(r.strategies[k]) for k in used), home=home,
                 home_time_s=p.home_time[best.home] if p.home_time else 0.0,
                 switch_s=tuple(tuple(p.switch[a][b] for b in used) for a in used),

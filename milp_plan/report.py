@@ -252,10 +252,11 @@ def render_phases(plan) -> str:
     if ph.static is not None:
         key = "step_time_s" if "step_time_s" in ph.static else "usd_per_step"
         be = ph.break_even_factor
-        out.append(f"Best static plan: {ph.static['strategy']}, {ph.static[key]:.6g} {'s' if key == 'step_time_s' else '$/step'}; "
-                   + ("switching gains nothing" if ph.gain <= 1e-9 else
-                      f"switching gains {ph.gain:.1%}" + ("; it pays at any switch cost" if be == "never" else
-                                                          f"; it stops paying at {be:.3g}x the estimated switch costs")))
+        pays = ("; it pays at any switch cost" if be == "never" else
+                f"; it stops paying at {be:.3g}x the estimated switch costs")
+        out.append(f"Best static plan: {ph.static['strategy']}, {ph.static[key]:.6g} "
+                   f"{'s' if key == 'step_time_s' else '$/step'}; "
+                   + ("switching gains nothing" if ph.gain <= 1e-9 else f"switching gains {ph.gain:.1%}{pays}"))
     out += [f"Note: {n}" for n in SWITCH_NOTES]
     return "\n".join(out)
 

@@ -2,7 +2,8 @@
 16 A100-80GB GPUs, a long-tailed length distribution capped at 16k and 32k tokens.
 
 Not a test (pytest does not collect tests/benchmarks). For each case: the best static plan
-(one strategy for every bucket), the best switching plan (a strategy per bucket), its gain
+(one strategy for every bucket), the best switching plan (a strategy per bucket, the bucket
+edges chosen by the model among powers of two), its gain
 and the switch-cost factor at which it stops paying; for LLaMA-2 7B on 8 GPUs at 16k also
 HotSPa's hand-written strategies (buckets 16384/8192/4096/0 with <dp,tp,pp> = <1,4,2>,
 <2,2,2>, <8,1,1>), scored by the same model on the same buckets.
@@ -35,14 +36,18 @@ def show(title: str, r: hotswitch.HotSwitchResult, wall: float) -> None:
         print(f"{title}: no assignment ({best.status}: no layout leaves room for another's optimizer state, or "
               f"a bucket no strategy runs)  [{wall:.0f} s]")
         return
-    per = ", ".join(f"{b.edge}:{b.sequences}->{best.assignment[i]}" for i, b in enumerate(r.buckets))
+    ranges = r.problem.item_ranges
+    per = ", ".join(f"{r.items[i].edge}:{r.items[i].sequences}->{best.assignment[ranges[i][0]]}" for i in best.items)
+    be = r.break_even
     print(f"{title}: switching {best.step_time_s:.4f} s ({best.status}, {best.switches} switches; {per}); "
           + (f"static {r.static[1]:.4f} s (strategy {r.static[0]}); gain {1 - best.step_time_s / r.static[1]:.1%}; "
-             f"break-even x{r.break_even:.3g}" if r.static and r.break_even else
-             f"static {r.static[1]:.4f} s: switching does not pay" if r.static else "no static plan")
+             + ("pays at any switch cost" if be == float("inf") else
+                "switching does not pay" if be is None else f"break-even x{be:.3g}")
+             if r.static else "no static plan")
           + f"  [{wall:.0f} s]")
-    for i, k in enumerate(r.strategies):
-        print(f"    strategy {i}: {hotswitch.label(k)}")
+    used = sorted({best.assignment[ranges[i][0]] for i in best.items})
+    for k in used:
+        print(f"    strategy {k}: {hotswitch.label(r.strategies[k])}")
 
 
 def main() -> None:
@@ -62,7 +67,8 @@ def main() -> None:
                 spec = InstanceSpec(cluster=str(path), model=model)
                 t0 = time.perf_counter()
                 bks = workload.buckets(hist)
-                r = hotswitch.plan_buckets(spec, bks, hotswitch.candidates(spec, bks, req))
+                r = hotswitch.plan_buckets(spec, bks, hotswitch.candidates(spec, bks, req, choose_edges=True),
+                                           choose_edges=True)
                 show(f"{model}, {8 * nodes} GPUs, cap {cap} ({hist.sequences} sequences, {hist.tokens} tokens)",
                      r, time.perf_counter() - t0)
                 if (model, nodes, cap) == ("llama2-7b", 1, 16384):
