@@ -311,19 +311,21 @@ def _solve_buckets(spec, obj, req, lengths: str, edges: str | None, out: str, js
                          + ("--objective pareto" if obj.kind == "pareto" else "--mode free"),
                          field="objective" if obj.kind == "pareto" else "mode")
     obj.limits()  # min-cost with a budget: the one-line error of a plain solve
-    for flag, value in (("--global-batch", spec.global_batch_size), ("--seq-len", spec.seq_length),
-                        ("--global-batch-tokens", spec.global_batch_tokens)):
-        if value is not None:
-            raise InputError(f"{flag} conflicts with --lengths: the distribution gives the sequences and their "
-                             "lengths; drop it", field=flag.lstrip("-"))
-    if spec.job_file is not None:
-        from milp_plan.job import load_job_file
-        said = sorted(load_job_file(spec.job_file).from_file & {"seq_length", "global_batch", "global_batch_tokens"})
-        if said:
-            raise InputError(f"job: field '{said[0]}' conflicts with --lengths: the distribution gives the "
-                             "sequences and their lengths; drop it", source=spec.job_file)
+    if spec.seq_length is not None:
+        raise InputError("--seq-len conflicts with --lengths: the distribution gives the sequence lengths; drop it",
+                         field="seq-len")
+    from milp_plan.job import JobSettings, load_job_file
+    settings = load_job_file(spec.job_file) if spec.job_file else JobSettings()
+    if "seq_length" in settings.from_file:
+        raise InputError("job: field 'seq_length' conflicts with --lengths: the distribution gives the sequence "
+                         "lengths; drop it", source=spec.job_file)
+    # the global batch (flag over file) rescales the distribution: its shape at that many sequences or tokens
+    size = (JobSettings(global_batch=spec.global_batch_size, global_batch_tokens=spec.global_batch_tokens)
+            .over(settings))
+    from dataclasses import replace
+    spec = replace(spec, global_batch_size=None, global_batch_tokens=None)   # each bucket sets its own
     check_output(out)
-    hist = workload.parse_lengths(lengths)
+    hist = workload.scaled(workload.parse_lengths(lengths), size.global_batch, size.global_batch_tokens)
     bins = workload.buckets(hist, workload.parse_edges(edges) if edges else None)
     choose = edges is None
     cands = hotswitch.candidates(spec, bins, req, obj, choose_edges=choose)

@@ -275,8 +275,8 @@ class Limits:
 def load_job_lengths(path: str) -> tuple[str | None, str | None]:
     """A job file's `lengths` (a CSV path, relative to the job file, or lognormal:...) and
     `buckets` (a list of edges) as `--lengths` and `--buckets` would give them; (None, None)
-    when it has none. A job with lengths takes its sequences and their lengths from them, so
-    it may not also set seq_length or a global batch."""
+    when it has none. A job with lengths takes its sequence lengths from them, so it may not
+    also set seq_length; a global batch rescales the distribution (workload.scaled)."""
     from pathlib import Path
     from milp_plan.fileio import load_yaml
     data = load_yaml(path, "job file") or {}
@@ -288,10 +288,9 @@ def load_job_lengths(path: str) -> tuple[str | None, str | None]:
     if not isinstance(lengths, str) or not lengths:
         raise InputError(f"job: field 'lengths' must be a CSV path or lognormal:MEAN:CAP:SEQUENCES, got {lengths!r}",
                          source=str(path))
-    both = [k for k in ("seq_length", "global_batch", "global_batch_tokens") if data.get(k) is not None]
-    if both:
-        raise InputError(f"job: field '{both[0]}' conflicts with 'lengths': the distribution gives the sequences "
-                         "and their lengths; drop it", source=str(path))
+    if data.get("seq_length") is not None:
+        raise InputError("job: field 'seq_length' conflicts with 'lengths': the distribution gives the sequence "
+                         "lengths; drop it", source=str(path))
     if buckets is not None and (not isinstance(buckets, list) or not buckets
                                 or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in buckets)):
         raise InputError(f"job: field 'buckets' must be a list of bucket edges in tokens, e.g. [2048, 8192], "

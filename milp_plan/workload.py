@@ -105,8 +105,14 @@ def lognormal(mean: float, cap: int, sequences: int, seed: int = 1) -> Histogram
     return _histogram(pairs, f"lognormal(mean {mean:g}, cap {cap}, {sequences} sequences, seed {seed})")
 
 
+EXACT_BINS = 12           # a histogram of at most this many lengths is binned at its own lengths
+
+
 def default_edges(hist: Histogram) -> tuple[int, ...]:
-    """Powers of two from MIN_EDGE up to the first that holds the longest sequence."""
+    """The histogram's own lengths when it has at most EXACT_BINS of them (no padding inside a
+    bin), else powers of two from MIN_EDGE up to the first that holds the longest sequence."""
+    if len(hist.counts) <= EXACT_BINS:
+        return tuple(l for l, _ in hist.counts)
     edges = [MIN_EDGE]
     while edges[-1] < hist.longest:
         edges.append(edges[-1] * 2)
@@ -159,6 +165,24 @@ def parse_edges(text: str) -> tuple[int, ...]:
         raise InputError(f"bucket edges are whole token counts >= 1, e.g. 2048,4096,16384; got {text!r}",
                          field="buckets")
     return edges
+
+
+def scaled(hist: Histogram, sequences: int | None = None, tokens: int | None = None) -> Histogram:
+    """The distribution's shape at another global batch: `sequences`, or as many as hold about
+    `tokens` at its mean length; counts by largest remainder (ties to the shorter length),
+    lengths whose share rounds to none dropped."""
+    if tokens is not None:
+        sequences = max(1, round(tokens * hist.sequences / hist.tokens))
+    if sequences is None or sequences == hist.sequences:
+        return hist
+    if sequences < 1:
+        raise InputError(f"the global batch must hold at least one sequence, got {sequences}", field="global-batch")
+    exact = [(c * sequences / hist.sequences, i) for i, (_, c) in enumerate(hist.counts)]
+    counts = [int(x) for x, _ in exact]
+    for _, i in sorted(exact, key=lambda e: (-(e[0] - int(e[0])), e[1]))[:sequences - sum(counts)]:
+        counts[i] += 1
+    return _histogram({l: n for (l, _), n in zip(hist.counts, counts)},
+                      f"{hist.source} scaled to {sequences} sequences")
 
 
 def sample_batches(hist: Histogram, count: int, seed: int) -> list[tuple[int, ...]]:

@@ -20,8 +20,11 @@ def test_a_lengths_csv_reads_and_buckets_by_its_edges(tmp_path):
     f.write_text("length,count\n100,3\n600,2\n600,1\n3000,1\n")
     hist = workload.read_lengths(f)
     assert hist.counts == ((100, 3), (600, 3), (3000, 1)) and hist.sequences == 7 and hist.tokens == 5100
-    # default edges 512, 1024, 2048, 4096: (0,512] holds 3, (512,1024] 3, (2048,4096] 1
-    got = workload.buckets(hist)
+    # three lengths: the default bins are the lengths themselves, no padding inside them
+    assert [(b.edge, b.sequences, b.padding) for b in workload.buckets(hist)] == [(100, 3, 0), (600, 3, 0),
+                                                                                 (3000, 1, 0)]
+    # edges 512, 1024, 2048, 4096: (0,512] holds 3, (512,1024] 3, (2048,4096] 1
+    got = workload.buckets(hist, (512, 1024, 2048, 4096))
     assert [(b.edge, b.sequences, b.tokens) for b in got] == [(512, 3, 300), (1024, 3, 1800), (4096, 1, 3000)]
     assert got[0].padding == pytest.approx(1 - 300 / (3 * 512))
     assert [b.edge for b in workload.buckets(hist, (3000, 600))] == [600, 3000]
@@ -84,9 +87,9 @@ def test_cli_solve_lengths_writes_a_plan_with_phases(four_a100, tmp_path, capsys
     assert doc["schema_version"] == "2" and sum(ph["sequences"] for ph in doc["phases"]["phases"]) == 24
     plan = read_plan(out)   # the schema holds it, and it reads back to the same bytes
     assert plan.to_json() == out.read_text() and plan.predicted.step_basis == "phases"
-    code, _, err = run_cli(capsys, "solve", "--lengths", "lognormal:1024:8192:24", "--global-batch", "8",
+    code, _, err = run_cli(capsys, "solve", "--lengths", "lognormal:1024:8192:24", "--seq-len", "2048",
                            "--out", str(out))
-    assert code == 2 and "--global-batch conflicts with --lengths" in err
+    assert code == 2 and "--seq-len conflicts with --lengths" in err
     code, _, err = run_cli(capsys, "solve", "--buckets", "512,1024", "--out", str(out))
     assert code == 2 and "give --lengths too" in err
 
@@ -186,3 +189,14 @@ def test_a_job_file_carries_the_lengths_and_buckets(four_a100, tmp_path, capsys)
     code, _, err = run_cli(capsys, "solve", "--cluster", four_a100, "--model", "gpt3-1.3b", "--job", str(job),
                            "--out", str(tmp_path / "q.json"))
     assert code == 2 and "field 'seq_length' conflicts with 'lengths'" in err and str(job) in err
+
+
+def test_the_global_batch_rescales_the_distribution():
+    """lengths 300 x10, 900 x6, 3000 x3 (19 sequences, 3000 + 5400 + 9000 = 17400 tokens):
+    at 38 sequences every count doubles; at 10: exact shares 5.26, 3.16, 1.58 -> 5, 3, 1 and the
+    largest remainder (0.58, the 3000s) takes the last: 5, 3, 2; at 17400 tokens: 19 again."""
+    h = workload.Histogram(((300, 10), (900, 6), (3000, 3)), "h")
+    assert workload.scaled(h, 38).counts == ((300, 20), (900, 12), (3000, 6))
+    assert workload.scaled(h, 10).counts == ((300, 5), (900, 3), (3000, 2))
+    assert workload.scaled(h, tokens=17400) is h and workload.scaled(h, tokens=34800).sequences == 38
+    assert workload.default_edges(h) == (300, 900, 3000)   # few lengths: binned at the lengths themselves
