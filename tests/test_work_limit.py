@@ -236,3 +236,26 @@ def test_the_csv_of_a_resumed_run_takes_rows_with_and_without_work():
     recs = [{"case": "a", "rows": [old]}, {"case": "b", "rows": [{**old, "work": 2.5}]}]
     lines = suite_report.rows_csv(recs).splitlines()
     assert lines[0].endswith(",work") and lines[1].endswith(",") and lines[2].endswith(",2.5")
+
+
+def test_a_model_whose_deterministic_time_barely_moves_still_ends(tmp_path):
+    """LLaMA-2 13B at 16,384 tokens, 512 sequences on one 8 x A100 node: one config's model
+    (6 integers after presolve, the step in [6.3e11, 9.7e11] ticks) kept CP-SAT's default
+    single-worker search raising its bound a tick range at a time, about 0.1 deterministic
+    units a minute, so a 10-unit limit ran for hours (the optimum 8.39e11 against the 9.36e11
+    it had found). CP-SAT's portfolio search proves it at once: the solve is optimal within
+    its work. The wall-clock guard only turns a hang into a failure; it is not a timing."""
+    import subprocess
+    import sys
+    c = tmp_path / "a100x8.yaml"
+    c.write_text("name: a100x8\nnode_types:\n  - {name: n, gpu: A100-80GB, gpus_per_node: 8, count: 1, "
+                 "intra_node_gb_per_s: 300, inter_node_gb_per_s: 50, usd_per_hour: 32}\n")
+    cli = str(Path(sys.executable).parent / "milp-plan")
+    r = subprocess.run([cli, "solve", "--cluster", str(c), "--model", "llama2-13b", "--seq-len", "16384",
+                        "--global-batch", "512", "--work-limit", "10", "--out", str(tmp_path / "p.json")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("Solver"))
+    assert "optimal" in line
+    work = float(line.split(" work units")[0].rsplit("(", 1)[1])
+    assert work <= 10 + OVERSHOOT

@@ -12,7 +12,9 @@ in a terminal reaches it directly).
 PuLP 3.3 API: variables come from LpProblem.add_variable and CBC from COIN_CMD with the
 bundled binary's path (no PuLP 4.0 deprecation warnings).
 
-Workers: CP-SAT runs `workers` parallel search workers with its default portfolio. (With
+Search: CP-SAT runs PORTFOLIO_SEARCH (its strategies cycled at restarts), also with one
+worker: the default single-worker search could stall on a model its deterministic time did
+not measure (see CpsatBackend.solve). Workers: CP-SAT runs `workers` parallel search workers. (With
 interleave_search on, OR-Tools 9.15 aborts with `heuristics.fixed_search != nullptr` on
 models with hints; determinism with several workers is not promised.)
 """
@@ -93,6 +95,11 @@ class CpsatBackend:
             p.max_deterministic_time = max(1e-3, work)
         p.random_seed = seed
         p.num_workers = workers
+        # the portfolio of search strategies, cycled at restarts (one worker: still deterministic). The
+        # default single-worker search can crawl on a per-config model whose step spans ~1e11 ticks,
+        # raising its bound a sliver per conflict at ~0.002 deterministic units a second, so that a
+        # work limit stopped nothing for hours (tests/test_work_limit.py); the portfolio proves it at once
+        p.search_branching = self.cp.PORTFOLIO_SEARCH
         p.catch_sigint_signal = False  # SIGINT goes to Python (deadline.handle_signals), which stops us
         cb = None
         if on_progress is not None:
