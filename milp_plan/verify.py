@@ -256,7 +256,9 @@ def check_phases(plan: Plan, insts: list[Instance]) -> list[check.Violation]:
         if m != x.plan.num_microbatches:
             bad(f"{where}: {x.plan.num_microbatches} micro-batches where {m} hold its {x.sequences} sequences")
         p = x.plan.predicted
-        if p is not None and (abs(x.fill_s - p.bubble_s) > 1e-9 * max(1.0, p.step_time_s) or abs(
+        if p is None:
+            bad(f"{where}: its plan records no prediction; solve again")
+        elif (abs(x.fill_s - p.bubble_s) > 1e-9 * max(1.0, p.step_time_s) or abs(
                 x.time_s - (p.step_time_s - p.bubble_s - p.dp_allreduce_s - p.optimizer_s)) > 1e-9 * p.step_time_s):
             bad(f"{where}: time_s and fill_s are not its plan's prediction (edited by hand?)")
     order = [x.strategy for x in ph.phases]
@@ -264,8 +266,12 @@ def check_phases(plan: Plan, insts: list[Instance]) -> list[check.Violation]:
     if len(entries) != len(set(entries)):
         bad(f"a strategy runs more than one run of buckets around the cycle ({order})")
     homes = [x for x in ph.phases if x.strategy == ph.home]
+    if plan.predicted is None:
+        bad("the plan records no prediction of the whole step; solve again")
     if not homes:
         bad(f"the home layout {ph.home} runs no phase")
+    elif hotswitch.layout_key(plan) != hotswitch.layout_key(homes[0].plan):
+        bad(f"the top level is not the home layout's (strategy {ph.home}) stages and schedule")
     else:
         for i, x in enumerate(ph.phases):
             if not hotswitch.room_for(x.plan, homes[-1].plan):
