@@ -377,7 +377,8 @@ def render_report(r: VerifyReport) -> str:
         if sp:
             lines.append(f"{len(r.phases.sampled_s)} batches sampled from the distribution (seed {r.phases.seed}): "
                          f"mean {sp['mean']:.6g} s, stdev {sp['stdev']:.3g}, min {sp['min']:.6g}, p50 {sp['p50']:.6g}, "
-                         f"p95 {sp['p95']:.6g}, max {sp['max']:.6g}")
+                         f"p95 {sp['p95']:.6g}, max {sp['max']:.6g} (mean {_pct(sp['mean'] / st.step_time_s - 1)} "
+                         "against the planned batch)")
     if r.result is not None:
         res = r.result
         rows = [[f"stage {s}", res.busy_s[s], f"{100 * res.bubble_fraction[s]:.1f}%", res.peak_inflight[s]]
