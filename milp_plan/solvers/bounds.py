@@ -7,8 +7,9 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from milp_plan.formulations.coefficients import Coefficients, PlacementKey
+from milp_plan.formulations.coefficients import Coefficients, OptionTermsKey, PlacementKey
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
 from milp_plan.units import SECONDS_PER_HOUR
@@ -31,7 +32,10 @@ def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> i
     """Most layers one stage holds with a n <= z: max over its (a, room) of min(floor(z / a),
     room), a multiple of `unit` (0 when below `unit`)."""
     # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
-    v = max(min(int(z / a + 1e-9) if a > 0 and z < math.inf else room, room) for a, room in alts) // unit * unit
+    if z == math.inf:  # every alternative holds its room
+        v = max(room for _, room in alts) // unit * unit
+    else:
+        v = max(min(int(z / a + 1e-9) if a > 0 else room, room) for a, room in alts) // unit * unit
     return v if v >= unit else 0
 
 
@@ -230,14 +234,56 @@ def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
     """(breakpoints, bottleneck bound, (least layer sum, least $/h) at unbounded z)."""
     cands = _breakpoints(slots, L, unit)
     z = _bottleneck_bound(slots, pp, L, unit, cands)
-    least = None if z is None else (_least_layer_sum(math.inf, slots, pp, L, unit),
-                                    _least_usd_per_hour(math.inf, slots, L, unit))
-    return cands, z, least
+    return cands, z, (None if z is None else _least_at_inf(slots, pp, L, unit))
 
 
 def _memo_shared(coef: Coefficients, key: PlacementKey | None, make):
     """make(), memoised in the instance's shared coefficient cache under `key` (None: not memoised)."""
     return make() if key is None else coef.shared.get(key, make)
+
+
+class _OptionTerms(NamedTuple):
+    """What the bound reads of a config's stage options O (those with a stage to offer) and the
+    usable ones (a layer of room): stage 0's and the last stage's time fits, the least
+    recompute, ends and per-layer work, the prices, the reduction fits and the least optimizer
+    time per layer. They depend on the options, pp == 1 (the ends a stage holds) and the
+    distributed optimizer alone (`OptionTermsKey`), so configs of every other pp, schedule and
+    switch share them."""
+
+    t: dict          # option -> [t at stage 0, t at the last stage]
+    rho: float
+    ends: float
+    price: dict      # usable option -> least $/h of a stage
+    forced: list
+    least_work: float
+    dp0: list
+    opt_a: float
+
+
+def _option_terms(coef: Coefficients, O: list[int], usable: list[int], gpu_hour: dict) -> _OptionTerms:
+    cfg, opts = coef.cfg, coef.options
+    t = {opts[o]: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
+    # each stage recomputes at least one layer where its option recomputes fully
+    rho = min(t[opts[o]][0].rho if coef.full(o) else 0.0 for o in O)
+    if cfg.pp == 1:
+        ends = min(t[opts[o]][0].c for o in O)
+    else:
+        ends = min(t[opts[o]][0].c for o in O) + min(t[opts[o]][1].c for o in O)
+    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
+    # rents at least one stage of each node type it gives a stage size
+    price = {opts[o]: gpu_hour[opts[o].k] * opts[o].group for o in usable}
+    forced = [min(price[opts[o]] for o in usable if opts[o].k == k) for k in sorted(coef.required_types)]
+    least_work = min(price[opts[o]] * t[opts[o]][0].a for o in usable)
+    # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
+    # optimizer max at least the biggest stage's
+    dp0 = [coef.dp_time(o, 0) for o in O]
+    opt_a = min(coef.opt_time(o, 0).a for o in O)
+    return _OptionTerms(t, rho, ends, price, forced, least_work, dp0, opt_a)
+
+
+def _least_at_inf(slots: list[SlotType], pp: int, L: int, unit: int) -> tuple[float, float]:
+    """(least layer sum, least $/h) at unbounded z."""
+    return _least_layer_sum(math.inf, slots, pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit)
 
 
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
@@ -254,7 +300,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     the driver uses to order and cut the search. With `variants` (memory=False only: configs
     that differ from coef.cfg in schedule and vpp alone, so they share its options and every
     term but the closed form's weights and the reduction at vpp layers) it returns the list
-    of their bounds, computed once."""
+    of their bounds, computed once. The terms that configs share (`_option_terms`, the
+    placement terms) are memoised in the instance's coefficient cache."""
     assert (variants is None and _family is None) or not memory
     none = None if variants is None else [None] * len(variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
@@ -262,22 +309,28 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     O = [o for o in range(len(coef.options)) if caps[coef.pool_of[o]] > 0]
     if not O or sum(caps.values()) < cfg.pp:
         return none
-    t = {o: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
-    # memory falls with the position among middle stages (fewer micro-batches in flight), so
-    # the most room any position offers is at the first, the last or the last middle stage
-    positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
-    rooms = {o: max(coef.layer_room(o, s) for s in positions) if memory else L for o in O}
-    alts: dict[int, list[tuple[float, int]]] = {}
-    for o in O:
-        if rooms[o]:
-            alts.setdefault(coef.pool_of[o], []).append((t[o][0].a, rooms[o]))
-    if coef.required_types - {coef.pools[q].k for q in alts}:
+    if memory:
+        # memory falls with the position among middle stages (fewer micro-batches in flight), so
+        # the most room any position offers is at the first, the last or the last middle stage
+        positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
+        rooms = {o: max(coef.layer_room(o, s) for s in positions) for o in O}
+    else:
+        rooms = dict.fromkeys(O, L)
+    gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(coef.types)}
+    usable = [o for o in O if rooms[o]]
+    if coef.required_types - {coef.options[o].k for o in usable}:
         # a node type the config must use holds no layer within memory or budget
         return none
+    key = OptionTermsKey(tuple(coef.options[o] for o in O), tuple(coef.options[o] for o in usable), cfg.pp == 1,
+                         cfg.distributed_optimizer, coef.required_types)
+    terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable, gpu_hour))
+    t = terms.t
+    alts: dict[int, list[tuple[float, int]]] = {}
+    for o in usable:
+        alts.setdefault(coef.pool_of[o], []).append((t[coef.options[o]][0].a, rooms[o]))
     by_type: dict[int, list] = {}
     for q in sorted(alts):
         by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
-    gpu_hour = {k: coef.types[k].usd_per_gpu_hour for k in by_type}
     if memory:
         slots = [SlotType(_type_gpus(coef, k, limits), tuple(pools), k in coef.required_types, gpu_hour[k])
                  for k, pools in sorted(by_type.items())]
@@ -289,35 +342,22 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     unit = cfg.vpp if memory else 1
     if _family is not None and _family[2]:
         # weak: no bottleneck bound (z >= S / pp alone), only the least layer sum and $/h
-        least = (_least_layer_sum(math.inf, slots, cfg.pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit))
+        least = _least_at_inf(slots, cfg.pp, L, unit)
         cands, z = [], (None if least[0] == math.inf else 0.0)
     else:
         cands, z, least = _memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, 1) if not memory else None,
                                        lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
         return none
-    # each stage recomputes at least one layer where its option recomputes fully
-    rho = min(t[o][0].rho if coef.full(o) else 0.0 for o in O)
-    if cfg.pp == 1:
-        ends = min(t[o][0].c for o in O)
-    else:
-        ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
-    usable = [o for o in O if rooms[o]]
-    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
-    # rents at least one stage of each node type it gives a stage size
-    price = {o: gpu_hour[coef.options[o].k] * coef.options[o].group for o in usable}
-    forced = [min(price[o] for o in usable if coef.options[o].k == k) for k in sorted(coef.required_types)]
-    gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
+    forced = terms.forced
+    gpu_usd = sum(forced) + min(terms.price.values()) * (cfg.pp - len(forced))
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
         return none
-
-    least_work = min(price[o] * t[o][0].a for o in usable)
-    # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
-    # optimizer max at least the biggest stage's
-    dp0 = [coef.dp_time(o, 0) for o in O]
-    opt = min(coef.opt_time(o, 0).a for o in O) * biggest
+    least_work, dp0 = terms.least_work, terms.dp0
+    opt = terms.opt_a * biggest
     p2p = _p2p_lower_bound(coef) if memory else 0.0
+    extra = terms.ends + cfg.pp * terms.rho
 
     def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool]], placed=(unit, cands, z, least)) \
             -> float | None:
@@ -328,7 +368,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
             return None
         dp = min(d(v) for d in dp0 for v in vpps)
         got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0),
-                             ends + cfg.pp * rho, gpu_usd, w_z, w_sum, limits, memory, least_work)
+                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work)
                for w_z, w_sum, hops in pairs]
         return None if None in got else max(got)
     if _family is not None:
