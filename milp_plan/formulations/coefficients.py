@@ -371,8 +371,9 @@ class Coefficients:
             return 0.0
         return nt.rent_usd_per_hour(stages * pool.group, pool.place.nodes_used(stages))
 
-    def max_stages(self, p: int) -> int:
-        return min(self.cfg.pp, self.pools[p].place.max_stages)
+    def max_stages(self, p: int, pp: int | None = None) -> int:
+        """Most stages pool p holds in this config (or in one like it of `pp` stages)."""
+        return min(self.cfg.pp if pp is None else pp, self.pools[p].place.max_stages)
 
     def min_stages(self, p: int) -> int:
         return 1 if self.pools[p].k in self.required_types else 0

@@ -7,9 +7,10 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from milp_plan.formulations.coefficients import Coefficients, OptionTermsKey, PlacementKey
+from milp_plan.predict import SIMULATED
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
 from milp_plan.units import SECONDS_PER_HOUR
@@ -202,10 +203,10 @@ def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
     return gpus
 
 
-def _affordable_stages(coef: Coefficients, q: int, limits: Limits) -> int:
-    """Most stages pool q can hold in this config, and within a $/h budget on its own
-    (a relaxation: other pools' stages only add to the bill)."""
-    most = coef.max_stages(q)
+def _affordable_stages(coef: Coefficients, q: int, limits: Limits, pp: int | None = None) -> int:
+    """Most stages pool q can hold in this config (or in one like it of `pp` stages), and
+    within a $/h budget on its own (a relaxation: other pools' stages only add to the bill)."""
+    most = coef.max_stages(q, pp)
     if limits.budget_usd_per_hour is None:
         return most
     cap = limits.budget_usd_per_hour * (1 + 1e-9)
@@ -318,8 +319,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         rooms = dict.fromkeys(O, L)
     gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(coef.types)}
     usable = [o for o in O if rooms[o]]
-    if coef.required_types - {coef.options[o].k for o in usable}:
-        # a node type the config must use holds no layer within memory or budget
+    if not usable or coef.required_types - {coef.options[o].k for o in usable}:
+        # no stage holds a layer within memory, or a node type the config must use holds none
         return none
     key = OptionTermsKey(tuple(coef.options[o] for o in O), tuple(coef.options[o] for o in usable), cfg.pp == 1,
                          cfg.distributed_optimizer, coef.required_types)
@@ -340,13 +341,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
     unit = cfg.vpp if memory else 1
-    if _family is not None and _family[2]:
-        # weak: no bottleneck bound (z >= S / pp alone), only the least layer sum and $/h
-        least = _least_at_inf(slots, cfg.pp, L, unit)
-        cands, z = [], (None if least[0] == math.inf else 0.0)
-    else:
-        cands, z, least = _memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, 1) if not memory else None,
-                                       lambda: _placement_terms(slots, cfg.pp, L, unit))
+    cands, z, least = _memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, 1) if not memory else None,
+                                   lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
         return none
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
@@ -395,11 +391,120 @@ def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config
     when the family reaches the top of the heap. Each variant has a list of weight pairs
     (Coefficients.step_weights), each a bound: the least first pair and the least last pair
     are each below one pair of every variant (transfers counted only where all count them)."""
+    if weak:
+        return WeakFamilyBounds(limits).bound(coef.cfg, variants, coef)
+    pairs, vpps = _family_terms(coef, variants)
+    return config_lower_bound(coef, limits, memory=False, variants=None, _family=(pairs, vpps))
+
+
+def _family_terms(coef: Coefficients, variants: list[Config]) -> tuple[list[tuple[float, float, bool]],
+                                                                         tuple[int, int]]:
+    """(the least weight pairs, the least and largest vpp) of a family's variants."""
     weights = [coef.step_weights(v.sched) for v in variants]
     pairs = sorted({(min(w[i][0] for w in weights), min(w[i][1] for w in weights), all(w[i][2] for w in weights))
                     for i in (0, -1)})
     vpps = sorted({v.vpp for v in variants})
-    return config_lower_bound(coef, limits, memory=False, variants=None, _family=(pairs, (vpps[0], vpps[-1]), weak))
+    return pairs, (vpps[0], vpps[-1])
+
+
+class _WeakGroup(NamedTuple):
+    """What every family of one WeakFamilyBounds group shares: a config of the group (its
+    Coefficients), the options with a stage to offer, their terms, the slots' least layer sum
+    and $/h at unbounded z, and the least reduction per vpp range."""
+
+    rep: Coefficients
+    O: list[int]
+    terms: _OptionTerms
+    slots: list[SlotType]
+    least: tuple[float, float]
+    dp: dict          # (least vpp, largest vpp) -> least reduction
+    closed: bool      # the closed form's weights (they read the schedule, vpp and m alone), not the paths'
+    pairs: dict       # closed form: the variants' (schedule, vpp) -> _family_terms
+
+
+class WeakFamilyBounds:
+    """The weak family bound (family_lower_bound with weak=True: without the bottleneck bound,
+    z >= S / pp alone) of many Megatron-mode families, computed once per group of families.
+
+    A group: the configs of one uniform tp/dp/mbs/recompute (so one set of stage options and
+    pools), one distributed-optimizer setting, pp == 1 or not, and the same options with a
+    stage to offer (caps > 0). The group shares `_option_terms` (they read nothing else), and
+    the least layer sum and $/h at unbounded z: every slot of the cheap bound holds one pool of
+    one option, which holds all L layers in one stage (room L, caps >= 1), so at z = inf each
+    slot takes up to min(caps, pp) L >= L layers and the greedy fill puts all L layers on the
+    least per-layer time whatever pp and the caps are; the least $/h reads no caps or pp. A
+    family adds its pp (caps, the stage count's terms), its weights and its vpp range, and the
+    bound's last step is the one every cheap bound takes (`_finish_bound`)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._reps: dict[tuple, Coefficients] = {}
+        self._groups: dict[tuple, _WeakGroup | None] = {}
+
+    def bound(self, cfg: Config, variants: list[Config], coef: Coefficients | None = None,
+              make: Callable[[Config], Coefficients] | None = None) -> float | None:
+        """The weak bound of the family of `variants` (cfg: its head); `coef`: cfg's own
+        coefficients, or `make(cfg)` makes a group's first (the others reuse it)."""
+        if cfg.uniform is None:
+            raise ValueError("the weak family bound is for Megatron-mode families (configs of one uniform choice)")
+        limits, pp = self.limits, cfg.pp
+        key = (cfg.uniform, cfg.samples, cfg.sizes, pp == 1, cfg.distributed_optimizer)
+        rep = self._reps.get(key)
+        if rep is None:
+            rep = self._reps[key] = coef if coef is not None else make(cfg)
+        caps = [_affordable_stages(rep, q, limits, pp) for q in range(len(rep.pools))]
+        O = tuple(o for o in range(len(rep.options)) if caps[rep.pool_of[o]] > 0)
+        if not O or sum(caps) < pp:
+            return None
+        group = self._groups.get((key, O), False)
+        if group is False:
+            group = self._groups[(key, O)] = self._group(rep, list(O), caps, pp)
+        if group is None:
+            return None
+        L, terms = rep.inst.model.num_layers, group.terms
+        forced = terms.forced
+        gpu_usd = sum(forced) + min(terms.price.values()) * (pp - len(forced))
+        if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
+            return None
+        # the closed form's weights read the schedule, vpp and m alone (the simulated step's read pp
+        # and the options: the family's own coefficients)
+        if group.closed:
+            vkey = tuple((v.schedule, v.vpp) for v in variants)
+            fam = group.pairs.get(vkey)
+            if fam is None:
+                fam = group.pairs[vkey] = _family_terms(rep, variants)
+        else:
+            fam = _family_terms(coef or make(cfg), variants)
+        pairs, vpps = fam
+        dp = group.dp.get(vpps)
+        if dp is None:
+            dp = group.dp[vpps] = min(d(v) for d in terms.dp0 for v in vpps)
+        opt = terms.opt_a * math.ceil(L / pp)  # some stage holds at least ceil(L / pp) layers
+        extra = terms.ends + pp * terms.rho
+        got = [_finish_bound(group.slots, cfg, L, 1, [], 0.0, group.least, dp + opt + 0.0, extra, gpu_usd, w_z,
+                             w_sum, limits, False, terms.least_work)
+               for w_z, w_sum, _ in pairs]
+        return None if None in got else max(got)
+
+    def _group(self, rep: Coefficients, O: list[int], caps: list[int], pp: int) -> _WeakGroup | None:
+        """A group's shared terms (None: no family of it has a plan)."""
+        L, limits = rep.inst.model.num_layers, self.limits
+        if rep.required_types:
+            raise ValueError("the weak family bound is for Megatron-mode families (no node type required)")
+        gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(rep.types)}
+        terms = rep.shared.get(OptionTermsKey(tuple(rep.options[o] for o in O), tuple(rep.options[o] for o in O),
+                                              rep.cfg.pp == 1, rep.cfg.distributed_optimizer, rep.required_types),
+                               lambda: _option_terms(rep, O, O, gpu_hour))
+        alts: dict[int, list[tuple[float, int]]] = {}
+        for o in O:
+            alts.setdefault(rep.pool_of[o], []).append((terms.t[rep.options[o]][0].a, L))
+        slots = [SlotType(_type_gpus(rep, rep.pools[q].k, limits), ((rep.pools[q].group, caps[q], tuple(alts[q])),),
+                          False, gpu_hour[rep.pools[q].k])
+                 for q in sorted(alts, key=lambda q: (rep.pools[q].k, q))]
+        least = _least_at_inf(slots, pp, L, 1)
+        if least[0] == math.inf:
+            return None
+        return _WeakGroup(rep, O, terms, slots, least, {}, rep.basis() != SIMULATED, {})
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
