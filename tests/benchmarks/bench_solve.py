@@ -7,8 +7,9 @@ GPUs; the exact Pareto front of the default instance in under 30 s.
     python tests/benchmarks/bench_solve.py [--backends cpsat,highs,cbc] [--modes megatron,free] [--skip-pareto]
 
 The cpu column is the process's CPU time (steadier than wall time on a shared machine; the
-backends may add threads of their own). Free mode (tp, dp and recompute per stage) has no target; its rows show how far the
-larger space gets in the same limits (it starts from the Megatron-mode optimum).
+backends may add threads of their own). Free mode (tp, dp and recompute per stage) has no
+target; its rows show how far the larger space gets in the same limits (it starts from the
+Megatron-mode optimum).
 """
 from __future__ import annotations
 
