@@ -110,6 +110,26 @@ class PlacementKey(NamedTuple):
     unit: int
 
 
+class OptionsKey(NamedTuple):
+    """A config's stage options (space.stage_options): what of the config and --fix they read."""
+    uniform: object
+    samples: int
+    sizes: tuple
+    fix: tuple
+
+
+class OptionTermsKey(NamedTuple):
+    """The bounds' terms of a config's stage options (solvers/bounds.py, `_option_terms`): the
+    options with a stage to offer and those with room for a layer, whether pp == 1 (the ends a
+    stage holds), the distributed optimizer (reduction, optimizer step) and the node types
+    that must host a stage."""
+    options: tuple
+    usable: tuple
+    single_stage: bool
+    distributed_optimizer: bool
+    required_types: frozenset
+
+
 class PathKey(NamedTuple):
     """The paths of a step graph (Coefficients.paths): it is fixed by these four."""
     schedule: str
@@ -167,19 +187,30 @@ class Coefficients:
                              "need one block kind: use --solver brute-force", field="model")
         self.types = [nt for nt in inst.cluster.node_types]
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
-        self.options: list[StageOption] = stage_options(inst, cfg, fix)
         self.pins = {k: fix[k] for k in LIST_KEYS if fix and k in fix}   # per-stage layers / GPU type order
-        if cfg.complete:
-            self.options = self._undominated(self.options)
-        index: dict[tuple[int, int], int] = {}
-        for o in self.options:
-            index.setdefault((o.k, o.group), len(index))
-        self.pools: list[Pool] = [Pool(k, g, placement(self.types[k], g)) for k, g in index]
-        self.pool_of: list[int] = [index[o.k, o.group] for o in self.options]
+        # the options depend on the uniform choice, the samples per micro-batch, the stage sizes
+        # and --fix alone (space.stage_options): configs of other pp, schedules and switches share
+        # them, and their pools where no option is dropped as dominated (a uniform config has no twins)
+        key = OptionsKey(cfg.uniform, cfg.samples, cfg.sizes, tuple(sorted((k, repr(v)) for k, v in (fix or {}).items())))
+        if cfg.uniform is not None:
+            options, self.pools, self.pool_of = shared.get(key, lambda: self._pooled(stage_options(inst, cfg, fix)))
+            self.options: list[StageOption] = list(options)
+        else:
+            options = list(shared.get(key, lambda: tuple(stage_options(inst, cfg, fix))))
+            self.options, self.pools, self.pool_of = self._pooled(self._undominated(options) if cfg.complete
+                                                                  else options)
         # Megatron: one r for every stage (a model variable); free: each full-recompute stage its own
         self.shared_r = cfg.shared_recompute
         # free mode: every node type given a stage size hosts at least one stage
         self.required_types = cfg.required_types
+
+    def _pooled(self, options: list[StageOption]) -> tuple[list[StageOption], list[Pool], list[int]]:
+        """(options, their pools, each option's pool): a pool per (node type, stage size)."""
+        index: dict[tuple[int, int], int] = {}
+        for o in options:
+            index.setdefault((o.k, o.group), len(index))
+        return (options, [Pool(k, g, placement(self.types[k], g)) for k, g in index],
+                [index[o.k, o.group] for o in options])
 
     def _undominated(self, options: list[StageOption]) -> list[StageOption]:
         """Drop a recompute option when its no-recompute twin (same node type, tp, dp) is an
@@ -340,8 +371,9 @@ class Coefficients:
             return 0.0
         return nt.rent_usd_per_hour(stages * pool.group, pool.place.nodes_used(stages))
 
-    def max_stages(self, p: int) -> int:
-        return min(self.cfg.pp, self.pools[p].place.max_stages)
+    def max_stages(self, p: int, pp: int | None = None) -> int:
+        """Most stages pool p holds in this config (or in one like it of `pp` stages)."""
+        return min(self.cfg.pp if pp is None else pp, self.pools[p].place.max_stages)
 
     def min_stages(self, p: int) -> int:
         return 1 if self.pools[p].k in self.required_types else 0

@@ -481,13 +481,13 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                 sp = bool(fix.get("sp", True)) and tp > 1
                 fitting = [rec for rec in ([fix["recompute"]] if "recompute" in fix else recomputes)
                            if _activations_fit(inst, tp, mbs, rec, sp)]
+                distopt = bool(fix.get("distopt", True)) and dp > 1
                 for pp in ([fix["pp"]] if "pp" in fix else range(1, min(L, total // (tp * dp)) + 1)):
                     if pp * tp * dp > total or pp > L:
                         continue
+                    scheds = list(_schedules(fix, names, pp, n_mb, L))  # the same for every recompute
                     for rec in fitting:
-                        for sched, vpp in _schedules(fix, names, pp, n_mb, L):
-                            sp = bool(fix.get("sp", True)) and tp > 1
-                            distopt = bool(fix.get("distopt", True)) and dp > 1
+                        for sched, vpp in scheds:
                             yield Config.megatron(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
 
 

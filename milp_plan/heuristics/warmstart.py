@@ -67,14 +67,20 @@ def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
     return seqs
 
 
-def _caps(coef: Coefficients, types: Sequence[int], r: int, z: float) -> list[int]:
+def _caps(coef: Coefficients, stages: Sequence[tuple], r: int, z: float) -> list[int]:
+    """Layers each stage holds with t_s <= z within its memory room (whole chunks); `stages`:
+    each stage's (t fit, layer room with r recomputed layers), `_stage_terms`."""
     unit, L = coef.cfg.vpp, coef.inst.model.num_layers
     caps = []
-    for s, k in enumerate(types):
-        t = coef.time(k, s)[0]
+    for t, room in stages:
         by_time = L if t.a <= 0 else int((z - t.c - t.rho * r) / t.a + 1e-9)
-        caps.append(max(0, min(by_time, coef.layer_room(k, s, r), L)) // unit * unit)
+        caps.append(max(0, min(by_time, room, L)) // unit * unit)
     return caps
+
+
+def _stage_terms(coef: Coefficients, types: Sequence[int], r: int) -> list[tuple]:
+    """Each stage's (t fit, layer room with r recomputed layers): what `_caps` reads, for every z."""
+    return [(coef.time(k, s)[0], coef.layer_room(k, s, r)) for s, k in enumerate(types)]
 
 
 def partition(coef: Coefficients, types: Sequence[int], r: int) -> tuple[int, ...] | None:
@@ -84,19 +90,22 @@ def partition(coef: Coefficients, types: Sequence[int], r: int) -> tuple[int, ..
     if L % unit or L < pp * lo_n:
         return None
 
+    stages = _stage_terms(coef, types, r)
+
     def fits(z: float) -> list[int] | None:
-        caps = _caps(coef, types, r, z)
+        caps = _caps(coef, stages, r, z)
         if min(caps) < lo_n or sum(caps) < L:
             return None
         return caps
-    cands = sorted({coef.time(k, s)[0](j, r) for s, k in enumerate(types) for j in range(lo_n, L + 1, unit)})
+    # stages of one node type and position share a fit: each distinct fit once
+    cands = sorted({t(j, r) for t in dict.fromkeys(t for t, _ in stages) for j in range(lo_n, L + 1, unit)})
     if not cands or fits(cands[-1]) is None:
         return None
     # the least candidate z that fits (fits is monotone in z)
     caps = fits(cands[bisect.bisect_left(range(len(cands)), True, key=lambda i: fits(cands[i]) is not None)])
     # take the surplus from the slowest stages first (their layers cost the most)
     surplus = sum(caps) - L
-    slow_first = sorted(range(pp), key=lambda s: -coef.time(types[s], s)[0].a)
+    slow_first = sorted(range(pp), key=lambda s: -stages[s][0].a)
     for s in slow_first:
         cut = min(surplus, caps[s] - lo_n) // unit * unit
         caps[s] -= cut

@@ -7,8 +7,10 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
-from milp_plan.formulations.coefficients import Coefficients, PlacementKey
+from milp_plan.formulations.coefficients import Coefficients, OptionTermsKey, PlacementKey
+from milp_plan.predict import SIMULATED
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
 from milp_plan.units import SECONDS_PER_HOUR
@@ -31,7 +33,10 @@ def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> i
     """Most layers one stage holds with a n <= z: max over its (a, room) of min(floor(z / a),
     room), a multiple of `unit` (0 when below `unit`)."""
     # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
-    v = max(min(int(z / a + 1e-9) if a > 0 and z < math.inf else room, room) for a, room in alts) // unit * unit
+    if z == math.inf:  # every alternative holds its room
+        v = max(room for _, room in alts) // unit * unit
+    else:
+        v = max(min(int(z / a + 1e-9) if a > 0 else room, room) for a, room in alts) // unit * unit
     return v if v >= unit else 0
 
 
@@ -198,10 +203,10 @@ def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
     return gpus
 
 
-def _affordable_stages(coef: Coefficients, q: int, limits: Limits) -> int:
-    """Most stages pool q can hold in this config, and within a $/h budget on its own
-    (a relaxation: other pools' stages only add to the bill)."""
-    most = coef.max_stages(q)
+def _affordable_stages(coef: Coefficients, q: int, limits: Limits, pp: int | None = None) -> int:
+    """Most stages pool q can hold in this config (or in one like it of `pp` stages), and
+    within a $/h budget on its own (a relaxation: other pools' stages only add to the bill)."""
+    most = coef.max_stages(q, pp)
     if limits.budget_usd_per_hour is None:
         return most
     cap = limits.budget_usd_per_hour * (1 + 1e-9)
@@ -230,14 +235,56 @@ def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
     """(breakpoints, bottleneck bound, (least layer sum, least $/h) at unbounded z)."""
     cands = _breakpoints(slots, L, unit)
     z = _bottleneck_bound(slots, pp, L, unit, cands)
-    least = None if z is None else (_least_layer_sum(math.inf, slots, pp, L, unit),
-                                    _least_usd_per_hour(math.inf, slots, L, unit))
-    return cands, z, least
+    return cands, z, (None if z is None else _least_at_inf(slots, pp, L, unit))
 
 
 def _memo_shared(coef: Coefficients, key: PlacementKey | None, make):
     """make(), memoised in the instance's shared coefficient cache under `key` (None: not memoised)."""
     return make() if key is None else coef.shared.get(key, make)
+
+
+class _OptionTerms(NamedTuple):
+    """What the bound reads of a config's stage options O (those with a stage to offer) and the
+    usable ones (a layer of room): stage 0's and the last stage's time fits, the least
+    recompute, ends and per-layer work, the prices, the reduction fits and the least optimizer
+    time per layer. They depend on the options, pp == 1 (the ends a stage holds) and the
+    distributed optimizer alone (`OptionTermsKey`), so configs of every other pp, schedule and
+    switch share them."""
+
+    t: dict          # option -> [t at stage 0, t at the last stage]
+    rho: float
+    ends: float
+    price: dict      # usable option -> least $/h of a stage
+    forced: list
+    least_work: float
+    dp0: list
+    opt_a: float
+
+
+def _option_terms(coef: Coefficients, O: list[int], usable: list[int], gpu_hour: dict) -> _OptionTerms:
+    cfg, opts = coef.cfg, coef.options
+    t = {opts[o]: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
+    # each stage recomputes at least one layer where its option recomputes fully
+    rho = min(t[opts[o]][0].rho if coef.full(o) else 0.0 for o in O)
+    if cfg.pp == 1:
+        ends = min(t[opts[o]][0].c for o in O)
+    else:
+        ends = min(t[opts[o]][0].c for o in O) + min(t[opts[o]][1].c for o in O)
+    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
+    # rents at least one stage of each node type it gives a stage size
+    price = {opts[o]: gpu_hour[opts[o].k] * opts[o].group for o in usable}
+    forced = [min(price[opts[o]] for o in usable if opts[o].k == k) for k in sorted(coef.required_types)]
+    least_work = min(price[opts[o]] * t[opts[o]][0].a for o in usable)
+    # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
+    # optimizer max at least the biggest stage's
+    dp0 = [coef.dp_time(o, 0) for o in O]
+    opt_a = min(coef.opt_time(o, 0).a for o in O)
+    return _OptionTerms(t, rho, ends, price, forced, least_work, dp0, opt_a)
+
+
+def _least_at_inf(slots: list[SlotType], pp: int, L: int, unit: int) -> tuple[float, float]:
+    """(least layer sum, least $/h) at unbounded z."""
+    return _least_layer_sum(math.inf, slots, pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit)
 
 
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
@@ -254,7 +301,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     the driver uses to order and cut the search. With `variants` (memory=False only: configs
     that differ from coef.cfg in schedule and vpp alone, so they share its options and every
     term but the closed form's weights and the reduction at vpp layers) it returns the list
-    of their bounds, computed once."""
+    of their bounds, computed once. The terms that configs share (`_option_terms`, the
+    placement terms) are memoised in the instance's coefficient cache."""
     assert (variants is None and _family is None) or not memory
     none = None if variants is None else [None] * len(variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
@@ -262,22 +310,28 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     O = [o for o in range(len(coef.options)) if caps[coef.pool_of[o]] > 0]
     if not O or sum(caps.values()) < cfg.pp:
         return none
-    t = {o: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
-    # memory falls with the position among middle stages (fewer micro-batches in flight), so
-    # the most room any position offers is at the first, the last or the last middle stage
-    positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
-    rooms = {o: max(coef.layer_room(o, s) for s in positions) if memory else L for o in O}
-    alts: dict[int, list[tuple[float, int]]] = {}
-    for o in O:
-        if rooms[o]:
-            alts.setdefault(coef.pool_of[o], []).append((t[o][0].a, rooms[o]))
-    if coef.required_types - {coef.pools[q].k for q in alts}:
-        # a node type the config must use holds no layer within memory or budget
+    if memory:
+        # memory falls with the position among middle stages (fewer micro-batches in flight), so
+        # the most room any position offers is at the first, the last or the last middle stage
+        positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
+        rooms = {o: max(coef.layer_room(o, s) for s in positions) for o in O}
+    else:
+        rooms = dict.fromkeys(O, L)
+    gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(coef.types)}
+    usable = [o for o in O if rooms[o]]
+    if not usable or coef.required_types - {coef.options[o].k for o in usable}:
+        # no stage holds a layer within memory, or a node type the config must use holds none
         return none
+    key = OptionTermsKey(tuple(coef.options[o] for o in O), tuple(coef.options[o] for o in usable), cfg.pp == 1,
+                         cfg.distributed_optimizer, coef.required_types)
+    terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable, gpu_hour))
+    t = terms.t
+    alts: dict[int, list[tuple[float, int]]] = {}
+    for o in usable:
+        alts.setdefault(coef.pool_of[o], []).append((t[coef.options[o]][0].a, rooms[o]))
     by_type: dict[int, list] = {}
     for q in sorted(alts):
         by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
-    gpu_hour = {k: coef.types[k].usd_per_gpu_hour for k in by_type}
     if memory:
         slots = [SlotType(_type_gpus(coef, k, limits), tuple(pools), k in coef.required_types, gpu_hour[k])
                  for k, pools in sorted(by_type.items())]
@@ -287,37 +341,19 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
     unit = cfg.vpp if memory else 1
-    if _family is not None and _family[2]:
-        # weak: no bottleneck bound (z >= S / pp alone), only the least layer sum and $/h
-        least = (_least_layer_sum(math.inf, slots, cfg.pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit))
-        cands, z = [], (None if least[0] == math.inf else 0.0)
-    else:
-        cands, z, least = _memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, 1) if not memory else None,
-                                       lambda: _placement_terms(slots, cfg.pp, L, unit))
+    cands, z, least = _memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, 1) if not memory else None,
+                                   lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
         return none
-    # each stage recomputes at least one layer where its option recomputes fully
-    rho = min(t[o][0].rho if coef.full(o) else 0.0 for o in O)
-    if cfg.pp == 1:
-        ends = min(t[o][0].c for o in O)
-    else:
-        ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
-    usable = [o for o in O if rooms[o]]
-    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
-    # rents at least one stage of each node type it gives a stage size
-    price = {o: gpu_hour[coef.options[o].k] * coef.options[o].group for o in usable}
-    forced = [min(price[o] for o in usable if coef.options[o].k == k) for k in sorted(coef.required_types)]
-    gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
+    forced = terms.forced
+    gpu_usd = sum(forced) + min(terms.price.values()) * (cfg.pp - len(forced))
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
         return none
-
-    least_work = min(price[o] * t[o][0].a for o in usable)
-    # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
-    # optimizer max at least the biggest stage's
-    dp0 = [coef.dp_time(o, 0) for o in O]
-    opt = min(coef.opt_time(o, 0).a for o in O) * biggest
+    least_work, dp0 = terms.least_work, terms.dp0
+    opt = terms.opt_a * biggest
     p2p = _p2p_lower_bound(coef) if memory else 0.0
+    extra = terms.ends + cfg.pp * terms.rho
 
     def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool]], placed=(unit, cands, z, least)) \
             -> float | None:
@@ -328,7 +364,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
             return None
         dp = min(d(v) for d in dp0 for v in vpps)
         got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0),
-                             ends + cfg.pp * rho, gpu_usd, w_z, w_sum, limits, memory, least_work)
+                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work)
                for w_z, w_sum, hops in pairs]
         return None if None in got else max(got)
     if _family is not None:
@@ -355,11 +391,120 @@ def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config
     when the family reaches the top of the heap. Each variant has a list of weight pairs
     (Coefficients.step_weights), each a bound: the least first pair and the least last pair
     are each below one pair of every variant (transfers counted only where all count them)."""
+    if weak:
+        return WeakFamilyBounds(limits).bound(coef.cfg, variants, coef)
+    pairs, vpps = _family_terms(coef, variants)
+    return config_lower_bound(coef, limits, memory=False, variants=None, _family=(pairs, vpps))
+
+
+def _family_terms(coef: Coefficients, variants: list[Config]) -> tuple[list[tuple[float, float, bool]],
+                                                                         tuple[int, int]]:
+    """(the least weight pairs, the least and largest vpp) of a family's variants."""
     weights = [coef.step_weights(v.sched) for v in variants]
     pairs = sorted({(min(w[i][0] for w in weights), min(w[i][1] for w in weights), all(w[i][2] for w in weights))
                     for i in (0, -1)})
     vpps = sorted({v.vpp for v in variants})
-    return config_lower_bound(coef, limits, memory=False, variants=None, _family=(pairs, (vpps[0], vpps[-1]), weak))
+    return pairs, (vpps[0], vpps[-1])
+
+
+class _WeakGroup(NamedTuple):
+    """What every family of one WeakFamilyBounds group shares: a config of the group (its
+    Coefficients), the options with a stage to offer, their terms, the slots' least layer sum
+    and $/h at unbounded z, and the least reduction per vpp range."""
+
+    rep: Coefficients
+    O: list[int]
+    terms: _OptionTerms
+    slots: list[SlotType]
+    least: tuple[float, float]
+    dp: dict          # (least vpp, largest vpp) -> least reduction
+    closed: bool      # the closed form's weights (they read the schedule, vpp and m alone), not the paths'
+    pairs: dict       # closed form: the variants' (schedule, vpp) -> _family_terms
+
+
+class WeakFamilyBounds:
+    """The weak family bound (family_lower_bound with weak=True: without the bottleneck bound,
+    z >= S / pp alone) of many Megatron-mode families, computed once per group of families.
+
+    A group: the configs of one uniform tp/dp/mbs/recompute (so one set of stage options and
+    pools), one distributed-optimizer setting, pp == 1 or not, and the same options with a
+    stage to offer (caps > 0). The group shares `_option_terms` (they read nothing else), and
+    the least layer sum and $/h at unbounded z: every slot of the cheap bound holds one pool of
+    one option, which holds all L layers in one stage (room L, caps >= 1), so at z = inf each
+    slot takes up to min(caps, pp) L >= L layers and the greedy fill puts all L layers on the
+    least per-layer time whatever pp and the caps are; the least $/h reads no caps or pp. A
+    family adds its pp (caps, the stage count's terms), its weights and its vpp range, and the
+    bound's last step is the one every cheap bound takes (`_finish_bound`)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._reps: dict[tuple, Coefficients] = {}
+        self._groups: dict[tuple, _WeakGroup | None] = {}
+
+    def bound(self, cfg: Config, variants: list[Config], coef: Coefficients | None = None,
+              make: Callable[[Config], Coefficients] | None = None) -> float | None:
+        """The weak bound of the family of `variants` (cfg: its head); `coef`: cfg's own
+        coefficients, or `make(cfg)` makes a group's first (the others reuse it)."""
+        if cfg.uniform is None:
+            raise ValueError("the weak family bound is for Megatron-mode families (configs of one uniform choice)")
+        limits, pp = self.limits, cfg.pp
+        key = (cfg.uniform, cfg.samples, cfg.sizes, pp == 1, cfg.distributed_optimizer)
+        rep = self._reps.get(key)
+        if rep is None:
+            rep = self._reps[key] = coef if coef is not None else make(cfg)
+        caps = [_affordable_stages(rep, q, limits, pp) for q in range(len(rep.pools))]
+        O = tuple(o for o in range(len(rep.options)) if caps[rep.pool_of[o]] > 0)
+        if not O or sum(caps) < pp:
+            return None
+        group = self._groups.get((key, O), False)
+        if group is False:
+            group = self._groups[(key, O)] = self._group(rep, list(O), caps, pp)
+        if group is None:
+            return None
+        L, terms = rep.inst.model.num_layers, group.terms
+        forced = terms.forced
+        gpu_usd = sum(forced) + min(terms.price.values()) * (pp - len(forced))
+        if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
+            return None
+        # the closed form's weights read the schedule, vpp and m alone (the simulated step's read pp
+        # and the options: the family's own coefficients)
+        if group.closed:
+            vkey = tuple((v.schedule, v.vpp) for v in variants)
+            fam = group.pairs.get(vkey)
+            if fam is None:
+                fam = group.pairs[vkey] = _family_terms(rep, variants)
+        else:
+            fam = _family_terms(coef or make(cfg), variants)
+        pairs, vpps = fam
+        dp = group.dp.get(vpps)
+        if dp is None:
+            dp = group.dp[vpps] = min(d(v) for d in terms.dp0 for v in vpps)
+        opt = terms.opt_a * math.ceil(L / pp)  # some stage holds at least ceil(L / pp) layers
+        extra = terms.ends + pp * terms.rho
+        got = [_finish_bound(group.slots, cfg, L, 1, [], 0.0, group.least, dp + opt + 0.0, extra, gpu_usd, w_z,
+                             w_sum, limits, False, terms.least_work)
+               for w_z, w_sum, _ in pairs]
+        return None if None in got else max(got)
+
+    def _group(self, rep: Coefficients, O: list[int], caps: list[int], pp: int) -> _WeakGroup | None:
+        """A group's shared terms (None: no family of it has a plan)."""
+        L, limits = rep.inst.model.num_layers, self.limits
+        if rep.required_types:
+            raise ValueError("the weak family bound is for Megatron-mode families (no node type required)")
+        gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(rep.types)}
+        terms = rep.shared.get(OptionTermsKey(tuple(rep.options[o] for o in O), tuple(rep.options[o] for o in O),
+                                              rep.cfg.pp == 1, rep.cfg.distributed_optimizer, rep.required_types),
+                               lambda: _option_terms(rep, O, O, gpu_hour))
+        alts: dict[int, list[tuple[float, int]]] = {}
+        for o in O:
+            alts.setdefault(rep.pool_of[o], []).append((terms.t[rep.options[o]][0].a, L))
+        slots = [SlotType(_type_gpus(rep, rep.pools[q].k, limits), ((rep.pools[q].group, caps[q], tuple(alts[q])),),
+                          False, gpu_hour[rep.pools[q].k])
+                 for q in sorted(alts, key=lambda q: (rep.pools[q].k, q))]
+        least = _least_at_inf(slots, pp, L, 1)
+        if least[0] == math.inf:
+            return None
+        return _WeakGroup(rep, O, terms, slots, least, {}, rep.basis() != SIMULATED, {})
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,

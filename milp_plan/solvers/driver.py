@@ -52,7 +52,7 @@ from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, relative_gap
 from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
-from milp_plan.solvers.bounds import config_lower_bound, family_lower_bound
+from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound
 
 REL_EPS = 1e-9
 MAX_CUTS = 32     # plans a config's model may return over a limit (by rounding) before it is left open
@@ -290,20 +290,22 @@ def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline) -> tuple[lis
     bounding did not reach (BOUNDING_SHARE of the limit) at bound 0, bounded when popped."""
     bounded, later = [], []
     families = prepared.families()
+    weak = WeakFamilyBounds(limits)  # the weak family bounds, their shared terms computed once per group
     for f, members in enumerate(families):
         if f % 16 == 0 and (dl.expired() or dl.spent() > BOUNDING_SHARE):
             later = [(0.0, prepared.configs[ms[0]], 2, ms) for ms in families[f:]]  # the heuristic gets the rest
             break
-        head = prepared.coef(members[0])
         dl.charge(WORK.bound)
         if len(members) == 1:
+            head = prepared.coef(members[0])
             lb = config_lower_bound(head, limits, memory=False)
             if lb is not None:
                 bounded.append((lb, head.cfg, 0, head))
             continue
-        lb = family_lower_bound(head, limits, [prepared.configs[i] for i in members], weak=True)
+        cfg = prepared.configs[members[0]]
+        lb = weak.bound(cfg, [prepared.configs[i] for i in members], make=lambda _, i=members[0]: prepared.coef(i))
         if lb is not None:
-            bounded.append((lb, head.cfg, 2, members))
+            bounded.append((lb, cfg, 2, members))
     bounded.sort(key=lambda x: x[:3])
     return bounded, later
 

@@ -1,0 +1,123 @@
+"""The bounds' shared terms give exactly the bound a config computes on its own (issue 19).
+
+1. `_option_terms` (memoised per OptionTermsKey) and a uniform config's options and pools (per
+   coefficients.OptionsKey): every key names everything its value reads. Random configs of
+   shipped instances, in both modes and under every kind of limit, are bounded twice: with a
+   fresh coefficient cache each (nothing shared), and through one cache warmed by the configs
+   in a random order.
+2. WeakFamilyBounds (the weak family bound, its terms computed once per group of families)
+   against `scalar_weak_bound`, the per-family computation it replaced, on random families.
+
+The bounds must be equal as floats (==), None included, so the search orders and prunes the
+same configs and returns the same plan."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.job import Limits
+from milp_plan.solvers import bounds
+from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound
+from milp_plan.solvers.driver import prepare
+
+LIMITS = [Limits(), Limits("min-cost", time_limit_s=9.0), Limits("min-time", budget_usd_per_hour=60.0),
+          Limits("min-time", budget_usd_per_step=0.19)]
+
+
+def bounds_of(coef: Coefficients, limits: Limits, variants) -> list:
+    """Every bound the driver asks of a config (and of its family when it has variants)."""
+    got = [config_lower_bound(coef, limits, memory=False)]
+    if coef.cfg.complete:
+        got.append(config_lower_bound(coef, limits, memory=True))
+    if len(variants) > 1:
+        got += [family_lower_bound(coef, limits, variants, weak=True), family_lower_bound(coef, limits, variants),
+                *config_lower_bound(coef, limits, memory=False, variants=variants)]
+    return got
+
+
+@pytest.mark.parametrize("mode", ["megatron", "free"])
+@pytest.mark.parametrize("limits", LIMITS, ids=["min-time", "min-cost", "budget-h", "budget-step"])
+def test_shared_terms_give_the_bound_of_a_fresh_cache(mode, limits):
+    inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
+    prepared = prepare(inst, None, mode)
+    families = prepared.families()
+    rng = random.Random(19)
+    picked = rng.sample(families, min(60, len(families)))
+    if mode == "free":  # parents with open stage sizes, and their children
+        kids = [[k.cfg] for i in picked[:10] for k in prepared.children(prepared.coef(i[0]))]
+    else:
+        kids = []
+    cases = [[prepared.configs[i] for i in members] for members in picked] + kids
+    warm = SharedCoefficients(inst)
+    # warm the shared cache in a random order first, so each config finds terms another made
+    order = list(range(len(cases)))
+    rng.shuffle(order)
+    shared = {j: bounds_of(Coefficients(inst, cases[j][0], warm), limits, cases[j]) for j in order}
+    for j, variants in enumerate(cases):
+        fresh = bounds_of(Coefficients(inst, variants[0], SharedCoefficients(inst)), limits, variants)
+        assert shared[j] == fresh, (variants[0].label(), shared[j], fresh)
+
+
+def scalar_weak_bound(coef: Coefficients, limits: Limits, variants) -> float | None:
+    """The weak family bound as config_lower_bound computed it per family before WeakFamilyBounds
+    (memory=False, no bottleneck bound: z >= S / pp alone), from the bound's own helpers."""
+    pairs, vpps = bounds._family_terms(coef, variants)
+    cfg, L = coef.cfg, coef.inst.model.num_layers
+    caps = {q: bounds._affordable_stages(coef, q, limits) for q in range(len(coef.pools))}
+    O = [o for o in range(len(coef.options)) if caps[coef.pool_of[o]] > 0]
+    if not O or sum(caps.values()) < cfg.pp:
+        return None
+    t = {o: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
+    alts: dict = {}
+    for o in O:
+        alts.setdefault(coef.pool_of[o], []).append((t[o][0].a, L))
+    by_type: dict = {}
+    for q in sorted(alts):
+        by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
+    gpu_hour = {k: coef.types[k].usd_per_gpu_hour for k in by_type}
+    slots = [bounds.SlotType(bounds._type_gpus(coef, k, limits), (pool,), k in coef.required_types, gpu_hour[k])
+             for k, pools in sorted(by_type.items()) for pool in pools]
+    least = (bounds._least_layer_sum(math.inf, slots, cfg.pp, L, 1),
+             bounds._least_usd_per_hour(math.inf, slots, L, 1))
+    if least[0] == math.inf:
+        return None
+    rho = min(t[o][0].rho if coef.full(o) else 0.0 for o in O)
+    if cfg.pp == 1:
+        ends = min(t[o][0].c for o in O)
+    else:
+        ends = min(t[o][0].c for o in O) + min(t[o][1].c for o in O)
+    price = {o: gpu_hour[coef.options[o].k] * coef.options[o].group for o in O}
+    forced = [min(price[o] for o in O if coef.options[o].k == k) for k in sorted(coef.required_types)]
+    gpu_usd = sum(forced) + min(price.values()) * (cfg.pp - len(forced))
+    if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
+        return None
+    least_work = min(price[o] * t[o][0].a for o in O)
+    dp = min(d(v) for d in [coef.dp_time(o, 0) for o in O] for v in vpps)
+    opt = min(coef.opt_time(o, 0).a for o in O) * math.ceil(L / cfg.pp)
+    got = [bounds._finish_bound(slots, cfg, L, 1, [], 0.0, least, dp + opt + 0.0, ends + cfg.pp * rho, gpu_usd,
+                                w_z, w_sum, limits, False, least_work)
+           for w_z, w_sum, _ in pairs]
+    return None if None in got else max(got)
+
+
+@pytest.mark.parametrize("cluster,model,gbs", [("default", "gpt3-6.7b", 256), ("two-type-32", "gpt3-6.7b", 256),
+                                               ("default", "gpt3-2.7b", 80), ("mixed-128", "gpt3-13b", 512)])
+@pytest.mark.parametrize("limits", LIMITS, ids=["min-time", "min-cost", "budget-h", "budget-step"])
+def test_weak_family_bounds_equal_the_scalar_bound(cluster, model, gbs, limits):
+    inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
+    prepared = prepare(inst, None, "megatron")
+    families = [ms for ms in prepared.families() if len(ms) > 1]
+    rng = random.Random(19)
+    picked = rng.sample(families, min(150, len(families)))
+    weak = WeakFamilyBounds(limits)  # one for all, as the driver uses it: groups share terms
+    for members in picked:
+        variants = [prepared.configs[i] for i in members]
+        got = weak.bound(variants[0], variants, make=lambda _, i=members[0]: prepared.coef(i))
+        fresh = Coefficients(inst, variants[0], SharedCoefficients(inst))
+        want = scalar_weak_bound(fresh, limits, variants)
+        assert got == want, (variants[0].label(), got, want)
+        assert family_lower_bound(fresh, limits, variants, weak=True) == want
