@@ -67,6 +67,7 @@ class CpsatBackend:
         from ortools.sat.python import cp_model
         self.cp = cp_model
         self.model = _plain_cp_model(cp_model)
+        self.parameters: dict[str, Any] = {}   # a model's own CP-SAT parameters (e.g. the switching model's)
 
     def new_bool(self, name: str):
         return self.model.new_bool_var(name)
@@ -100,6 +101,8 @@ class CpsatBackend:
         # raising its bound a sliver per conflict at ~0.002 deterministic units a second, so that a
         # work limit stopped nothing for hours (tests/test_work_limit.py); the portfolio proves it at once
         p.search_branching = self.cp.PORTFOLIO_SEARCH
+        for name, value in self.parameters.items():
+            setattr(p, name, value)
         p.catch_sigint_signal = False  # SIGINT goes to Python (deadline.handle_signals), which stops us
         cb = None
         if on_progress is not None:
