@@ -234,16 +234,18 @@ def render_phases(plan) -> str:
     ln = ph.lengths
     out = [f"Lengths: {ln['source']}: {ln['sequences']} sequences, {ln['tokens']} tokens, longest {ln['longest']} "
            f"(each sequence padded to its bucket's edge; edges {ph.edges})"]
+    def s4(v: float) -> str:   # the cost model's differences leave ~1e-15 s where a fill is none
+        return "0" if abs(v) < 1e-9 else f"{v:.4g}"
     rows = [[i, x.edge, x.sequences, f"{1 - x.tokens / (x.edge * x.sequences):.0%}", x.strategy,
-             x.plan.num_microbatches, f"{x.time_s:.4g}", f"{x.fill_s:.4g}"] for i, x in enumerate(ph.phases)]
+             x.plan.num_microbatches, s4(x.time_s), s4(x.fill_s)] for i, x in enumerate(ph.phases)]
     out.append(table(["phase", "bucket edge", "sequences", "padding", "strategy", "micro-batches", "time s",
                       "fill s"], rows, right=[True] * 8))
     out += [f"  strategy {i}: {lab}" + (" (home: optimizer state, reduction and optimizer step)" if i == ph.home
                                         else "") for i, lab in enumerate(ph.strategies)]
     sw = ph.switches()
     unit = "$/step" if plan.inputs.get("objective", {}).get("kind") == "min-cost" else "s"
-    out.append(f"Step time {pr.step_time_s:.6g} s = work {pr.compute_s:.6g} + fills {pr.bubble_s:.6g} + "
-               f"{len(sw)} switches {sum(t for *_, t in sw):.4g} + reduction and optimizer "
+    out.append(f"Step time {pr.step_time_s:.6g} s = work {pr.compute_s:.6g} + fills {s4(pr.bubble_s)} + "
+               f"{len(sw)} switches {s4(sum(t for *_, t in sw))} + reduction and optimizer "
                f"{pr.dp_allreduce_s + pr.optimizer_s:.4g}")
     out.append(f"{rec.status} over {ph.scope}" + ("" if rec.best_bound is None else
                                                   f" (bound {rec.best_bound:.6g} {unit})"))
