@@ -200,3 +200,10 @@ def test_the_global_batch_rescales_the_distribution():
     assert workload.scaled(h, 10).counts == ((300, 5), (900, 3), (3000, 2))
     assert workload.scaled(h, tokens=17400) is h and workload.scaled(h, tokens=34800).sequences == 38
     assert workload.default_edges(h) == (300, 900, 3000)   # few lengths: binned at the lengths themselves
+
+
+def test_the_shipped_example_is_the_documented_synthetic_draw():
+    """`--lengths example`: 256 sequences drawn by lognormal(2048, 16384, 256, seed 1), shipped
+    with the package (milp_plan/catalog/lengths-example.csv)."""
+    shipped = workload.parse_lengths("example")
+    assert shipped.counts == workload.lognormal(2048, 16384, 256, 1).counts and shipped.sequences == 256
