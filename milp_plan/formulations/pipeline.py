@@ -541,7 +541,10 @@ class PipelineModel:
 
     def add_cost(self) -> None:
         """$/h from pool sizes (prices rounded down); W[p,beta] = T u[p,beta] (binary x
-        bounded integer, exact) for $/step."""
+        bounded integer, exact) for $/step, written as its convex hull: every pool splits T over
+        its one-hot u, sum_beta W[p,beta] = T with 0 <= W[p,beta] <= hi u[p,beta] (the big-M
+        W >= T - hi (1 - u) alone left the LP a bound near 0, and CP-SAT under a cutoff crept
+        up 1-tick bounds for minutes: pipeline.md, "add_cost")."""
         be, v, lim, res = self.be, self.v, self.lim, self.res
         price = {(p, beta): res.usd_down(self.c.usd_per_hour(p, beta)) for (p, beta) in v.u}
         v.usd_h = be.sum([price[key] * v.u[key] for key in v.u])
@@ -551,13 +554,16 @@ class PipelineModel:
             hi = self._step_upper_bound()
             if lim.time_limit_s is not None:  # T <= the limit in every plan the model admits
                 hi = min(hi, down(v.scale * lim.time_limit_s * res.tps))
+            split: dict[int, list] = {}
             for (p, beta), var in v.u.items():
-                if beta == 0 or price[p, beta] == 0:
-                    continue
                 w = be.new_int(0, hi, f"W[{p},{beta}]")
                 be.add(w <= hi * var)
                 be.add(w >= v.step - hi * (1 - var))
-                v.W[p, beta] = (price[p, beta], w)
+                split.setdefault(p, []).append(w)
+                if beta and price[p, beta]:
+                    v.W[p, beta] = (price[p, beta], w)
+            for ws in split.values():
+                be.add(be.sum(ws) == v.step)
             if lim.budget_usd_per_step is not None:
                 # sum price W / (SECONDS_PER_HOUR scale tps money) <= budget
                 be.add(be.sum([usd * w for usd, w in v.W.values()])
