@@ -39,10 +39,11 @@ from dataclasses import dataclass, replace
 
 from milp_plan import check, costmodel, predict
 from milp_plan.errors import InputError
-from milp_plan.formulations.switching import Switching, SwitchingProblem, solve as solve_switching
+from milp_plan.formulations.switching import Switching, SwitchingProblem, segment_fills, solve as solve_switching
 from milp_plan.instance import Instance, InstanceSpec, build_instance
 from milp_plan.job import Limits, Objective
 from milp_plan.plan import Phase, Phases, Plan, Prediction, SolverRecord, fewest_micro_batches
+from milp_plan.result import relative_gap
 from milp_plan.workload import Bucket
 
 GIB = 2**30
@@ -171,8 +172,8 @@ def build_problem(spec: InstanceSpec, bins: tuple[Bucket, ...], strategies: list
     ev = [[evaluate_on(spec, k, it, cache) for k in strategies] for it in items]
     K = len(strategies)
     # the largest bucket a strategy can run stands for it (its weights do not depend on the length)
-    rep = [next((ev[r][k] for r in sorted(range(len(items)), key=lambda r: -items[r].edge)
-                 if ev[r][k].plan is not None), None) for k in range(K)]
+    longest_first = sorted(range(len(items)), key=lambda r: -items[r].edge)
+    rep = [next((ev[r][k] for r in longest_first if ev[r][k].plan is not None), None) for k in range(K)]
     inst = next(iter(cache.values()))  # every bucket's instance has the same cluster
     switch = tuple(tuple(0.0 if k == k2 or rep[k] is None or rep[k2] is None else _switch_s(inst, rep[k], rep[k2])
                          for k2 in range(K)) for k in range(K))
@@ -316,10 +317,10 @@ def plan_buckets(spec: InstanceSpec, bins: tuple[Bucket, ...], candidates: list[
     inst = bucket_instance(spec, bins[-1].edge, bins[-1].sequences, {})
     sets = [gpu_set(k) for k in strategies]
     best, proven = best_over_sets(problem, sets, lambda S: rent(inst, S), limits, backend)
+    alone = [solve_switching(restrict(problem, [k]), backend).step_time_s for k in range(len(strategies))]
     static = None
-    for k in range(len(strategies)):
-        one = solve_switching(restrict(problem, [k]), backend)
-        value = None if one.step_time_s is None else _value(limits, one.step_time_s, rent(inst, sets[k]))
+    for k, t in enumerate(alone):
+        value = None if t is None else _value(limits, t, rent(inst, sets[k]))
         if value is not None and (static is None or value < static[1]):
             static = (k, value)
     if best is None:
@@ -329,12 +330,10 @@ def plan_buckets(spec: InstanceSpec, bins: tuple[Bucket, ...], candidates: list[
     ans, S, keep = best
     if not proven and ans.status == "optimal":
         ans = replace(ans, status="feasible")
-    sub = restrict(problem, keep)
-    singles = [(t, k) for k in range(len(keep)) if (t := solve_switching(restrict(sub, [k]), backend).step_time_s)
-               is not None]
+    singles = [(alone[k], j) for j, k in enumerate(keep) if alone[k] is not None]
     sub_static = None if not singles else (min(singles)[1], min(singles)[0])
     return HotSwitchResult(bins, items, tuple(strategies), problem, tuple(map(tuple, ev)), ans, rent(inst, S),
-                           static, break_even(sub, sub_static, backend), limits.objective, edges)
+                           static, break_even(restrict(problem, keep), sub_static, backend), limits.objective, edges)
 
 
 def break_even(problem: SwitchingProblem, static: tuple[int, float] | None, backend: str = "cpsat",
@@ -378,17 +377,11 @@ def to_plan(r: HotSwitchResult, hist, backend: str = "cpsat") -> Plan:
     best, p = r.best, r.problem
     if best.assignment is None:
         raise InputError(f"no assignment of strategies to buckets meets the limits ({best.status})", field="lengths")
-    ranges = p.item_ranges
-    used: list[int] = []
-    for it in best.items:
-        k = best.assignment[ranges[it][0]]
-        if k not in used:
-            used.append(k)
+    kof = {it: best.assignment[p.item_ranges[it][0]] for it in best.items}   # each chosen item's strategy
+    used = list(dict.fromkeys(kof.values()))                                  # in order of first use
     phases = tuple(Phase(edge=r.items[it].edge, sequences=r.items[it].sequences, tokens=r.items[it].tokens,
-                         strategy=used.index(best.assignment[ranges[it][0]]),
-                         plan=r.evaluations[it][best.assignment[ranges[it][0]]].plan,
-                         time_s=p.time[it][best.assignment[ranges[it][0]]],
-                         fill_s=p.fill[it][best.assignment[ranges[it][0]]]) for it in best.items)
+                         strategy=used.index(k), plan=r.evaluations[it][k].plan, time_s=p.time[it][k],
+                         fill_s=p.fill[it][k]) for it, k in kof.items())
     home = used.index(best.home)
     value = best.step_time_s if r.objective == "min-time" else costmodel.usd_per_step(r.usd_per_hour,
                                                                                       best.step_time_s)
@@ -404,7 +397,7 @@ def to_plan(r: HotSwitchResult, hist, backend: str = "cpsat") -> Plan:
                 break_even_factor="never" if r.break_even == math.inf else r.break_even)
     top = next(x.plan for x in phases if x.strategy == home)
     hp = top.predicted
-    fills = sum(max(x.fill_s for x in phases[a:z + 1]) for a, z in ph.segments())
+    fills = sum(segment_fills(p, best.assignment, best.items))
     whole = Prediction(step_time_s=best.step_time_s, compute_s=sum(x.time_s for x in phases), bubble_s=fills,
                        p2p_s=0.0, dp_allreduce_s=hp.dp_allreduce_s, optimizer_s=hp.optimizer_s,
                        usd_per_hour=r.usd_per_hour,
@@ -412,6 +405,5 @@ def to_plan(r: HotSwitchResult, hist, backend: str = "cpsat") -> Plan:
                        tokens_per_s=hist.tokens / best.step_time_s, stages=hp.stages, step_basis="phases")
     scale = value / best.step_time_s
     bound = None if best.bound_s is None or best.status not in ("optimal", "feasible") else best.bound_s * scale
-    from milp_plan.result import relative_gap
     rec = SolverRecord(backend, best.status, value, bound, None if bound is None else relative_gap(value, bound))
     return top.with_(predicted=whole, solver=rec, phases=ph)

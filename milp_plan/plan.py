@@ -116,6 +116,20 @@ def fewest_micro_batches(plan: "Plan", sequences: int) -> int | None:
     return None
 
 
+def transitions(strategies) -> list[tuple[int, int, int]]:
+    """(after index i, from, to) of every change of strategy around the step's cycle: after
+    the last comes the next step's first."""
+    n = len(strategies)
+    return [(i, strategies[i], strategies[(i + 1) % n]) for i in range(n)
+            if n > 1 and strategies[i] != strategies[(i + 1) % n]]
+
+
+def one_run_each(strategies) -> bool:
+    """Each strategy is entered at most once around the cycle: its items are one run."""
+    entered = [b for _, _, b in transitions(strategies)]
+    return len(entered) == len(set(entered))
+
+
 def segments(strategies) -> list[tuple[int, int]]:
     """(first, last) index of each maximal run of one strategy in step order: a segment of a
     step in phases, which pays one pipeline fill (the step's optimizer barrier cuts a run
@@ -167,12 +181,7 @@ class Phases:
     def switches(self) -> list[tuple[int, int, float]]:
         """(after phase i, to strategy, seconds) of every change of layout around the step's
         cycle, the wrap to the next step's first phase included."""
-        n, out = len(self.phases), []
-        for i in range(n):
-            a, b = self.phases[i].strategy, self.phases[(i + 1) % n].strategy
-            if a != b:
-                out.append((i, b, self.switch_s[a][b]))
-        return out
+        return [(i, b, self.switch_s[a][b]) for i, a, b in transitions([ph.strategy for ph in self.phases])]
 
     def to_dict(self) -> dict[str, Any]:
         return {"edges": self.edges, "scope": self.scope, "lengths": copy.deepcopy(dict(self.lengths)),

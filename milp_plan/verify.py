@@ -23,7 +23,7 @@ from typing import Any
 from milp_plan import check, predict, schedules
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance, instance_from_inputs
-from milp_plan.plan import Plan, Prediction, fewest_micro_batches, read_plan
+from milp_plan.plan import Plan, Prediction, fewest_micro_batches, one_run_each, read_plan
 from milp_plan.report import table
 from milp_plan.sim import SimResult, simulate_plan, too_large_to_simulate
 
@@ -262,8 +262,7 @@ def check_phases(plan: Plan, insts: list[Instance]) -> list[check.Violation]:
                 x.time_s - (p.step_time_s - p.bubble_s - p.dp_allreduce_s - p.optimizer_s)) > 1e-9 * p.step_time_s):
             bad(f"{where}: time_s and fill_s are not its plan's prediction (edited by hand?)")
     order = [x.strategy for x in ph.phases]
-    entries = [k for i, k in enumerate(order) if len(order) > 1 and k != order[i - 1]]
-    if len(entries) != len(set(entries)):
+    if not one_run_each(order):
         bad(f"a strategy runs more than one run of buckets around the cycle ({order})")
     homes = [x for x in ph.phases if x.strategy == ph.home]
     if plan.predicted is None:
@@ -284,7 +283,7 @@ def verify_phases(path: str, plan: Plan, tolerance: float, samples: int, seed: i
     the prediction, each phase's memory against its plan's, and `samples` batches drawn from the
     distribution for the spread of step times."""
     from milp_plan import workload
-    from milp_plan.sim.phases import simulate_step
+    from milp_plan.sim.phases import phase_costs, simulate_step
     ph = plan.phases
     insts = [instance_from_inputs(x.plan.inputs, f"{path} (phase {i})") for i, x in enumerate(ph.phases)]
     violations = []
@@ -299,7 +298,8 @@ def verify_phases(path: str, plan: Plan, tolerance: float, samples: int, seed: i
             any(v.rule == "phases" for v in violations):
         report.notes.append("not simulated: a phase is invalid (see the violations)")
         return report
-    step = simulate_step(ph, insts)
+    costs = phase_costs(ph, insts)
+    step = simulate_step(ph, costs)
     report.comparisons.append(Comparison("step time", "s", plan.predicted.step_time_s, step.step_time_s, tolerance))
     for i, (inst, x) in enumerate(zip(insts, ph.phases)):
         if too_large_to_simulate(x.plan) is None:
@@ -312,7 +312,7 @@ def verify_phases(path: str, plan: Plan, tolerance: float, samples: int, seed: i
     sampled = []
     for batch in workload.sample_batches(hist, samples, seed):
         counts = [fewest_micro_batches(x.plan, n) for x, n in zip(ph.phases, workload.bucket_counts(batch, edges))]
-        sampled.append(simulate_step(ph, insts, counts).step_time_s)
+        sampled.append(simulate_step(ph, costs, counts).step_time_s)
     report.phases = PhasesCheck(step, tuple(sampled), seed)
     return report
 

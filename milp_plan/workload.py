@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -125,13 +126,17 @@ def buckets(hist: Histogram, edges: Sequence[int] | None = None) -> tuple[Bucket
     if edges[0] < 1 or edges[-1] < hist.longest:
         raise InputError(f"the largest bucket edge ({edges[-1]}) must hold the longest sequence ({hist.longest} "
                          f"tokens); add an edge of at least {hist.longest}", source=hist.source, field="buckets")
+    return tuple(Bucket(edge, sum(c for _, c in inside), sum(l * c for l, c in inside))
+                 for edge, inside in zip(edges, _split(hist.counts, edges)) if inside)
+
+
+def _split(pairs, edges: Sequence[int]) -> list[list[tuple[int, int]]]:
+    """The (length, count) pairs in each bucket (previous edge, edge]; edges ascending."""
     out, lo = [], 0
     for edge in edges:
-        inside = [(l, c) for l, c in hist.counts if lo < l <= edge]
-        if inside:
-            out.append(Bucket(edge, sum(c for _, c in inside), sum(l * c for l, c in inside)))
+        out.append([(l, c) for l, c in pairs if lo < l <= edge])
         lo = edge
-    return tuple(out)
+    return out
 
 
 EXAMPLE = Path(__file__).parent / "catalog" / "lengths-example.csv"   # `--lengths example`: synthetic, made
@@ -197,12 +202,7 @@ def sample_batches(hist: Histogram, count: int, seed: int) -> list[tuple[int, ..
 def bucket_counts(lengths: Sequence[int], edges: Sequence[int]) -> list[int]:
     """How many of `lengths` fall in each bucket (previous edge, edge]; edges ascending, the
     last holding the longest."""
-    out, i = [0] * len(edges), 0
-    for l in sorted(lengths):
-        while i < len(edges) and l > edges[i]:
-            i += 1
-        if i == len(edges):
-            raise InputError(f"a sequence of {l} tokens is longer than the last bucket edge ({edges[-1]})",
-                             field="buckets")
-        out[i] += 1
-    return out
+    if lengths and max(lengths) > edges[-1]:
+        raise InputError(f"a sequence of {max(lengths)} tokens is longer than the last bucket edge ({edges[-1]})",
+                         field="buckets")
+    return [sum(c for _, c in inside) for inside in _split(sorted(Counter(lengths).items()), edges)]

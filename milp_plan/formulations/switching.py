@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from milp_plan.errors import InputError
-from milp_plan.plan import segments
+from milp_plan.plan import one_run_each, segments, transitions
 from milp_plan.result import PROOF_TOL, relative_gap
 
 TICK_S = 1e-6   # the model's time unit
@@ -119,8 +119,7 @@ class Switching:
 
     @property
     def switches(self) -> int:
-        a = self.assignment or ()
-        return sum(a[b] != a[(b + 1) % len(a)] for b in range(len(a))) if len(a) > 1 else 0
+        return len(transitions(self.assignment or ()))
 
 
 # ---- the exact value of an answer ---------------------------------------------------
@@ -153,12 +152,16 @@ def step_time(p: SwitchingProblem, assignment: Sequence[int], home: int | None =
     total = sum(p.time[r][k] for r, k in kof.items())
     if p.home_time is not None and home is not None:
         total += p.home_time[home]
-    for a, z in segments(assignment):
-        total += max(p.fill[r][kof[r]] for r in chosen if a <= ranges[r][0] <= z)
-    B = p.buckets
-    if B > 1:
-        total += sum(p.switch[assignment[b]][assignment[(b + 1) % B]] for b in range(B))
-    return total
+    for fill in segment_fills(p, assignment, chosen):
+        total += fill
+    return total + sum(p.switch[a][b] for _, a, b in transitions(assignment))
+
+
+def segment_fills(p: SwitchingProblem, assignment: Sequence[int], chosen: Sequence[int]) -> list[float]:
+    """The fill each segment (plan.segments) pays: its largest chosen item's."""
+    ranges = p.item_ranges
+    return [max(p.fill[r][assignment[ranges[r][0]]] for r in chosen if a <= ranges[r][0] <= z)
+            for a, z in segments(assignment)]
 
 
 def feasible(p: SwitchingProblem, assignment: Sequence[int], home: int | None,
@@ -170,11 +173,7 @@ def feasible(p: SwitchingProblem, assignment: Sequence[int], home: int | None,
         return False
     if p.room is not None and not all(p.room[r][assignment[p.item_ranges[r][0]]][home] for r in chosen):
         return False
-    if len(assignment) > 1:
-        entries = [assignment[b] for b in range(len(assignment)) if assignment[b] != assignment[b - 1]]
-        if len(entries) != len(set(entries)):
-            return False
-    return True
+    return one_run_each(assignment)
 
 
 def partitions(p: SwitchingProblem) -> list[tuple[int, ...]]:

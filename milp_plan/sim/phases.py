@@ -18,7 +18,7 @@ from typing import Sequence
 
 from milp_plan import costmodel
 from milp_plan.instance import Instance
-from milp_plan.plan import Phase, Phases, segments
+from milp_plan.plan import Phase, Phases, segments, transitions
 from milp_plan.sim.pipeline import PipelineSpec, simulate_pipeline
 
 
@@ -32,9 +32,14 @@ class PhaseStep:
     micro_batches: tuple[int, ...]            # per phase (0: no sequence in it)
 
 
-def segment_spec(insts: Sequence[Instance], phases: Sequence[Phase], counts: Sequence[int]) -> PipelineSpec:
-    """One pipeline running `counts[j]` micro-batches of phases[j] (one layout) in order."""
-    costs = [costmodel.plan_costs(inst, ph.plan) for inst, ph in zip(insts, phases)]
+def phase_costs(phases: Phases, insts: Sequence[Instance]) -> list[costmodel.PlanCosts]:
+    """Each phase's per-stage costs (costmodel.plan_costs of its plan on its instance)."""
+    return [costmodel.plan_costs(inst, ph.plan) for inst, ph in zip(insts, phases.phases)]
+
+
+def segment_spec(phases: Sequence[Phase], costs: Sequence[costmodel.PlanCosts],
+                 counts: Sequence[int]) -> PipelineSpec:
+    """One pipeline running `counts[j]` micro-batches of phases[j] (one layout, costs[j]) in order."""
     first, c0 = phases[0].plan, costs[0]
     pp, v = first.pp, first.vpp
 
@@ -48,20 +53,20 @@ def segment_spec(insts: Sequence[Instance], phases: Sequence[Phase], counts: Seq
                         item_hop_s=hops)
 
 
-def simulate_step(phases: Phases, insts: Sequence[Instance], counts: Sequence[int] | None = None) -> PhaseStep:
-    """The step with counts[i] micro-batches in phase i (default: the plan's own)."""
+def simulate_step(phases: Phases, costs: Sequence[costmodel.PlanCosts],
+                  counts: Sequence[int] | None = None) -> PhaseStep:
+    """The step with counts[i] micro-batches in phase i (default: the plan's own); costs from
+    `phase_costs`."""
     counts = list(counts) if counts is not None else [ph.plan.num_microbatches for ph in phases.phases]
     live = [i for i, n in enumerate(counts) if n > 0]
     order = [phases.phases[i].strategy for i in live]
     segs, seg_s = [], []
     for a, z in segments(order):
         idx = live[a:z + 1]
-        spec = segment_spec([insts[i] for i in idx], [phases.phases[i] for i in idx], [counts[i] for i in idx])
+        spec = segment_spec([phases.phases[i] for i in idx], [costs[i] for i in idx], [counts[i] for i in idx])
         seg_s.append(simulate_pipeline(spec).pipeline_time_s)
         segs.append((idx[0], idx[-1]))
-    n = len(order)
-    switches = sum(phases.switch_s[order[j]][order[(j + 1) % n]] for j in range(n)) if n > 1 else 0.0
-    home = next(i for i, ph in enumerate(phases.phases) if ph.strategy == phases.home)
-    hc = costmodel.plan_costs(insts[home], phases.phases[home].plan)
+    switches = sum((phases.switch_s[a][b] for _, a, b in transitions(order)), 0.0)
+    hc = costs[next(i for i, ph in enumerate(phases.phases) if ph.strategy == phases.home)]
     home_s = max(hc.dp_s) + max(hc.opt_s)
     return PhaseStep(sum(seg_s) + switches + home_s, tuple(segs), tuple(seg_s), switches, home_s, tuple(counts))
