@@ -285,16 +285,15 @@ SWITCH_REASON = ("the plan switches layouts inside a step (a strategy per length
                  "follows launch.json")
 
 
-def render_phases(plan: Plan, options: LaunchOptions, plan_file: str, plan_sha256: str,
+def render_phases(plan: Plan, cluster: Cluster, options: LaunchOptions, plan_file: str, plan_sha256: str,
                   source: str) -> tuple[dict[str, tuple[str, bool]], dict]:
-    """A directory per phase (render_launch of the phase's plan) and the switching manifest."""
+    """A directory per phase (render_launch of the phase's plan; `cluster` supplies the hosts)
+    and the switching manifest."""
     ph, files, rows = plan.phases, {}, []
     for i, x in enumerate(ph.phases):
         where = f"{source} (phase {i})"
-        inst = plan_instance(x.plan, where)
-        check_launchable(inst, x.plan, where)
-        sub, man = render_launch(x.plan, hosts_cluster(inst.cluster, options.hosts_cluster), options,
-                                 f"{plan_file}#phases.{i}", plan_sha256)
+        check_launchable(plan_instance(x.plan, where), x.plan, where)
+        sub, man = render_launch(x.plan, cluster, options, f"{plan_file}#phases.{i}", plan_sha256)
         d = f"phase{i}-{x.edge}"
         files.update({f"{d}/{n}": v for n, v in sub.items()})
         rows.append({"phase": i, "dir": d, "edge": x.edge, "sequences": x.sequences, "strategy": x.strategy,
@@ -317,18 +316,15 @@ def write_launch(plan_path: str | Path, options: LaunchOptions) -> LaunchResult:
     """Read, check, render and write a launch directory; raise InputError before writing anything."""
     source = str(plan_path)
     plan = read_plan(plan_path)
-    if plan.phases is not None:
-        files, manifest = render_phases(plan, options, Path(plan_path).name, sha256_file(plan_path), source)
-        out = Path(options.out)
-        write_files(out, files, options.force)
-        inst = plan_instance(plan, source)
-        return LaunchResult(out, tuple(sorted(files)), False, (SWITCH_REASON,), (),
-                            assign_ranks(plan, hosts_cluster(inst.cluster, options.hosts_cluster)))
     inst = plan_instance(plan, source)
     cluster = hosts_cluster(inst.cluster, options.hosts_cluster)
+    out = Path(options.out)
+    if plan.phases is not None:   # every phase runs on the plan's cluster
+        files, _ = render_phases(plan, cluster, options, Path(plan_path).name, sha256_file(plan_path), source)
+        write_files(out, files, options.force)
+        return LaunchResult(out, tuple(sorted(files)), False, (SWITCH_REASON,), (), assign_ranks(plan, cluster))
     check_launchable(inst, plan, source)
     files, manifest = render_launch(plan, cluster, options, Path(plan_path).name, sha256_file(plan_path))
-    out = Path(options.out)
     write_files(out, files, options.force)
     mega = manifest["megatron"]
     return LaunchResult(out, tuple(sorted(files)), mega["compatible"], tuple(mega["reasons"]),
