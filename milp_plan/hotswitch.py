@@ -68,7 +68,7 @@ class HotSwitchResult:
     usd_per_hour: float | None       # the rent of the GPUs the best answer's layouts use
     static: tuple[int, float] | None  # the best single strategy and its objective (s or $/step)
     break_even: float | None         # the switch-cost factor at which switching stops paying
-    objective: str = "min-time"
+    objective: Objective = Objective()   # what was asked (the buckets' own solves record min-time)
     edges: str = "default"
 
 
@@ -326,14 +326,14 @@ def plan_buckets(spec: InstanceSpec, bins: tuple[Bucket, ...], candidates: list[
     if best is None:
         return HotSwitchResult(bins, items, tuple(strategies), problem, tuple(map(tuple, ev)),
                                Switching(None, None, None, None, "infeasible" if proven else "timeout"), None,
-                               static, None, limits.objective, edges)
+                               static, None, objective, edges)
     ans, S, keep = best
     if not proven and ans.status == "optimal":
         ans = replace(ans, status="feasible")
     singles = [(alone[k], j) for j, k in enumerate(keep) if alone[k] is not None]
     sub_static = None if not singles else (min(singles)[1], min(singles)[0])
     return HotSwitchResult(bins, items, tuple(strategies), problem, tuple(map(tuple, ev)), ans, rent(inst, S),
-                           static, break_even(restrict(problem, keep), sub_static, backend), limits.objective, edges)
+                           static, break_even(restrict(problem, keep), sub_static, backend), objective, edges)
 
 
 def break_even(problem: SwitchingProblem, static: tuple[int, float] | None, backend: str = "cpsat",
@@ -383,9 +383,9 @@ def to_plan(r: HotSwitchResult, hist, backend: str = "cpsat") -> Plan:
                          strategy=used.index(k), plan=r.evaluations[it][k].plan, time_s=p.time[it][k],
                          fill_s=p.fill[it][k]) for it, k in kof.items())
     home = used.index(best.home)
-    value = best.step_time_s if r.objective == "min-time" else costmodel.usd_per_step(r.usd_per_hour,
-                                                                                      best.step_time_s)
-    unit = "step_time_s" if r.objective == "min-time" else "usd_per_step"
+    min_cost = r.objective.limits().objective == "min-cost"
+    value = costmodel.usd_per_step(r.usd_per_hour, best.step_time_s) if min_cost else best.step_time_s
+    unit = "usd_per_step" if min_cost else "step_time_s"
     static = None if r.static is None else {"strategy": label(r.strategies[r.static[0]]), unit: r.static[1]}
     ph = Phases(phases=phases, strategies=tuple(label(r.strategies[k]) for k in used), home=home,
                 home_time_s=p.home_time[best.home] if p.home_time else 0.0,
@@ -406,4 +406,5 @@ def to_plan(r: HotSwitchResult, hist, backend: str = "cpsat") -> Plan:
     scale = value / best.step_time_s
     bound = None if best.bound_s is None or best.status not in ("optimal", "feasible") else best.bound_s * scale
     rec = SolverRecord(backend, best.status, value, bound, None if bound is None else relative_gap(value, bound))
-    return top.with_(predicted=whole, solver=rec, phases=ph)
+    # the top level records the objective asked for (its own bucket's solve was min-time)
+    return top.with_(predicted=whole, solver=rec, phases=ph, inputs={**top.inputs, "objective": r.objective.to_dict()})

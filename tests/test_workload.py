@@ -171,6 +171,13 @@ def test_lengths_under_a_budget_rent_only_what_it_allows(tmp_path, capsys):
                            "lognormal:1024:4096:16", "--objective", "min-cost", "--time-limit", f"{limit}s/step",
                            "--work-limit", "10", "--out", str(tmp_path / "q.json"))
     assert code == 2 and "meets the limits" in err and not (tmp_path / "q.json").exists()
+    code, text, err = run_cli(capsys, "solve", "--cluster", str(c), "--model", "gpt3-1.3b", "--lengths",
+                              "lognormal:1024:4096:16", "--objective", "min-cost", "--time-limit",
+                              f"{4 * limit}s/step", "--work-limit", "10", "--out", str(tmp_path / "r.json"))
+    cheap = read_plan(tmp_path / "r.json")   # the plan says what was asked, and its bound is in $/step
+    assert code == 0, err
+    assert cheap.inputs["objective"]["kind"] == "min-cost" and "$/step)" in text
+    assert cheap.solver.objective == pytest.approx(cheap.predicted.usd_per_step)
 
 
 def test_a_job_file_carries_the_lengths_and_buckets(four_a100, tmp_path, capsys):
