@@ -27,7 +27,8 @@ dp          gradients reduced in the job's grad_reduce_dtype (fp32 by default: M
             reduce-scatters the gradients and all-gathers bf16 parameters: (g + 2)/(2 g) of
             the all-reduce volume ((4 + 2)/8 with fp32 gradients, 1 with bf16).
 optimizer   Adam touches OPTIMIZER_BYTES_PER_PARAM bytes per parameter it updates,
-            memory-bound: params x 30 / (memory bandwidth x MEMORY_EFFICIENCY).
+            memory-bound: params x 30 / (memory bandwidth x MEMORY_EFFICIENCY); a profile's
+            measured seconds per parameter replace it (optimizer_s).
 memory      weights 2 bytes, main gradients g (4 in fp32), Adam (fp32 master, m, v) 12 bytes
             per parameter on the GPU (params / t), plus an fp32 copy of the gradient (4) on
             the optimizer's side when the gradients are 2-byte; with the distributed
@@ -35,7 +36,8 @@ memory      weights 2 bytes, main gradients g (4 in fp32), Adam (fp32 master, m,
             bytes per parameter: bf16 params + fp32 grads 18 -> 6 + 12/d; 2-byte params and
             grads 20 -> 4 + 16/d).
             Activations: in-flight micro-batches x per-micro-batch activations of the
-            stage's layers (model.layer_activation_bytes), plus, when layers are fully
+            stage's layers (model.layer_activation_bytes; a profile's measurement at the
+            point scales it: layer_activation_bytes), plus, when layers are fully
             recomputed, one layer's full activations while it is recomputed.
 in flight   1F1B, ZB-H1: min(pp - s, m); GPipe: m; interleaved with v chunks:
             min(2 (pp - s - 1) + (v - 1) pp + 1, m v) chunks of 1/v of the stage's layers
@@ -274,40 +276,80 @@ def end_inflight(schedule: str, pp: int, m: int, vpp: int, inflight: float) -> t
     return schedule_of(schedule, vpp).end_in_flight(pp, m, inflight)
 
 
+def measured_activation_bytes(inst: Instance, gpu: str, kind: str, tp: int, mbs: int,
+                              tokens: int | None = None) -> float | None:
+    """Bytes one micro-batch keeps for the backward of one layer of `kind` as the profile
+    measured them at exactly (gpu, tp, mbs, tokens) with no recompute and no sequence
+    parallelism, else None: its `act_bytes`, or its `mem_total_bytes` (the layer's whole
+    footprint, Metis) less the layer's model states, model_state_bytes of
+    model.layer_params(kind) / tp without the distributed optimizer (never below 0)."""
+    c = inst.profile.exact(inst.model.name, gpu, tp, mbs, row_tokens(inst, tokens), kind)
+    if c is None:
+        return None
+    if c.act_bytes is not None:
+        return c.act_bytes
+    if c.mem_total_bytes is not None:
+        states = model_state_bytes(inst.model.layer_params(kind) / tp, 1, False, inst.job.grad_bytes)
+        return max(0.0, c.mem_total_bytes - sum(states))
+    return None
+
+
+def layer_activation_bytes(inst: Instance, kind: str, tp: int, mbs: int, sequence_parallel: bool,
+                           recompute: str, tokens: int | None = None, gpu: str | None = None) -> float:
+    """Bytes one micro-batch keeps alive in one layer of `kind` until its backward: Korthikanti
+    et al.'s formula (model.layer_activation_bytes) at the job's flash-attention setting; where
+    the profile measured the layer on `gpu` (measured_activation_bytes), measured beats formula:
+        bytes = formula(sp, recompute) x measured / formula(no sp, no recompute),
+    the formula's ratio carrying the measurement to the plan's settings (a layer the formula
+    gives 0 bytes keeps what was measured)."""
+    m = inst.model
+    kw = dict(micro_batch=mbs, tp=tp, seq_length=row_tokens(inst, tokens), flash_attention=inst.job.flash_attention)
+    formula = m.layer_activation_bytes(kind, sequence_parallel=sequence_parallel, recompute=recompute, **kw)
+    measured = None if gpu is None else measured_activation_bytes(inst, gpu, kind, tp, mbs, tokens)
+    if measured is None:
+        return formula
+    base = m.layer_activation_bytes(kind, **kw)
+    return measured if base <= 0 else formula * measured / base
+
+
 def stage_activation_bytes(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_head: bool, tp: int,
                            mbs: int, sequence_parallel: bool, recompute: str, recompute_layers: int,
                            inflight: float, emb_inflight: float | None = None,
-                           head_inflight: float | None = None, tokens: int | None = None) -> float:
-    m, job = inst.model, inst.job
-    kw = dict(micro_batch=mbs, tp=tp, seq_length=row_tokens(inst, tokens), sequence_parallel=sequence_parallel,
-              flash_attention=job.flash_attention)
+                           head_inflight: float | None = None, tokens: int | None = None,
+                           gpu: str | None = None) -> float:
+    """Activation bytes per GPU: `inflight` micro-batches of the stage's layers
+    (layer_activation_bytes on `gpu`), the ends' own in-flight counts, and under full
+    recompute one recomputed layer's full activations."""
+    def act(kind: str, mode: str = "none") -> float:
+        return layer_activation_bytes(inst, kind, tp, mbs, sequence_parallel, mode, tokens, gpu)
     per_mb = 0.0
     for i, k in enumerate(kinds):
         mode = "full" if (recompute == "full" and i < recompute_layers) else ("selective" if recompute == "selective" else "none")
-        per_mb += m.layer_activation_bytes(k, recompute=mode, **kw)
+        per_mb += act(k, mode)
     ends = 0.0
     if has_embedding:
-        ends += (inflight if emb_inflight is None else emb_inflight) * m.layer_activation_bytes("embedding", **kw)
+        ends += (inflight if emb_inflight is None else emb_inflight) * act("embedding")
     if has_head:
-        ends += (inflight if head_inflight is None else head_inflight) * m.layer_activation_bytes("head", **kw)
+        ends += (inflight if head_inflight is None else head_inflight) * act("head")
     working = 0.0
     if recompute == "full" and recompute_layers > 0:
-        working = max(m.layer_activation_bytes(k, **kw) for k in kinds[:recompute_layers])
+        working = max(act(k) for k in kinds[:recompute_layers])
     return inflight * per_mb + ends + working
 
 
 def stage_memory_bytes(inst: Instance, *, schedule: str, pp: int, stage: int, m: int, vpp: int,
                        kinds: Sequence[str], tp: int, dp: int, mbs: int, sequence_parallel: bool,
                        distributed_optimizer: bool, recompute: str, recompute_layers: int,
-                       tokens: int | None = None) -> tuple[float, float, float, float, float]:
-    """(weights, gradients, optimizer, activations, in-flight) bytes per GPU of stage `stage`."""
+                       tokens: int | None = None, gpu: str | None = None) -> tuple[float, float, float, float, float]:
+    """(weights, gradients, optimizer, activations, in-flight) bytes per GPU of stage `stage` on
+    `gpu` (its measured activations, where the profile has them: layer_activation_bytes)."""
     first, last = stage == 0, stage == pp - 1
     params = stage_params(inst, kinds, first, last, single_stage=pp == 1) / tp
     w, g, o = model_state_bytes(params, dp, distributed_optimizer, inst.job.grad_bytes)
     inflight = inflight_microbatches(schedule, pp, stage, m, vpp)
     emb, head = end_inflight(schedule, pp, m, vpp, inflight)
     act = stage_activation_bytes(inst, kinds, first, last, tp, mbs, sequence_parallel, recompute,
-                                 recompute_layers, inflight, emb, head, tokens)
+                                 recompute_layers, inflight, emb, head, tokens, gpu)
     return w, g, o, act, inflight
 
 
@@ -315,7 +357,13 @@ def usable_memory_bytes(inst: Instance, node_type: NodeType) -> float:
     return node_type.memory_gib * GIB * (1.0 - inst.job.memory_headroom)
 
 
-def optimizer_s(params_updated: float, node_type: NodeType) -> float:
+def optimizer_s(inst: Instance, params_updated: float, node_type: NodeType) -> float:
+    """One optimizer step over `params_updated` parameters on one GPU: the profile's measured
+    seconds per parameter on that GPU (Profile.optimizer_s_per_param), else memory-bound,
+    params x OPTIMIZER_BYTES_PER_PARAM / (memory bandwidth x MEMORY_EFFICIENCY)."""
+    rate = inst.profile.optimizer_s_per_param(node_type.gpu.name)
+    if rate is not None:
+        return params_updated * rate
     return params_updated * OPTIMIZER_BYTES_PER_PARAM / (node_type.gpu.memory_gb_per_s * 1e9 * MEMORY_EFFICIENCY)
 
 
@@ -375,7 +423,7 @@ def _stage_nodes(inst: Instance, stage: Stage) -> list[Node]:
     return [nodes[i] for i in sorted({d.node for d in stage.devices})]
 
 
-def _stage_node_type(inst: Instance, stage: Stage) -> NodeType:
+def stage_node_type(inst: Instance, stage: Stage) -> NodeType:
     """The slowest-linked node type the stage's devices sit on (all share one GPU type)."""
     types = [n.type for n in _stage_nodes(inst, stage)]
     return min(types, key=lambda nt: (nt.intra_node_gb_per_s, nt.inter_node_gb_per_s))
@@ -403,7 +451,7 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
     pp, m = plan.pp, plan.num_microbatches
     fwd, bwd, preds, dp_times, opt_times = [], [], [], [], []
     for i, st in enumerate(plan.stages):
-        nt = _stage_node_type(inst, st)
+        nt = stage_node_type(inst, st)
         kinds = stage_kinds(inst, st.first_layer, st.num_layers)
         first, last = i == 0, i == pp - 1
         f, b = stage_compute_s(inst, nt, st.tp, st.micro_batch_size, kinds, first, last, st.recompute,
@@ -415,7 +463,7 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
             inst, schedule=plan.schedule, pp=pp, stage=i, m=m, vpp=plan.vpp, kinds=kinds, tp=st.tp, dp=st.dp,
             mbs=st.micro_batch_size, sequence_parallel=plan.sequence_parallel,
             distributed_optimizer=plan.distributed_optimizer, recompute=st.recompute,
-            recompute_layers=st.recompute_layers)
+            recompute_layers=st.recompute_layers, gpu=nt.gpu.name)
         cap = usable_memory_bytes(inst, nt)
         preds.append(StagePrediction(f * 1e3, b * 1e3, w / GIB, g / GIB, o / GIB, act / GIB,
                                      (w + g + o + act) / GIB, cap / GIB, inflight))
@@ -425,7 +473,7 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
                                    len(stage_nodes), nt.intra_node_gb_per_s,
                                    min(n.type.inter_node_gb_per_s for n in _stage_nodes(inst, st)),
                                    plan.distributed_optimizer))
-        opt_times.append(optimizer_s(params / (st.dp if plan.distributed_optimizer else 1), nt))
+        opt_times.append(optimizer_s(inst, params / (st.dp if plan.distributed_optimizer else 1), nt))
     hops = [hop_between(inst, plan, plan.stages[i], plan.stages[i + 1]) for i in range(pp - 1)]
     wrap = hop_between(inst, plan, plan.stages[-1], plan.stages[0]) if pp > 1 else 0.0
     return PlanCosts(tuple(fwd), tuple(bwd), tuple(hops), wrap, tuple(dp_times), tuple(opt_times), tuple(preds))
@@ -485,7 +533,7 @@ def slice_costs(inst: Instance, plan: Plan, lengths: Sequence[int] | None = None
     pp = plan.pp
     fwd, bwd = [], []
     for i, st in enumerate(plan.stages):
-        f, b = stage_slice_times(inst, _stage_node_type(inst, st), st, pp, i, lengths)
+        f, b = stage_slice_times(inst, stage_node_type(inst, st), st, pp, i, lengths)
         fwd.append(f)
         bwd.append(b)
     hops = []

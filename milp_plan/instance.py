@@ -177,6 +177,7 @@ def build_instance(spec: InstanceSpec | None = None, objective: Objective | None
                 if not profile.covers(model.name, g, kind):
                     raise InputError(f"profile lacks layer kind '{kind}' for GPU '{g}'; {model.name} needs "
                                      f"{', '.join(model.kinds())}", source=spec.profiles)
+        notices += profile.measured_notes()
     else:
         profile, notes = _shipped_profile(model, job.seq_length, job.flash_attention)
         notices += notes

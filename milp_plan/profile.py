@@ -4,12 +4,21 @@ Native format: a CSV whose first lines are `# key: value` provenance (YAML), the
 table with the columns
 
     model, gpu, tp, micro_batch_size, seq_length, kind, fwd_ms, bwd_ms
-    [, attn_core_fwd_ms, act_bytes, fwd_ms_spread, bwd_ms_spread, param_bytes, bwd_full_recompute_ms]
+    [, attn_core_fwd_ms, act_bytes, fwd_ms_spread, bwd_ms_spread, param_bytes, bwd_full_recompute_ms,
+       mem_total_bytes, optimizer_ns_per_param]
 
 `kind` is embedding, block, encoder_block, decoder_block or head; times are one
 micro-batch through one layer on one GPU of a tp group, in milliseconds. Provenance
 `tp_comm_included: false` says the tensor-parallel collectives are not in the times
 (the cost model adds them).
+
+Measured memory and optimizer time, where a profile has them, replace the cost model's
+formulas (costmodel.measured_activation_bytes, costmodel.optimizer_s): `act_bytes` is what
+one micro-batch keeps for the backward of one layer (milp-plan's profiler, no recompute, no
+sequence parallelism); `mem_total_bytes` a layer's whole footprint at the point, model
+states included (Metis' layer_memory_total_mb); `optimizer_ns_per_param` one optimizer
+step's nanoseconds per parameter a GPU updates (Metis' optimizer_time_ms). Memory is read at
+profiled points only, never filled.
 
 Filling missing points (each fill is recorded and reported with the points used):
 
@@ -47,7 +56,7 @@ from milp_plan.fileio import parse_yaml, read_text, sha256_file, write_atomic
 KEY = ["model", "gpu", "tp", "micro_batch_size", "seq_length", "kind"]
 REQUIRED = KEY + ["fwd_ms", "bwd_ms"]
 OPTIONAL = ["attn_core_fwd_ms", "act_bytes", "fwd_ms_spread", "bwd_ms_spread", "param_bytes",
-            "bwd_full_recompute_ms"]
+            "bwd_full_recompute_ms", "mem_total_bytes", "optimizer_ns_per_param"]
 KINDS = ("embedding", "block", "encoder_block", "decoder_block", "head")
 MAX_TIME_MS = 1e9       # a layer time above this (11 days) is refused as a unit error
 MAX_OPTIONAL = 1e15     # bytes or ms in the optional columns
@@ -62,6 +71,7 @@ class LayerCost:
     attn_core_fwd_ms: float | None = None
     act_bytes: float | None = None
     tp_comm_included: bool = False
+    mem_total_bytes: float | None = None   # the layer's states + one micro-batch's activations (Metis)
 
 
 @dataclass
@@ -75,6 +85,7 @@ class Profile:
 
     def __post_init__(self) -> None:
         self._points: dict[tuple, LayerCost] = {}
+        self._optimizer_ns: dict[str, list[float]] = {}
         self._index: dict[tuple, dict[tuple[int, int], dict[int, LayerCost]]] = {}
         t = self.table
         has = {c: c in t.columns for c in OPTIONAL + ["tp_comm_included"]}
@@ -84,7 +95,10 @@ class Profile:
                 _opt(row, "attn_core_fwd_ms") if has["attn_core_fwd_ms"] else None,
                 _opt(row, "act_bytes") if has["act_bytes"] else None,
                 bool(row.tp_comm_included) if has["tp_comm_included"] else False,
+                _opt(row, "mem_total_bytes") if has["mem_total_bytes"] else None,
             )
+            if has["optimizer_ns_per_param"] and _opt(row, "optimizer_ns_per_param") is not None:
+                self._optimizer_ns.setdefault(row.gpu, []).append(float(row.optimizer_ns_per_param))
             key = (row.model, row.gpu, int(row.tp), int(row.micro_batch_size), int(row.seq_length), row.kind)
             self._points[key] = cost
             self._index.setdefault((row.model, row.gpu, row.kind), {}).setdefault(
@@ -99,6 +113,28 @@ class Profile:
 
     def models(self) -> list[str]:
         return sorted(self.table.model.unique())
+
+    def optimizer_s_per_param(self, gpu: str) -> float | None:
+        """Measured seconds of one optimizer step per parameter a GPU updates (the mean of the
+        column `optimizer_ns_per_param` over the GPU's rows, / 1e9), or None where unmeasured."""
+        rates = self._optimizer_ns.get(gpu)
+        return sum(rates) / len(rates) / 1e9 if rates else None
+
+    def measured_notes(self) -> list[str]:
+        """One line for each measurement that replaces a formula of the cost model (the module
+        docstring), naming where: the notes a plan on this profile prints."""
+        mem = sorted({(k[1], k[5]) for k, c in self._points.items()
+                      if c.act_bytes is not None or c.mem_total_bytes is not None})
+        notes = []
+        if mem:
+            notes.append(f"the profile measures activation memory ({', '.join(f'{g} {k}' for g, k in mem)}): "
+                         "there it replaces Korthikanti et al.'s formula, scaled to the plan's recompute and "
+                         "sequence parallelism by the formula's ratio (costmodel.layer_activation_bytes)")
+        if self._optimizer_ns:
+            rates = ", ".join(f"{g} {self.optimizer_s_per_param(g) * 1e9:.3g} ns" for g in sorted(self._optimizer_ns))
+            notes.append(f"the profile measures the optimizer step per parameter ({rates}): it replaces the "
+                         "memory-bound formula (costmodel.optimizer_s)")
+        return notes
 
     def covers(self, model: str, gpu: str, kind: str) -> bool:
         return (model, gpu, kind) in self._index

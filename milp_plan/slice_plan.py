@@ -68,7 +68,7 @@ class Candidate:
 
 def _slice_time_table(inst: Instance, plan: Plan, unit: int):
     """t(i, j): the slowest stage's forward + backward on the slice of units i..j-1 (seconds)."""
-    nts = [costmodel._stage_node_type(inst, st) for st in plan.stages]
+    nts = [costmodel.stage_node_type(inst, st) for st in plan.stages]
 
     @functools.lru_cache(maxsize=None)
     def t(i: int, j: int) -> float:

@@ -108,14 +108,19 @@ def test_metis_profile_values_converted(tmp_path):
     params = [1000.0] + [2.0 * P - 10, 2.0 * P + 10] * 12 + [2000.0]
     metis_profile(d, "A100", 2, 4, gpt_times(), params)
     prof = load_metis_profiles(d, GPT, seq_length=1024)
-    # fwd = t/3, bwd = 2t/3: embedding 3 -> 1, 2; blocks mean 6 -> 2, 4; head 12 -> 4, 8
-    for kind, fwd, bwd, pbytes in (("embedding", 1.0, 2.0, 1000.0), ("block", 2.0, 4.0, 2.0 * P),
-                                   ("head", 4.0, 8.0, 2000.0)):
+    # fwd = t/3, bwd = 2t/3: embedding 3 -> 1, 2, plus the batch generator's 1 ms forward -> 2, 2;
+    # blocks mean 6 -> 2, 4; head 12 plus the 5 ms no layer holds (forward_backward_time_ms
+    # 164 - the slots' 159) = 17 -> 17/3, 34/3
+    for kind, fwd, bwd, pbytes in (("embedding", 2.0, 2.0, 1000.0), ("block", 2.0, 4.0, 2.0 * P),
+                                   ("head", 17 / 3, 34 / 3, 2000.0)):
         r = row(prof, "A100", kind, tp=2)
         assert r.fwd_ms == pytest.approx(fwd, rel=1e-12)
         assert r.bwd_ms == pytest.approx(bwd, rel=1e-12)
         assert r.param_bytes == pytest.approx(pbytes, rel=1e-12)   # blocks: the mean, 2 P
         assert (r.micro_batch_size, r.seq_length, r.model) == (4, 1024, "gpt3-1.3b")
+        assert r.mem_total_bytes == 100 * 2**20                    # layer_memory_total_mb 100
+        # optimizer_time_ms 7 over the num_parameters / tp parameters one GPU of tp 2 updates
+        assert r.optimizer_ns_per_param == pytest.approx(7e6 / (GPT.num_parameters / 2), rel=1e-12)
     assert len(prof.table) == 3
     prov = prof.provenance[0]
     assert prov["format"] == "metis" and prov["tp_comm_included"] is True
@@ -135,13 +140,15 @@ def test_metis_seq_length_defaults_to_model(tmp_path):
 def test_metis_t5_kinds(tmp_path):
     d = tmp_path / "m"
     d.mkdir()
-    # encoder slots 3 ms -> fwd 1; decoder slots 6 ms -> fwd 2; embedding 9 -> 3; head 0.3 -> 0.1
+    # encoder slots 3 ms -> fwd 1, bwd 2; decoder slots 6 ms -> 2, 4; embedding 9 -> 3, 6 plus the
+    # writer's 1 ms batch generator forward; head 0.3 plus its 5 ms outside the layers -> 5.3/3, 10.6/3
     metis_profile(d, "V100", 1, 1, [9.0] + [3.0] * 24 + [6.0] * 24 + [0.3])
     prof = load_metis_profiles(d, T5)
     assert set(prof.table.kind) == {"embedding", "encoder_block", "decoder_block", "head"}
-    for kind, fwd in (("embedding", 3.0), ("encoder_block", 1.0), ("decoder_block", 2.0), ("head", 0.1)):
+    for kind, fwd, bwd in (("embedding", 4.0, 6.0), ("encoder_block", 1.0, 2.0), ("decoder_block", 2.0, 4.0),
+                           ("head", 5.3 / 3, 10.6 / 3)):
         assert row(prof, "V100", kind).fwd_ms == pytest.approx(fwd, rel=1e-12)
-        assert row(prof, "V100", kind).bwd_ms == pytest.approx(2 * fwd, rel=1e-12)
+        assert row(prof, "V100", kind).bwd_ms == pytest.approx(bwd, rel=1e-12)
 
 
 def test_metis_wrong_block_count(tmp_path):
@@ -298,6 +305,56 @@ def test_metis_profile_seq_length_follows_job(tmp_path):
     inst = build_instance(spec)
     # the rows are recorded at the job's sequence length, so the exact point exists: no fill
     assert inst.profile.exact("gpt3-1.3b", "A100-80GB", 1, 4, 1024, "block").fwd_ms == pytest.approx(2.0)
+
+
+def test_metis_step_overheads_optimizer_and_memory_reach_the_cost_model(tmp_path):
+    """What a Metis file measures beyond its layer times is charged where the cost model has the
+    term: the per-micro-batch time no layer holds on the head (last stage), the batch generator
+    on the embedding (first stage), the optimizer's measured rate, and the layer memory less
+    the model states as measured activations (measured beats formula)."""
+    from milp_plan import costmodel as cm
+    d = tmp_path / "metis"
+    d.mkdir()
+    P = GPT.layer_params("block")                       # 50,358,272 (12 h^2 + 13 h, h = 2048)
+    states = P * (2 + 4 + 12)                           # bf16 weights, fp32 grads, Adam: 906,448,896 B
+    block_mb = states / 2**20 + 300                     # the block's footprint: states + 300 MiB
+    path = metis_profile(d, "A100", 1, 4, gpt_times())
+    data = json.loads(path.read_text())
+    data["execution_time"].update(forward_backward_time_ms=159.0 + 20.0, batch_generator_time_ms=3.0,
+                                  optimizer_time_ms=130.0)
+    data["execution_memory"]["layer_memory_total_mb"] = [50.0] + [block_mb] * 24 + [10.0]
+    path.write_text(json.dumps(data))
+    spec = InstanceSpec(cluster=str(yaml_cluster(tmp_path, ("A100-80GB",))), model="gpt3-1.3b", profiles=str(d),
+                        seq_length=1024)
+    inst = build_instance(spec)
+    nt = inst.cluster.node_types[0]
+    # head 12 + 20 = 32 ms -> 32/3 + 64/3; embedding 3 ms -> 1 + 2, plus 3 ms forward
+    f, b = cm.stage_compute_s(inst, nt, 1, 4, [], False, True)
+    assert (f, b) == (pytest.approx(32 / 3 / 1e3), pytest.approx(64 / 3 / 1e3))
+    f, b = cm.stage_compute_s(inst, nt, 1, 4, [], True, False)
+    assert (f, b) == (pytest.approx(4e-3), pytest.approx(2e-3))
+    # 130 ms over num_parameters at tp 1: embedding V h + s h = 50257 x 2048 + 2048^2 = 107,120,640,
+    # head 2 h + V h = 102,930,432, 24 blocks 1,208,598,528, less the tied V h 102,926,336:
+    # 1,315,723,264 parameters
+    assert GPT.num_parameters == 1_315_723_264
+    assert cm.optimizer_s(inst, 1e9, nt) == pytest.approx(0.130 * 1e9 / 1_315_723_264, rel=1e-12)
+    # activations: 300 MiB measured against the formula's 34 s b h (flash attention, no sp):
+    # 34 x 1024 x 4 x 2048 = 285,212,672 B; full recompute keeps the input, 2 s b h, scaled alike
+    measured = 300 * 2**20
+    assert GPT.layer_activation_bytes("block", micro_batch=4, seq_length=1024, flash_attention=True) == 285_212_672
+    gpu = nt.gpu.name
+    assert cm.layer_activation_bytes(inst, "block", 1, 4, False, "none", gpu=gpu) == pytest.approx(measured)
+    assert cm.layer_activation_bytes(inst, "block", 1, 4, False, "full", gpu=gpu) == pytest.approx(measured * 2 / 34)
+    assert cm.layer_activation_bytes(inst, "block", 1, 4, False, "none") == pytest.approx(285_212_672)
+    # a footprint below the states (the embedding's 50 MiB against 3.7 GB) measures 0 activations
+    assert cm.measured_activation_bytes(inst, gpu, "embedding", 1, 4) == 0.0
+    # no measurement at another micro-batch: the formula (memory is never filled)
+    assert cm.measured_activation_bytes(inst, gpu, "block", 1, 2) is None
+    # a 1F1B stage of 2 blocks holding 3 micro-batches: 3 x 2 x 300 MiB
+    w, g, o, act, inflight = cm.stage_memory_bytes(
+        inst, schedule="1f1b", pp=4, stage=1, m=8, vpp=1, kinds=["block"] * 2, tp=1, dp=1, mbs=4,
+        sequence_parallel=False, distributed_optimizer=False, recompute="none", recompute_layers=0, gpu=gpu)
+    assert (inflight, act) == (3, pytest.approx(3 * 2 * measured))
 
 
 def test_metis_sequence_length_inferred_from_the_directory_name(tmp_path):

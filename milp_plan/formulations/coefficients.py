@@ -282,7 +282,8 @@ class Coefficients:
             return sum(cm.stage_memory_bytes(
                 self.inst, schedule=cfg.schedule, pp=cfg.pp, stage=s, m=self.m, vpp=cfg.vpp, kinds=[self.kind] * n,
                 tp=opt.tp, dp=opt.dp, mbs=opt.mbs, sequence_parallel=cfg.sequence_parallel,
-                distributed_optimizer=cfg.distributed_optimizer, recompute=opt.recompute, recompute_layers=r)[:4])
+                distributed_optimizer=cfg.distributed_optimizer, recompute=opt.recompute, recompute_layers=r,
+                gpu=self.types[opt.k].gpu.name)[:4])
         return _affine(mem, opt.recompute == "full")
 
     def capacity(self, o: int) -> float:
@@ -333,7 +334,7 @@ class Coefficients:
     def _opt_time(self, opt: StageOption, s: int) -> Affine:
         (first, last), nt = self._ends(s), self.types[opt.k]
         div = opt.dp if self.cfg.distributed_optimizer else 1
-        return _affine(lambda n, r: cm.optimizer_s(self._params(opt, n, first, last) / div, nt), False)
+        return _affine(lambda n, r: cm.optimizer_s(self.inst, self._params(opt, n, first, last) / div, nt), False)
 
     # ---- hops (per pool: with sequence parallelism a stage sends B / group samples' worth) ----
     def hop_bytes(self, p: int) -> float:

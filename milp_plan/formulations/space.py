@@ -491,24 +491,26 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                             yield Config.megatron(tp, dp, mbs, pp, rec, sched, vpp, sp, distopt)
 
 
-def least_activation_bytes(inst: Instance, tp: int, mbs: int, recompute: str, sequence_parallel: bool) -> float:
+def least_activation_bytes(inst: Instance, tp: int, mbs: int, recompute: str, sequence_parallel: bool,
+                           gpu: str | None = None) -> float:
     """At most the activation bytes per GPU of any stage with this tp, micro-batch size and
     recompute granularity, under any schedule: costmodel.stage_activation_bytes of one Transformer block
     (a stage holds >= 1), one micro-batch in flight (1F1B min(pp - s, m) >= 1, GPipe m >= 1,
     interleaved >= 1 stage-unit), no embedding or head, and under full recompute that block
-    recomputed (input only, plus its working activations), the least over block kinds."""
+    recomputed (input only, plus its working activations), the least over block kinds; on
+    `gpu` (its measured activations, costmodel.layer_activation_bytes)."""
     from milp_plan import costmodel
     block_kinds = [k for k in _kinds(inst.model) if k not in ("embedding", "head")]
     return min(costmodel.stage_activation_bytes(inst, [k], False, False, tp, mbs, sequence_parallel, recompute,
-                                                1 if recompute == "full" else 0, 1.0) for k in block_kinds)
+                                                1 if recompute == "full" else 0, 1.0, gpu=gpu) for k in block_kinds)
 
 
 def _activations_fit(inst: Instance, tp: int, mbs: int, recompute: str, sequence_parallel: bool) -> bool:
     """Some node type that can host a tp group has room for `least_activation_bytes`: otherwise
     no stage of such a config fits in memory (check_memory_capacity), so it holds no plan."""
     from milp_plan import costmodel
-    need = least_activation_bytes(inst, tp, mbs, recompute, sequence_parallel)
-    return any(need <= costmodel.usable_memory_bytes(inst, nt) * (1 + 1e-6)
+    return any(least_activation_bytes(inst, tp, mbs, recompute, sequence_parallel, nt.gpu.name)
+               <= costmodel.usable_memory_bytes(inst, nt) * (1 + 1e-6)
                for nt in inst.cluster.node_types if nt.gpus_per_node % tp == 0)
 
 

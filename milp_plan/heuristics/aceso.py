@@ -208,7 +208,7 @@ def stage_fits(sx: Search, state: State, s: int, recompute: str, r: int) -> bool
         inst, schedule=OneFOneB.name, pp=len(state.stages), stage=s,
         m=inst.job.global_batch_size // state.samples, vpp=1, kinds=costmodel.stage_kinds(inst, first, st.layers),
         tp=st.tp, dp=st.dp, mbs=state.samples // st.dp, sequence_parallel=sp, distributed_optimizer=distopt,
-        recompute=recompute, recompute_layers=r)
+        recompute=recompute, recompute_layers=r, gpu=inst.cluster.node_types[st.k].gpu.name)
     cap = costmodel.usable_memory_bytes(inst, inst.cluster.node_types[st.k])
     return sum(parts[:4]) / GIB <= cap / GIB * (1 + 1e-9)
 

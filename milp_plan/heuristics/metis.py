@@ -291,7 +291,7 @@ def stage_memory(sx: Search, state: State, s: int) -> tuple[float, float]:
         inst, schedule=OneFOneB.name, pp=len(state.stages), stage=s,
         m=inst.job.global_batch_size // state.samples, vpp=1, kinds=costmodel.stage_kinds(inst, first, st.layers),
         tp=st.tp, dp=st.dp, mbs=state.samples // st.dp, sequence_parallel=sp, distributed_optimizer=distopt,
-        recompute=grain, recompute_layers=st.layers if full else 0)
+        recompute=grain, recompute_layers=st.layers if full else 0, gpu=inst.cluster.node_types[st.k].gpu.name)
     return sum(parts[:4]), costmodel.usable_memory_bytes(inst, inst.cluster.node_types[st.k])
 
 

@@ -51,16 +51,32 @@ profile is of another model shape: an error. Metis files record no sequence leng
 directory whose name says one (`gpt3_seq1024`, `seq_len-2048`) sets the job's when --seq-len
 is not given (a note says so) and must agree with it when it is (else an error); a directory
 whose name says none is read at the job's length, with a note.
-`execution_memory.layer_memory_total_mb[]` mixes activations, gradients and optimizer
-state, so it is not imported (the cost model computes memory from the model); its sum, `forward_backward_time_ms`, `optimizer_time_ms` and
-`batch_generator_time_ms` are kept per file in the provenance. Times are measured with
-tp, so `tp_comm_included` is true.
+What else a file measures goes where the cost model has the term (Metis' own cost model,
+model/cost_estimator.py, charges the same quantities):
+
+* `forward_backward_time_ms - sum(layer_compute_total_ms)`: per micro-batch, the time no
+  layer holds (the loss, synchronisation; Metis' `fb_sync`, charged to the last stage once
+  per micro-batch): added to the head's fwd + bwd before the 1:2 split, so the last stage
+  pays it on every micro-batch; 0 when the difference is negative;
+* `batch_generator_time_ms`: building one micro-batch (Metis charges it per micro-batch):
+  added to the embedding's forward, so the first stage pays it before every forward;
+* `optimizer_time_ms`: one Adam step over the whole model on one GPU of the tp group, i.e.
+  over num_parameters / tp parameters: the column `optimizer_ns_per_param` (the cost model's
+  optimizer time, costmodel.optimizer_s, uses it instead of its bandwidth formula);
+* `execution_memory.layer_memory_total_mb[]`: a layer's whole footprint at micro-batch B
+  (its parameters, gradients and optimizer state plus one micro-batch's activations): the
+  column `mem_total_bytes` (x 2^20); the cost model takes a layer's measured activations as
+  that total less its model states (costmodel.measured_activation_bytes) and says so;
+* `forward_backward_time_ms` and the others are also kept per file in the provenance.
+
+Times are measured with tp, so `tp_comm_included` is true.
 """
 from __future__ import annotations
 
 import math
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -77,6 +93,7 @@ MAX_SLOTS = 64            # GPUs per host (cluster.MAX_GPUS_PER_NODE)
 BYTES_PER_S_ABOVE = 1e6   # a bandwidth above this is bytes/s (Metis' README example)
 METIS_UNITS_UP_TO = 1e4   # a bandwidth up to this is in Metis' unit, 2^20 bytes per ms
 GB_PER_S_PER_METIS_UNIT = 2**20 * 1e3 / 1e9   # 2^20 B/ms in 10^9 B/s: 1.048576
+MIB = 2.0**20              # layer_memory_total_mb: torch allocator bytes / 2^20
 _HOST_FIELDS = ["instance_type", "inter_bandwidth", "intra_bandwidth", "memory"]
 _PROFILE_NAME = re.compile(r"^DeviceType\.(?P<gpu>.+?)_tp(?P<tp>\d+)_bs(?P<bs>\d+)\.json$")
 _SEQ_IN_NAME = re.compile(r"seq(?:_?len(?:gth)?)?[_-]?(\d+)", re.IGNORECASE)   # gpt3_seq1024, seq_len-2048
@@ -274,9 +291,36 @@ def check_block_parameters(per_kind: Mapping[str, float], model: Model, tp: int,
                          source=source)
 
 
-def _metis_file(path: Path, model: Model, tp: int = 1) -> tuple[dict[str, float], dict[str, float] | None,
-                                                                 dict[str, Any]]:
-    """Per kind: fwd+bwd ms, param bytes (or None); and the file's summary for the provenance."""
+@dataclass(frozen=True)
+class MetisFile:
+    """What one Metis profile file gives, per layer kind (means over the kind's slots) and per step.
+
+    fb_ms: forward + backward ms of one layer; param_bytes: the rank's parameter bytes (or None);
+    memory_mb: `layer_memory_total_mb` (or None); sync_ms: the per-micro-batch time no layer
+    holds, forward_backward_time_ms - sum(layer_compute_total_ms) (loss, synchronisation; >= 0);
+    batch_ms: `batch_generator_time_ms` (0 if absent); optimizer_ms: `optimizer_time_ms` (or None)."""
+
+    fb_ms: dict[str, float]
+    param_bytes: dict[str, float] | None
+    memory_mb: dict[str, float] | None
+    sync_ms: float
+    batch_ms: float
+    optimizer_ms: float | None
+    summary: dict[str, Any]
+
+
+def _time_field(data: Any, key: str, src: str) -> float | None:
+    value = _optional(data, f"execution_time.{key}")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InputError(f"field 'execution_time.{key}' must be a finite number of ms >= 0, got {value!r:.40}",
+                         source=src)
+    return float(value)
+
+
+def _metis_file(path: Path, model: Model, tp: int = 1) -> MetisFile:
+    """One Metis profile file, checked (see MetisFile)."""
     src = str(path)
     data = load_json(path, "Metis profile")
     n = _field(data, "model.num_layers", src)
@@ -297,17 +341,24 @@ def _metis_file(path: Path, model: Model, tp: int = 1) -> tuple[dict[str, float]
             raise InputError(f"model.parameters.parameters_per_layer_bytes has {len(params)} entries, not "
                              f"model.num_layers = {n}", source=src)
         check_block_parameters(slots.mean_by_kind(params, model), model, tp, src)
-    summary: dict[str, Any] = {"name": path.name, "layer_compute_sum_ms": sum(times)}
-    for key in ("execution_time.forward_backward_time_ms", "execution_time.optimizer_time_ms",
-                "execution_time.batch_generator_time_ms"):
-        value = _optional(data, key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            summary[key.split(".")[1]] = value
     memory = _optional(data, "execution_memory.layer_memory_total_mb")
     if memory is not None:
-        summary["layer_memory_total_mb_sum"] = sum(slots.check_numbers(
-            memory, src, "execution_memory.layer_memory_total_mb"))
-    return slots.mean_by_kind(times, model), params and slots.mean_by_kind(params, model), summary
+        memory = slots.check_numbers(memory, src, "execution_memory.layer_memory_total_mb")
+        if len(memory) != n:
+            raise InputError(f"execution_memory.layer_memory_total_mb has {len(memory)} entries, not "
+                             f"model.num_layers = {n}", source=src)
+    fb = _time_field(data, "forward_backward_time_ms", src)
+    summary: dict[str, Any] = {"name": path.name, "layer_compute_sum_ms": sum(times)}
+    for key in ("forward_backward_time_ms", "optimizer_time_ms", "batch_generator_time_ms"):
+        value = _time_field(data, key, src)
+        if value is not None:
+            summary[key] = value
+    if memory is not None:
+        summary["layer_memory_total_mb_sum"] = sum(memory)
+    return MetisFile(slots.mean_by_kind(times, model), params and slots.mean_by_kind(params, model),
+                     memory and slots.mean_by_kind(memory, model),
+                     max(0.0, fb - sum(times)) if fb is not None else 0.0,
+                     summary.get("batch_generator_time_ms", 0.0), summary.get("optimizer_time_ms"), summary)
 
 
 def metis_files(directory: Path) -> list[tuple[Path, str, int, int]]:
@@ -349,22 +400,31 @@ def load_metis_profiles(directory: Path, model: Model, seq_length: int | None = 
     notice = (f"Metis profile {directory}: sequence length {seq} read from the directory name" if named else
               f"Metis profile {directory} records no sequence length: its times are read as measured at the job's "
               f"sequence length {seq}; if they were not, pass --seq-len N (or name the directory seqN)")
-    rows, summaries, has_params = [], [], True
+    rows, summaries = [], []
     files = metis_files(directory)
+    columns = {"param_bytes": True, "mem_total_bytes": True, "optimizer_ns_per_param": True}
     for path, gpu, tp, bs in files:
-        fb, params, summary = _metis_file(path, model, tp)
-        has_params = has_params and params is not None
-        summaries.append(summary)
-        for kind, t in fb.items():
-            rows.append((model.name, gpu, tp, bs, seq, kind, t / 3.0, 2.0 * t / 3.0, params and params[kind]))
-    table = slots.table(rows, ["param_bytes"])
-    if not has_params:
-        table = table.drop(columns="param_bytes")
+        f = _metis_file(path, model, tp)
+        summaries.append(f.summary)
+        columns["param_bytes"] &= f.param_bytes is not None
+        columns["mem_total_bytes"] &= f.memory_mb is not None
+        columns["optimizer_ns_per_param"] &= f.optimizer_ms is not None
+        rate = None if f.optimizer_ms is None else f.optimizer_ms * 1e6 / (model.num_parameters / tp)
+        for kind, t in f.fb_ms.items():
+            t += f.sync_ms if kind == "head" else 0.0
+            fwd = t / 3.0 + (f.batch_ms if kind == "embedding" else 0.0)
+            rows.append((model.name, gpu, tp, bs, seq, kind, fwd, 2.0 * t / 3.0,
+                         f.param_bytes and f.param_bytes[kind], f.memory_mb and f.memory_mb[kind] * MIB, rate))
+    table = slots.table(rows, list(columns))
+    table = table.drop(columns=[c for c, every in columns.items() if not every])
     provenance = {
         "format": "metis", "file": str(directory), "origin": "measured (Metis profiler)",
         "sha256": slots.combined_sha256(p for p, *_ in files),
-        "conversions": "fwd_ms = layer_compute_total_ms / 3, bwd_ms = 2 x layer_compute_total_ms / 3 "
-                       "(mean over the slots of a kind; slot 0 embedding, last slot head); "
+        "conversions": "fwd_ms = t / 3, bwd_ms = 2 t / 3 with t = layer_compute_total_ms (mean over the slots "
+                       "of a kind; slot 0 embedding, last slot head), the head's t plus forward_backward_time_ms - "
+                       "sum(layer_compute_total_ms), the embedding's fwd_ms plus batch_generator_time_ms; "
+                       "mem_total_bytes = layer_memory_total_mb x 2^20; optimizer_ns_per_param = "
+                       f"optimizer_time_ms x 1e6 / ({model.num_parameters:,} parameters / tp); "
                        f"micro_batch_size = bs; seq_length = {seq} (not in Metis files)",
         "tp_comm_included": True, "files": summaries, "notice": notice,
     }

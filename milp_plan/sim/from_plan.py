@@ -16,14 +16,15 @@ def _chunk_memory(inst: Instance, plan: Plan, rank: int) -> tuple[list[float], l
     recompute of r layers recomputes r / v layers of every chunk (Megatron's block method
     counts per virtual chunk; the checker requires v | r)."""
     st, pp, v = plan.stages[rank], plan.pp, plan.vpp
+    gpu = costmodel.stage_node_type(inst, st).gpu.name
     acts, works = [], []
     for c, (first, n) in enumerate(plan.layer_chunks(rank)):
         kinds = costmodel.stage_kinds(inst, first, n)
         r = min(st.recompute_layers // v, n) if st.recompute == "full" else 0
         args = (inst, kinds, rank == 0 and c == 0, rank == pp - 1 and c == v - 1, st.tp, st.micro_batch_size,
                 plan.sequence_parallel, st.recompute if (st.recompute != "full" or r > 0) else "none", r)
-        work = costmodel.stage_activation_bytes(*args, inflight=0.0)
-        acts.append(costmodel.stage_activation_bytes(*args, inflight=1.0) - work)
+        work = costmodel.stage_activation_bytes(*args, inflight=0.0, gpu=gpu)
+        acts.append(costmodel.stage_activation_bytes(*args, inflight=1.0, gpu=gpu) - work)
         works.append(work)
     return acts, works
 
