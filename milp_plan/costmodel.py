@@ -45,7 +45,8 @@ in flight   1F1B, ZB-H1: min(pp - s, m); GPipe: m; interleaved with v chunks:
 step time   with t_s = f_s + b_s per micro-batch and m micro-batches (Narayanan et al. 2021):
             compute = m x max_s t_s,  bubble = (sum_s t_s - max_s t_s) / v_eff,
             p2p = sum over hops of (forward + backward transfer),
-            dp = max_s dp_s (not overlapped), optimizer = max_s opt_s (a global grad-norm
+            dp = max_s dp_s (not overlapped; the tied embedding's all-reduce after it on the
+            end stages: tied_embedding_sync_s), optimizer = max_s opt_s (a global grad-norm
             barrier precedes the step);  v_eff = vpp for interleaved, 1 otherwise; ZB-H1:
             see pipeline_time_s.
 cost        $/h = sum over used nodes of usd_per_hour (billing "node": any used GPU rents the
@@ -215,6 +216,14 @@ def p2p_s(inst: Instance, n_bytes: float, src: NodeType, dst: NodeType, same_nod
         return n_bytes / (min(src.intra_node_gb_per_s, dst.intra_node_gb_per_s) * 1e9)
     share = min(src.inter_node_gb_per_s, dst.inter_node_gb_per_s) / max(1, senders_per_node)
     return n_bytes / (share * 1e9)
+
+
+def embedding_grad_bytes(inst: Instance, tp: int) -> float:
+    """Bytes of the tied word-embedding gradient one GPU of a tp group holds: its vocabulary
+    shard, V h / tp elements of the job's gradient dtype (job.grad_bytes); 0 when the model
+    unties embedding and output layer."""
+    m = inst.model
+    return inst.job.grad_bytes * m.vocab_size * m.hidden_size / tp if m.tied_embeddings else 0.0
 
 
 def dp_allreduce_s(grad_bytes: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
@@ -442,6 +451,20 @@ class PlanCosts:
     dp_s: tuple[float, ...]
     opt_s: tuple[float, ...]
     stages: tuple[StagePrediction, ...]
+    embedding_s: float = 0.0   # tied_embedding_sync_s: after the reduction, on the end stages
+
+    @property
+    def tail_s(self) -> tuple[float, ...]:
+        """What each stage does after its last backward, before the optimizer's barrier: its
+        data-parallel reduction, then on the first and the last stage the tied embedding's
+        all-reduce, which waits for both ends' reductions. The step's tail is
+        max_s (end of last backward_s + tail_s): with the all-reduce starting at the later of the
+        two ends' reductions, max(A_0, A_L) + E = max(A_0 + E, A_L + E), so adding E to the two
+        ends' reductions is exact."""
+        if not self.embedding_s or len(self.dp_s) < 2:
+            return self.dp_s
+        last = len(self.dp_s) - 1
+        return tuple(d + (self.embedding_s if s in (0, last) else 0.0) for s, d in enumerate(self.dp_s))
 
 
 def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
@@ -476,17 +499,37 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
         opt_times.append(optimizer_s(inst, params / (st.dp if plan.distributed_optimizer else 1), nt))
     hops = [hop_between(inst, plan, plan.stages[i], plan.stages[i + 1]) for i in range(pp - 1)]
     wrap = hop_between(inst, plan, plan.stages[-1], plan.stages[0]) if pp > 1 else 0.0
-    return PlanCosts(tuple(fwd), tuple(bwd), tuple(hops), wrap, tuple(dp_times), tuple(opt_times), tuple(preds))
+    return PlanCosts(tuple(fwd), tuple(bwd), tuple(hops), wrap, tuple(dp_times), tuple(opt_times), tuple(preds),
+                     tied_embedding_sync_s(inst, plan))
 
 
-def hop_between(inst: Instance, plan: Plan, a: Stage, b: Stage, tokens: int | None = None) -> float:
-    """One transfer from stage a to stage b: same node or not, senders = a's GPUs on its busiest
-    node; rows of `tokens` tokens (row_tokens: a token slice's, or the job's length)."""
+def link_s(inst: Instance, n_bytes: float, a: Stage, b: Stage) -> float:
+    """`n_bytes` from each GPU of stage a to its peer in stage b (p2p_s): same node or not,
+    senders = a's GPUs on its busiest node."""
     nodes = inst.cluster.nodes
     same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
     senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
-    return p2p_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel, tokens),
-                 nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
+    return p2p_s(inst, n_bytes, nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
+
+
+def hop_between(inst: Instance, plan: Plan, a: Stage, b: Stage, tokens: int | None = None) -> float:
+    """One transfer from stage a to stage b (link_s) of rows of `tokens` tokens (row_tokens: a
+    token slice's, or the job's length)."""
+    return link_s(inst, p2p_bytes(inst, a.micro_batch_size, a.tp, plan.sequence_parallel, tokens), a, b)
+
+
+def tied_embedding_sync_s(inst: Instance, plan: Plan) -> float:
+    """Megatron's all-reduce of the tied word-embedding gradient between the first and the last
+    stage (pp > 1, tied embeddings; finalize_model_grads runs it after the data-parallel
+    reduction): each GPU of one end and its peer of the other reduce their shard,
+    embedding_grad_bytes, a two-rank ring (2 (2-1)/2 B / bandwidth = B / bandwidth), over the
+    link between the two stages (link_s); the slower direction sets it:
+        E = max(B_0 / bw(0 -> L), B_L / bw(L -> 0)).
+    PlanCosts.tail_s charges it to both ends after their reductions."""
+    if plan.pp < 2 or not inst.model.tied_embeddings:
+        return 0.0
+    first, last = plan.stages[0], plan.stages[-1]
+    return max(link_s(inst, embedding_grad_bytes(inst, a.tp), a, b) for a, b in ((first, last), (last, first)))
 
 
 def plan_usd_per_hour(inst: Instance, plan: Plan) -> float:

@@ -84,7 +84,7 @@ def sliced_closed_form(c: costmodel.PlanCosts, sc: costmodel.SliceCosts, m: int)
     sequence: stage s ends it sum_{k<s} (b_{k,0} + h_{k,0}) before stage 0 does); the optimizer
     step after the barrier."""
     compute, bubble, xfer = schedule_of(TOKEN_SLICED).sliced_pipeline_time(sc.fwd_s, sc.bwd_s, m, sc.hop_s)
-    dp = costmodel.dp_tail_s(c.dp_s, [b[0] for b in sc.bwd_s], [h[0] for h in sc.hop_s], TOKEN_SLICED)
+    dp = costmodel.dp_tail_s(c.tail_s, [b[0] for b in sc.bwd_s], [h[0] for h in sc.hop_s], TOKEN_SLICED)
     return compute, bubble, xfer, dp, max(c.opt_s)
 
 
@@ -116,7 +116,7 @@ def evaluate(inst: Instance, plan: Plan, basis: str | None = None) -> Prediction
     elif (basis or step_basis(inst)) == SIMULATED:
         step, path = simulate_step(inst, plan, c)
         p2p = sum(k * h for k, h in zip(path.hop, c.hop_s)) + path.wrap * c.wrap_hop_s
-        dp = sum(k * d for k, d in zip(path.dp, c.dp_s))
+        dp = sum(k * d for k, d in zip(path.dp, c.tail_s))
         opt = sum(k * o for k, o in zip(path.opt, c.opt_s))
         on_path = step - p2p - dp - opt   # forward and backward work on the critical path
         compute = min(m * max(f + b for f, b in zip(c.fwd_s, c.bwd_s)), on_path)
@@ -125,7 +125,7 @@ def evaluate(inst: Instance, plan: Plan, basis: str | None = None) -> Prediction
     else:
         compute, bubble = costmodel.pipeline_time_s(c.fwd_s, c.bwd_s, m, plan.schedule, plan.vpp, c.hop_s)
         p2p = costmodel.p2p_time_s(c.hop_s, c.wrap_hop_s, plan.schedule, plan.vpp)
-        dp = costmodel.dp_tail_s(c.dp_s, c.bwd_s, c.hop_s, plan.schedule, plan.vpp)
+        dp = costmodel.dp_tail_s(c.tail_s, c.bwd_s, c.hop_s, plan.schedule, plan.vpp)
         opt = max(c.opt_s)
         step = compute + bubble + p2p + dp + opt
         basis = CLOSED_FORM

@@ -417,6 +417,44 @@ def test_plan_costs_same_node_hop_and_hierarchical_dp(inst):
     assert c.hop_s == ()
 
 
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    return tiny_instance(tmp_path_factory.mktemp("tied"), tied=True)
+
+
+def test_tied_embedding_all_reduce(inst, tied):
+    """Megatron all-reduces the tied word-embedding gradient between the end stages after the
+    data-parallel reduction: each GPU's shard V h / tp in fp32, B = 4 x 1000 x 1000 / 2 = 2e6
+    bytes at tp 2, a two-rank ring: B / bandwidth."""
+    plan = two_stage_plan()
+    # nodes 0 and 1 (big): 10 GB/s a node shared by its 4 GPUs -> 2e6 / 2.5e9 = 0.8 ms
+    assert cm.tied_embedding_sync_s(tied, plan) == approx(8e-4)
+    assert cm.tied_embedding_sync_s(inst, plan) == 0.0                 # untied: no all-reduce
+    c, u = cm.plan_costs(tied, plan), cm.plan_costs(inst, plan)
+    assert c.dp_s == u.dp_s and c.embedding_s == approx(8e-4)
+    assert c.tail_s == (approx(u.dp_s[0] + 8e-4), approx(u.dp_s[1] + 8e-4))   # both ends wait for it
+    # the slower direction sets it: big node 0 (4 senders, min(10, 5) GB/s: 1.25 GB/s each)
+    # -> small node 2 (2 GPUs, tp 2 dp 1; 5 / 2 = 2.5 GB/s): 1.6 ms against 0.8 ms back
+    s1 = Stage("S", devs(2, (0, 1)), 2, 2, 2, 1, 1)
+    assert cm.tied_embedding_sync_s(tied, plan.with_(stages=(plan.stages[0], s1))) == approx(1.6e-3)
+    # inside one node: tp 1, B = 4e6 over 100 GB/s = 0.04 ms; one stage holds both: none
+    s0, s1 = Stage("G", devs(0, (0,)), 0, 2, 1, 1, 1), Stage("G", devs(0, (1,)), 2, 2, 1, 1, 1)
+    assert cm.tied_embedding_sync_s(tied, plan.with_(stages=(s0, s1), num_microbatches=8)) == approx(4e-5)
+    one = Stage("G", devs(0, range(4)), 0, 4, 2, 2, 1)
+    assert cm.tied_embedding_sync_s(tied, plan.with_(stages=(one,))) == 0.0
+
+
+def test_tied_embedding_all_reduce_lengthens_the_simulated_step_by_itself(inst, tied):
+    """Stage 0 ends its last backward after stage 1 and both reduce alike, so the all-reduce,
+    which waits for both ends, adds all of its 0.8 ms to the simulated step; the closed form's
+    tail (costmodel.dp_tail_s on PlanCosts.tail_s) adds the same."""
+    plan = two_stage_plan()
+    for basis in ("simulated", "closed-form"):
+        t = predict.evaluate(tied, plan, basis).step_time_s
+        u = predict.evaluate(inst, plan, basis).step_time_s
+        assert t - u == pytest.approx(8e-4, abs=1e-12)
+
+
 def test_cost_functions_take_the_tokens_of_a_work_item(tmp_path):
     """Every cost function prices rows of `tokens` tokens (the job's sequence length when not
     given): transfers and tp collectives scale with the tokens (tokens x mbs x h x 2 bytes),

@@ -76,17 +76,18 @@ def profile_csv(with_core: bool = True, kinds: tuple[str, ...] = ("embedding", "
     return "\n".join(lines) + "\n"
 
 
-def write_inputs(d: Path, with_core: bool = True) -> tuple[Path, Path, Path]:
+def write_inputs(d: Path, with_core: bool = True, tied: bool = False) -> tuple[Path, Path, Path]:
     d.mkdir(parents=True, exist_ok=True)
     cluster, model, prof = d / "tiny-cluster.yaml", d / "tiny-model.yaml", d / "tiny-profile.csv"
     cluster.write_text(CLUSTER_YAML)
-    model.write_text(MODEL_YAML)
+    model.write_text(MODEL_YAML.replace("tied_embeddings: false", f"tied_embeddings: {str(tied).lower()}"))
     prof.write_text(profile_csv(with_core))
     return cluster, model, prof
 
 
-def tiny_instance(d: Path, global_batch: int = 8, with_core: bool = True, **spec):
-    cluster, model, prof = write_inputs(d, with_core)
+def tiny_instance(d: Path, global_batch: int = 8, with_core: bool = True, tied: bool = False, **spec):
+    """The instance above; `tied` ties the head to the embedding (tied_embeddings: true)."""
+    cluster, model, prof = write_inputs(d, with_core, tied)
     return build_instance(InstanceSpec(cluster=str(cluster), model=str(model), profiles=str(prof),
                                        global_batch_size=global_batch, **spec))
 

@@ -360,9 +360,23 @@ class Coefficients:
         return self._hop(p, k2, False)
 
     def _hop(self, p: int, k2: int, same_node: bool) -> float:
-        n_bytes, k, senders = self.hop_bytes(p), self.pools[p].k, self.senders(p)
+        return self._link(p, self.hop_bytes(p), k2, same_node)
+
+    def _link(self, p: int, n_bytes: float, k2: int, same_node: bool) -> float:
+        """n_bytes from each GPU of a stage of pool p to its peer on node type k2 (costmodel.p2p_s,
+        as costmodel.link_s for a plan)."""
+        k, senders = self.pools[p].k, self.senders(p)
         return self.shared.get(HopKey(n_bytes, k, k2, same_node, senders),
                                lambda: cm.p2p_s(self.inst, n_bytes, self.types[k], self.types[k2], same_node, senders))
+
+    def embedding_sync(self, o: int, k2: int, same_node: bool) -> float:
+        """One direction of the tied embedding's all-reduce from an end stage run as option o to
+        the other end on node type k2 (costmodel.tied_embedding_sync_s): its shard
+        (costmodel.embedding_grad_bytes at o's tp) over the link; 0 when the model has no tied
+        embedding or pp == 1."""
+        if self.cfg.pp < 2 or not self.inst.model.tied_embeddings:
+            return 0.0
+        return self._link(self.pool_of[o], cm.embedding_grad_bytes(self.inst, self.options[o].tp), k2, same_node)
 
     # ---- money --------------------------------------------------------------------------
     def usd_per_hour(self, p: int, stages: int) -> float:

@@ -115,6 +115,8 @@ class Vars:
     e: dict = field(default_factory=dict)
     g: dict = field(default_factory=dict)
     wrap: Any = 0                           # last -> first transfer (interleaved)
+    ends: dict = field(default_factory=dict)  # p -> both end stages on pool p (an AND)
+    E: Any = 0                              # the tied embedding's all-reduce (ticks; add_embedding_sync)
     wrap_terms: list = field(default_factory=list)  # its (var, seconds, seconds subtracted)
     paths: set = field(default_factory=set)  # simulated step: the paths T is bounded by (add_paths)
     r: Any = None
@@ -150,6 +152,7 @@ class PipelineModel:
         self.t_hi = self._time_upper_bound()
         self.h_hi = self._hop_upper_bound()
         self.dp_hi = self._stage_upper_bound(coef.dp_time)
+        self.e_hi = self.res.t_up(self._embedding_hi_s())
         self.opt_hi = self._stage_upper_bound(coef.opt_time)
 
     # ---- rounding -------------------------------------------------------------------------
@@ -170,7 +173,7 @@ class PipelineModel:
             mag = min(mag, W_MAGNITUDE)
         t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
         h = max([c.hop_intra(p) for p in self.P] + [c.hop_inter(p, j) for p in self.P for j in self.pool_of_type])
-        dp = max(self._aff_hi_s(c.dp_time(o, s)) for o in self.O for s in self._positions())
+        dp = max(self._aff_hi_s(c.dp_time(o, s)) for o in self.O for s in self._positions()) + self._embedding_hi_s()
         opt = max(self._aff_hi_s(c.opt_time(o, s)) for o in self.O for s in self._positions())
         step_s = self._step_bound(t, h, dp, opt)
         return Resolution(next((k for k in TICKS if step_s * k <= mag), TICKS[-1]))
@@ -186,6 +189,12 @@ class PipelineModel:
         z = t + 2 * h  # bounds z, zf + zb, and t_s + 2 h_s
         return (sc * m * z + cfg.pp * t + 2 * sc * sc * cfg.pp * h + 2 * sc * sc * h
                 + sc * dp + sc * opt + sc * cfg.pp * (t + h))
+
+    def _embedding_hi_s(self) -> float:
+        """Seconds: the most the tied embedding's all-reduce takes in this config."""
+        c = self.c
+        return max((c.embedding_sync(o, k, same) for o in self.O for k in self.pool_of_type for same in (False, True)),
+                   default=0.0)
 
     def _aff_ticks(self, aff: Affine, s: int, o: int, rnd=None):
         """a n + rho r + c y in ticks, each coefficient rounded by `rnd` (default: down)."""
@@ -210,7 +219,8 @@ class PipelineModel:
         return self.res.t_up(max(worst, default=0.0))
 
     def _stage_upper_bound(self, coefficient) -> int:
-        """Most ticks a per-stage term (reduction, optimizer step) takes in the model."""
+        """Most ticks a per-stage term (reduction, optimizer step) takes in the model (the
+        reduction's with the end stages' embedding all-reduce: dp_hi + e_hi)."""
         return max((self._aff_hi(coefficient(o, s)) for o in self.O for s in self._positions()), default=0)
 
     def _on_pool(self, s: int, p: int):
@@ -401,11 +411,52 @@ class PipelineModel:
             for p in self.P:
                 # the wrap stays inside one node only when the whole pipeline is pool p on one node
                 one_node = 0 < self.cfg.pp <= c.pools[p].place.stages_per_node
-                w = self._and(f"wrap[{p},{p}]", self._on_pool(last, p), self._on_pool(0, p))
+                w = self._both_ends_on(p, f"wrap[{p},{p}]")
                 terms.append((w, c.hop_intra(p) if one_node else c.hop_inter(p, c.pools[p].k), 0.0))
                 terms += self._leaving(last, 0, p, "wrap")
             v.wrap_terms = terms
             v.wrap = self._hop_expr(terms, self.res.t_down)
+
+    def _both_ends_on(self, p: int, name: str):
+        """v.ends[p] = Y[0,p] AND Y[pp-1,p] (created once, named by its first user)."""
+        if p not in self.v.ends:
+            self.v.ends[p] = self._and(name, self._on_pool(self.cfg.pp - 1, p), self._on_pool(0, p))
+        return self.v.ends[p]
+
+    def _end_stages(self) -> tuple[int, ...]:
+        """The stages the tied embedding's all-reduce holds up (none without it)."""
+        return (0, self.cfg.pp - 1) if self.e_hi else ()
+
+    def add_embedding_sync(self) -> None:
+        """E >= the tied embedding's all-reduce between the end stages, exactly as
+        costmodel.tied_embedding_sync_s prices it (the larger of the two directions' times),
+        with no product variable: for an end stage's option o and the other end's node type j,
+            E >= e(o, j) (y[end,o] + Y[other,j] - 1 - ends[p(o)]),
+        e(o, j) its shard over the inter-node link to type j, ends[p] the AND of both ends on
+        pool p, subtracted where the whole pipeline then sits on one node (pp <= stages per
+        node of p: contiguity keeps a shared-node pool in one run from a fresh node); there
+            E >= e_intra(o) (y[end,o] + ends[p(o)] - 1).
+        A right side is positive only for the plan's own (option, type) of an end, so E's least
+        value is the cost model's (rounded down); E enters the reductions of both ends
+        (PlanCosts.tail_s): add_paths, add_dp_optimizer. pipeline.md, "add_embedding_sync"."""
+        if not self.e_hi:
+            return
+        be, v, c, last = self.be, self.v, self.c, self.cfg.pp - 1
+        v.E = be.new_int(0, self.e_hi, "E")
+        for end, other in ((0, last), (last, 0)):
+            for o in self.O:
+                p = c.pool_of[o]
+                k = c.pools[p].k
+                one_node = last + 1 <= c.pools[p].place.stages_per_node
+                both = self._both_ends_on(p, f"ends[{p}]") if one_node else 0
+                for j in sorted(self.pool_of_type):
+                    e = self.res.t_down(c.embedding_sync(o, j, False))
+                    if e:
+                        be.add(v.E >= e * (v.y[end, o] + self._on_pool(other, self.pool_of_type[j]) - 1
+                                           - (both if j == k else 0)))
+                e = self.res.t_down(c.embedding_sync(o, k, True))
+                if one_node and e:
+                    be.add(v.E >= e * (v.y[end, o] + both - 1))
 
     def _scaled_hop(self, s: int, factor: int):
         return self._hop_expr(self.v.hop_terms[s], lambda x: self.res.t_down(factor * x))
@@ -463,16 +514,19 @@ class PipelineModel:
 
     def add_dp_optimizer(self) -> None:
         """D >= scale (dp_s - sum_{k<s} (b_k / v + h_k)) and opt >= opt_s for every stage
-        (costmodel.dp_tail_s; D is scale x the reduction tail). The subtracted b_k and h_k
-        are rounded up, dp_s down, so D is at most the cost model's."""
+        (costmodel.dp_tail_s; D is scale x the reduction tail), dp_s with E on the end stages
+        (PlanCosts.tail_s). The subtracted b_k and h_k are rounded up, dp_s down, so D is at
+        most the cost model's."""
         be, v = self.be, self.v
         sc = v_scale(self.cfg)
-        v.D = be.new_int(0, sc * self.dp_hi, "D")
+        v.D = be.new_int(0, sc * (self.dp_hi + self.e_hi), "D")
         self.add_optimizer()
         for s in self.S:
             slack = [v.bwd_up[k] + sc * v.h_up[k] for k in range(s)]
             for o in self.O:
                 dp = self._aff_ticks(self.c.dp_time(o, s), s, o)
+                if s in self._end_stages():
+                    dp = be.sum([dp, v.E])
                 be.add(v.D >= be.sum([sc * dp, -1 * be.sum(slack)]) if slack else v.D >= sc * dp)
 
     def add_paths(self) -> None:
@@ -513,6 +567,10 @@ class PipelineModel:
             if path.dp[s]:
                 terms.append(self._weighted_term(("dp", s, sc * path.dp[s]), lambda k=sc * path.dp[s], s=s: self.be.sum(
                     [self._aff_ticks(_scaled(self.c.dp_time(o, s), k), s, o) for o in self.O])))
+                if s in self._end_stages():
+                    k = round(sc * path.dp[s])
+                    assert abs(k - sc * path.dp[s]) < 1e-9, "a path takes a whole reduction"
+                    terms.append(k * v.E)
         for h, count in enumerate(path.hop):
             if count:
                 k = round(sc * count)
@@ -571,7 +629,7 @@ class PipelineModel:
 
     def _step_upper_bound(self) -> int:
         """An upper bound of the scaled step expression (ticks) over every plan of the config."""
-        return self._step_bound(self.t_hi, self.h_hi, self.dp_hi, self.opt_hi) + 1
+        return self._step_bound(self.t_hi, self.h_hi, self.dp_hi + self.e_hi, self.opt_hi) + 1
 
     def set_objective(self) -> None:
         be, v = self.be, self.v
@@ -595,7 +653,7 @@ class PipelineModel:
                 (self.add_steady_period, self.add_dp_optimizer, self.add_step_time))
         for family in (self.add_stage_type, self.add_layer_cover, self.add_pins, self.add_recompute, self.add_contiguity,
                        self.add_device_count, self.add_memory_capacity, self.add_stage_time, self.add_hops,
-                       *step, self.add_cost, self.set_objective):
+                       self.add_embedding_sync, *step, self.add_cost, self.set_objective):
             family()
         return self.v
 
@@ -648,6 +706,8 @@ class PipelineModel:
                 pipe = max(e_t) + 3
             tail = sc * (self.L + 1) + sum(e_t) + sc * cfg.pp
             err = pipe + sum(e_t) + hops + tail + sc * (self.L + 1) + 1
+        if self.e_hi:  # E's coefficient, rounded down by < 1 tick, taken scale times
+            err += sc
         if (objective or self.lim.objective) == "min-cost":  # price (floored, < 1 unit a pool) x W
             pools = len({self.c.pool_of[o] for o in options})
             err = usd_per_hour * self.res.money * err + pools * step_s * sc * self.res.tps

@@ -45,7 +45,7 @@ def spec_from_plan(inst: Instance, plan: Plan, dp_overlap: bool = False, costs: 
     return PipelineSpec(**sliced,
         schedule=plan.schedule, num_microbatches=plan.num_microbatches, fwd_s=c.fwd_s, bwd_s=c.bwd_s,
         hop_s=c.hop_s, vpp=plan.vpp, wrap_hop_s=c.wrap_hop_s if plan.vpp > 1 else 0.0,
-        dp_s=c.dp_s, opt_s=c.opt_s, dp_overlap=dp_overlap, static_bytes=static,
+        dp_s=c.tail_s, opt_s=c.opt_s, dp_overlap=dp_overlap, static_bytes=static,
         act_bytes=tuple(tuple(a) for a, _ in mem), working_bytes=tuple(tuple(w) for _, w in mem),
         buckets=tuple(tuple(n for _, n in plan.layer_chunks(r)) for r in range(plan.pp)))
 

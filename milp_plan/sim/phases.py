@@ -68,5 +68,5 @@ def simulate_step(phases: Phases, costs: Sequence[costmodel.PlanCosts],
         segs.append((idx[0], idx[-1]))
     switches = sum((phases.switch_s[a][b] for _, a, b in transitions(order)), 0.0)
     hc = costs[next(i for i, ph in enumerate(phases.phases) if ph.strategy == phases.home)]
-    home_s = max(hc.dp_s) + max(hc.opt_s)
+    home_s = max(hc.tail_s) + max(hc.opt_s)
     return PhaseStep(sum(seg_s) + switches + home_s, tuple(segs), tuple(seg_s), switches, home_s, tuple(counts))
