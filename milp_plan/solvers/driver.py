@@ -27,6 +27,10 @@ charged, so a search cut short ends at the same point on any machine), or both. 
 bounding stops at BOUNDING_SHARE of the budget; configs it did not reach go on the heap with
 bound 0 and are bounded when popped, so the search stays exact.
 
+Several solves on one Prepared (a Pareto sweep, pareto.py) share what they proved: the plans
+found (a first incumbent where the limits admit one) and each solved config's lower bound,
+reused under limits within those it was proven under (`within`).
+
 Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 (solvers/bounds.py).
 """
