@@ -29,13 +29,11 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
-
-import pandas as pd
+from typing import Any, Iterable
 
 from milp_plan.cluster import GPU
 from milp_plan.model import Model
-from milp_plan.profile import Profile
+from milp_plan.profile import Profile, Rows
 
 CONSTANTS = {
     "GEMM_EFFICIENCY": (0.70, "large bf16 GEMMs reach ~70-80% of dense peak in cuBLAS on A100/H100 "
@@ -155,9 +153,22 @@ def valid_tps(model: Model, tps: Iterable[int]) -> list[int]:
     return [t for t in tps if not model.tp_violations(t)]
 
 
+COLUMNS = ("model", "gpu", "tp", "micro_batch_size", "seq_length", "kind", "fwd_ms", "bwd_ms", "attn_core_fwd_ms")
+
+
 def generate_table(model: Model, gpus: Iterable[GPU], tps: Iterable[int] = TPS,
                    micro_batches: Iterable[int] = MICRO_BATCHES, seq_lengths: Iterable[int] | None = None,
-                   flash_attention: bool = True, c: Constants = DEFAULT) -> pd.DataFrame:
+                   flash_attention: bool = True, c: Constants = DEFAULT) -> Any:
+    """generate_rows as a pandas DataFrame."""
+    import pandas as pd
+    return pd.DataFrame(generate_rows(model, gpus, tps, micro_batches, seq_lengths, flash_attention, c),
+                        columns=list(COLUMNS))
+
+
+def generate_rows(model: Model, gpus: Iterable[GPU], tps: Iterable[int] = TPS,
+                  micro_batches: Iterable[int] = MICRO_BATCHES, seq_lengths: Iterable[int] | None = None,
+                  flash_attention: bool = True, c: Constants = DEFAULT) -> list[tuple]:
+    """One row in COLUMNS order per GPU, valid tp, sequence length, micro-batch size and layer kind."""
     rows = []
     seqs = list(seq_lengths) if seq_lengths is not None else [model.seq_length]
     for gpu in gpus:
@@ -167,8 +178,7 @@ def generate_table(model: Model, gpus: Iterable[GPU], tps: Iterable[int] = TPS,
                     for kind in model.kinds():
                         fwd, bwd, core = layer_cost_s(model, gpu, kind, tp, mbs, seq, flash_attention, c)
                         rows.append((model.name, gpu.name, tp, mbs, seq, kind, fwd * 1e3, bwd * 1e3, core * 1e3))
-    return pd.DataFrame(rows, columns=["model", "gpu", "tp", "micro_batch_size", "seq_length", "kind",
-                                       "fwd_ms", "bwd_ms", "attn_core_fwd_ms"])
+    return rows
 
 
 def provenance(model: Model, flash_attention: bool = True, c: Constants = DEFAULT) -> dict:
@@ -188,9 +198,15 @@ def provenance(model: Model, flash_attention: bool = True, c: Constants = DEFAUL
 
 def generate_profile(model: Model, gpus: Iterable[GPU], flash_attention: bool = True, c: Constants = DEFAULT,
                      **kw) -> Profile:
-    table = generate_table(model, gpus, flash_attention=flash_attention, c=c, **kw)
-    table["tp_comm_included"] = False
-    return Profile(table, [provenance(model, flash_attention, c)])
+    rows = generate_rows(model, gpus, flash_attention=flash_attention, c=c, **kw)
+
+    def frame():   # generate_table's frame
+        import pandas as pd
+        table = pd.DataFrame(rows, columns=list(COLUMNS))
+        table["tp_comm_included"] = False
+        return table
+    return Profile(Rows(COLUMNS + ("tp_comm_included",), tuple(r + (False,) for r in rows)),
+                   [provenance(model, flash_attention, c)], frame=frame)
 
 
 class Generator:

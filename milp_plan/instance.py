@@ -99,13 +99,13 @@ def load_profiles(path: str | Path, fmt: str, model: Model, seq_length: int | No
         profile = read_native(files[0])
         for f in files[1:]:
             profile = profile.merged(read_native(f))
-        mine = profile.table[profile.table.model == model.name]
-        if mine.empty:
+        mine = profile.only(model=model.name)
+        if not len(mine.rows):
             if len(profile.models()) == 1:
                 return profile.for_model(model.name)
             raise InputError(f"profiles cover models {', '.join(profile.models())}, not '{model.name}'",
                              source=str(p))
-        return Profile(mine.reset_index(drop=True), profile.provenance)
+        return mine
     if fmt == "metis":
         from milp_plan.importers.metis import load_metis_profiles
         return load_metis_profiles(p, model, seq_length)
@@ -164,8 +164,7 @@ def build_instance(spec: InstanceSpec | None = None, objective: Objective | None
         notices += [p["notice"] for p in profile.provenance if p.get("notice")]
         profile_gpus = profile.gpus()
         gpu_map = match_gpu_names(profile.gpus(), cluster_gpus, dict(spec.profile_gpu_map), spec.profiles)
-        profile = Profile(profile.table[profile.table.gpu.isin(gpu_map)].reset_index(drop=True),
-                          profile.provenance).renamed_gpus(gpu_map)
+        profile = profile.only(gpus=gpu_map).renamed_gpus(gpu_map)
         for g in cluster_gpus:
             if g not in profile.gpus():
                 raise InputError(f"profiles have no data for GPU '{g}' of cluster '{cluster.name}' (they have "

@@ -13,6 +13,18 @@ dominates it, no non-dominated plan lies between two consecutive points, each po
 strictly faster or strictly cheaper than its neighbours, and none repeats. The front is
 `complete` only when every solve was proven optimal and the last min-time solve proved that
 no cheaper plan exists.
+
+The solves share one driver.Prepared (configs and coefficients) and what each proved:
+
+- every plan a solve found (Prepared.found) is a plan of every later problem whose limits
+  admit it, so the best of those is a later solve's first incumbent (the min-cost solve
+  starts from the min-time plan just found, at the latest);
+- a config's lower bound proven under some limits (Prepared.proven) holds under limits that
+  admit no more plans and minimise the same (driver.within): the min-time solves' budgets
+  only shrink, so each min-time solve skips the configs an earlier one proved no better
+  than its incumbent, without building their models.
+
+Both only prune or seed; every point is still each solve's proven optimum.
 """
 from __future__ import annotations
 

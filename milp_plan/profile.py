@@ -41,15 +41,15 @@ provides every point. The planner's space keeps to the points a profile provides
 """
 from __future__ import annotations
 
+import functools
 import io
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-import pandas as pd
 import yaml
 
-from milp_plan import latency
 from milp_plan.errors import InputError
 from milp_plan.fileio import parse_yaml, read_text, sha256_file, write_atomic
 
@@ -74,45 +74,120 @@ class LayerCost:
     mem_total_bytes: float | None = None   # the layer's states + one micro-batch's activations (Metis)
 
 
-@dataclass
-class Profile:
-    table: pd.DataFrame
-    provenance: list[dict[str, Any]] = field(default_factory=list)
-    fills: dict[tuple, str] = field(default_factory=dict)
-    # analytic profiles: (model, gpu, tp, mbs, seq, kind) -> the generated cost, or None where
-    # the generator does not cover that GPU; a generated point is computed, never filled
-    generator: Any = None   # analytic.Generator: covers(model, gpu, kind), __call__(model, gpu, tp, mbs, seq, kind)
+@dataclass(frozen=True)
+class Rows:
+    """A profile table without pandas: column names and one tuple a row, None where a cell is
+    empty. `Profile.table` gives the same table as a pandas DataFrame, built when asked for."""
 
-    def __post_init__(self) -> None:
+    columns: tuple[str, ...]
+    data: tuple[tuple, ...]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def column(self, name: str) -> list:
+        i = self.columns.index(name)
+        return [r[i] for r in self.data]
+
+    def where(self, name: str, keep: Callable[[Any], bool]) -> "Rows":
+        i = self.columns.index(name)
+        return Rows(self.columns, tuple(r for r in self.data if keep(r[i])))
+
+    def mapped(self, name: str, fn: Callable[[Any], Any]) -> "Rows":
+        i = self.columns.index(name)
+        return Rows(self.columns, tuple(r[:i] + (fn(r[i]),) + r[i + 1:] for r in self.data))
+
+    def then(self, other: "Rows") -> "Rows":
+        """Both tables, the columns of both (pd.concat's order), and a row of `other` only where
+        its KEY is not already here (drop_duplicates(keep="first"))."""
+        cols = self.columns + tuple(c for c in other.columns if c not in self.columns)
+        out, seen = [], set()
+        for part in (self, other):
+            at = [part.columns.index(c) if c in part.columns else None for c in cols]
+            for r in part.data:
+                row = tuple(None if i is None else r[i] for i in at)
+                key = row[:len(KEY)]
+                if key not in seen:
+                    seen.add(key)
+                    out.append(row)
+        return Rows(cols, tuple(out))
+
+
+def _rows_of_frame(t: Any) -> Rows:
+    """A DataFrame's rows as they are, with a missing (NaN) optional cell as None."""
+    import pandas as pd
+    cols = tuple(str(c) for c in t.columns)
+    opt = [c in OPTIONAL for c in cols]
+    return Rows(cols, tuple(tuple(None if o and pd.isna(v) else v for o, v in zip(opt, row))
+                            for row in t.itertuples(index=False, name=None)))
+
+
+def _cell(row: tuple, i: int | None) -> float | None:
+    """An optional column's value as a float; None where the column or the value is missing."""
+    return None if i is None or row[i] is None else float(row[i])
+
+
+class Profile:
+    """A layer-cost table (`rows`, or `table` as a pandas DataFrame) with its provenance, the
+    fills made so far and an optional analytic generator.
+
+    Built from a DataFrame (importers, the profiler), or from Rows with `frame`, a function
+    that returns the same table as a DataFrame (the native reader and the operations below,
+    so that reading a profile needs no pandas and `table` is what pandas' reading gave)."""
+
+    def __init__(self, table: Any, provenance: list[dict[str, Any]] | None = None,
+                 fills: dict[tuple, str] | None = None, generator: Any = None,
+                 frame: Callable[[], Any] | None = None) -> None:
+        if isinstance(table, Rows):
+            self.rows, self._frame, self._table = table, frame, None
+        else:
+            self.rows, self._frame, self._table = _rows_of_frame(table), None, table
+        self.provenance = provenance if provenance is not None else []
+        self.fills = fills if fills is not None else {}
+        # analytic profiles: (model, gpu, tp, mbs, seq, kind) -> the generated cost, or None where
+        # the generator does not cover that GPU; a generated point is computed, never filled
+        self.generator = generator  # analytic.Generator: covers(model, gpu, kind), __call__(model, gpu, tp, mbs, seq, kind)
         self._points: dict[tuple, LayerCost] = {}
         self._optimizer_ns: dict[str, list[float]] = {}
         self._index: dict[tuple, dict[tuple[int, int], dict[int, LayerCost]]] = {}
-        t = self.table
-        has = {c: c in t.columns for c in OPTIONAL + ["tp_comm_included"]}
-        for row in t.itertuples(index=False):
+        cols = self.rows.columns
+        at = {c: cols.index(c) for c in KEY + ["fwd_ms", "bwd_ms"]}
+        ia, iy, ic, im_total, io = (cols.index(c) if c in cols else None for c in (
+            "attn_core_fwd_ms", "act_bytes", "tp_comm_included", "mem_total_bytes", "optimizer_ns_per_param"))
+        im, ig, it, ib, iq, ik = (at[c] for c in KEY)
+        ifw, ibw = at["fwd_ms"], at["bwd_ms"]
+        for row in self.rows.data:
             cost = LayerCost(
-                float(row.fwd_ms), float(row.bwd_ms),
-                _opt(row, "attn_core_fwd_ms") if has["attn_core_fwd_ms"] else None,
-                _opt(row, "act_bytes") if has["act_bytes"] else None,
-                bool(row.tp_comm_included) if has["tp_comm_included"] else False,
-                _opt(row, "mem_total_bytes") if has["mem_total_bytes"] else None,
+                float(row[ifw]), float(row[ibw]), _cell(row, ia), _cell(row, iy),
+                bool(row[ic]) if ic is not None else False, _cell(row, im_total),
             )
-            if has["optimizer_ns_per_param"] and _opt(row, "optimizer_ns_per_param") is not None:
-                self._optimizer_ns.setdefault(row.gpu, []).append(float(row.optimizer_ns_per_param))
-            key = (row.model, row.gpu, int(row.tp), int(row.micro_batch_size), int(row.seq_length), row.kind)
-            self._points[key] = cost
-            self._index.setdefault((row.model, row.gpu, row.kind), {}).setdefault(
-                (int(row.tp), int(row.seq_length)), {})[int(row.micro_batch_size)] = cost
+            tp, mbs, seq = int(row[it]), int(row[ib]), int(row[iq])
+            rate = _cell(row, io)
+            if rate is not None:
+                self._optimizer_ns.setdefault(row[ig], []).append(rate)
+            self._points[(row[im], row[ig], tp, mbs, seq, row[ik])] = cost
+            self._index.setdefault((row[im], row[ig], row[ik]), {}).setdefault((tp, seq), {})[mbs] = cost
         self._cache: dict[tuple, LayerCost] = {}
         self._provides: dict[tuple, bool] = {}
 
+    @property
+    def table(self) -> Any:
+        """The table as a pandas DataFrame (imports pandas; built once)."""
+        if self._table is None:
+            if self._frame is not None:
+                self._table = self._frame()
+            else:
+                import pandas as pd
+                self._table = pd.DataFrame(list(self.rows.data), columns=list(self.rows.columns))
+        return self._table
+
     # ---- queries -----------------------------------------------------------------
     def gpus(self, model: str | None = None) -> list[str]:
-        t = self.table if model is None else self.table[self.table.model == model]
-        return sorted(t.gpu.unique())
+        rows = self.rows if model is None else self.rows.where("model", lambda m: m == model)
+        return sorted(set(rows.column("gpu")))
 
     def models(self) -> list[str]:
-        return sorted(self.table.model.unique())
+        return sorted(set(self.rows.column("model")))
 
     def optimizer_s_per_param(self, gpu: str) -> float | None:
         """Measured seconds of one optimizer step per parameter a GPU updates (the mean of the
@@ -208,31 +283,51 @@ class Profile:
         return out
 
     def merged(self, other: "Profile") -> "Profile":
-        table = pd.concat([self.table, other.table], ignore_index=True)
-        table = table.drop_duplicates(subset=KEY, keep="first").reset_index(drop=True)
-        return Profile(table, self.provenance + other.provenance)
+        def frame():
+            import pandas as pd
+            table = pd.concat([self.table, other.table], ignore_index=True)
+            return table.drop_duplicates(subset=KEY, keep="first").reset_index(drop=True)
+        return Profile(self.rows.then(other.rows), self.provenance + other.provenance, frame=frame)
 
     def renamed_gpus(self, mapping: dict[str, str]) -> "Profile":
-        t = self.table.copy()
-        t["gpu"] = t["gpu"].map(lambda g: mapping.get(g, g))
-        return Profile(t, self.provenance)
+        def frame():
+            t = self.table.copy()
+            t["gpu"] = t["gpu"].map(lambda g: mapping.get(g, g))
+            return t
+        return Profile(self.rows.mapped("gpu", lambda g: mapping.get(g, g)), self.provenance, frame=frame)
 
     def for_model(self, model: str) -> "Profile":
-        t = self.table.copy()
-        t["model"] = model
-        return Profile(t, self.provenance)
+        def frame():
+            t = self.table.copy()
+            t["model"] = model
+            return t
+        return Profile(self.rows.mapped("model", lambda _: model), self.provenance, frame=frame)
+
+    def only(self, model: str | None = None, gpus: Iterable[str] | None = None) -> "Profile":
+        """The rows of one model and/or of some GPUs (the same provenance)."""
+        keep_gpus = None if gpus is None else set(gpus)
+        rows = self.rows
+        if model is not None:
+            rows = rows.where("model", lambda m: m == model)
+        if keep_gpus is not None:
+            rows = rows.where("gpu", lambda g: g in keep_gpus)
+
+        def frame():
+            t = self.table
+            if model is not None:
+                t = t[t.model == model]
+            if keep_gpus is not None:
+                t = t[t.gpu.isin(keep_gpus)]
+            return t.reset_index(drop=True)
+        return Profile(rows, self.provenance, frame=frame)
 
     def fill_warnings(self) -> list[str]:
         return [f"profile has no point model={k[0]} gpu={k[1]} tp={k[2]} micro_batch={k[3]} seq={k[4]} "
                 f"kind={k[5]}: {how}" for k, how in sorted(self.fills.items(), key=lambda kv: str(kv[0]))]
 
 
-def _opt(row: Any, name: str) -> float | None:
-    v = getattr(row, name)
-    return None if pd.isna(v) else float(v)
-
-
 def _fill_mbs(by_mbs: dict[int, LayerCost], mbs: int, seq: int, kind: str) -> tuple[LayerCost, str]:
+    from milp_plan import latency   # numpy: only where a point is filled
     if mbs in by_mbs:
         return by_mbs[mbs], ""
     sizes = sorted(by_mbs)
@@ -259,6 +354,7 @@ def _fill_mbs(by_mbs: dict[int, LayerCost], mbs: int, seq: int, kind: str) -> tu
 def _fill_seq_fit(by_tp_seq: dict[tuple[int, int], dict[int, LayerCost]], tp: int, mbs: int, seq: int,
                   kind: str) -> tuple[LayerCost, str] | None:
     """Rule 3 with the fitted model: every point of `tp` when they span >= 2 lengths."""
+    from milp_plan import latency
     points = {(b, s): c for (t, s), by in by_tp_seq.items() if t == tp for b, c in by.items()}
     if len({s for (_, s) in points}) < 2 or len(points) < latency.MIN_POINTS:
         return None
@@ -267,6 +363,7 @@ def _fill_seq_fit(by_tp_seq: dict[tuple[int, int], dict[int, LayerCost]], tp: in
 
 def _fill_fit(points: dict[tuple[int, int], LayerCost], mbs: int, seq: int, kind: str) -> tuple[LayerCost, str]:
     """The latency model fitted to points {(micro_batch, seq): cost}, evaluated at (mbs, seq)."""
+    from milp_plan import latency
     keys = sorted(points)
     tokens, seqs = [b * s for b, s in keys], [s for _, s in keys]
     attention = kind in latency.ATTENTION_KINDS
@@ -297,7 +394,9 @@ def _lerp(ca: LayerCost, cb: LayerCost, a: int, b: int, x: int, proportional: bo
 
 
 # ---- native CSV ------------------------------------------------------------------
-def validate_table(table: pd.DataFrame, source: str) -> pd.DataFrame:
+def validate_table(table: Any, source: str) -> Any:
+    """The checks on a native table (a pandas DataFrame), which they convert in place."""
+    import pandas as pd
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise InputError(f"profile table lacks column(s) {', '.join(missing)}; a native profile needs "
@@ -347,17 +446,106 @@ def read_native(path: str | Path) -> Profile:
     if not isinstance(prov.get("tp_comm_included", False), bool):
         raise InputError(f"header field 'tp_comm_included' must be true or false, got {prov['tp_comm_included']!r}",
                          source=str(path))
+    tp_comm = bool(prov.get("tp_comm_included", False))
+    csv_text, source = "".join(body), str(path)
+    rows = _plain_rows(csv_text)
+    frame = functools.partial(_read_frame, csv_text, source, tp_comm)
+    if rows is None:   # pandas reads it, and names what is wrong with it
+        table = frame()
+    prov = {**prov, "file": source, "sha256": sha256_file(path), "format": prov.get("format", "native")}
+    if rows is None:
+        return Profile(table, [prov])
+    return Profile(Rows(rows.columns + ("tp_comm_included",), tuple(r + (tp_comm,) for r in rows.data)), [prov],
+                   frame=frame)
+
+
+def _read_frame(csv_text: str, source: str, tp_comm: bool) -> Any:
+    """The table as pandas reads it, validated (validate_table), with `tp_comm_included`."""
+    import pandas as pd
     try:
-        table = pd.read_csv(io.StringIO("".join(body)))
+        table = pd.read_csv(io.StringIO(csv_text))
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise InputError(f"not a readable CSV table: {str(exc).splitlines()[0]}", source=str(path)) from None
-    table = validate_table(table, str(path))
-    table["tp_comm_included"] = bool(prov.get("tp_comm_included", False))
-    prov = {**prov, "file": str(path), "sha256": sha256_file(path), "format": prov.get("format", "native")}
-    return Profile(table, [prov])
+        raise InputError(f"not a readable CSV table: {str(exc).splitlines()[0]}", source=source) from None
+    table = validate_table(table, source)
+    table["tp_comm_included"] = tp_comm
+    return table
 
 
-def write_native(path: str | Path, table: pd.DataFrame, provenance: dict[str, Any]) -> None:
+# a cell that pandas and float() both read to the same double: at most 15 significant digits and a
+# power of ten within 1e±22, so both round once, exactly (Clinger's fast path)
+_DECIMAL = re.compile(r"(\d*)(?:\.(\d*))?(?:[eE]([-+]?\d{1,3}))?")
+_NA_LIKE = {"", "#n/a", "#n/a n/a", "#na", "-1.#ind", "-1.#qnan", "-nan", "1.#ind", "1.#qnan", "<na>", "n/a", "na",
+            "null", "nan", "none", "true", "false"}
+
+
+def _plain_number(cell: str) -> float | None:
+    m = _DECIMAL.fullmatch(cell)
+    if m is None or not (m.group(1) or m.group(2)):
+        return None
+    digits = (m.group(1) + (m.group(2) or "")).lstrip("0")
+    power = int(m.group(3) or 0) - len(m.group(2) or "")
+    return float(cell) if len(digits) <= 15 and -22 <= power <= 22 else None
+
+
+def _plain_cell(col: str, cell: str) -> Any:
+    """The value of a cell of a plain table, or _NOT_PLAIN where pandas must read it."""
+    if col in ("model", "gpu", "kind"):
+        if cell.lower() in _NA_LIKE or _numeric(cell) or cell.strip() != cell or (col == "kind" and cell not in KINDS):
+            return _NOT_PLAIN
+        return cell
+    if col in ("tp", "micro_batch_size", "seq_length"):
+        return int(cell) if cell.isdigit() and cell.isascii() and 1 <= int(cell) <= 2**20 else _NOT_PLAIN
+    if cell == "" and col in OPTIONAL:
+        return None
+    v = _plain_number(cell)
+    if v is None:
+        return _NOT_PLAIN
+    if col in ("fwd_ms", "bwd_ms"):
+        return v if v <= MAX_TIME_MS and not 0 < v < 1e-9 else _NOT_PLAIN
+    return v if v <= MAX_OPTIONAL else _NOT_PLAIN
+
+
+_NOT_PLAIN = object()
+
+
+def _numeric(cell: str) -> bool:
+    """pandas might read the cell as a number (float() reads at least as much)."""
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _plain_rows(csv_text: str) -> Rows | None:
+    """A native table read without pandas, when it is plain: known columns once each (every
+    required one), a cell in every column of every row, names that pandas keeps as text, whole
+    sizes, non-negative decimal times and values that pass validate_table. None otherwise: then
+    pandas reads the table (read_native), to the same values, and names what is wrong."""
+    if "\r" in csv_text or '"' in csv_text:
+        return None
+    lines = [line for line in csv_text.split("\n") if line]
+    if len(lines) < 2:
+        return None
+    cols = tuple(lines[0].split(","))
+    if len(set(cols)) != len(cols) or not set(REQUIRED) <= set(cols) or not set(cols) <= set(REQUIRED + OPTIONAL):
+        return None
+    data = []
+    for line in lines[1:]:
+        cells = line.split(",")
+        if len(cells) != len(cols):
+            return None
+        row = tuple(_plain_cell(c, v) for c, v in zip(cols, cells))
+        if any(v is _NOT_PLAIN for v in row):
+            return None
+        data.append(row)
+    fwd, bwd = cols.index("fwd_ms"), cols.index("bwd_ms")
+    if not any(r[fwd] > 0 or r[bwd] > 0 for r in data):
+        return None
+    return Rows(cols, tuple(data))
+
+
+def write_native(path: str | Path, table: Any, provenance: dict[str, Any]) -> None:
     head = "".join(f"# {line}\n" for line in yaml.safe_dump(provenance, sort_keys=False).splitlines())
     cols = [c for c in REQUIRED + OPTIONAL if c in table.columns]
     write_atomic(path, head + table[cols].to_csv(index=False, float_format="%.6g"))

@@ -29,13 +29,13 @@ def instance_report(inst: Instance) -> dict[str, Any]:
     prof = inst.profile
     coverage = []
     for g in c.gpu_types():
-        sub = prof.table[prof.table.gpu == g]
+        sub = prof.rows.where("gpu", lambda x: x == g)
         coverage.append({
-            "gpu": g, "rows": int(len(sub)),
-            "tp": sorted(int(x) for x in sub.tp.unique()),
-            "micro_batch_size": sorted(int(x) for x in sub.micro_batch_size.unique()),
-            "seq_length": sorted(int(x) for x in sub.seq_length.unique()),
-            "kinds": sorted(sub.kind.unique()),
+            "gpu": g, "rows": len(sub),
+            "tp": sorted({int(x) for x in sub.column("tp")}),
+            "micro_batch_size": sorted({int(x) for x in sub.column("micro_batch_size")}),
+            "seq_length": sorted({int(x) for x in sub.column("seq_length")}),
+            "kinds": sorted(set(sub.column("kind"))),
         })
     return {
         "cluster": {

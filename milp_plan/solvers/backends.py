@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import time
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -42,6 +43,30 @@ class BackendRun:
     value: Callable[[Any], float] | None
     wall_time_s: float
     work: float = 0.0                # work units spent (deadline.py): CP-SAT's deterministic time
+
+
+@functools.cache
+def import_cp_model():
+    """OR-Tools' cp_model module, imported without pandas where pandas is not loaded yet.
+
+    cp_model imports pandas (0.2 s of CPU, a third of a small solve's start-up) for its
+    *_series helpers, which we never call; at import it only names pd.Index and pd.Series in
+    type annotations. While it loads, sys.modules holds a stand-in `pandas` with those two
+    names; afterwards the stand-in is removed, so that any later `import pandas` gets pandas."""
+    import sys
+    if "pandas" in sys.modules:
+        from ortools.sat.python import cp_model
+        return cp_model
+    stand_in = types.ModuleType("pandas", "stand-in while ortools.sat.python.cp_model loads (backends.py)")
+    stand_in.Index = type("Index", (), {})
+    stand_in.Series = type("Series", (), {})
+    sys.modules["pandas"] = stand_in
+    try:
+        from ortools.sat.python import cp_model
+    finally:
+        if sys.modules.get("pandas") is stand_in:
+            del sys.modules["pandas"]
+    return cp_model
 
 
 @functools.cache
@@ -64,7 +89,7 @@ class CpsatBackend:
     value_rel_tol = 0.0  # values are exact integers
 
     def __init__(self) -> None:
-        from ortools.sat.python import cp_model
+        cp_model = import_cp_model()
         self.cp = cp_model
         self.model = _plain_cp_model(cp_model)
         self.parameters: dict[str, Any] = {}   # a model's own CP-SAT parameters (e.g. the switching model's)

@@ -27,6 +27,10 @@ charged, so a search cut short ends at the same point on any machine), or both. 
 bounding stops at BOUNDING_SHARE of the budget; configs it did not reach go on the heap with
 bound 0 and are bounded when popped, so the search stays exact.
 
+Several solves on one Prepared (a Pareto sweep, pareto.py) share what they proved: the plans
+found (a first incumbent where the limits admit one) and each solved config's lower bound,
+reused under limits within those it was proven under (`within`).
+
 Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 (solvers/bounds.py).
 """
@@ -89,6 +93,10 @@ class Prepared:
     fix: dict | None = None
     shared: SharedCoefficients | None = None
     made: dict = field(default_factory=dict)
+    # what solves on these configs proved, for later solves (a Pareto sweep's): every plan they
+    # found, and each solved config's lower bound under the limits it was solved with
+    found: list[Plan] = field(default_factory=list)
+    proven: dict = field(default_factory=dict)   # Config -> [(Limits, lower bound)]
 
     def __post_init__(self) -> None:
         if self.shared is None:
@@ -104,6 +112,11 @@ class Prepared:
     def coefs(self) -> list[Coefficients]:
         return [self.coef(i) for i in range(len(self.configs))]
 
+    def carried(self, cfg: Config, limits: Limits) -> float:
+        """The best lower bound an earlier solve proved for `cfg` under limits no tighter than
+        these, of the same objective (its plans include this problem's: within)."""
+        return max((lb for old, lb in self.proven.get(cfg, ()) if within(limits, old)), default=0.0)
+
     def families(self) -> list[list[int]]:
         """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
         mode each config alone), in enumeration order: the members share a cheap bound's terms."""
@@ -118,6 +131,16 @@ class Prepared:
         """Free mode: a config with open stage sizes, branched on its first open node type."""
         return [Coefficients(coef.inst, child, self.shared, self.fix)
                 for child in free_children(coef.inst, coef.cfg, self.fix)]
+
+
+def within(new: Limits, old: Limits) -> bool:
+    """Every plan `new` admits, `old` admits too, and both minimise the same: a config's optimum
+    under `new` is at least its optimum under `old`."""
+    def tighter(a: float | None, b: float | None) -> bool:
+        return b is None or (a is not None and a <= b)
+    return (new.objective == old.objective and tighter(new.time_limit_s, old.time_limit_s)
+            and tighter(new.budget_usd_per_hour, old.budget_usd_per_hour)
+            and tighter(new.budget_usd_per_step, old.budget_usd_per_step))
 
 
 def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl: Deadline | None = None) -> Prepared:
@@ -316,17 +339,35 @@ class Incumbent:
     plan: Plan | None = None
     objective: float = math.inf
     hints: dict = field(default_factory=dict)
+    found: list[Plan] = field(default_factory=list)   # the plans this solve found (for Prepared.found)
 
     def offer(self, plan: Plan, limits: Limits) -> None:
+        self.found.append(plan)
+        self._take(plan, limits)
+
+    def offer_known(self, plans: list[Plan], limits: Limits) -> None:
+        """Earlier solves' plans (Prepared.found): taken like any, not found again."""
+        for plan in plans:
+            self._take(plan, limits)
+
+    def _take(self, plan: Plan, limits: Limits) -> None:
         if objective_of(plan, limits) < self.objective * (1 - REL_EPS):
             self.plan, self.objective = plan, objective_of(plan, limits)
 
 
-def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline) -> Incumbent:
-    """Megatron mode's first step: the heuristic's plans of the configs of least bound,
-    HEURISTIC_CONFIGS of them, or on until the first plan (so that a short limit returns one),
-    within HEURISTIC_SHARE of the budget and the deadline. It looks ahead on a copy of the heap."""
+def known(prepared: Prepared, limits: Limits) -> list[Plan]:
+    """The plans earlier solves on these configs found (a Pareto sweep's) that these limits
+    admit: plans of this problem too, so the best of them is a valid first incumbent."""
+    return [plan for plan in prepared.found if limits.admit(plan)]
+
+
+def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, known: list[Plan] = ()) -> Incumbent:
+    """Megatron mode's first step: the best of the `known` plans, then the heuristic's plans of
+    the configs of least bound, HEURISTIC_CONFIGS of them, or on until the first plan (so that a
+    short limit returns one), within HEURISTIC_SHARE of the budget and the deadline. It looks
+    ahead on a copy of the heap."""
     inc, ahead, h0 = Incumbent(), heap.copy(), dl.mark()
+    inc.offer_known(known, limits)
     for tried in range(HEURISTIC_MAX_CONFIGS):
         got = ahead.pop_config()
         if got is None:
@@ -380,9 +421,10 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     if prepared.base is not None:
         start = "Megatron-mode"
         inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
+        inc.offer_known(known(prepared, limits), limits)
     else:
         start = "heuristic"
-        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl), dl)
+        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl), dl, known(prepared, limits))
     heuristic_obj = inc.objective if inc.plan is not None else None
     warm = inc.plan if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
     # the deadline cut the enumeration short: bound 0 stays open
@@ -418,6 +460,11 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
         dl.charge(WORK.bound)
         if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
             continue  # no plan fits in memory, or none can beat the incumbent
+        carried = prepared.carried(cfg, limits)
+        if carried > lb and cfg.complete:  # an earlier solve of the sweep proved more: back in the heap
+            if carried < inc.objective * (1 - REL_EPS):
+                heap.push((carried, cfg, 0, coef))
+            continue
         lb = max(lb, full_lb)
         if not cfg.complete:
             for kid in prepared.children(coef):
@@ -429,14 +476,18 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                     total += 1
             continue
         hint = inc.hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
-        plan, open_lb = _solve_config(coef, limits, backend, inc.objective if inc.plan is not None else None, hint,
-                                      dl, seed, workers, lb)
+        cutoff = inc.objective if inc.plan is not None else None
+        plan, open_lb = _solve_config(coef, limits, backend, cutoff, hint, dl, seed, workers, lb)
+        # what it proved: its bound, or (no plan under the cutoff) that none beats the incumbent
+        prepared.proven.setdefault(cfg, []).append(
+            (limits, open_lb if open_lb is not None else math.inf if cutoff is None else cutoff))
         solved += 1
         if plan is not None:
             inc.offer(plan, limits)
         if open_lb is not None:
             open_bounds.append(open_lb)
         report()
+    prepared.found.extend(inc.found)
     return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, total, solved, pruned, heuristic_obj,
                    start)
 

@@ -1,0 +1,65 @@
+"""A Pareto sweep's solves share what they proved (driver.Prepared.found and .proven): the
+front is the one a sweep without that memory finds, with fewer configs solved."""
+from __future__ import annotations
+
+import pytest
+
+from milp_plan import solve as solving
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.job import Limits
+from milp_plan.pareto import pareto_front
+from milp_plan.result import PROOF_TOL
+from milp_plan.solve import SolveRequest
+from milp_plan.solvers import driver
+from instances import COMPARABLE_BW, write_instance
+
+
+def test_within_is_the_subset_order_of_the_limits():
+    """A bound proven under `old` holds under `new` only when `new` admits fewer plans and
+    minimises the same."""
+    t = Limits("min-time")
+    assert driver.within(Limits("min-time", budget_usd_per_step=1.0), t)
+    assert not driver.within(t, Limits("min-time", budget_usd_per_step=1.0))
+    assert driver.within(Limits("min-time", budget_usd_per_step=1.0), Limits("min-time", budget_usd_per_step=1.0))
+    assert not driver.within(Limits("min-time", budget_usd_per_step=1.5), Limits("min-time", budget_usd_per_step=1.0))
+    assert not driver.within(Limits("min-cost"), t)   # another objective
+    # a Pareto sweep's min-cost solves: a looser time limit and a tighter budget are not a subset
+    assert not driver.within(Limits("min-cost", time_limit_s=2.0, budget_usd_per_step=0.5),
+                             Limits("min-cost", time_limit_s=1.0, budget_usd_per_step=1.0))
+    assert driver.within(Limits("min-cost", time_limit_s=1.0, budget_usd_per_hour=3.0, budget_usd_per_step=0.5),
+                         Limits("min-cost", time_limit_s=1.0, budget_usd_per_step=1.0))
+
+
+def sweep(inst, monkeypatch, remember: bool):
+    solved = []
+    run = solving.run
+
+    def counted(*a, **k):
+        r = run(*a, **k)
+        solved.append(r.configs_solved)
+        return r
+    with monkeypatch.context() as m:
+        m.setattr(solving, "run", counted)
+        if not remember:
+            m.setattr(driver, "known", lambda prepared, limits: [])
+            m.setattr(driver.Prepared, "carried", lambda self, cfg, limits: 0.0)
+        front = pareto_front(inst, SolveRequest("cpsat", None, 600.0, work_limit=60.0))
+    return front, solved
+
+
+def test_sweep_with_memory_finds_the_same_front_with_fewer_solves(tmp_path, monkeypatch):
+    """The same 6-layer instance as test_trust's front test (2 x 2 fast GPUs at 8 $/node-h,
+    2 x 2 slow at 2 $/GPU-h): both sweeps complete, with the same points, and the one with
+    memory solves fewer configs (each later solve starts from the plans found before and skips
+    configs an earlier min-time solve, under a looser budget, proved no better)."""
+    spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), bw=COMPARABLE_BW[0],
+                          billing=("node", "gpu"))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    with_memory, n_with = sweep(inst, monkeypatch, True)
+    without, n_without = sweep(inst, monkeypatch, False)
+    assert with_memory.complete and without.complete
+    pts = [(p.predicted.step_time_s, p.predicted.usd_per_step) for p in with_memory.points]
+    assert len(pts) >= 3
+    assert pts == [(pytest.approx(p.predicted.step_time_s, rel=PROOF_TOL),
+                    pytest.approx(p.predicted.usd_per_step, rel=PROOF_TOL)) for p in without.points]
+    assert sum(n_with) < sum(n_without), (n_with, n_without)
