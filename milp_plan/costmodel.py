@@ -58,6 +58,7 @@ from typing import Iterable, Sequence
 from milp_plan.analytic import MEMORY_EFFICIENCY
 from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
+from milp_plan.model import Model
 from milp_plan.plan import Plan, Stage, StagePrediction
 from milp_plan.schedules import schedule_of
 from milp_plan.units import GIB, SECONDS_PER_HOUR
@@ -135,7 +136,24 @@ def layer_times(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: st
     else:  # estimate by the FLOP share of the attention core
         total = m.forward_flops_per_token(kind, seq)
         core = c.fwd_ms / 1e3 * (m.attention_core_flops_per_token(kind, seq) / total if total else 0)
-    return LayerTimes(c.fwd_ms / 1e3 + comm_f, c.bwd_ms / 1e3 + comm_b, core)
+    fwd, bwd = c.fwd_ms / 1e3, c.bwd_ms / 1e3
+    if inst.job.tp_comm_overlap and (comm_f or comm_b) and kind not in ("embedding", "head"):
+        comm_f, comm_b = tp_overlapped_s(comm_f, comm_b, fwd, bwd, core, tp)
+    return LayerTimes(fwd + comm_f, bwd + comm_b, core)
+
+
+def tp_overlapped_s(comm_f: float, comm_b: float, fwd_s: float, bwd_s: float, core_s: float,
+                    tp: int) -> tuple[float, float]:
+    """(forward, backward) exposed tensor-parallel collectives of one block under
+    --tp-comm-overlap (the embedding's collective has no GEMM beside it; Transformer Engine splits each all-gather / reduce-scatter into tp
+    pieces, each run beside the GEMM chunk it feeds or follows): overlap_pieces with the end
+    piece 1/tp of the collective and the window the layer's GEMM time, its forward less the
+    attention core (the rest of a Transformer layer is GEMMs and the element-wise kernels fused
+    into them), backward at the same GEMM share; never more than without overlap."""
+    share = (fwd_s - core_s) / fwd_s if fwd_s > 0 else 0.0
+    f = min(comm_f, max(overlap_pieces(comm_f, comm_f / tp, fwd_s - core_s)))
+    b = min(comm_b, max(overlap_pieces(comm_b, comm_b / tp, bwd_s * share)))
+    return f, b
 
 
 # Backward over forward time of the attention core's context term: its two batched GEMMs
@@ -232,12 +250,75 @@ def dp_allreduce_s(grad_bytes: float, dp: int, tp: int, replicas_per_node: int, 
     return intra + inter
 
 
-def stage_dp_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
-                intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool) -> float:
-    """dp_allreduce_s of a stage holding `params_per_gpu` parameters, in the job's gradient dtype."""
+def overlap_pieces(total_s: float, end_s: float, window_s: float) -> tuple[float, float]:
+    """Communication overlapped with the compute that produces (or consumes) it, the one rule
+    of every overlap the job asks for (Job.overlap_*): `total_s` seconds of transfers in pieces,
+    each sent once the compute of its part is done, over a window of `window_s` seconds of that
+    compute; `end_s` is the piece that no compute hides (the last gradient bucket, ready when
+    the backward ends). The exposed time, past the window's end, is the max of the two pieces:
+
+        exposed = max(end_s, total_s - window_s + end_s) = end_s + max(0, total_s - window_s)
+
+    It bounds the pieces' schedule from above: pieces of r_j seconds, each ready after its share
+    of the window, served one at a time, end at max_k (ready_k + sum_{j>=k} r_j); with the work
+    per piece proportional to its transfer, that is at most max_j r_j + max(0, total - window),
+    and with equal pieces of r = end_s exactly max(r, total - window + window / n) (at most the
+    rule, equal to it when total <= window: only the end piece shows). A max of two terms affine
+    in the stage's layers, so the per-config model writes it as two constraints."""
+    return end_s, total_s - window_s + end_s
+
+
+def bucket_params(model: Model, tp: int) -> int:
+    """Parameters per GPU of one gradient bucket under overlap: one block of the model's largest
+    kind. Launch passes it to Megatron (--ddp-bucket-size), whose default, max(4e7, 1e6 dp)
+    parameters, would hold several small blocks or a fraction of a large one."""
+    return max(model.layer_params(k) for k in {model.block_kind(i) for i in range(model.num_layers)}) // tp
+
+
+def dp_end_params(inst: Instance, tp: int, has_embedding: bool) -> float:
+    """Parameters per GPU of a stage's end gradient bucket (overlap_pieces' end piece): one
+    bucket (a stage holds at least one block), plus the input embedding on the stage that
+    holds it, whose gradient is ready last and whose backward takes no time."""
+    m = inst.model
+    return bucket_params(m, tp) + (m.layer_params("embedding") / tp if has_embedding else 0.0)
+
+
+def stage_dp_pieces_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, replicas_per_node: int,
+                      num_nodes: int, intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool,
+                      end_params_per_gpu: float = 0.0, fwd_s: float = 0.0, bwd_s: float = 0.0) -> tuple[float, ...]:
+    """A stage's exposed data-parallel reduction as a max of pieces (stage_dp_s is their max).
+
+    Without overlap: (dp_allreduce_s,) after the last backward. With the distributed optimizer
+    the time splits into the gradients' reduce-scatter, g/(g+2) of it, and the parameters'
+    all-gather, 2/(g+2) (dp_allreduce_s's volume). overlap_grad_reduce: the reduce-scatter (the
+    all-reduce without the distributed optimizer) overlaps the last micro-batch's backward of
+    `bwd_s` seconds, its end piece the end bucket (dp_end_params); overlap_param_gather: the
+    all-gather overlaps the next step's first forward of `fwd_s` seconds, its end piece the
+    first bucket (the same params), and its exposed part is counted here, with the reduction
+    (at most once per step: on stage 0 it delays the step's first forward, later stages hide it
+    in the fill). The pieces are every sum of one reduction piece and one all-gather piece."""
     g = inst.job.grad_bytes
-    return dp_allreduce_s(g * params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
-                          inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g)
+    total = dp_allreduce_s(g * params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
+                           inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g)
+    job = inst.job
+    if dp <= 1 or not (job.overlap_grad_reduce or job.overlap_param_gather):
+        return (total,)
+    end = dp_allreduce_s(g * end_params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
+                         inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g)
+    ag = WEIGHT_BYTES / (g + WEIGHT_BYTES) if distributed_optimizer else 0.0
+    red = overlap_pieces(total * (1 - ag), end * (1 - ag), bwd_s) if job.overlap_grad_reduce else (total * (1 - ag),)
+    gather = (overlap_pieces(total * ag, end * ag, fwd_s) if (job.overlap_param_gather and ag)
+              else (total * ag,))
+    return tuple(x + y for x in red for y in gather)
+
+
+def stage_dp_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
+                intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool,
+                end_params_per_gpu: float = 0.0, fwd_s: float = 0.0, bwd_s: float = 0.0) -> float:
+    """The exposed reduction of a stage holding `params_per_gpu` parameters, in the job's
+    gradient dtype: the max of stage_dp_pieces_s (dp_allreduce_s without overlap)."""
+    return max(stage_dp_pieces_s(inst, params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
+                                 inter_gb_per_s, distributed_optimizer, end_params_per_gpu, fwd_s, bwd_s))
 
 
 # ---- parameters and memory ----------------------------------------------------------
@@ -424,7 +505,7 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
         dp_times.append(stage_dp_s(inst, params, st.dp, st.tp, max(1, per_node // st.tp),
                                    len(stage_nodes), nt.intra_node_gb_per_s,
                                    min(n.type.inter_node_gb_per_s for n in _stage_nodes(inst, st)),
-                                   plan.distributed_optimizer))
+                                   plan.distributed_optimizer, dp_end_params(inst, st.tp, first), f, b))
         opt_times.append(optimizer_s(params / (st.dp if plan.distributed_optimizer else 1), nt))
     hops = [hop_between(inst, plan, plan.stages[i], plan.stages[i + 1]) for i in range(pp - 1)]
     wrap = hop_between(inst, plan, plan.stages[-1], plan.stages[0]) if pp > 1 else 0.0

@@ -34,7 +34,9 @@ Variables (symbols as in the math):
   P         the steady-period term, weights applied before rounding: 1F1B (m-1) z with
             (c-a+1) z >= Q[c] - Q[a] + t_c for every window a..c; interleaved (m vpp - 1) z,
             z >= t_s; GPipe (m-1)(zf + zb), zf >= f_s, h_s and zb >= b_s, h_s
-  D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  opt = max_s opt_s
+  D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  opt = max_s opt_s; dp_s is the
+            exposed reduction, the max of its pieces (one without overlap: costmodel.stage_dp_pieces_s)
+  E[s,k]    k x stage s's exposed reduction on a path, >= each piece (with overlap only)
   W[p,beta] step time if u[p,beta] else 0 (ticks; min-cost and $/step budgets)
 """
 from __future__ import annotations
@@ -170,7 +172,7 @@ class PipelineModel:
             mag = min(mag, W_MAGNITUDE)
         t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
         h = max([c.hop_intra(p) for p in self.P] + [c.hop_inter(p, j) for p in self.P for j in self.pool_of_type])
-        dp = max(self._aff_hi_s(c.dp_time(o, s)) for o in self.O for s in self._positions())
+        dp = max(self._aff_hi_s(a) for o in self.O for s in self._positions() for a in c.dp_time(o, s))
         opt = max(self._aff_hi_s(c.opt_time(o, s)) for o in self.O for s in self._positions())
         step_s = self._step_bound(t, h, dp, opt)
         return Resolution(next((k for k in TICKS if step_s * k <= mag), TICKS[-1]))
@@ -211,7 +213,8 @@ class PipelineModel:
 
     def _stage_upper_bound(self, coefficient) -> int:
         """Most ticks a per-stage term (reduction, optimizer step) takes in the model."""
-        return max((self._aff_hi(coefficient(o, s)) for o in self.O for s in self._positions()), default=0)
+        return max((self._aff_hi(a) for o in self.O for s in self._positions() for a in _pieces(coefficient(o, s))),
+                   default=0)
 
     def _on_pool(self, s: int, p: int):
         """Y[s,p]: stage s runs as one of pool p's options (a 0/1 expression)."""
@@ -472,8 +475,9 @@ class PipelineModel:
         for s in self.S:
             slack = [v.bwd_up[k] + sc * v.h_up[k] for k in range(s)]
             for o in self.O:
-                dp = self._aff_ticks(self.c.dp_time(o, s), s, o)
-                be.add(v.D >= be.sum([sc * dp, -1 * be.sum(slack)]) if slack else v.D >= sc * dp)
+                for piece in self.c.dp_time(o, s):   # the exposed reduction is their max
+                    dp = self._aff_ticks(piece, s, o)
+                    be.add(v.D >= be.sum([sc * dp, -1 * be.sum(slack)]) if slack else v.D >= sc * dp)
 
     def add_paths(self) -> None:
         """Simulated step (pipeline.md, "add_paths"): T >= the length of every known path of
@@ -511,8 +515,8 @@ class PipelineModel:
                 if k:  # many paths weigh a stage alike: one expression each
                     terms.append(self._weighted_term((part, s, k), lambda s=s, part=part, k=k: self._stage_expr(s, part, k)))
             if path.dp[s]:
-                terms.append(self._weighted_term(("dp", s, sc * path.dp[s]), lambda k=sc * path.dp[s], s=s: self.be.sum(
-                    [self._aff_ticks(_scaled(self.c.dp_time(o, s), k), s, o) for o in self.O])))
+                terms.append(self._weighted_term(("dp", s, sc * path.dp[s]),
+                                                 lambda k=sc * path.dp[s], s=s: self._dp_expr(s, k)))
         for h, count in enumerate(path.hop):
             if count:
                 k = round(sc * count)
@@ -525,6 +529,22 @@ class PipelineModel:
             terms.append(sc * v.opt)  # the path's optimizer step is at most the largest: T >= ... + max opt
         be.add(v.step >= be.sum(terms))
         return True
+
+    def _dp_expr(self, s: int, k: float):
+        """k x stage s's exposed reduction in ticks: the sum over its options of the one piece
+        (no overlap); with several pieces (costmodel.stage_dp_pieces_s) a variable E >= each
+        piece's sum, exact where the step is minimised (E only lower-bounds T)."""
+        be, pieces = self.be, {o: self.c.dp_time(o, s) for o in self.O}
+        count = max(len(p) for p in pieces.values())   # an option with fewer repeats its last (its max holds)
+        sums = [be.sum([self._aff_ticks(_scaled(pieces[o][min(i, len(pieces[o]) - 1)], k), s, o) for o in self.O])
+                for i in range(count)]
+        if count == 1:
+            return sums[0]
+        hi = max(self._aff_hi(_scaled(a, k)) for p in pieces.values() for a in p)
+        e = be.new_int(0, hi, f"E[{s},{k}]")
+        for x in sums:
+            be.add(e >= x)
+        return e
 
     def add_step_time(self) -> None:
         """T (scaled): costmodel.pipeline_time_s + p2p_time_s + dp_tail_s + max optimizer."""
@@ -717,6 +737,11 @@ def _drift(what: str, raw: float, exact: float, err: float, tight: bool = True, 
         return (f"the model's {what} {raw:.0f} lies {exact - raw:.0f} below the cost model's {exact:.0f}, "
                 f"more than its rounding ({err:.0f})")
     return None
+
+
+def _pieces(value) -> tuple[Affine, ...]:
+    """A per-stage coefficient as its pieces (dp_time gives several, opt_time one Affine)."""
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _scaled(aff: Affine, k: float) -> Affine:
