@@ -55,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from milp_plan import nccl
 from milp_plan.analytic import MEMORY_EFFICIENCY
 from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
@@ -81,11 +82,23 @@ class LayerTimes:
     attn_core_fwd_s: float
 
 
-def ring_allreduce_s(n_bytes: float, group: int, gb_per_s: float) -> float:
-    """Ring all-reduce: 2 (g-1)/g x bytes / bandwidth."""
+def transfer_s(volume_bytes: float, gb_per_s: float, link: str = nccl.NOMINAL) -> float:
+    """Seconds to move `volume_bytes` of bus volume over a link of `gb_per_s` GB/s of kind
+    `link`, the one rule of every collective and transfer (tp, dp, p2p, re-sharding): NCCL's
+    latency plus the volume at its bus efficiency (nccl.py: published nccl-tests figures; a
+    "nominal" link: the figure as given, no latency),
+        t = latency_s + volume / (bus_efficiency x gb_per_s x 1e9);   0 for no volume."""
+    if volume_bytes <= 0:
+        return 0.0
+    ln = nccl.link(link)
+    return ln.latency_s + volume_bytes / (ln.bus_efficiency * gb_per_s * 1e9)
+
+
+def ring_allreduce_s(n_bytes: float, group: int, gb_per_s: float, link: str = nccl.NOMINAL) -> float:
+    """Ring all-reduce: bus volume 2 (g-1)/g x bytes (transfer_s)."""
     if group <= 1 or n_bytes <= 0:
         return 0.0
-    return 2.0 * (group - 1) / group * n_bytes / (gb_per_s * 1e9)
+    return transfer_s(2.0 * (group - 1) / group * n_bytes, gb_per_s, link)
 
 
 def row_tokens(inst: Instance, tokens: int | None) -> int:
@@ -101,7 +114,7 @@ def tp_comm_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str,
     if tp <= 1:
         return 0.0, 0.0
     msg = row_tokens(inst, tokens) * mbs * inst.model.hidden_size * ACT_BYTES
-    one = ring_allreduce_s(msg, tp, node_type.intra_node_gb_per_s)
+    one = ring_allreduce_s(msg, tp, node_type.intra_node_gb_per_s, node_type.intra_node_link)
     n = {"block": 2, "encoder_block": 2, "decoder_block": 3, "embedding": 1, "head": 0}[kind]
     return n * one, (0 if kind == "embedding" else n) * one
 
@@ -228,25 +241,27 @@ def p2p_s(inst: Instance, n_bytes: float, src: NodeType, dst: NodeType, same_nod
           senders_per_node: int) -> float:
     """One transfer between consecutive stages (one direction)."""
     if same_node:
-        return n_bytes / (min(src.intra_node_gb_per_s, dst.intra_node_gb_per_s) * 1e9)
-    share = min(src.inter_node_gb_per_s, dst.inter_node_gb_per_s) / max(1, senders_per_node)
-    return n_bytes / (share * 1e9)
+        slow = min((src, dst), key=lambda nt: nt.intra_node_gb_per_s)
+        return transfer_s(n_bytes, slow.intra_node_gb_per_s, slow.intra_node_link)
+    slow = min((src, dst), key=lambda nt: nt.inter_node_gb_per_s)
+    # the slower node's link, shared by the stage's senders (at that link kind's figures)
+    return transfer_s(n_bytes, slow.inter_node_gb_per_s / max(1, senders_per_node), slow.inter_node_link)
 
 
 def dp_allreduce_s(grad_bytes: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
                    intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool,
-                   grad_dtype_bytes: float = GRAD_BYTES) -> float:
+                   grad_dtype_bytes: float = GRAD_BYTES, links: tuple[str, str] = (nccl.NOMINAL, nccl.NOMINAL)) -> float:
     """Data-parallel gradient reduction of one stage (hierarchical when it spans nodes);
-    grad_bytes = grad_dtype_bytes x parameters per GPU."""
+    grad_bytes = grad_dtype_bytes x parameters per GPU; links: the (intra, inter) link kinds."""
     if dp <= 1:
         return 0.0
     volume = grad_bytes * ((grad_dtype_bytes + WEIGHT_BYTES) / (2 * grad_dtype_bytes) if distributed_optimizer
                            else 1.0)
     if num_nodes <= 1:
-        return ring_allreduce_s(volume, dp, intra_gb_per_s)
+        return ring_allreduce_s(volume, dp, intra_gb_per_s, links[0])
     k = replicas_per_node
-    intra = ring_allreduce_s(volume, k, intra_gb_per_s)
-    inter = 2.0 * (num_nodes - 1) / num_nodes * volume * tp / (inter_gb_per_s * 1e9)
+    intra = ring_allreduce_s(volume, k, intra_gb_per_s, links[0])
+    inter = transfer_s(2.0 * (num_nodes - 1) / num_nodes * volume * tp, inter_gb_per_s, links[1])
     return intra + inter
 
 
@@ -285,7 +300,8 @@ def dp_end_params(inst: Instance, tp: int, has_embedding: bool) -> float:
 
 def stage_dp_pieces_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, replicas_per_node: int,
                       num_nodes: int, intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool,
-                      end_params_per_gpu: float = 0.0, fwd_s: float = 0.0, bwd_s: float = 0.0) -> tuple[float, ...]:
+                      end_params_per_gpu: float = 0.0, fwd_s: float = 0.0, bwd_s: float = 0.0,
+                      links: tuple[str, str] = (nccl.NOMINAL, nccl.NOMINAL)) -> tuple[float, ...]:
     """A stage's exposed data-parallel reduction as a max of pieces (stage_dp_s is their max).
 
     Without overlap: (dp_allreduce_s,) after the last backward. With the distributed optimizer
@@ -299,12 +315,12 @@ def stage_dp_pieces_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, r
     in the fill). The pieces are every sum of one reduction piece and one all-gather piece."""
     g = inst.job.grad_bytes
     total = dp_allreduce_s(g * params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
-                           inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g)
+                           inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g, links=links)
     job = inst.job
     if dp <= 1 or not (job.overlap_grad_reduce or job.overlap_param_gather):
         return (total,)
     end = dp_allreduce_s(g * end_params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
-                         inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g)
+                         inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g, links=links)
     ag = WEIGHT_BYTES / (g + WEIGHT_BYTES) if distributed_optimizer else 0.0
     red = overlap_pieces(total * (1 - ag), end * (1 - ag), bwd_s) if job.overlap_grad_reduce else (total * (1 - ag),)
     gather = (overlap_pieces(total * ag, end * ag, fwd_s) if (job.overlap_param_gather and ag)
@@ -314,11 +330,12 @@ def stage_dp_pieces_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, r
 
 def stage_dp_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
                 intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool,
-                end_params_per_gpu: float = 0.0, fwd_s: float = 0.0, bwd_s: float = 0.0) -> float:
+                end_params_per_gpu: float = 0.0, fwd_s: float = 0.0, bwd_s: float = 0.0,
+                links: tuple[str, str] = (nccl.NOMINAL, nccl.NOMINAL)) -> float:
     """The exposed reduction of a stage holding `params_per_gpu` parameters, in the job's
     gradient dtype: the max of stage_dp_pieces_s (dp_allreduce_s without overlap)."""
     return max(stage_dp_pieces_s(inst, params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
-                                 inter_gb_per_s, distributed_optimizer, end_params_per_gpu, fwd_s, bwd_s))
+                                 inter_gb_per_s, distributed_optimizer, end_params_per_gpu, fwd_s, bwd_s, links))
 
 
 # ---- parameters and memory ----------------------------------------------------------
@@ -502,10 +519,11 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
                                      (w + g + o + act) / GIB, cap / GIB, inflight))
         stage_nodes = {d.node for d in st.devices}
         per_node = max(sum(1 for d in st.devices if d.node == n) for n in stage_nodes)
+        net = min((n.type for n in _stage_nodes(inst, st)), key=lambda t: t.inter_node_gb_per_s)
         dp_times.append(stage_dp_s(inst, params, st.dp, st.tp, max(1, per_node // st.tp),
-                                   len(stage_nodes), nt.intra_node_gb_per_s,
-                                   min(n.type.inter_node_gb_per_s for n in _stage_nodes(inst, st)),
-                                   plan.distributed_optimizer, dp_end_params(inst, st.tp, first), f, b))
+                                   len(stage_nodes), nt.intra_node_gb_per_s, net.inter_node_gb_per_s,
+                                   plan.distributed_optimizer, dp_end_params(inst, st.tp, first), f, b,
+                                   (nt.intra_node_link, net.inter_node_link)))
         opt_times.append(optimizer_s(params / (st.dp if plan.distributed_optimizer else 1), nt))
     hops = [hop_between(inst, plan, plan.stages[i], plan.stages[i + 1]) for i in range(pp - 1)]
     wrap = hop_between(inst, plan, plan.stages[-1], plan.stages[0]) if pp > 1 else 0.0

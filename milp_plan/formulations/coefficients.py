@@ -335,7 +335,8 @@ class Coefficients:
                                       opt.recompute, r) if overlap else (0.0, 0.0)
             return cm.stage_dp_pieces_s(self.inst, self._params(opt, n, first, last), opt.dp, opt.tp,
                                         max(1, per_node // opt.tp), nodes, nt.intra_node_gb_per_s,
-                                        nt.inter_node_gb_per_s, self.cfg.distributed_optimizer, end, f, b)
+                                        nt.inter_node_gb_per_s, self.cfg.distributed_optimizer, end, f, b,
+                                        (nt.intra_node_link, nt.inter_node_link))
         full = opt.recompute == "full"
         return tuple(_affine(lambda n, r, i=i: pieces(n, r)[i], full) for i in range(len(pieces(1, int(full)))))
 
