@@ -148,13 +148,13 @@ class Fitted:
     def from_vector(x: Sequence[float]) -> "Fitted":
         kw = dict(zip(PARAMS, (float(v) for v in x)))
         comm = kw.pop("comm_efficiency", DEFAULT_COMM_EFFICIENCY)
-        return Fitted(replace(analytic.DEFAULT, **kw), comm)
+        return Fitted(replace(analytic.ESTIMATE, **kw), comm)
 
     def as_dict(self) -> dict[str, float]:
         return {**self.constants.as_dict(), "COMM_EFFICIENCY": self.comm_efficiency}
 
 
-DEFAULTS = Fitted(analytic.DEFAULT, DEFAULT_COMM_EFFICIENCY)
+DEFAULTS = Fitted(analytic.ESTIMATE, DEFAULT_COMM_EFFICIENCY)   # the estimates: where every fit starts
 
 
 # ---- one row as milp-plan sees it -------------------------------------------------------

@@ -13,11 +13,16 @@ recompute   full, r layers:  + r x (fwd(block) + tp_comm_fwd(block))
 tp comm     per block: 2 all-reduces (3 in a T5 decoder block) of s*b*h*2 bytes forward
             and as many backward (with sequence parallelism: all-gather + reduce-scatter,
             the same volume); ring all-reduce over intra-node links:
-            2 (t-1)/t x bytes / intra_node_gb_per_s; the embedding adds one forward.
+            transfer_s(2 (t-1)/t x bytes, intra_node_gb_per_s); the embedding adds one forward.
+            With the job's tp_comm_overlap a block's collectives show only what outlasts
+            its GEMMs (tp_overlapped_s: overlap_pieces with end piece 1/t).
+transfer    every collective and transfer: transfer_s(volume, GB/s, link kind) = NCCL's
+            latency + volume / (bus efficiency x GB/s) (nccl.py: published nccl-tests
+            figures by link kind; a "nominal" link, the default: the figure as given).
 p2p         bytes = s*b*h*2 / (t if sequence parallel else 1) per GPU per hop and direction;
-            same node: bytes / intra_node_gb_per_s; across nodes: the node's network link
-            is shared by the stage's GPUs sending at once:
-            bytes / (min inter_node_gb_per_s of the two nodes / senders per node)
+            same node: transfer_s(bytes, intra_node_gb_per_s); across nodes: the slower
+            node's network link is shared by the stage's GPUs sending at once:
+            transfer_s(bytes, inter_node_gb_per_s / senders per node)
 dp          gradients reduced in the job's grad_reduce_dtype (fp32 by default: Megatron
             accumulates bf16 gradients in fp32 main grads; bf16 with --grad-reduce-in-bf16):
             B = g x params per GPU, g = 4 (fp32) or 2 bytes (job.grad_bytes). Inside one node: ring 2 (d-1)/d x B / intra.
@@ -25,7 +30,9 @@ dp          gradients reduced in the job's grad_reduce_dtype (fp32 by default: M
             all-gather 2 (k-1)/k x B / intra, plus inter-node ring 2 (n-1)/n x B x t / inter
             (the t tp-groups of the node share its link). The distributed optimizer
             reduce-scatters the gradients and all-gathers bf16 parameters: (g + 2)/(2 g) of
-            the all-reduce volume ((4 + 2)/8 with fp32 gradients, 1 with bf16).
+            the all-reduce volume ((4 + 2)/8 with fp32 gradients, 1 with bf16). With the
+            job's overlap_grad_reduce / overlap_param_gather only the exposed part counts
+            (stage_dp_pieces_s: overlap_pieces under the last backward / first forward).
 optimizer   Adam touches OPTIMIZER_BYTES_PER_PARAM bytes per parameter it updates,
             memory-bound: params x 30 / (memory bandwidth x MEMORY_EFFICIENCY).
 memory      weights 2 bytes, main gradients g (4 in fp32), Adam (fp32 master, m, v) 12 bytes
@@ -43,7 +50,7 @@ in flight   1F1B, ZB-H1: min(pp - s, m); GPipe: m; interleaved with v chunks:
 step time   with t_s = f_s + b_s per micro-batch and m micro-batches (Narayanan et al. 2021):
             compute = m x max_s t_s,  bubble = (sum_s t_s - max_s t_s) / v_eff,
             p2p = sum over hops of (forward + backward transfer),
-            dp = max_s dp_s (not overlapped), optimizer = max_s opt_s (a global grad-norm
+            dp = dp_tail_s of the exposed dp_s, optimizer = max_s opt_s (a global grad-norm
             barrier precedes the step);  v_eff = vpp for interleaved, 1 otherwise; ZB-H1:
             see pipeline_time_s.
 cost        $/h = sum over used nodes of usd_per_hour (billing "node": any used GPU rents the
@@ -56,7 +63,11 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from milp_plan import nccl
-from milp_plan.analytic import MEMORY_EFFICIENCY
+from milp_plan.analytic import ESTIMATES
+
+# the optimizer step's memory efficiency: the estimate, not the fitted analytic constant, so
+# the calibration (which fits that constant on the layers) does not feed on its own last fit
+MEMORY_EFFICIENCY = ESTIMATES["MEMORY_EFFICIENCY"][0]
 from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
 from milp_plan.model import Model
