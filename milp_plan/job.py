@@ -11,10 +11,10 @@ OBJECTIVES = ("min-time", "min-cost", "pareto")
 MODES = ("megatron", "free")
 
 # The shipped default job: GPT-3 2.7B, 80 sequences of 2048 tokens per step, on clusters/default.yaml.
-# Chosen so that the first-contact command `milp-plan solve --objective min-cost --time-limit 1.2s/step`
-# has an interesting answer: the fastest plan (all 32 GPUs) takes 1.074 s/step, the cheapest plan
-# within 1.2 s/step (1.183 s) rents the two A100 nodes only, and without the limit one A100 node
-# (2.114 s/step, 0.0241 against 0.0269 $/step) would be cheaper still.
+# Chosen so that the first-contact command `milp-plan solve --objective min-cost --time-limit 1.4s/step`
+# has an interesting answer: the fastest plan (all 32 GPUs) takes 1.231 s/step, the cheapest plan
+# within 1.4 s/step (1.306 s) rents the two A100 nodes only, and without the limit one A100 node
+# (2.247 s/step, 0.0256 against 0.0297 $/step) would be cheaper still.
 DEFAULT_MODEL = "gpt3-2.7b"
 DEFAULT_GLOBAL_BATCH = 80
 MAX_GLOBAL_BATCH = 2**24   # samples per step; more is refused (micro-batch counts and the simulation grow with it)
