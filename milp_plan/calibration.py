@@ -17,11 +17,13 @@ type), model and job, whose analytic profile is generated with the constants und
 counts), predicted by predict.evaluate. What a source does not give is milp-plan's best
 choice among the candidates that fit in memory: the micro-batch size (1, 2, 4, 8), the
 interleaving (vpp dividing the layers per stage, m % pp == 0) and, where the source does not
-say, the recompute (none, selective, full). Link bandwidths are the nominal figures of the
-row times COMM_EFFICIENCY, the one communication constant fitted here.
+say, the recompute (none, selective, full). Link bandwidths are the row's line rates, its
+links named (NVLink, InfiniBand), so NCCL's published figures apply (nccl.py); nothing of the
+communication is fitted. A row whose run overlapped communication (Megatron-Core's
+--overlap-grad-reduce, --overlap-param-gather, --tp-comm-overlap) runs a job that says so.
 
 The fit minimises the sum of squared log errors of the step time (scipy's least_squares,
-trust-region reflective, from the defaults: deterministic), choosing the free knobs with the
+trust-region reflective, from the engineering estimates analytic.ESTIMATES: deterministic), choosing the free knobs with the
 default constants, fitting, choosing them again with the fitted ones and fitting again.
 `leave_one_out` refits without each row and predicts it.
 

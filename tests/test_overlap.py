@@ -165,3 +165,22 @@ def test_plan_records_the_overlap_and_verify_uses_it(tmp_path, capsys):
     assert doc["inputs"]["job"]["overlap_grad_reduce"] is True and doc["inputs"]["spec"]["overlap"] == GRAD
     code, stdout, err = run_cli(capsys, "verify", str(out))
     assert code == 0, stdout + err
+
+
+def test_closed_form_basis_with_overlap():
+    # a large batch puts the instance on the closed-form basis (predict.step_basis): the model's
+    # D >= each piece must agree with the cost model there too (the driver's drift check), and
+    # the overlap can only shorten the optimum
+    from milp_plan.predict import CLOSED_FORM, step_basis
+    spec = dict(model="gpt3-1.3b", global_batch_size=1024)
+    fix = {"pp": 2, "tp": 1}
+    base = build_instance(InstanceSpec(**spec))
+    over = build_instance(InstanceSpec(**spec, overlap=BOTH))
+    assert step_basis(over) == CLOSED_FORM
+    a = solve(base, Limits(), fix=fix, time_limit_s=120)
+    b = solve(over, Limits(), fix=fix, time_limit_s=120)
+    for inst, r in ((base, a), (over, b)):
+        assert r.status == "optimal" and check.check_plan(inst, r.plan) == []
+        assert objective_of(r.plan, Limits()) == pytest.approx(r.objective, rel=1e-12)
+    assert b.objective <= a.objective
+    assert b.plan.predicted.dp_allreduce_s < a.plan.predicted.dp_allreduce_s
