@@ -19,10 +19,10 @@ For one micro-batch of T = b*s tokens through one layer on one GPU of a tp group
   bytes / (bandwidth * MEMORY_EFFICIENCY), twice the bytes backward;
 * every kernel costs KERNEL_LAUNCH_S.
 
-The constants are engineering estimates (see CONSTANTS); `Constants` carries them through
-every formula, and milp_plan/calibration.py fits other values on published end-to-end
-measurements (profiles/calibration; the shipped profiles keep the defaults). The times
-exclude tensor-parallel collectives, which the cost model adds.
+The constants (CONSTANTS) are those milp_plan/calibration.py fitted on published end-to-end
+measurements (profiles/calibration/fit.json), starting from engineering estimates
+(ESTIMATES); `Constants` carries them through every formula, so the calibration can try
+others. The times exclude tensor-parallel collectives, which the cost model adds.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ from milp_plan.cluster import GPU
 from milp_plan.model import Model
 from milp_plan.profile import Profile, Rows
 
-CONSTANTS = {
+# The engineering estimates: where the calibration starts (calibration.DEFAULTS)
+ESTIMATES = {
     "GEMM_EFFICIENCY": (0.70, "large bf16 GEMMs reach ~70-80% of dense peak in cuBLAS on A100/H100 "
                               "(Megatron-LM reports 52% end-to-end MFU for GPT-3 175B on A100, which "
                               "includes communication and bubbles)"),
@@ -47,6 +48,21 @@ CONSTANTS = {
     "MEMORY_EFFICIENCY": (0.80, "element-wise kernels reach ~80% of peak memory bandwidth"),
     "KERNEL_LAUNCH_S": (4e-6, "per-kernel launch and tail overhead, a few microseconds"),
 }
+
+
+def _fitted() -> dict[str, float]:
+    """The constants milp_plan/calibration.py fitted on published measurements (shipped as
+    profiles/calibration/fit.json: its source rows, per-row errors and leave-one-out)."""
+    import json
+    from milp_plan.resources import shipped_dir
+    doc = json.loads((shipped_dir("profiles") / "calibration" / "fit.json").read_text())
+    return {k: float(doc["constants"][k]) for k in ESTIMATES}
+
+
+# The constants every profile is generated with (the shipped analytic-*.csv, and the profiles
+# derived on the fly): the fitted ones, with the estimate each started from
+CONSTANTS = {k: (v, f"fitted (profiles/calibration/fit.json) from the estimate {ESTIMATES[k][0]:g}: {ESTIMATES[k][1]}")
+             for k, v in _fitted().items()}
 GEMM_EFFICIENCY = CONSTANTS["GEMM_EFFICIENCY"][0]
 GEMM_DIM_HALF = CONSTANTS["GEMM_DIM_HALF"][0]
 ATTENTION_EFFICIENCY = CONSTANTS["ATTENTION_EFFICIENCY"][0]
@@ -71,7 +87,8 @@ class Constants:
         return {k.upper(): v for k, v in asdict(self).items()}
 
 
-DEFAULT = Constants()
+DEFAULT = Constants()   # the fitted constants
+ESTIMATE = Constants(**{k.lower(): v for k, (v, _) in ESTIMATES.items()})
 
 TPS = (1, 2, 4, 8)
 MICRO_BATCHES = tuple(range(1, 17))

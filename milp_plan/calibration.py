@@ -17,11 +17,13 @@ type), model and job, whose analytic profile is generated with the constants und
 counts), predicted by predict.evaluate. What a source does not give is milp-plan's best
 choice among the candidates that fit in memory: the micro-batch size (1, 2, 4, 8), the
 interleaving (vpp dividing the layers per stage, m % pp == 0) and, where the source does not
-say, the recompute (none, selective, full). Link bandwidths are the nominal figures of the
-row times COMM_EFFICIENCY, the one communication constant fitted here.
+say, the recompute (none, selective, full). Link bandwidths are the row's line rates, its
+links named (NVLink, InfiniBand), so NCCL's published figures apply (nccl.py); nothing of the
+communication is fitted. A row whose run overlapped communication (Megatron-Core's
+--overlap-grad-reduce, --overlap-param-gather, --tp-comm-overlap) runs a job that says so.
 
 The fit minimises the sum of squared log errors of the step time (scipy's least_squares,
-trust-region reflective, from the defaults: deterministic), choosing the free knobs with the
+trust-region reflective, from the engineering estimates analytic.ESTIMATES: deterministic), choosing the free knobs with the
 default constants, fitting, choosing them again with the fitted ones and fitting again.
 `leave_one_out` refits without each row and predicts it.
 
@@ -52,11 +54,13 @@ FIT_FILE = shipped_dir("profiles") / "calibration" / "fit.json"
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTES = ("none", "selective", "full")
 # fitted: name -> (lower, upper). attention_efficiency and attention_bwd_factor (the fused
-# attention core) stay at their defaults: no row of the fit runs flash attention (the rows that
-# do overlap their communication, which the cost model does not express: see `in_fit`)
-PARAMS = {"gemm_efficiency": (0.3, 1.0), "gemm_dim_half": (1.0, 2048.0), "memory_efficiency": (0.3, 1.0),
-          "kernel_launch_s": (0.0, 1e-4), "comm_efficiency": (0.2, 1.0)}
-DEFAULT_COMM_EFFICIENCY = 1.0   # the shipped clusters' links are taken at their nominal figures
+# attention core) are fitted on the rows that run flash attention (mcore-*, H100)
+PARAMS = {"gemm_efficiency": (0.3, 1.0), "gemm_dim_half": (1.0, 2048.0), "attention_efficiency": (0.1, 1.0),
+          "attention_bwd_factor": (1.5, 4.0), "memory_efficiency": (0.3, 1.0),
+          "kernel_launch_s": (0.0, 1e-4)}
+# the rows' links at their nominal figures: what NCCL reaches on them is the cost model's
+# (nccl.py: published nccl-tests figures), not fitted here
+DEFAULT_COMM_EFFICIENCY = 1.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class Row:
     gpus_per_node: int
     intra_node_gb_per_s: float
     inter_node_gb_per_s: float
+    intra_node_link: str      # nvlink (nccl.py: the published figures of the link kind apply)
+    inter_node_link: str      # infiniband
     num_gpus: int
     num_layers: int
     hidden_size: int
@@ -90,10 +96,9 @@ class Row:
 
     @property
     def in_fit(self) -> bool:
-        """Rows whose run the cost model can express: the dp reduction after the last backward and
-        tp collectives between the GEMMs (not overlapped). The others are predicted and
-        reported, not fitted (their error is the overlap, not the constants)."""
-        return not self.overlapped_communication
+        """Every row is fitted: the cost model expresses the overlapped runs' settings
+        (Job.overlap_*: the job of `_instance`)."""
+        return True
 
     def flops_per_step(self) -> float:
         B, s, l, h, V = self.global_batch, self.seq_length, self.num_layers, self.hidden_size, self.vocab_size
@@ -144,14 +149,14 @@ class Fitted:
     @staticmethod
     def from_vector(x: Sequence[float]) -> "Fitted":
         kw = dict(zip(PARAMS, (float(v) for v in x)))
-        comm = kw.pop("comm_efficiency")
-        return Fitted(replace(analytic.DEFAULT, **kw), comm)
+        comm = kw.pop("comm_efficiency", DEFAULT_COMM_EFFICIENCY)
+        return Fitted(replace(analytic.ESTIMATE, **kw), comm)
 
     def as_dict(self) -> dict[str, float]:
         return {**self.constants.as_dict(), "COMM_EFFICIENCY": self.comm_efficiency}
 
 
-DEFAULTS = Fitted(analytic.DEFAULT, DEFAULT_COMM_EFFICIENCY)
+DEFAULTS = Fitted(analytic.ESTIMATE, DEFAULT_COMM_EFFICIENCY)   # the estimates: where every fit starts
 
 
 # ---- one row as milp-plan sees it -------------------------------------------------------
@@ -161,15 +166,19 @@ def _instance(row: Row, comm_efficiency: float) -> Instance:
     cluster = cluster_from_mapping({"name": row.id, "node_types": [{
         "name": "node", "gpu": row.gpu, "gpus_per_node": row.gpus_per_node, "count": nodes,
         "intra_node_gb_per_s": row.intra_node_gb_per_s * comm_efficiency,
-        "inter_node_gb_per_s": row.inter_node_gb_per_s * comm_efficiency, "usd_per_hour": 0}]},
+        "inter_node_gb_per_s": row.inter_node_gb_per_s * comm_efficiency, "usd_per_hour": 0,
+        "intra_node_link": row.intra_node_link, "inter_node_link": row.inter_node_link}]},
         f"calibration row {row.id}")
     h = row.hidden_size
     model = model_from_mapping(row.id, {"arch": "gpt", "num_layers": row.num_layers, "hidden_size": h,
                                         "ffn_hidden_size": 4 * h, "num_attention_heads": row.num_attention_heads,
                                         "vocab_size": row.vocab_size, "seq_length": row.seq_length,
                                         "tied_embeddings": row.tied_embeddings}, f"calibration row {row.id}")
+    ov = row.overlapped_communication   # the README's runs: --overlap-grad-reduce, --overlap-param-gather,
     job = Job(global_batch_size=row.global_batch, seq_length=row.seq_length, flash_attention=row.flash_attention,
-              memory_headroom=0.0)
+              memory_headroom=0.0, distributed_optimizer=row.distributed_optimizer or not ov,
+              overlap_grad_reduce=ov, overlap_param_gather=ov and row.distributed_optimizer,
+              tp_comm_overlap=ov and row.tp > 1)   # and --tp-comm-overlap
     return build_instance(InstanceSpec(), cluster=cluster, model=model, job=job)
 
 
@@ -331,7 +340,9 @@ def render(results: Sequence[RowResult]) -> str:
                      f"{x.knobs.recompute:<9} {r.measured_tflops_per_gpu:9.1f} {tf(x.before_s)} {e(x.before_s)} "
                      f"{tf(x.after_s)} {e(x.after_s)} {tf(x.loo_s):>9} {e(x.loo_s):>7}")
     s = summary(results)
-    for part, what in (("fit", "rows fitted"), ("held_out", "* rows not fitted (overlapped communication)")):
+    for part, what in (("fit", "rows fitted"), ("held_out", "* rows not fitted")):
+        if f"{part}_before_mean_abs_error" not in s:
+            continue
         lines.append(f"{what}: step-time error, mean |e| / worst |e|: " + ", ".join(
             f"{k}: {100 * s[f'{part}_{k}_mean_abs_error']:.1f}% / {100 * s[f'{part}_{k}_worst_abs_error']:.1f}%"
             for k in ("before", "after", "loo") if f"{part}_{k}_mean_abs_error" in s))

@@ -49,7 +49,8 @@ HeadroomOpt = Annotated[Optional[float], typer.Option(
     "--memory-headroom", help="Fraction of GPU memory kept free. Default: 0.10.")]
 JobOpt = Annotated[Optional[str], typer.Option(
     "--job", help="Job YAML: global_batch or global_batch_tokens, seq_length, precision, flash_attention, "
-                  "grad_reduce_dtype, distributed_optimizer, memory_headroom (README: Job file). Flags override it.")]
+                  "grad_reduce_dtype, distributed_optimizer, memory_headroom, overlap_grad_reduce, overlap_param_gather, "
+                  "tp_comm_overlap (README: Job file). Flags override it.")]
 BatchTokensOpt = Annotated[Optional[int], typer.Option(
     "--global-batch-tokens", help="Global batch in tokens (a multiple of the sequence length).")]
 PrecisionOpt = Annotated[Optional[str], typer.Option("--precision", help="bf16 | fp16. Default: bf16.")]
@@ -61,6 +62,10 @@ GradDtypeOpt = Annotated[Optional[str], typer.Option(
 DistOptOpt = Annotated[Optional[bool], typer.Option(
     "--distributed-optimizer/--no-distributed-optimizer",
     help="Whether the planner may shard optimizer state over dp. Default: allowed.")]
+OverlapOpt = Annotated[Optional[str], typer.Option(
+    "--overlap", help="Communication overlapped with compute, comma-separated: grad-reduce, param-gather, tp-comm "
+                      "(Megatron's --overlap-grad-reduce, --overlap-param-gather, --tp-comm-overlap), or none. "
+                      "Default: none.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of tables.")]
 # ... and by the commands that plan (solve, compare)
 TimeLimitOpt = Annotated[Optional[str], typer.Option(
@@ -105,7 +110,7 @@ def parse_gpu_map(text: str | None) -> tuple[tuple[str, str], ...]:
 
 def instance_spec(cluster, model, profiles, profile_format, gpu_map, global_batch, seq_len, headroom, job=None,
                   global_batch_tokens=None, precision=None, flash_attention=None, grad_reduce_dtype=None,
-                  distributed_optimizer=None):
+                  distributed_optimizer=None, overlap=None):
     from milp_plan.instance import InstanceSpec
     from milp_plan.job import GRAD_REDUCE_DTYPES, PRECISIONS, REFUSED_PRECISIONS
     for name, v in (("global-batch", global_batch), ("seq-len", seq_len), ("global-batch-tokens", global_batch_tokens)):
@@ -124,7 +129,7 @@ def instance_spec(cluster, model, profiles, profile_format, gpu_map, global_batc
                         profile_gpu_map=parse_gpu_map(gpu_map), global_batch_size=global_batch, seq_length=seq_len,
                         memory_headroom=headroom, job_file=job, global_batch_tokens=global_batch_tokens,
                         precision=precision, flash_attention=flash_attention, grad_reduce_dtype=grad_reduce_dtype,
-                        distributed_optimizer=distributed_optimizer)
+                        distributed_optimizer=distributed_optimizer, overlap=overlap)
 
 
 def echo_notices(inst) -> None:
@@ -138,14 +143,14 @@ def inspect(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
             job: JobOpt = None, global_batch_tokens: BatchTokensOpt = None, precision: PrecisionOpt = None,
             flash_attention: FlashOpt = None, grad_reduce_dtype: GradDtypeOpt = None,
-            distributed_optimizer: DistOptOpt = None,
+            distributed_optimizer: DistOptOpt = None, overlap: OverlapOpt = None,
             json_out: JsonOpt = False) -> None:
     """Show the instance: cluster, model, job and profile coverage. No arguments: the default."""
     from milp_plan.instance import build_instance
     from milp_plan.report import instance_report, render_instance
     inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
                                         seq_len, memory_headroom, job, global_batch_tokens, precision,
-                                        flash_attention, grad_reduce_dtype, distributed_optimizer))
+                                        flash_attention, grad_reduce_dtype, distributed_optimizer, overlap))
     report = instance_report(inst)
     if json_out:
         typer.echo(json.dumps(report, indent=2))
@@ -160,7 +165,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
             job: JobOpt = None, global_batch_tokens: BatchTokensOpt = None, precision: PrecisionOpt = None,
             flash_attention: FlashOpt = None, grad_reduce_dtype: GradDtypeOpt = None,
-            distributed_optimizer: DistOptOpt = None,
+            distributed_optimizer: DistOptOpt = None, overlap: OverlapOpt = None,
           objective: Annotated[str, typer.Option(help="min-time | min-cost | pareto.")] = "min-time",
           time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
           mode: Annotated[str, typer.Option(
@@ -238,7 +243,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
             raise InputError("--slices and --lengths are not combined yet; drop one", field="slices")
         spec = instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch, seq_len,
                              memory_headroom, job, global_batch_tokens, precision, flash_attention,
-                             grad_reduce_dtype, distributed_optimizer)
+                             grad_reduce_dtype, distributed_optimizer, overlap)
         _solve_buckets(spec, obj, req, lengths, buckets, out or "plan.json", json_out)
         return
     if buckets is not None:
@@ -261,7 +266,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         check_output(plot, "--plot", allow_stdout=False)
     inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
                                         seq_len, memory_headroom, job, global_batch_tokens, precision,
-                                        flash_attention, grad_reduce_dtype, distributed_optimizer), obj)
+                                        flash_attention, grad_reduce_dtype, distributed_optimizer, overlap), obj)
     if objective == "pareto":
         try:
             with deadline.handle_signals():  # after an interrupt fileio writes nothing: the old front stays
@@ -607,7 +612,7 @@ def import_plan(
     global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
             job: JobOpt = None, global_batch_tokens: BatchTokensOpt = None, precision: PrecisionOpt = None,
             flash_attention: FlashOpt = None, grad_reduce_dtype: GradDtypeOpt = None,
-            distributed_optimizer: DistOptOpt = None,
+            distributed_optimizer: DistOptOpt = None, overlap: OverlapOpt = None,
     rank: Annotated[int, typer.Option("--rank", help="Which row: 1 is the peer's best.")] = 1,
     out: Annotated[str, typer.Option("--out", help="Where to write the plan (a regular file, or - for stdout).")]
         = "plan.json",
@@ -627,7 +632,7 @@ def import_plan(
     check_output(out)
     inst = build_instance(instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch,
                                         seq_len, memory_headroom, job, global_batch_tokens, precision,
-                                        flash_attention, grad_reduce_dtype, distributed_optimizer))
+                                        flash_attention, grad_reduce_dtype, distributed_optimizer, overlap))
     got = importing(spec, inst, rank)
     write_output(out, got.plan.to_json())
     err = out == "-"
@@ -660,7 +665,7 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             global_batch: GlobalBatchOpt = None, seq_len: SeqLenOpt = None, memory_headroom: HeadroomOpt = None,
             job: JobOpt = None, global_batch_tokens: BatchTokensOpt = None, precision: PrecisionOpt = None,
             flash_attention: FlashOpt = None, grad_reduce_dtype: GradDtypeOpt = None,
-            distributed_optimizer: DistOptOpt = None,
+            distributed_optimizer: DistOptOpt = None, overlap: OverlapOpt = None,
             objective: Annotated[str, typer.Option(help="min-time | min-cost.")] = "min-time",
             time_limit: TimeLimitOpt = None, budget: BudgetOpt = None,
             mode: Annotated[str, typer.Option(help="megatron | free.")] = "megatron",
@@ -718,7 +723,8 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
                           "--seq-len": seq_len, "--memory-headroom": memory_headroom, "--time-limit": time_limit,
                           "--budget": budget, "--fix": fix, "--job": job, "--global-batch-tokens": global_batch_tokens,
                           "--precision": precision, "--flash-attention": flash_attention,
-                          "--grad-reduce-dtype": grad_reduce_dtype, "--distributed-optimizer": distributed_optimizer}
+                          "--grad-reduce-dtype": grad_reduce_dtype, "--distributed-optimizer": distributed_optimizer,
+                          "--overlap": overlap}
         given = [flag for flag, value in instance_flags.items() if value is not None]
         if given:
             raise InputError(f"{given[0]} describes one instance; a suite's cases carry their own (drop it, or "
@@ -753,7 +759,7 @@ def compare(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profil
             raise InputError("a plan with phases (a strategy per length bucket) is compared by `solve --lengths`, "
                              "not beside single-length planners; give a plan without phases", source=path,
                              field="phases")
-    job_flags = (job, global_batch_tokens, precision, flash_attention, grad_reduce_dtype, distributed_optimizer)
+    job_flags = (job, global_batch_tokens, precision, flash_attention, grad_reduce_dtype, distributed_optimizer, overlap)
     if given and all(v is None for v in (cluster, model, profiles, global_batch, seq_len, memory_headroom,
                                          *job_flags)):
         first, plan = given[0]

@@ -93,6 +93,10 @@ class NodeType:
     usd_per_hour: float         # one node for one hour
     hosts: tuple[str, ...] = ()
     billing: str = "node"       # "node": a node with any GPU used is paid whole; "gpu": pay per GPU used
+    # the links' kinds (nccl.py): "nominal" takes the figures above as what a collective reaches;
+    # a named kind takes them as line rates, and NCCL's published efficiency and latency apply
+    intra_node_link: str = "nominal"   # nominal | nvlink | pcie
+    inter_node_link: str = "nominal"   # nominal | infiniband | ethernet
 
     @property
     def memory_gib(self) -> float:
@@ -168,6 +172,9 @@ class Cluster:
             }
             if nt.hosts:
                 d["hosts"] = list(nt.hosts)
+            for key in ("intra_node_link", "inter_node_link"):
+                if getattr(nt, key) != "nominal":
+                    d[key] = getattr(nt, key)
             types.append(d)
         return {"name": self.name, "description": self.description, "node_types": types}
 
@@ -178,7 +185,8 @@ class Cluster:
 
 _NODE_REQUIRED = ["name", "gpu", "gpus_per_node", "count", "intra_node_gb_per_s", "inter_node_gb_per_s",
                   "usd_per_hour"]
-_NODE_OPTIONAL = ["gpu_memory_gib", "hosts", "billing", "description"]
+_NODE_OPTIONAL = ["gpu_memory_gib", "hosts", "billing", "description", "intra_node_link", "inter_node_link"]
+LINK_KINDS = {"intra_node_link": ("nominal", "nvlink", "pcie"), "inter_node_link": ("nominal", "infiniband", "ethernet")}
 
 
 def _node_type(spec: Any, i: int, source: str) -> NodeType:
@@ -211,12 +219,18 @@ def _node_type(spec: Any, i: int, source: str) -> NodeType:
     billing = spec.get("billing", "node")
     if billing not in ("node", "gpu"):
         raise InputError(f"{where}: field 'billing' must be 'node' or 'gpu', got {billing!r}", source=source)
+    links = {}
+    for key, kinds in LINK_KINDS.items():
+        links[key] = spec.get(key, "nominal")
+        if links[key] not in kinds:
+            raise InputError(f"{where}: field '{key}' must be one of {', '.join(kinds)}, got {links[key]!r}",
+                             source=source)
     return NodeType(
         name=str(spec["name"]), gpu=gpu, gpus_per_node=gpn, count=count,
         intra_node_gb_per_s=number(spec, "intra_node_gb_per_s", source=source, where=where),
         inter_node_gb_per_s=number(spec, "inter_node_gb_per_s", source=source, where=where),
         usd_per_hour=number(spec, "usd_per_hour", source=source, where=where, allow_zero=True),
-        hosts=tuple(hosts), billing=billing,
+        hosts=tuple(hosts), billing=billing, **links,
     )
 
 

@@ -13,11 +13,16 @@ recompute   full, r layers:  + r x (fwd(block) + tp_comm_fwd(block))
 tp comm     per block: 2 all-reduces (3 in a T5 decoder block) of s*b*h*2 bytes forward
             and as many backward (with sequence parallelism: all-gather + reduce-scatter,
             the same volume); ring all-reduce over intra-node links:
-            2 (t-1)/t x bytes / intra_node_gb_per_s; the embedding adds one forward.
+            transfer_s(2 (t-1)/t x bytes, intra_node_gb_per_s); the embedding adds one forward.
+            With the job's tp_comm_overlap a block's collectives show only what outlasts
+            its GEMMs (tp_overlapped_s: overlap_pieces with end piece 1/t).
+transfer    every collective and transfer: transfer_s(volume, GB/s, link kind) = NCCL's
+            latency + volume / (bus efficiency x GB/s) (nccl.py: published nccl-tests
+            figures by link kind; a "nominal" link, the default: the figure as given).
 p2p         bytes = s*b*h*2 / (t if sequence parallel else 1) per GPU per hop and direction;
-            same node: bytes / intra_node_gb_per_s; across nodes: the node's network link
-            is shared by the stage's GPUs sending at once:
-            bytes / (min inter_node_gb_per_s of the two nodes / senders per node)
+            same node: transfer_s(bytes, intra_node_gb_per_s); across nodes: the slower
+            node's network link is shared by the stage's GPUs sending at once:
+            transfer_s(bytes, inter_node_gb_per_s / senders per node)
 dp          gradients reduced in the job's grad_reduce_dtype (fp32 by default: Megatron
             accumulates bf16 gradients in fp32 main grads; bf16 with --grad-reduce-in-bf16):
             B = g x params per GPU, g = 4 (fp32) or 2 bytes (job.grad_bytes). Inside one node: ring 2 (d-1)/d x B / intra.
@@ -25,7 +30,9 @@ dp          gradients reduced in the job's grad_reduce_dtype (fp32 by default: M
             all-gather 2 (k-1)/k x B / intra, plus inter-node ring 2 (n-1)/n x B x t / inter
             (the t tp-groups of the node share its link). The distributed optimizer
             reduce-scatters the gradients and all-gathers bf16 parameters: (g + 2)/(2 g) of
-            the all-reduce volume ((4 + 2)/8 with fp32 gradients, 1 with bf16).
+            the all-reduce volume ((4 + 2)/8 with fp32 gradients, 1 with bf16). With the
+            job's overlap_grad_reduce / overlap_param_gather only the exposed part counts
+            (stage_dp_pieces_s: overlap_pieces under the last backward / first forward).
 optimizer   Adam touches OPTIMIZER_BYTES_PER_PARAM bytes per parameter it updates,
             memory-bound: params x 30 / (memory bandwidth x MEMORY_EFFICIENCY); a profile's
             measured seconds per parameter replace it (optimizer_s).
@@ -45,7 +52,7 @@ in flight   1F1B, ZB-H1: min(pp - s, m); GPipe: m; interleaved with v chunks:
 step time   with t_s = f_s + b_s per micro-batch and m micro-batches (Narayanan et al. 2021):
             compute = m x max_s t_s,  bubble = (sum_s t_s - max_s t_s) / v_eff,
             p2p = sum over hops of (forward + backward transfer),
-            dp = max_s dp_s (not overlapped; the tied embedding's all-reduce after it on the
+            dp = dp_tail_s of the exposed dp_s (the tied embedding's all-reduce after it on the
             end stages: tied_embedding_sync_s), optimizer = max_s opt_s (a global grad-norm
             barrier precedes the step);  v_eff = vpp for interleaved, 1 otherwise; ZB-H1:
             see pipeline_time_s.
@@ -58,9 +65,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from milp_plan.analytic import MEMORY_EFFICIENCY
+from milp_plan import nccl
+from milp_plan.analytic import ESTIMATES
+
+# the optimizer step's memory efficiency: the estimate, not the fitted analytic constant, so
+# the calibration (which fits that constant on the layers) does not feed on its own last fit
+MEMORY_EFFICIENCY = ESTIMATES["MEMORY_EFFICIENCY"][0]
 from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
+from milp_plan.model import Model
 from milp_plan.plan import Plan, Stage, StagePrediction
 from milp_plan.schedules import schedule_of
 from milp_plan.units import GIB, SECONDS_PER_HOUR
@@ -83,11 +96,23 @@ class LayerTimes:
     attn_core_fwd_s: float
 
 
-def ring_allreduce_s(n_bytes: float, group: int, gb_per_s: float) -> float:
-    """Ring all-reduce: 2 (g-1)/g x bytes / bandwidth."""
+def transfer_s(volume_bytes: float, gb_per_s: float, link: str = nccl.NOMINAL) -> float:
+    """Seconds to move `volume_bytes` of bus volume over a link of `gb_per_s` GB/s of kind
+    `link`, the one rule of every collective and transfer (tp, dp, p2p, re-sharding): NCCL's
+    latency plus the volume at its bus efficiency (nccl.py: published nccl-tests figures; a
+    "nominal" link: the figure as given, no latency),
+        t = latency_s + volume / (bus_efficiency x gb_per_s x 1e9);   0 for no volume."""
+    if volume_bytes <= 0:
+        return 0.0
+    ln = nccl.link(link)
+    return ln.latency_s + volume_bytes / (ln.bus_efficiency * gb_per_s * 1e9)
+
+
+def ring_allreduce_s(n_bytes: float, group: int, gb_per_s: float, link: str = nccl.NOMINAL) -> float:
+    """Ring all-reduce: bus volume 2 (g-1)/g x bytes (transfer_s)."""
     if group <= 1 or n_bytes <= 0:
         return 0.0
-    return 2.0 * (group - 1) / group * n_bytes / (gb_per_s * 1e9)
+    return transfer_s(2.0 * (group - 1) / group * n_bytes, gb_per_s, link)
 
 
 def row_tokens(inst: Instance, tokens: int | None) -> int:
@@ -103,7 +128,7 @@ def tp_comm_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str,
     if tp <= 1:
         return 0.0, 0.0
     msg = row_tokens(inst, tokens) * mbs * inst.model.hidden_size * ACT_BYTES
-    one = ring_allreduce_s(msg, tp, node_type.intra_node_gb_per_s)
+    one = ring_allreduce_s(msg, tp, node_type.intra_node_gb_per_s, node_type.intra_node_link)
     n = {"block": 2, "encoder_block": 2, "decoder_block": 3, "embedding": 1, "head": 0}[kind]
     return n * one, (0 if kind == "embedding" else n) * one
 
@@ -138,7 +163,24 @@ def layer_times(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: st
     else:  # estimate by the FLOP share of the attention core
         total = m.forward_flops_per_token(kind, seq)
         core = c.fwd_ms / 1e3 * (m.attention_core_flops_per_token(kind, seq) / total if total else 0)
-    return LayerTimes(c.fwd_ms / 1e3 + comm_f, c.bwd_ms / 1e3 + comm_b, core)
+    fwd, bwd = c.fwd_ms / 1e3, c.bwd_ms / 1e3
+    if inst.job.tp_comm_overlap and (comm_f or comm_b) and kind not in ("embedding", "head"):
+        comm_f, comm_b = tp_overlapped_s(comm_f, comm_b, fwd, bwd, core, tp)
+    return LayerTimes(fwd + comm_f, bwd + comm_b, core)
+
+
+def tp_overlapped_s(comm_f: float, comm_b: float, fwd_s: float, bwd_s: float, core_s: float,
+                    tp: int) -> tuple[float, float]:
+    """(forward, backward) exposed tensor-parallel collectives of one block under
+    --tp-comm-overlap (the embedding's collective has no GEMM beside it; Transformer Engine splits each all-gather / reduce-scatter into tp
+    pieces, each run beside the GEMM chunk it feeds or follows): overlap_pieces with the end
+    piece 1/tp of the collective and the window the layer's GEMM time, its forward less the
+    attention core (the rest of a Transformer layer is GEMMs and the element-wise kernels fused
+    into them), backward at the same GEMM share; never more than without overlap."""
+    share = (fwd_s - core_s) / fwd_s if fwd_s > 0 else 0.0
+    f = min(comm_f, max(overlap_pieces(comm_f, comm_f / tp, fwd_s - core_s)))
+    b = min(comm_b, max(overlap_pieces(comm_b, comm_b / tp, bwd_s * share)))
+    return f, b
 
 
 # Backward over forward time of the attention core's context term: its two batched GEMMs
@@ -213,9 +255,11 @@ def p2p_s(inst: Instance, n_bytes: float, src: NodeType, dst: NodeType, same_nod
           senders_per_node: int) -> float:
     """One transfer between consecutive stages (one direction)."""
     if same_node:
-        return n_bytes / (min(src.intra_node_gb_per_s, dst.intra_node_gb_per_s) * 1e9)
-    share = min(src.inter_node_gb_per_s, dst.inter_node_gb_per_s) / max(1, senders_per_node)
-    return n_bytes / (share * 1e9)
+        slow = min((src, dst), key=lambda nt: nt.intra_node_gb_per_s)
+        return transfer_s(n_bytes, slow.intra_node_gb_per_s, slow.intra_node_link)
+    slow = min((src, dst), key=lambda nt: nt.inter_node_gb_per_s)
+    # the slower node's link, shared by the stage's senders (at that link kind's figures)
+    return transfer_s(n_bytes, slow.inter_node_gb_per_s / max(1, senders_per_node), slow.inter_node_link)
 
 
 def embedding_grad_bytes(inst: Instance, tp: int) -> float:
@@ -228,27 +272,92 @@ def embedding_grad_bytes(inst: Instance, tp: int) -> float:
 
 def dp_allreduce_s(grad_bytes: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
                    intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool,
-                   grad_dtype_bytes: float = GRAD_BYTES) -> float:
+                   grad_dtype_bytes: float = GRAD_BYTES, links: tuple[str, str] = (nccl.NOMINAL, nccl.NOMINAL)) -> float:
     """Data-parallel gradient reduction of one stage (hierarchical when it spans nodes);
-    grad_bytes = grad_dtype_bytes x parameters per GPU."""
+    grad_bytes = grad_dtype_bytes x parameters per GPU; links: the (intra, inter) link kinds."""
     if dp <= 1:
         return 0.0
     volume = grad_bytes * ((grad_dtype_bytes + WEIGHT_BYTES) / (2 * grad_dtype_bytes) if distributed_optimizer
                            else 1.0)
     if num_nodes <= 1:
-        return ring_allreduce_s(volume, dp, intra_gb_per_s)
+        return ring_allreduce_s(volume, dp, intra_gb_per_s, links[0])
     k = replicas_per_node
-    intra = ring_allreduce_s(volume, k, intra_gb_per_s)
-    inter = 2.0 * (num_nodes - 1) / num_nodes * volume * tp / (inter_gb_per_s * 1e9)
+    intra = ring_allreduce_s(volume, k, intra_gb_per_s, links[0])
+    inter = transfer_s(2.0 * (num_nodes - 1) / num_nodes * volume * tp, inter_gb_per_s, links[1])
     return intra + inter
 
 
-def stage_dp_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
-                intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool) -> float:
-    """dp_allreduce_s of a stage holding `params_per_gpu` parameters, in the job's gradient dtype."""
+def overlap_pieces(total_s: float, end_s: float, window_s: float) -> tuple[float, float]:
+    """Communication overlapped with the compute that produces (or consumes) it, the one rule
+    of every overlap the job asks for (Job.overlap_*): `total_s` seconds of transfers in pieces,
+    each sent once the compute of its part is done, over a window of `window_s` seconds of that
+    compute; `end_s` is the piece that no compute hides (the last gradient bucket, ready when
+    the backward ends). The exposed time, past the window's end, is the max of the two pieces:
+
+        exposed = max(end_s, total_s - window_s + end_s) = end_s + max(0, total_s - window_s)
+
+    It bounds the pieces' schedule from above: pieces of r_j seconds, each ready after its share
+    of the window, served one at a time, end at max_k (ready_k + sum_{j>=k} r_j); with the work
+    per piece proportional to its transfer, that is at most max_j r_j + max(0, total - window),
+    and with equal pieces of r = end_s exactly max(r, total - window + window / n) (at most the
+    rule, equal to it when total <= window: only the end piece shows). A max of two terms affine
+    in the stage's layers, so the per-config model writes it as two constraints."""
+    return end_s, total_s - window_s + end_s
+
+
+def bucket_params(model: Model, tp: int) -> int:
+    """Parameters per GPU of one gradient bucket under overlap: one block of the model's largest
+    kind. Launch passes it to Megatron (--ddp-bucket-size), whose default, max(4e7, 1e6 dp)
+    parameters, would hold several small blocks or a fraction of a large one."""
+    return max(model.layer_params(k) for k in {model.block_kind(i) for i in range(model.num_layers)}) // tp
+
+
+def dp_end_params(inst: Instance, tp: int, has_embedding: bool) -> float:
+    """Parameters per GPU of a stage's end gradient bucket (overlap_pieces' end piece): one
+    bucket (a stage holds at least one block), plus the input embedding on the stage that
+    holds it, whose gradient is ready last and whose backward takes no time."""
+    m = inst.model
+    return bucket_params(m, tp) + (m.layer_params("embedding") / tp if has_embedding else 0.0)
+
+
+def stage_dp_pieces_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, replicas_per_node: int,
+                      num_nodes: int, intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool,
+                      end_params_per_gpu: float = 0.0, fwd_s: float = 0.0, bwd_s: float = 0.0,
+                      links: tuple[str, str] = (nccl.NOMINAL, nccl.NOMINAL)) -> tuple[float, ...]:
+    """A stage's exposed data-parallel reduction as a max of pieces (stage_dp_s is their max).
+
+    Without overlap: (dp_allreduce_s,) after the last backward. With the distributed optimizer
+    the time splits into the gradients' reduce-scatter, g/(g+2) of it, and the parameters'
+    all-gather, 2/(g+2) (dp_allreduce_s's volume). overlap_grad_reduce: the reduce-scatter (the
+    all-reduce without the distributed optimizer) overlaps the last micro-batch's backward of
+    `bwd_s` seconds, its end piece the end bucket (dp_end_params); overlap_param_gather: the
+    all-gather overlaps the next step's first forward of `fwd_s` seconds, its end piece the
+    first bucket (the same params), and its exposed part is counted here, with the reduction
+    (at most once per step: on stage 0 it delays the step's first forward, later stages hide it
+    in the fill). The pieces are every sum of one reduction piece and one all-gather piece."""
     g = inst.job.grad_bytes
-    return dp_allreduce_s(g * params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
-                          inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g)
+    total = dp_allreduce_s(g * params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
+                           inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g, links=links)
+    job = inst.job
+    if dp <= 1 or not (job.overlap_grad_reduce or job.overlap_param_gather):
+        return (total,)
+    end = dp_allreduce_s(g * end_params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
+                         inter_gb_per_s, distributed_optimizer, grad_dtype_bytes=g, links=links)
+    ag = WEIGHT_BYTES / (g + WEIGHT_BYTES) if distributed_optimizer else 0.0
+    red = overlap_pieces(total * (1 - ag), end * (1 - ag), bwd_s) if job.overlap_grad_reduce else (total * (1 - ag),)
+    gather = (overlap_pieces(total * ag, end * ag, fwd_s) if (job.overlap_param_gather and ag)
+              else (total * ag,))
+    return tuple(x + y for x in red for y in gather)
+
+
+def stage_dp_s(inst: Instance, params_per_gpu: float, dp: int, tp: int, replicas_per_node: int, num_nodes: int,
+                intra_gb_per_s: float, inter_gb_per_s: float, distributed_optimizer: bool,
+                end_params_per_gpu: float = 0.0, fwd_s: float = 0.0, bwd_s: float = 0.0,
+                links: tuple[str, str] = (nccl.NOMINAL, nccl.NOMINAL)) -> float:
+    """The exposed reduction of a stage holding `params_per_gpu` parameters, in the job's
+    gradient dtype: the max of stage_dp_pieces_s (dp_allreduce_s without overlap)."""
+    return max(stage_dp_pieces_s(inst, params_per_gpu, dp, tp, replicas_per_node, num_nodes, intra_gb_per_s,
+                                 inter_gb_per_s, distributed_optimizer, end_params_per_gpu, fwd_s, bwd_s, links))
 
 
 # ---- parameters and memory ----------------------------------------------------------
@@ -492,10 +601,11 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
                                      (w + g + o + act) / GIB, cap / GIB, inflight))
         stage_nodes = {d.node for d in st.devices}
         per_node = max(sum(1 for d in st.devices if d.node == n) for n in stage_nodes)
+        net = min((n.type for n in _stage_nodes(inst, st)), key=lambda t: t.inter_node_gb_per_s)
         dp_times.append(stage_dp_s(inst, params, st.dp, st.tp, max(1, per_node // st.tp),
-                                   len(stage_nodes), nt.intra_node_gb_per_s,
-                                   min(n.type.inter_node_gb_per_s for n in _stage_nodes(inst, st)),
-                                   plan.distributed_optimizer))
+                                   len(stage_nodes), nt.intra_node_gb_per_s, net.inter_node_gb_per_s,
+                                   plan.distributed_optimizer, dp_end_params(inst, st.tp, first), f, b,
+                                   (nt.intra_node_link, net.inter_node_link)))
         opt_times.append(optimizer_s(inst, params / (st.dp if plan.distributed_optimizer else 1), nt))
     hops = [hop_between(inst, plan, plan.stages[i], plan.stages[i + 1]) for i in range(pp - 1)]
     wrap = hop_between(inst, plan, plan.stages[-1], plan.stages[0]) if pp > 1 else 0.0

@@ -150,11 +150,12 @@ def _switch_s(inst: Instance, source: Evaluation, target: Evaluation) -> float:
     nodes = inst.cluster.nodes
     if len(nodes) == 1:
         nt = nodes[0].type
-        return max(per_gpu.values()) / (nt.intra_node_gb_per_s * 1e9)
+        return costmodel.transfer_s(max(per_gpu.values()), nt.intra_node_gb_per_s, nt.intra_node_link)
     by_node: dict[int, float] = {}
     for (n, _), b in per_gpu.items():
         by_node[n] = by_node.get(n, 0.0) + b
-    return max(b / (nodes[n].type.inter_node_gb_per_s * 1e9) for n, b in by_node.items())
+    return max(costmodel.transfer_s(b, nodes[n].type.inter_node_gb_per_s, nodes[n].type.inter_node_link)
+               for n, b in by_node.items())
 
 
 def item_ranges(bins: int, choose_edges: bool) -> tuple[tuple[int, int], ...]:

@@ -13,7 +13,7 @@ from milp_plan import analytic
 from milp_plan.cluster import Cluster, cluster_from_mapping
 from milp_plan.importers import load_cluster
 from milp_plan.errors import InputError
-from milp_plan.job import DEFAULT_MODEL, Job, JobSettings, Objective, load_job_file
+from milp_plan.job import DEFAULT_MODEL, Job, JobSettings, Objective, load_job_file, parse_overlap
 from milp_plan.model import Model, load_model, model_catalog, model_from_mapping
 from milp_plan.profile import Profile, match_gpu_names, read_native
 
@@ -36,13 +36,15 @@ class InstanceSpec:
     precision: str | None = None
     grad_reduce_dtype: str | None = None
     distributed_optimizer: bool | None = None
+    overlap: str | None = None     # --overlap: grad-reduce,param-gather,tp-comm | none (job.parse_overlap)
 
     def job_settings(self) -> JobSettings:
         """The job as the flags say it, over the job file (flags win)."""
         flags = JobSettings(global_batch=self.global_batch_size, global_batch_tokens=self.global_batch_tokens,
                             seq_length=self.seq_length, precision=self.precision,
                             flash_attention=self.flash_attention, grad_reduce_dtype=self.grad_reduce_dtype,
-                            distributed_optimizer=self.distributed_optimizer, memory_headroom=self.memory_headroom)
+                            distributed_optimizer=self.distributed_optimizer, memory_headroom=self.memory_headroom,
+                            **parse_overlap(self.overlap))
         return flags.over(load_job_file(self.job_file) if self.job_file else JobSettings())
 
 
@@ -60,7 +62,8 @@ class Instance:
     def inputs_record(self) -> dict[str, Any]:
         """What plan.json records: the build arguments, the full cluster/model/job, and hashes."""
         return {
-            "spec": {**asdict(self.spec), "profile_gpu_map": dict(self.spec.profile_gpu_map)},
+            "spec": {**{k: v for k, v in asdict(self.spec).items() if k != "overlap" or v is not None},
+                     "profile_gpu_map": dict(self.spec.profile_gpu_map)},
             "cluster": {"name": self.cluster.name, "source": self.cluster.source, "sha256": self.cluster.content_hash(),
                         "definition": self.cluster.to_dict()},
             "model": {"name": self.model.name, "sha256": self.model.content_hash(), "definition": self.model.to_dict()},

@@ -11,10 +11,10 @@ OBJECTIVES = ("min-time", "min-cost", "pareto")
 MODES = ("megatron", "free")
 
 # The shipped default job: GPT-3 2.7B, 80 sequences of 2048 tokens per step, on clusters/default.yaml.
-# Chosen so that the first-contact command `milp-plan solve --objective min-cost --time-limit 1.2s/step`
-# has an interesting answer: the fastest plan (all 32 GPUs) takes 1.074 s/step, the cheapest plan
-# within 1.2 s/step (1.183 s) rents the two A100 nodes only, and without the limit one A100 node
-# (2.114 s/step, 0.0241 against 0.0269 $/step) would be cheaper still.
+# Chosen so that the first-contact command `milp-plan solve --objective min-cost --time-limit 1.4s/step`
+# has an interesting answer: the fastest plan (all 32 GPUs) takes 1.231 s/step, the cheapest plan
+# within 1.4 s/step (1.306 s) rents the two A100 nodes only, and without the limit one A100 node
+# (2.247 s/step, 0.0256 against 0.0297 $/step) would be cheaper still.
 DEFAULT_MODEL = "gpt3-2.7b"
 DEFAULT_GLOBAL_BATCH = 80
 MAX_GLOBAL_BATCH = 2**24   # samples per step; more is refused (micro-batch counts and the simulation grow with it)
@@ -27,6 +27,8 @@ REFUSED_PRECISIONS = {"fp8": "fp8 is not modelled (its GEMM speed, the bf16 GEMM
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 # bytes per element of a gradient kept and reduced in each dtype
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+# communication overlapped with compute (Megatron-LM flags of the same names); off by default
+OVERLAP_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,12 @@ class Job:
     parallelism (`--use-distributed-optimizer`); False removes it from the search space.
     memory_headroom: fraction of each GPU's memory kept free for the CUDA context,
     NCCL buffers and allocator fragmentation (0.1 = plan against 90% of capacity).
+    overlap_grad_reduce: data parallelism reduces each gradient bucket during the last
+    micro-batch's backward (`--overlap-grad-reduce`); overlap_param_gather: the distributed
+    optimizer's parameter all-gather runs under the next step's forward
+    (`--overlap-param-gather`); tp_comm_overlap: the tensor-parallel collectives run under the
+    GEMMs they feed or follow (`--tp-comm-overlap`, Transformer Engine, with sequence
+    parallelism). All three off by default, as in Megatron; costmodel.overlapped_s is the rule.
     """
 
     global_batch_size: int
@@ -55,13 +63,16 @@ class Job:
     memory_headroom: float = 0.10
     grad_reduce_dtype: str = "fp32"
     distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         from milp_plan.fileio import check_number
         check_number(self.global_batch_size, "global_batch_size", source=None, where="job", integer=True,
                      maximum=MAX_GLOBAL_BATCH)
         check_number(self.seq_length, "seq_length", source=None, where="job", integer=True, maximum=MAX_SEQ_LENGTH)
-        for name in ("flash_attention", "distributed_optimizer"):
+        for name in ("flash_attention", "distributed_optimizer") + OVERLAP_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"must be true or false, got {getattr(self, name)!r}", field=name)
         if isinstance(self.memory_headroom, bool) or not isinstance(self.memory_headroom, (int, float)):
@@ -75,6 +86,10 @@ class Job:
         if not 0.0 <= self.memory_headroom < 1.0:
             raise InputError(f"memory headroom must be a fraction in [0, 1), got {self.memory_headroom}",
                              field="memory_headroom")
+        if self.overlap_param_gather and not (self.overlap_grad_reduce and self.distributed_optimizer):
+            raise InputError("overlap_param_gather overlaps the distributed optimizer's all-gather, and Megatron "
+                             "needs overlap_grad_reduce with it: set overlap_grad_reduce and distributed_optimizer "
+                             "true, or overlap_param_gather false", field="overlap_param_gather")
         if self.grad_reduce_dtype not in ("fp32", self.precision):
             raise InputError(f"with precision {self.precision} gradients are reduced in fp32 or "
                              f"{self.precision}, got {self.grad_reduce_dtype!r}", field="grad_reduce_dtype")
@@ -89,7 +104,9 @@ class Job:
         return self.global_batch_size * self.seq_length
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record of plan.json's inputs.job; an overlap setting is written only when on, so
+        plans of jobs without overlap read as they did before these settings existed."""
+        return {k: v for k, v in asdict(self).items() if k not in OVERLAP_FIELDS or v}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Job":
@@ -98,7 +115,7 @@ class Job:
 
 
 JOB_FILE_FIELDS = ("global_batch", "global_batch_tokens", "seq_length", "precision", "optimizer", "flash_attention",
-                   "grad_reduce_dtype", "distributed_optimizer", "memory_headroom")
+                   "grad_reduce_dtype", "distributed_optimizer", "memory_headroom") + OVERLAP_FIELDS
 LENGTH_FIELDS = ("lengths", "buckets")   # variable lengths (solve --lengths, --buckets): load_job_lengths
 
 
@@ -117,6 +134,9 @@ class JobSettings:
     grad_reduce_dtype: str | None = None
     distributed_optimizer: bool | None = None
     memory_headroom: float | None = None
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    tp_comm_overlap: bool | None = None
     source: str | None = None      # the job file, for error messages
     from_file: frozenset = frozenset()   # the fields the job file set (and no flag overrode)
 
@@ -147,7 +167,8 @@ class JobSettings:
                                  f"got {self.global_batch_tokens!r}", field="global_batch_tokens", **where)
             gbs = self.global_batch_tokens // seq
         kw = {k: getattr(self, k) for k in ("precision", "optimizer", "flash_attention", "grad_reduce_dtype",
-                                            "distributed_optimizer", "memory_headroom") if getattr(self, k) is not None}
+                                            "distributed_optimizer", "memory_headroom") + OVERLAP_FIELDS
+              if getattr(self, k) is not None}
         try:
             return Job(global_batch_size=gbs, seq_length=seq, **kw)
         except InputError as exc:   # name the job file when the field came from it
@@ -156,6 +177,25 @@ class JobSettings:
                     field == "global_batch" and "global_batch_tokens" in self.from_file)):
                 raise InputError(str(exc), source=self.source) from None
             raise
+
+
+OVERLAP_NAMES = {"grad-reduce": "overlap_grad_reduce", "param-gather": "overlap_param_gather",
+                 "tp-comm": "tp_comm_overlap"}
+
+
+def parse_overlap(text: str | None) -> dict[str, bool]:
+    """--overlap grad-reduce,param-gather,tp-comm (or none) as job settings: each named one on,
+    the others off; None (not given): nothing said (the job file or the defaults decide)."""
+    if text is None:
+        return {}
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if names == ["none"]:
+        names = []
+    bad = [n for n in names if n not in OVERLAP_NAMES]
+    if bad or not text.strip():
+        raise InputError(f"'{bad[0] if bad else text}' is not an overlap; give a comma-separated list of "
+                         f"{', '.join(OVERLAP_NAMES)}, or none", field="overlap")
+    return {field: key in names for key, field in OVERLAP_NAMES.items()}
 
 
 def load_job_file(path: str) -> JobSettings:
@@ -168,6 +208,9 @@ def load_job_file(path: str) -> JobSettings:
         grad_reduce_dtype: bf16
         distributed_optimizer: true     # allowed (the planner uses it wherever dp > 1)
         memory_headroom: 0.1
+        overlap_grad_reduce: true       # Megatron's --overlap-grad-reduce (and the two below)
+        overlap_param_gather: true
+        tp_comm_overlap: true
     """
     from milp_plan.fileio import check_fields, check_number, load_yaml
     data = load_yaml(path, "job file")
@@ -190,7 +233,7 @@ def load_job_file(path: str) -> JobSettings:
         if v not in choices:
             raise InputError(f"job: field '{key}' must be {' or '.join(choices)}, got {v!r}", source=str(path))
         out[key] = v
-    for key in ("flash_attention", "distributed_optimizer"):
+    for key in ("flash_attention", "distributed_optimizer") + OVERLAP_FIELDS:
         v = data.get(key)
         if v is not None and not isinstance(v, bool):
             raise InputError(f"job: field '{key}' must be true or false, got {v!r}", source=str(path))

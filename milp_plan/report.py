@@ -5,6 +5,7 @@ import re
 from typing import Any, Sequence
 
 from milp_plan.instance import Instance
+from milp_plan.job import OVERLAP_FIELDS
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bool] | None = None) -> str:
@@ -51,7 +52,7 @@ def instance_report(inst: Instance) -> dict[str, Any]:
                   "num_query_groups": m.num_query_groups, "vocab_size": m.vocab_size,
                   "parameters": m.num_parameters, "flops_per_token": m.flops_per_token(j.seq_length),
                   "flops_per_step": m.flops_per_token(j.seq_length) * j.global_batch_size * j.seq_length},
-        "job": j.to_dict(),
+        "job": {**j.to_dict(), **{k: getattr(j, k) for k in OVERLAP_FIELDS}},
         "profile": {"sources": prof.provenance and [{k: v for k, v in p.items() if k != "constants"}
                                                     for p in prof.provenance],
                     "gpu_map": dict(inst.gpu_map), "coverage": coverage},
@@ -86,7 +87,8 @@ def render_instance(r: dict[str, Any]) -> str:
             f"flash attention {'on' if j['flash_attention'] else 'off'}, gradients reduced in "
             f"{j['grad_reduce_dtype']}, distributed optimizer "
             f"{'allowed' if j['distributed_optimizer'] else 'not allowed'}, memory headroom "
-            f"{j['memory_headroom']:.0%}", ""]
+            f"{j['memory_headroom']:.0%}, communication overlapped: "
+            f"{', '.join(k for k in OVERLAP_FIELDS if j.get(k)) or 'none'}", ""]
     out.append("Profile coverage:")
     out.append(table(["GPU", "rows", "tp", "micro-batch", "seq", "kinds"],
                      [[cv["gpu"], cv["rows"], _ranges(cv["tp"]), _ranges(cv["micro_batch_size"]),

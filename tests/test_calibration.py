@@ -20,7 +20,7 @@ def test_every_row_has_a_source_and_adds_up():
     for r in ROWS:
         assert r.source and r.where, r.id
         assert r.tp * r.pp * r.dp == r.num_gpus and r.num_layers % r.pp == 0, r.id
-    assert sum(r.in_fit for r in ROWS) == 10   # the Megatron-Core rows overlap their communication
+    assert all(r.in_fit for r in ROWS)   # the overlapped Megatron-Core rows too (the job says so)
 
 
 def test_measured_step_time_by_hand():
@@ -48,7 +48,7 @@ def test_a_row_is_predicted_by_the_cost_model():
     assert (plan.pp, plan.stages[0].tp, plan.stages[0].dp, plan.num_microbatches) == (8, 8, 24, 2304 // 48)
     assert [len(s.devices) for s in plan.stages] == [192] * 8 and plan.stages[1].devices[0].node == 24
     inst = cal.instance_for(r, cal.DEFAULTS)
-    assert inst.job.flash_attention is False and inst.profile.generator.c == analytic.DEFAULT
+    assert inst.job.flash_attention is False and inst.profile.generator.c == analytic.ESTIMATE
     slow = cal.Fitted(analytic.Constants(gemm_efficiency=0.35), 1.0)
     a, fits = cal.predict_row(r, cal.DEFAULTS, k)
     b, _ = cal.predict_row(r, slow, k)
@@ -73,6 +73,23 @@ def test_the_shipped_fit_is_what_its_constants_predict():
         assert cal.choose_knobs(r, fit) == k, r.id
         assert cal.predict_row(r, fit, k)[0] == pytest.approx(rec["after_step_s"], rel=1e-5), r.id
     assert doc["summary"]["fit_loo_mean_abs_error"] <= 0.05
+
+
+def test_the_analytic_profiles_use_the_fitted_constants():
+    # one source: analytic.DEFAULT (every shipped and derived analytic profile) is fit.json's
+    fit = cal.load_fit()
+    assert analytic.DEFAULT == fit.constants and analytic.DEFAULT != analytic.ESTIMATE
+
+
+def test_the_overlapped_rows_run_with_their_settings():
+    # the Megatron-Core rows overlap dp and tp communication (--overlap-grad-reduce,
+    # --overlap-param-gather, --tp-comm-overlap); the SC'21 rows do not
+    inst = cal.instance_for(BY_ID["mcore-70b"], cal.DEFAULTS)
+    job = inst.job
+    assert job.overlap_grad_reduce and job.overlap_param_gather and job.tp_comm_overlap and job.flash_attention
+    assert not cal.instance_for(BY_ID["sc21-39b"], cal.DEFAULTS).job.overlap_grad_reduce
+    nt = inst.cluster.node_types[0]
+    assert (nt.intra_node_link, nt.inter_node_link) == ("nvlink", "infiniband")
 
 
 def test_a_full_refit_reproduces_the_shipped_constants():

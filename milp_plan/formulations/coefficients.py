@@ -92,6 +92,8 @@ class StateKey(NamedTuple):
     tp: int
     dp: int
     distributed_optimizer: bool
+    mbs: int = 0           # the reduction with overlap reads the stage's f and b: its option's
+    recompute: str = ""    # micro-batch and recompute (0, "" without overlap)
 
 
 class HopKey(NamedTuple):
@@ -309,23 +311,35 @@ class Coefficients:
         return L if per <= 0 else min(L, int(room // per))
 
     def _state_key(self, what: str, opt: StageOption, s: int) -> StateKey:
-        return StateKey(what, opt.k, *self._ends(s), self.cfg.pp == 1, opt.tp, opt.dp, self.cfg.distributed_optimizer)
+        job = self.inst.job
+        overlap = what == "dp" and (job.overlap_grad_reduce or job.overlap_param_gather)
+        return StateKey(what, opt.k, *self._ends(s), self.cfg.pp == 1, opt.tp, opt.dp, self.cfg.distributed_optimizer,
+                        opt.mbs if overlap else 0, opt.recompute if overlap else "")
 
-    def dp_time(self, o: int, s: int) -> Affine:
+    def dp_time(self, o: int, s: int) -> tuple[Affine, ...]:
+        """The exposed reduction of stage position s run as option o: the max of these pieces
+        (costmodel.stage_dp_pieces_s: one without overlap; with it, pieces in the stage's f and
+        b). Piece 0 never decreases with the layer count (the bounds read it at the fewest)."""
         opt = self.options[o]
         return self.shared.get(self._state_key("dp", opt, s), lambda: self._dp_time(o, s))
 
-    def _dp_time(self, o: int, s: int) -> Affine:
+    def _dp_time(self, o: int, s: int) -> tuple[Affine, ...]:
         opt, (first, last) = self.options[o], self._ends(s)
         nt, pl = self.types[opt.k], self.pools[self.pool_of[o]].place
         nodes = 1 if pl.stages_per_node else pl.nodes_per_stage
         per_node = opt.group if pl.stages_per_node else nt.gpus_per_node
+        end = cm.dp_end_params(self.inst, opt.tp, first)
+        overlap = self._state_key("dp", opt, s).mbs > 0
 
-        def dp(n: int, r: int) -> float:
-            return cm.stage_dp_s(self.inst, self._params(opt, n, first, last), opt.dp, opt.tp,
-                                 max(1, per_node // opt.tp), nodes, nt.intra_node_gb_per_s,
-                                 nt.inter_node_gb_per_s, self.cfg.distributed_optimizer)
-        return _affine(dp, False)
+        def pieces(n: int, r: int) -> tuple[float, ...]:
+            f, b = cm.stage_compute_s(self.inst, nt, opt.tp, opt.mbs, [self.kind] * n, first, last,
+                                      opt.recompute, r) if overlap else (0.0, 0.0)
+            return cm.stage_dp_pieces_s(self.inst, self._params(opt, n, first, last), opt.dp, opt.tp,
+                                        max(1, per_node // opt.tp), nodes, nt.intra_node_gb_per_s,
+                                        nt.inter_node_gb_per_s, self.cfg.distributed_optimizer, end, f, b,
+                                        (nt.intra_node_link, nt.inter_node_link))
+        full = opt.recompute == "full"
+        return tuple(_affine(lambda n, r, i=i: pieces(n, r)[i], full) for i in range(len(pieces(1, int(full)))))
 
     def opt_time(self, o: int, s: int) -> Affine:
         opt = self.options[o]

@@ -34,7 +34,11 @@ Variables (symbols as in the math):
   P         the steady-period term, weights applied before rounding: 1F1B (m-1) z with
             (c-a+1) z >= Q[c] - Q[a] + t_c for every window a..c; interleaved (m vpp - 1) z,
             z >= t_s; GPipe (m-1)(zf + zb), zf >= f_s, h_s and zb >= b_s, h_s
-  D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  opt = max_s opt_s
+  D         scale x max_s (dp_s - sum_{k<s} (b_k / v + h_k));  opt = max_s opt_s; dp_s is the
+            exposed reduction, the max of its pieces (one without overlap: costmodel.stage_dp_pieces_s)
+  E[s,k]    k x stage s's exposed reduction on a path, >= each piece (with overlap only)
+  emb       the tied embedding's all-reduce between the end stages (add_embedding_sync), after
+            their reductions (with ends[p], both end stages on pool p: an exact AND)
   W[p,beta] step time if u[p,beta] else 0 (ticks; min-cost and $/step budgets)
 """
 from __future__ import annotations
@@ -116,7 +120,7 @@ class Vars:
     g: dict = field(default_factory=dict)
     wrap: Any = 0                           # last -> first transfer (interleaved)
     ends: dict = field(default_factory=dict)  # p -> both end stages on pool p (an AND)
-    E: Any = 0                              # the tied embedding's all-reduce (ticks; add_embedding_sync)
+    emb: Any = 0                            # the tied embedding's all-reduce (ticks; add_embedding_sync)
     wrap_terms: list = field(default_factory=list)  # its (var, seconds, seconds subtracted)
     paths: set = field(default_factory=set)  # simulated step: the paths T is bounded by (add_paths)
     r: Any = None
@@ -173,7 +177,8 @@ class PipelineModel:
             mag = min(mag, W_MAGNITUDE)
         t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
         h = max([c.hop_intra(p) for p in self.P] + [c.hop_inter(p, j) for p in self.P for j in self.pool_of_type])
-        dp = max(self._aff_hi_s(c.dp_time(o, s)) for o in self.O for s in self._positions()) + self._embedding_hi_s()
+        dp = max(self._aff_hi_s(a) for o in self.O for s in self._positions() for a in c.dp_time(o, s))
+        dp += self._embedding_hi_s()
         opt = max(self._aff_hi_s(c.opt_time(o, s)) for o in self.O for s in self._positions())
         step_s = self._step_bound(t, h, dp, opt)
         return Resolution(next((k for k in TICKS if step_s * k <= mag), TICKS[-1]))
@@ -219,9 +224,10 @@ class PipelineModel:
         return self.res.t_up(max(worst, default=0.0))
 
     def _stage_upper_bound(self, coefficient) -> int:
-        """Most ticks a per-stage term (reduction, optimizer step) takes in the model (the
-        reduction's with the end stages' embedding all-reduce: dp_hi + e_hi)."""
-        return max((self._aff_hi(coefficient(o, s)) for o in self.O for s in self._positions()), default=0)
+        """Most ticks a per-stage term (reduction, optimizer step) takes in the model (the end
+        stages' reduction adds the embedding all-reduce: dp_hi + e_hi)."""
+        return max((self._aff_hi(a) for o in self.O for s in self._positions() for a in _pieces(coefficient(o, s))),
+                   default=0)
 
     def _on_pool(self, s: int, p: int):
         """Y[s,p]: stage s runs as one of pool p's options (a 0/1 expression)."""
@@ -428,21 +434,21 @@ class PipelineModel:
         return (0, self.cfg.pp - 1) if self.e_hi else ()
 
     def add_embedding_sync(self) -> None:
-        """E >= the tied embedding's all-reduce between the end stages, exactly as
+        """emb >= the tied embedding's all-reduce between the end stages, exactly as
         costmodel.tied_embedding_sync_s prices it (the larger of the two directions' times),
         with no product variable: for an end stage's option o and the other end's node type j,
-            E >= e(o, j) (y[end,o] + Y[other,j] - 1 - ends[p(o)]),
+            emb >= e(o, j) (y[end,o] + Y[other,j] - 1 - ends[p(o)]),
         e(o, j) its shard over the inter-node link to type j, ends[p] the AND of both ends on
         pool p, subtracted where the whole pipeline then sits on one node (pp <= stages per
         node of p: contiguity keeps a shared-node pool in one run from a fresh node); there
-            E >= e_intra(o) (y[end,o] + ends[p(o)] - 1).
-        A right side is positive only for the plan's own (option, type) of an end, so E's least
-        value is the cost model's (rounded down); E enters the reductions of both ends
+            emb >= e_intra(o) (y[end,o] + ends[p(o)] - 1).
+        A right side is positive only for the plan's own (option, type) of an end, so emb's least
+        value is the cost model's (rounded down); emb enters the reductions of both ends
         (PlanCosts.tail_s): add_paths, add_dp_optimizer. pipeline.md, "add_embedding_sync"."""
         if not self.e_hi:
             return
         be, v, c, last = self.be, self.v, self.c, self.cfg.pp - 1
-        v.E = be.new_int(0, self.e_hi, "E")
+        v.emb = be.new_int(0, self.e_hi, "emb")
         for end, other in ((0, last), (last, 0)):
             for o in self.O:
                 p = c.pool_of[o]
@@ -452,11 +458,11 @@ class PipelineModel:
                 for j in sorted(self.pool_of_type):
                     e = self.res.t_down(c.embedding_sync(o, j, False))
                     if e:
-                        be.add(v.E >= e * (v.y[end, o] + self._on_pool(other, self.pool_of_type[j]) - 1
+                        be.add(v.emb >= e * (v.y[end, o] + self._on_pool(other, self.pool_of_type[j]) - 1
                                            - (both if j == k else 0)))
                 e = self.res.t_down(c.embedding_sync(o, k, True))
                 if one_node and e:
-                    be.add(v.E >= e * (v.y[end, o] + both - 1))
+                    be.add(v.emb >= e * (v.y[end, o] + both - 1))
 
     def _scaled_hop(self, s: int, factor: int):
         return self._hop_expr(self.v.hop_terms[s], lambda x: self.res.t_down(factor * x))
@@ -514,7 +520,7 @@ class PipelineModel:
 
     def add_dp_optimizer(self) -> None:
         """D >= scale (dp_s - sum_{k<s} (b_k / v + h_k)) and opt >= opt_s for every stage
-        (costmodel.dp_tail_s; D is scale x the reduction tail), dp_s with E on the end stages
+        (costmodel.dp_tail_s; D is scale x the reduction tail), dp_s with emb on the end stages
         (PlanCosts.tail_s). The subtracted b_k and h_k are rounded up, dp_s down, so D is at
         most the cost model's."""
         be, v = self.be, self.v
@@ -524,10 +530,11 @@ class PipelineModel:
         for s in self.S:
             slack = [v.bwd_up[k] + sc * v.h_up[k] for k in range(s)]
             for o in self.O:
-                dp = self._aff_ticks(self.c.dp_time(o, s), s, o)
-                if s in self._end_stages():
-                    dp = be.sum([dp, v.E])
-                be.add(v.D >= be.sum([sc * dp, -1 * be.sum(slack)]) if slack else v.D >= sc * dp)
+                for piece in self.c.dp_time(o, s):   # the exposed reduction is their max
+                    dp = self._aff_ticks(piece, s, o)
+                    if s in self._end_stages():
+                        dp = be.sum([dp, v.emb])
+                    be.add(v.D >= be.sum([sc * dp, -1 * be.sum(slack)]) if slack else v.D >= sc * dp)
 
     def add_paths(self) -> None:
         """Simulated step (pipeline.md, "add_paths"): T >= the length of every known path of
@@ -565,12 +572,12 @@ class PipelineModel:
                 if k:  # many paths weigh a stage alike: one expression each
                     terms.append(self._weighted_term((part, s, k), lambda s=s, part=part, k=k: self._stage_expr(s, part, k)))
             if path.dp[s]:
-                terms.append(self._weighted_term(("dp", s, sc * path.dp[s]), lambda k=sc * path.dp[s], s=s: self.be.sum(
-                    [self._aff_ticks(_scaled(self.c.dp_time(o, s), k), s, o) for o in self.O])))
+                terms.append(self._weighted_term(("dp", s, sc * path.dp[s]),
+                                                 lambda k=sc * path.dp[s], s=s: self._dp_expr(s, k)))
                 if s in self._end_stages():
                     k = round(sc * path.dp[s])
                     assert abs(k - sc * path.dp[s]) < 1e-9, "a path takes a whole reduction"
-                    terms.append(k * v.E)
+                    terms.append(k * v.emb)
         for h, count in enumerate(path.hop):
             if count:
                 k = round(sc * count)
@@ -583,6 +590,22 @@ class PipelineModel:
             terms.append(sc * v.opt)  # the path's optimizer step is at most the largest: T >= ... + max opt
         be.add(v.step >= be.sum(terms))
         return True
+
+    def _dp_expr(self, s: int, k: float):
+        """k x stage s's exposed reduction in ticks: the sum over its options of the one piece
+        (no overlap); with several pieces (costmodel.stage_dp_pieces_s) a variable E >= each
+        piece's sum, exact where the step is minimised (E only lower-bounds T)."""
+        be, pieces = self.be, {o: self.c.dp_time(o, s) for o in self.O}
+        count = max(len(p) for p in pieces.values())   # an option with fewer repeats its last (its max holds)
+        sums = [be.sum([self._aff_ticks(_scaled(pieces[o][min(i, len(pieces[o]) - 1)], k), s, o) for o in self.O])
+                for i in range(count)]
+        if count == 1:
+            return sums[0]
+        hi = max(self._aff_hi(_scaled(a, k)) for p in pieces.values() for a in p)
+        e = be.new_int(0, hi, f"E[{s},{k}]")
+        for x in sums:
+            be.add(e >= x)
+        return e
 
     def add_step_time(self) -> None:
         """T (scaled): costmodel.pipeline_time_s + p2p_time_s + dp_tail_s + max optimizer."""
@@ -777,6 +800,11 @@ def _drift(what: str, raw: float, exact: float, err: float, tight: bool = True, 
         return (f"the model's {what} {raw:.0f} lies {exact - raw:.0f} below the cost model's {exact:.0f}, "
                 f"more than its rounding ({err:.0f})")
     return None
+
+
+def _pieces(value) -> tuple[Affine, ...]:
+    """A per-stage coefficient as its pieces (dp_time gives several, opt_time one Affine)."""
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _scaled(aff: Affine, k: float) -> Affine:

@@ -141,6 +141,24 @@ def attention_flags(flash_attention: bool) -> list[str]:
     return [] if flash_attention else ["--attention-backend", "unfused"]
 
 
+def overlap_flags(plan: Plan, model: Mapping[str, Any], job: Mapping[str, Any]) -> list[str]:
+    """The job's overlaps (Job.overlap_*), where the plan can run them: the gradient reduction
+    with dp > 1, in buckets of one block (costmodel.bucket_params, the cost model's rule); the
+    parameter all-gather with the distributed optimizer; the tp collectives with sequence
+    parallelism (Transformer Engine's userbuffers need it)."""
+    from milp_plan.costmodel import bucket_params
+    from milp_plan.model import model_from_mapping
+    st, out = plan.stages[0], []
+    if job.get("overlap_grad_reduce") and st.dp > 1:
+        m = model_from_mapping(str(model.get("name", "model")), dict(model), "plan.json inputs.model")
+        out += ["--overlap-grad-reduce", "--ddp-bucket-size", str(bucket_params(m, st.tp))]
+        if job.get("overlap_param_gather") and plan.distributed_optimizer:
+            out.append("--overlap-param-gather")
+    if job.get("tp_comm_overlap") and st.tp > 1 and plan.sequence_parallel:
+        out.append("--tp-comm-overlap")
+    return out
+
+
 def flag_groups(plan: Plan, model: Mapping[str, Any], job: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     """Every flag for a Megatron-compatible plan, as (comment, flags) groups in a fixed order."""
     counts = [st.num_layers for st in plan.stages]
@@ -150,7 +168,8 @@ def flag_groups(plan: Plan, model: Mapping[str, Any], job: Mapping[str, Any]) ->
               ("activation recompute", recompute_flags(plan)),
               ("model", model_flags(model, int(job["seq_length"]))),
               ("precision", precision_flags(job.get("precision", "bf16"), job.get("grad_reduce_dtype", "fp32"))),
-              ("attention", attention_flags(job.get("flash_attention", True)))]
+              ("attention", attention_flags(job.get("flash_attention", True))),
+              ("communication overlap", overlap_flags(plan, model, job))]
     return [(name, flags) for name, flags in groups if flags]
 
 

@@ -277,7 +277,7 @@ def _option_terms(coef: Coefficients, O: list[int], usable: list[int], gpu_hour:
     least_work = min(price[opts[o]] * t[opts[o]][0].a for o in usable)
     # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
     # optimizer max at least the biggest stage's
-    dp0 = [coef.dp_time(o, 0) for o in O]
+    dp0 = [coef.dp_time(o, 0)[0] for o in O]   # piece 0: at most the exposed reduction, non-decreasing in n
     opt_a = min(coef.opt_time(o, 0).a for o in O)
     return _OptionTerms(t, rho, ends, price, forced, least_work, dp0, opt_a)
 
