@@ -301,7 +301,10 @@ def overlap_pieces(total_s: float, end_s: float, window_s: float) -> tuple[float
     per piece proportional to its transfer, that is at most max_j r_j + max(0, total - window),
     and with equal pieces of r = end_s exactly max(r, total - window + window / n) (at most the
     rule, equal to it when total <= window: only the end piece shows). A max of two terms affine
-    in the stage's layers, so the per-config model writes it as two constraints."""
+    in the stage's layers, so the per-config model writes it as two constraints. Limit: when the
+    end piece outlasts the window (one bucket's reduction longer than a micro-batch's backward:
+    very slow links, thin stages) the rule exceeds `total`, though overlap never makes the real
+    step slower; min(total, rule) is not convex and would need a binary per stage."""
     return end_s, total_s - window_s + end_s
 
 
