@@ -1,0 +1,242 @@
+"""Lower bounds on the step of token-sliced plans (TeraPipe), over every slicing of an allowed
+set: for one plan (`plan_bound`) and for every plan of a GPipe config (`config_bound`). The
+joint search (slice_plan.py) prunes and proves with them (formulations/pipeline.md, "Token
+slices").
+
+**Paths of the sliced step.** A sliced plan runs m sequences cut into n slices, N = m n items,
+in TeraPipe's order (schedules.GPipe.sliced_rank_order): every forward in item order, then the
+backwards sequence by sequence, each sequence's slices reversed. Item (q, k) is slice k of
+sequence q; p_{s,k} = f_{s,k} + b_{s,k} is stage s's time on slice k (every sequence alike),
+W_s = sum_k p_{s,k}. For every stage s and slice k this is a path of the simulator's graph:
+
+    forward:  stage 0 runs (0,0)..(0,k); (0,k) goes down to stage s; stage s runs (0,k)..(m-1,k);
+              (m-1,k) goes down to stage K-1, which runs (m-1,k)..(m-1,n-1);
+    backward: stage K-1 (after its last forward) runs (0,n-1)..(0,k); (0,k) goes back to stage s;
+              stage s runs (0,k)..(m-1,k) in backward order; (m-1,k) goes back to stage 0,
+              which runs (m-1,k)..(m-1,0);
+    then stage 0's reduction, the barrier and the optimizer step.
+
+Each step of it is an edge of the graph (a stage's order, or an item passing a hop), so
+
+    T >= P(s, k) = (m - 1) W_s + C_k + R_k + 2 sum_h hop_{h,k} + max_r opt_r,
+        C_k = sum_r p_{r,k},   R_k = sum_{i<k} p_{0,i} + sum_{i>k} p_{K-1,i}
+
+(K = 1: P = m W_0). At equal stages without transfers max_{s,k} P = m sum_k t_k + (K - 1)
+max_k t_k: TeraPipe's step, the makespan. The machine path of stage s (slice 0 down to s, all of
+s's forwards and backwards, the last item's way back; the last slice to the end and back) adds
+
+    T >= M(s) = m W_s + sum_{r<s} p_{r,0} + sum_{r>s} p_{r,n-1} + 2 sum_{h<s} hop_{h,0}
+                + 2 sum_{h>=s} hop_{h,n-1} + max_r opt_r.
+
+The reduction is not counted (a bucketed reduction may hide under the backwards): the bounds
+hold for the simulated step, and the sliced closed form (schedules.GPipe.sliced_pipeline_time
+and the tail, predict.sliced_closed_form) is at least the simulated step, so for it too.
+
+**Every plan of a config** (`config_bound`): with per-slice times per layer alpha_k (the least
+over the config's stage options and the model's block kinds; recompute only adds), the least
+embedding and head times emb_k, head_k, the least hop per token, and e = min(n_0, n_{K-1}), the
+layers of the lighter end stage:
+
+    max_s W_s >= g(e) A,   A = sum_k alpha_k,
+        g(e) = min over M >= e of max(M, ceil((L - e - M) / (K - 2)))   (K >= 3; K = 2: L - e)
+    C_k >= L alpha_k + emb_k + head_k,   R_k >= e (A - alpha_k) + sum_{i<k} emb_i + sum_{i>k} head_i,
+
+so every plan whose end stage holds e layers has T >= (m - 1) g(e) A + max_k [...] + opt_lb,
+and the config's bound is the least over e = 1..ceil(L/K) (past ceil(L/K), g(e) = e and the
+bound grows with e) and over the allowed slicings. The slicings are enumerated (all 2^(U-1)
+compositions of U <= 16 token units, vectorised), so the bound is exact over the slicing set,
+not a relaxation of it. $ per step: at least the config's least $/h (K stages at the cheapest
+stage price) times T / 3600."""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from milp_plan import costmodel
+from milp_plan.instance import Instance
+from milp_plan.job import Limits
+from milp_plan.plan import Plan
+from milp_plan.slicing import compositions
+from milp_plan.units import SECONDS_PER_HOUR
+
+MAX_ENUM_UNITS = 16   # slicings are enumerated (2^(U-1) of them); slicing.units_for gives U <= 16
+
+
+@functools.lru_cache(maxsize=8)
+def _table(units: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """(arcs (i, j), arc ids of each composition padded with len(arcs), slice count of each)."""
+    if units > MAX_ENUM_UNITS:
+        raise ValueError(f"slicings are enumerated up to {MAX_ENUM_UNITS} units, got {units}")
+    arcs = [(i, j) for i in range(units) for j in range(i + 1, units + 1)]
+    aid = {a: n for n, a in enumerate(arcs)}
+    comps = list(compositions(units))
+    idx = np.full((len(comps), units), len(arcs), dtype=np.int64)
+    for row, lengths in enumerate(comps):
+        start = 0
+        for k, n in enumerate(lengths):
+            idx[row, k] = aid[(start, start + n)]
+            start += n
+    return arcs, idx, np.array([len(c) for c in comps])
+
+
+def slicing_rows(units: int, counts: Iterable[int]) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """(arcs, the arc-id rows of every composition whose slice count is in `counts`)."""
+    arcs, idx, n = _table(units)
+    return arcs, idx[np.isin(n, list(counts))]
+
+
+def lengths_of(row: np.ndarray, arcs: list[tuple[int, int]]) -> tuple[int, ...]:
+    """Slice lengths (units) of one composition row."""
+    return tuple(arcs[a][1] - arcs[a][0] for a in row if a < len(arcs))
+
+
+def _gather(values: Sequence[float], rows: np.ndarray) -> np.ndarray:
+    """values per arc gathered per composition and slice; pads 0."""
+    return np.append(np.asarray(values, dtype=float), 0.0)[rows]
+
+
+def _excl_prefix(x: np.ndarray) -> np.ndarray:
+    return np.cumsum(x, axis=1) - x
+
+
+def _excl_suffix(x: np.ndarray) -> np.ndarray:
+    return np.cumsum(x[:, ::-1], axis=1)[:, ::-1] - x
+
+
+def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m: int, rows: np.ndarray,
+                arcs_n: int) -> np.ndarray:
+    """max over s, k of P(s, k) and over s of M(s) (module docstring, without the optimizer),
+    per composition row: p[s][arc] stage s's f + b on an arc, hop[h][arc] one transfer."""
+    K = len(p)
+    valid = rows < arcs_n
+    P = [_gather(ps, rows) for ps in p]
+    W = np.stack([x.sum(axis=1) for x in P])                       # K x rows
+    C = sum(P)
+    H = sum((_gather(h, rows) for h in hop), np.zeros(rows.shape))
+    if K == 1:
+        return m * W[0]
+    last = valid.sum(axis=1) - 1
+    R = _excl_prefix(P[0]) + _excl_suffix(P[K - 1])
+    cross = np.where(valid, C + R + 2 * H, -np.inf).max(axis=1)
+    best = (m - 1) * W.max(axis=0) + cross
+    ar = np.arange(len(rows))
+    firsts = np.stack([x[:, 0] for x in P])                        # K x rows
+    lasts = np.stack([x[ar, last] for x in P])
+    hf = np.stack([_gather(h, rows)[:, 0] for h in hop])           # (K-1) x rows
+    hl = np.stack([_gather(h, rows)[ar, last] for h in hop])
+    for s in range(K):
+        mach = m * W[s] + firsts[:s].sum(axis=0) + lasts[s + 1:].sum(axis=0) + 2 * hf[:s].sum(axis=0) \
+            + 2 * hl[s:].sum(axis=0)
+        best = np.maximum(best, mach)
+    return best
+
+
+def _value(T: np.ndarray, usd_h: float, limits: Limits) -> np.ndarray:
+    """The objective at step T (seconds) and at least usd_h $/h; inf where a limit is broken."""
+    out = T * usd_h / SECONDS_PER_HOUR if limits.objective == "min-cost" else T.copy()
+    bad = np.zeros(T.shape, dtype=bool)
+    if limits.time_limit_s is not None:
+        bad |= T > limits.time_limit_s * (1 + 1e-6)
+    if limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-9):
+        bad[:] = True
+    if limits.budget_usd_per_step is not None:
+        bad |= T * usd_h / SECONDS_PER_HOUR > limits.budget_usd_per_step * (1 + 1e-9)
+    return np.where(bad, np.inf, out)
+
+
+def unit_tokens(inst: Instance) -> tuple[int, int]:
+    """(U, tokens per unit) the planner slices at (slicing.units_for)."""
+    from milp_plan.slicing import units_for
+    units = units_for(inst.job.seq_length)
+    return units, inst.job.seq_length // units
+
+
+def plan_bound(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]) -> tuple[float, tuple[int, ...]]:
+    """(the least objective any slicing of `plan` with a count in `counts` can reach, by the
+    path bounds; the slicing (tokens) where it is least). inf: none meets the limits."""
+    units, unit = unit_tokens(inst)
+    arcs, rows = slicing_rows(units, counts)
+    nts = [costmodel._stage_node_type(inst, st) for st in plan.stages]
+    memo: dict = {}
+
+    def stage_arc(s: int, i: int, j: int) -> float:
+        st = plan.stages[s]
+        key = (nts[s].name, st.tp, st.micro_batch_size, st.first_layer if s == 0 else -1, st.num_layers,
+               s == 0, s == plan.pp - 1, st.recompute, st.recompute_layers, i, j)
+        if key not in memo:
+            lengths = [j * unit] if i == 0 else [i * unit, (j - i) * unit]
+            f, b = costmodel.stage_slice_times(inst, nts[s], st, plan.pp, s, lengths)
+            memo[key] = f[-1] + b[-1]
+        return memo[key]
+    p = [[stage_arc(s, i, j) for i, j in arcs] for s in range(plan.pp)]
+    hop = [[costmodel.hop_between(inst, plan, plan.stages[h], plan.stages[h + 1], (j - i) * unit) for i, j in arcs]
+           for h in range(plan.pp - 1)]
+    opt = max(costmodel.plan_costs(inst, plan).opt_s)
+    T = path_bounds(p, hop, plan.num_microbatches, rows, len(arcs)) + opt
+    vals = _value(T, costmodel.plan_usd_per_hour(inst, plan), limits)
+    at = int(np.argmin(vals))
+    return float(vals[at]), tuple(n * unit for n in lengths_of(rows[at], arcs))
+
+
+def _g(e: int, L: int, K: int) -> int:
+    """The least max_s n_s of K stages holding L layers whose end stages hold >= e each."""
+    if K == 2:
+        return L - e
+    return min(max(M, -(-(L - e - M) // (K - 2))) for M in range(e, L - e - (K - 2) + 1))
+
+
+def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], list[float], list[float], float]:
+    """Per arc: the least per-layer f + b over the options and block kinds, the least embedding
+    and head f + b; and the least hop per token (seconds)."""
+    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    opts = [(coef.types[o.k], o.tp, o.mbs) for o in coef.options]
+
+    def least(kind_list, i, j):
+        return min(lt.fwd_s + lt.bwd_s for nt, tp, mbs in opts for kd in kind_list
+                   for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit)])
+    alpha = [least(kinds, i, j) for i, j in arcs]
+    emb = [least(["embedding"], i, j) for i, j in arcs]
+    head = [least(["head"], i, j) for i, j in arcs]
+    per_token = 0.0
+    if coef.cfg.pp > 1:
+        types = {pool.k for pool in coef.pools}
+        hops = [coef.hop_intra(q) for q in range(len(coef.pools))] + \
+               [coef.hop_inter(q, k2) for q in range(len(coef.pools)) for k2 in types]
+        per_token = min(hops) / inst.job.seq_length
+    return alpha, emb, head, per_token
+
+
+def config_bound(coef, limits: Limits, counts: Iterable[int], memo: dict | None = None) -> float | None:
+    """A lower bound on the objective of every sliced plan (count in `counts`) of the GPipe
+    config of `coef` (module docstring); None when none meets the limits."""
+    inst, cfg = coef.inst, coef.cfg
+    K, L, m = cfg.pp, inst.model.num_layers, cfg.num_microbatches(inst.job.global_batch_size)
+    units, unit = unit_tokens(inst)
+    arcs, rows = slicing_rows(units, counts)
+    key = (tuple(coef.options), tuple((p.k, p.group) for p in coef.pools), K > 1)
+    memo = {} if memo is None else memo
+    if key not in memo:
+        memo[key] = _option_arcs(inst, coef, arcs, unit)
+    alpha, emb, head, per_token = memo[key]
+    valid = rows < len(arcs)
+    a, e_, h_ = _gather(alpha, rows), _gather(emb, rows), _gather(head, rows)
+    A = a.sum(axis=1)
+    tokens = np.append(np.array([(j - i) * unit for i, j in arcs], dtype=float), 0.0)[rows]
+    if K == 1:
+        T = m * (L * A + e_.sum(axis=1) + h_.sum(axis=1))
+    else:
+        base = L * a + e_ + h_ + 2 * (K - 1) * per_token * tokens + _excl_prefix(e_) + _excl_suffix(h_)
+        T = np.full(len(rows), np.inf)
+        for e in range(1, -(-L // K) + 1):
+            if K > 2 and L - e - (K - 2) < e:
+                break
+            cross = np.where(valid, base + e * (A[:, None] - a), -np.inf).max(axis=1)
+            T = np.minimum(T, (m - 1) * _g(e, L, K) * A + cross)
+    opt = min(coef.opt_time(o, 0).a for o in range(len(coef.options))) * -(-L // K)
+    price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
+    vals = _value(T + opt, price, limits)
+    best = float(vals.min()) if len(vals) else math.inf
+    return None if best == math.inf else best
