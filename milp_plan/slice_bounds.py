@@ -107,30 +107,66 @@ def _excl_suffix(x: np.ndarray) -> np.ndarray:
 
 
 def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m: int, rows: np.ndarray,
-                arcs_n: int) -> np.ndarray:
-    """max over s, k of P(s, k) and over s of M(s) (module docstring, without the optimizer),
-    per composition row: p[s][arc] stage s's f + b on an arc, hop[h][arc] one transfer."""
+                arcs_n: int, f: Sequence[Sequence[float]] | None = None, dp: Sequence[float] | None = None
+                ) -> np.ndarray:
+    """max over a <= s <= b and k of P(a, s, b, k) (module docstring, without the reduction and
+    the optimizer), per composition row: p[s][arc] stage s's f + b on an arc, hop[h][arc] one
+    transfer; with f (forward times, as p) and dp (each stage's reduction), a path may also end
+    at stage a after its last backward and take a's reduction (then it skips the way back to
+    stage 0); without them no reduction is counted. P splits into (m - 1) W_s + X_a(k) + Y_b(k), so a running maximum of X over a <= s
+    and of Y over b >= s gives the maximum over (a, b) for each s in O(K) passes."""
     K = len(p)
     valid = rows < arcs_n
-    P = [_gather(ps, rows) for ps in p]
-    W = np.stack([x.sum(axis=1) for x in P])                       # K x rows
-    C = sum(P)
-    H = sum((_gather(h, rows) for h in hop), np.zeros(rows.shape))
+    P = [_gather(ps, rows) for ps in p]                            # K of (rows x U)
+    Hk = [_gather(h, rows) for h in hop]                           # K-1 of (rows x U)
+    W = [x.sum(axis=1) for x in P]
+    dp = [0.0] * K if dp is None else list(dp)
     if K == 1:
-        return m * W[0]
-    last = valid.sum(axis=1) - 1
-    R = _excl_prefix(P[0]) + _excl_suffix(P[K - 1])
-    cross = np.where(valid, C + R + 2 * H, -np.inf).max(axis=1)
-    best = (m - 1) * W.max(axis=0) + cross
-    ar = np.arange(len(rows))
-    firsts = np.stack([x[:, 0] for x in P])                        # K x rows
-    lasts = np.stack([x[ar, last] for x in P])
-    hf = np.stack([_gather(h, rows)[:, 0] for h in hop])           # (K-1) x rows
-    hl = np.stack([_gather(h, rows)[ar, last] for h in hop])
+        return m * W[0] + dp[0]
+    F = [_gather(fs, rows) for fs in f] if f is not None else None
+    ar, last = np.arange(len(rows)), valid.sum(axis=1) - 1
+
+    def at_last(x):
+        return x[ar, last][:, None]
+    # X_a(k) = H0(a) - S_k(a) + Pre_a(k) + 2 (sum_{h<a} hop_h(0) - HS_k(a))
+    # Y_b(k) = S_k(b+1) + Suf_b(k) + Tl(b) + 2 (HS_k(b) + sum_{h>=b} hop_h(last))
+    X, Y = [], [None] * K
+    S = np.zeros(rows.shape)       # S_k(a): sum_{r<a} p_{r,k}
+    HS = np.zeros(rows.shape)      # HS_k(a): sum_{h<a} hop_h(k)
+    H0 = np.zeros((len(rows), 1))  # sum_{r<a} p_{r,0} + 2 sum_{h<a} hop_h(0)
+    Hf = np.zeros((len(rows), 1))  # sum_{r<a} f_{r,0} + sum_{h<a} hop_h(0): the way down only
+    for a in range(K):
+        x = H0 - S + _excl_prefix(P[a]) - 2 * HS + dp[0]
+        if F is not None:   # or end at stage a with its reduction
+            x = np.maximum(x, Hf - S + _excl_prefix(P[a]) - 2 * HS + dp[a])
+        X.append(x)
+        S = S + P[a]
+        if a < K - 1:
+            H0 = H0 + P[a][:, :1] + 2 * Hk[a][:, :1]
+            if F is not None:
+                Hf = Hf + F[a][:, :1] + Hk[a][:, :1]
+            HS = HS + Hk[a]
+    S_next = S                                # S_k(K)
+    HS_b = HS                                 # HS_k(K-1)
+    Tl = np.zeros((len(rows), 1))             # sum_{r>b} p_{r,last} + 2 sum_{h>=b} hop_h(last)
+    for b in range(K - 1, -1, -1):
+        Y[b] = S_next + _excl_suffix(P[b]) + Tl + 2 * HS_b
+        S_next = S_next - P[b]
+        Tl = Tl + at_last(P[b])
+        if b > 0:
+            HS_b = HS_b - Hk[b - 1]
+            Tl = Tl + 2 * at_last(Hk[b - 1])
+    best = np.full(len(rows), -np.inf)
+    px = np.full(rows.shape, -np.inf)
+    sy = [None] * K
+    run = np.full(rows.shape, -np.inf)
+    for b in range(K - 1, -1, -1):
+        run = np.maximum(run, Y[b])
+        sy[b] = run
     for s in range(K):
-        mach = m * W[s] + firsts[:s].sum(axis=0) + lasts[s + 1:].sum(axis=0) + 2 * hf[:s].sum(axis=0) \
-            + 2 * hl[s:].sum(axis=0)
-        best = np.maximum(best, mach)
+        px = np.maximum(px, X[s])
+        cross = np.where(valid, px + sy[s], -np.inf).max(axis=1)
+        best = np.maximum(best, (m - 1) * W[s] + cross)
     return best
 
 
@@ -154,31 +190,45 @@ def unit_tokens(inst: Instance) -> tuple[int, int]:
     return units, inst.job.seq_length // units
 
 
-def plan_bound(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]) -> tuple[float, tuple[int, ...]]:
-    """(the least objective any slicing of `plan` with a count in `counts` can reach, by the
-    path bounds; the slicing (tokens) where it is least). inf: none meets the limits."""
+def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]
+                ) -> dict[int, tuple[float, tuple[int, ...]]]:
+    """For each slice count in `counts`: (the least objective any slicing of `plan` with that
+    count can reach, by the path bounds; the slicing (tokens) where the bound is least). inf:
+    none meets the limits. The plan's memory is not read (slicing leaves it as it is)."""
     units, unit = unit_tokens(inst)
     arcs, rows = slicing_rows(units, counts)
     nts = [costmodel._stage_node_type(inst, st) for st in plan.stages]
     memo: dict = {}
 
-    def stage_arc(s: int, i: int, j: int) -> float:
+    def stage_arc(s: int, i: int, j: int) -> tuple[float, float]:
         st = plan.stages[s]
         key = (nts[s].name, st.tp, st.micro_batch_size, st.first_layer if s == 0 else -1, st.num_layers,
                s == 0, s == plan.pp - 1, st.recompute, st.recompute_layers, i, j)
         if key not in memo:
             lengths = [j * unit] if i == 0 else [i * unit, (j - i) * unit]
             f, b = costmodel.stage_slice_times(inst, nts[s], st, plan.pp, s, lengths)
-            memo[key] = f[-1] + b[-1]
+            memo[key] = (f[-1], f[-1] + b[-1])
         return memo[key]
-    p = [[stage_arc(s, i, j) for i, j in arcs] for s in range(plan.pp)]
+    p = [[stage_arc(s, i, j)[1] for i, j in arcs] for s in range(plan.pp)]
+    f = [[stage_arc(s, i, j)[0] for i, j in arcs] for s in range(plan.pp)]
     hop = [[costmodel.hop_between(inst, plan, plan.stages[h], plan.stages[h + 1], (j - i) * unit) for i, j in arcs]
            for h in range(plan.pp - 1)]
-    opt = max(costmodel.plan_costs(inst, plan).opt_s)
-    T = path_bounds(p, hop, plan.num_microbatches, rows, len(arcs)) + opt
+    c = costmodel.plan_costs(inst, plan)
+    T = path_bounds(p, hop, plan.num_microbatches, rows, len(arcs), f, c.dp_s) + max(c.opt_s)
     vals = _value(T, costmodel.plan_usd_per_hour(inst, plan), limits)
-    at = int(np.argmin(vals))
-    return float(vals[at]), tuple(n * unit for n in lengths_of(rows[at], arcs))
+    n = (rows < len(arcs)).sum(axis=1)
+    out = {}
+    for cnt in sorted(set(int(x) for x in n)):
+        where = np.flatnonzero(n == cnt)
+        at = int(where[np.argmin(vals[where])])
+        out[cnt] = (float(vals[at]), tuple(x * unit for x in lengths_of(rows[at], arcs)))
+    return out
+
+
+def plan_bound(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]) -> tuple[float, tuple[int, ...]]:
+    """(the least objective any slicing of `plan` with a count in `counts` can reach, by the
+    path bounds; the slicing (tokens) where it is least)."""
+    return min(plan_bounds(inst, plan, limits, counts).values())
 
 
 def _g(e: int, L: int, K: int) -> int:
@@ -198,6 +248,10 @@ def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], li
         return min(lt.fwd_s + lt.bwd_s for nt, tp, mbs in opts for kd in kind_list
                    for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit)])
     alpha = [least(kinds, i, j) for i, j in arcs]
+    # full recompute: every stage recomputes >= 1 layer (check.py), a block's forward again
+    full = all(o.recompute == "full" for o in coef.options)
+    phi = [min(costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit).fwd_s
+               for nt, tp, mbs in opts for kd in kinds) if full else 0.0 for i, j in arcs]
     emb = [least(["embedding"], i, j) for i, j in arcs]
     head = [least(["head"], i, j) for i, j in arcs]
     per_token = 0.0
@@ -206,7 +260,7 @@ def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], li
         hops = [coef.hop_intra(q) for q in range(len(coef.pools))] + \
                [coef.hop_inter(q, k2) for q in range(len(coef.pools)) for k2 in types]
         per_token = min(hops) / inst.job.seq_length
-    return alpha, emb, head, per_token
+    return alpha, emb, head, per_token, phi
 
 
 def config_bound(coef, limits: Limits, counts: Iterable[int], memo: dict | None = None) -> float | None:
@@ -216,25 +270,28 @@ def config_bound(coef, limits: Limits, counts: Iterable[int], memo: dict | None 
     K, L, m = cfg.pp, inst.model.num_layers, cfg.num_microbatches(inst.job.global_batch_size)
     units, unit = unit_tokens(inst)
     arcs, rows = slicing_rows(units, counts)
-    key = (tuple(coef.options), tuple((p.k, p.group) for p in coef.pools), K > 1)
+    key = (tuple(coef.options), tuple((p.k, p.group) for p in coef.pools), K > 1, units)
     memo = {} if memo is None else memo
     if key not in memo:
         memo[key] = _option_arcs(inst, coef, arcs, unit)
-    alpha, emb, head, per_token = memo[key]
+    alpha, emb, head, per_token, phi = memo[key]
     valid = rows < len(arcs)
-    a, e_, h_ = _gather(alpha, rows), _gather(emb, rows), _gather(head, rows)
-    A = a.sum(axis=1)
+    a, e_, h_, ph = _gather(alpha, rows), _gather(emb, rows), _gather(head, rows), _gather(phi, rows)
+    A, Phi = a.sum(axis=1), ph.sum(axis=1)
     tokens = np.append(np.array([(j - i) * unit for i, j in arcs], dtype=float), 0.0)[rows]
     if K == 1:
-        T = m * (L * A + e_.sum(axis=1) + h_.sum(axis=1))
+        dp = max(0.0, min(coef.dp_time(o, 0)(L) for o in range(len(coef.options))))
+        T = m * (L * A + Phi + e_.sum(axis=1) + h_.sum(axis=1)) + dp
     else:
-        base = L * a + e_ + h_ + 2 * (K - 1) * per_token * tokens + _excl_prefix(e_) + _excl_suffix(h_)
+        base = L * a + K * ph + e_ + h_ + 2 * (K - 1) * per_token * tokens + _excl_prefix(e_) + _excl_suffix(h_) \
+            + (Phi[:, None] - ph)
         T = np.full(len(rows), np.inf)
         for e in range(1, -(-L // K) + 1):
             if K > 2 and L - e - (K - 2) < e:
                 break
             cross = np.where(valid, base + e * (A[:, None] - a), -np.inf).max(axis=1)
-            T = np.minimum(T, (m - 1) * _g(e, L, K) * A + cross)
+            dp = max(0.0, min(coef.dp_time(o, 0)(e) for o in range(len(coef.options))))
+            T = np.minimum(T, (m - 1) * (_g(e, L, K) * A + Phi) + cross + dp)
     opt = min(coef.opt_time(o, 0).a for o in range(len(coef.options))) * -(-L // K)
     price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
     vals = _value(T + opt, price, limits)
