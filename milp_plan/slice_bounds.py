@@ -66,6 +66,12 @@ MAX_ENUM_UNITS = 16   # slicings are enumerated (2^(U-1) of them); slicing.units
 
 
 @functools.lru_cache(maxsize=8)
+def _rows(units: int, counts: tuple[int, ...]) -> tuple[list[tuple[int, int]], np.ndarray]:
+    arcs, idx, n = _table(units)
+    return arcs, idx[np.isin(n, counts)]
+
+
+@functools.lru_cache(maxsize=8)
 def _table(units: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
     """(arcs (i, j), arc ids of each composition padded with len(arcs), slice count of each)."""
     if units > MAX_ENUM_UNITS:
@@ -84,8 +90,7 @@ def _table(units: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
 
 def slicing_rows(units: int, counts: Iterable[int]) -> tuple[list[tuple[int, int]], np.ndarray]:
     """(arcs, the arc-id rows of every composition whose slice count is in `counts`)."""
-    arcs, idx, n = _table(units)
-    return arcs, idx[np.isin(n, list(counts))]
+    return _rows(units, tuple(sorted(set(counts))))
 
 
 def lengths_of(row: np.ndarray, arcs: list[tuple[int, int]]) -> tuple[int, ...]:
@@ -238,9 +243,21 @@ def _g(e: int, L: int, K: int) -> int:
     return min(max(M, -(-(L - e - M) // (K - 2))) for M in range(e, L - e - (K - 2) + 1))
 
 
-def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], list[float], list[float], float]:
+def _least_hop_per_token(coef) -> float:
+    """The least transfer time per token any hop of the config takes (seconds): every hop is
+    one of its pools' intra- or inter-node transfers, and a transfer's bytes are linear in the
+    tokens (costmodel.p2p_bytes)."""
+    if coef.cfg.pp == 1:
+        return 0.0
+    types = {pool.k for pool in coef.pools}
+    hops = [coef.hop_intra(q) for q in range(len(coef.pools))] + \
+           [coef.hop_inter(q, k2) for q in range(len(coef.pools)) for k2 in types]
+    return min(hops) / coef.inst.job.seq_length
+
+
+def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], list[float], list[float], list[float]]:
     """Per arc: the least per-layer f + b over the options and block kinds, the least embedding
-    and head f + b; and the least hop per token (seconds)."""
+    and head f + b, and (full recompute) the least block forward (seconds)."""
     kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
     opts = [(coef.types[o.k], o.tp, o.mbs) for o in coef.options]
 
@@ -254,46 +271,84 @@ def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], li
                for nt, tp, mbs in opts for kd in kinds) if full else 0.0 for i, j in arcs]
     emb = [least(["embedding"], i, j) for i, j in arcs]
     head = [least(["head"], i, j) for i, j in arcs]
-    per_token = 0.0
-    if coef.cfg.pp > 1:
-        types = {pool.k for pool in coef.pools}
-        hops = [coef.hop_intra(q) for q in range(len(coef.pools))] + \
-               [coef.hop_inter(q, k2) for q in range(len(coef.pools)) for k2 in types]
-        per_token = min(hops) / inst.job.seq_length
-    return alpha, emb, head, per_token, phi
+    return alpha, emb, head, phi
 
 
-def config_bound(coef, limits: Limits, counts: Iterable[int], memo: dict | None = None) -> float | None:
-    """A lower bound on the objective of every sliced plan (count in `counts`) of the GPipe
-    config of `coef` (module docstring); None when none meets the limits."""
-    inst, cfg = coef.inst, coef.cfg
-    K, L, m = cfg.pp, inst.model.num_layers, cfg.num_microbatches(inst.job.global_batch_size)
-    units, unit = unit_tokens(inst)
-    arcs, rows = slicing_rows(units, counts)
-    key = (tuple(coef.options), tuple((p.k, p.group) for p in coef.pools), K > 1, units)
-    memo = {} if memo is None else memo
-    if key not in memo:
-        memo[key] = _option_arcs(inst, coef, arcs, unit)
-    alpha, emb, head, per_token, phi = memo[key]
-    valid = rows < len(arcs)
-    a, e_, h_, ph = _gather(alpha, rows), _gather(emb, rows), _gather(head, rows), _gather(phi, rows)
-    A, Phi = a.sum(axis=1), ph.sum(axis=1)
-    tokens = np.append(np.array([(j - i) * unit for i, j in arcs], dtype=float), 0.0)[rows]
-    if K == 1:
-        dp = max(0.0, min(coef.dp_time(o, 0)(L) for o in range(len(coef.options))))
-        T = m * (L * A + Phi + e_.sum(axis=1) + h_.sum(axis=1)) + dp
-    else:
-        base = L * a + K * ph + e_ + h_ + 2 * (K - 1) * per_token * tokens + _excl_prefix(e_) + _excl_suffix(h_) \
-            + (Phi[:, None] - ph)
-        T = np.full(len(rows), np.inf)
+class ConfigBounds:
+    """Sliced bounds of GPipe configs (module docstring) over the slicings whose count is in
+    `counts`: `cheap` (the work path alone: T >= m max_s W_s + the reduction and optimizer
+    terms) and `full` (the paths P(0, s, K-1, k) over every end-stage size e). Per-arc terms
+    and their gathers are made once per set of stage options (configs of every pp and
+    micro-batch count share them)."""
+
+    def __init__(self, inst: Instance, limits: Limits, counts: Iterable[int]):
+        self.inst, self.limits = inst, limits
+        self.units, self.unit = unit_tokens(inst)
+        self.arcs, self.rows = slicing_rows(self.units, counts)
+        self.valid = self.rows < len(self.arcs)
+        self.tokens = _gather([(j - i) * self.unit for i, j in self.arcs], self.rows)
+        self.memo: dict = {}
+        self.arcs_memo: dict = {}
+
+    def _terms(self, coef, full: bool = True) -> dict:
+        """The gathered per-arc terms of the config's options (what the arc times read: node
+        type, tp, micro-batch size, full recompute); `full=False`: A and Phi alone."""
+        key = (tuple(sorted({(o.k, o.tp, o.mbs) for o in coef.options})),
+               all(o.recompute == "full" for o in coef.options))
+        got = self.memo.get(key)
+        if got is None:
+            arcs = self.arcs_memo.get(key)
+            if arcs is None:
+                arcs = self.arcs_memo[key] = _option_arcs(self.inst, coef, self.arcs, self.unit)
+            alpha, _, _, phi = arcs
+            a, ph = _gather(alpha, self.rows), _gather(phi, self.rows)
+            got = self.memo[key] = dict(a=a, ph=ph, A=a.sum(axis=1), Phi=ph.sum(axis=1))
+        if full and "c0" not in got:
+            _, emb, head, _ = self.arcs_memo[key]
+            e_, h_ = _gather(emb, self.rows), _gather(head, self.rows)
+            got.update(ends=e_.sum(axis=1) + h_.sum(axis=1), c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - got["ph"])
+        return got
+
+    def _finish(self, coef, T: np.ndarray, K: int) -> float | None:
+        L = self.inst.model.num_layers
+        opt = min(coef.opt_time(o, 0).a for o in range(len(coef.options))) * -(-L // K)
+        price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
+        vals = _value(T + opt, price, self.limits)
+        best = float(vals.min()) if len(vals) else math.inf
+        return None if best == math.inf else best
+
+    def _dp(self, coef, layers: int) -> float:
+        return max(0.0, min(coef.dp_time(o, 0)(layers) for o in range(len(coef.options))))
+
+    def cheap(self, coef) -> float | None:
+        """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        t = self._terms(coef, full=False)
+        return self._finish(coef, m * (-(-L // K) * t["A"] + t["Phi"]) + self._dp(coef, 1 if K > 1 else L), K)
+
+    def full(self, coef) -> float | None:
+        """The config's bound (module docstring): at least `cheap`."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        t = self._terms(coef)
+        a, A, Phi = t["a"], t["A"], t["Phi"]
+        if K == 1:
+            return self._finish(coef, m * (L * A + Phi + t["ends"]) + self._dp(coef, L), K)
+        hop = 2 * _least_hop_per_token(coef) * self.tokens
+        base = np.where(self.valid, L * a + K * t["ph"] + t["c0"] + Phi[:, None] + (K - 1) * hop, -np.inf)
+        T = np.full(len(self.rows), np.inf)
         for e in range(1, -(-L // K) + 1):
             if K > 2 and L - e - (K - 2) < e:
                 break
-            cross = np.where(valid, base + e * (A[:, None] - a), -np.inf).max(axis=1)
-            dp = max(0.0, min(coef.dp_time(o, 0)(e) for o in range(len(coef.options))))
-            T = np.minimum(T, (m - 1) * (_g(e, L, K) * A + Phi) + cross + dp)
-    opt = min(coef.opt_time(o, 0).a for o in range(len(coef.options))) * -(-L // K)
-    price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
-    vals = _value(T + opt, price, limits)
-    best = float(vals.min()) if len(vals) else math.inf
-    return None if best == math.inf else best
+            cross = e * A + (base - e * a).max(axis=1)
+            T = np.minimum(T, (m - 1) * (_g(e, L, K) * A + Phi) + cross + self._dp(coef, e))
+        got = self._finish(coef, T, K)
+        cheap = self.cheap(coef)
+        return None if got is None or cheap is None else max(got, cheap)
+
+
+def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:
+    """A lower bound on the objective of every sliced plan (count in `counts`) of the GPipe
+    config of `coef` (ConfigBounds.full); None when none meets the limits."""
+    return ConfigBounds(coef.inst, limits, counts).full(coef)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import heapq
 import itertools
 import math
 import time
@@ -221,25 +222,28 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
     return max(bound, lb)
 
 
-def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf
-                  ) -> SlicedSearch:
-    """Best-first over the GPipe configs by their sliced bound (slice_bounds.config_bound):
-    each config whose bound beats the incumbent (at first `cutoff`, the best unsliced plan's
-    objective) is examined (_examine); the search stops when the next bound cannot beat it.
-    Every config not examined within the deadline keeps its bound."""
+def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,
+                  seeds: Iterable[Plan] = ()) -> SlicedSearch:
+    """Best-first over the GPipe configs by their sliced bound (slice_bounds.ConfigBounds: the
+    cheap bound first, the full one when a config reaches the top): each config whose bound
+    beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and the best
+    slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
+    next bound cannot beat it. Every config not examined within the deadline keeps its bound."""
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solve import job_fix
     from milp_plan.solvers import driver
     dl = req.deadline()
     found = SlicedSearch(objective=cutoff)
+    for plan in seeds:
+        found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
     try:
         prepared = driver.prepare(inst, job_fix(inst, parse_fix(_gpipe_fix(req.fix))), "megatron", dl)
     except InputError:
         return found     # no GPipe config passes the rules: no sliced plan
     if prepared.truncated:
         found.open_bounds.append(0.0)
-    memo: dict = {}
-    heap = []
+    bounds = slice_bounds.ConfigBounds(inst, limits, counts)
+    heap = []          # (bound, config index, full?): the cheap bound first, the full one when popped
     for i, cfg in enumerate(prepared.configs):
         if not cfg.sched.slices_ok:
             continue
@@ -247,18 +251,26 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
         if dl.expired():
             found.open_bounds.append(0.0)
             continue
-        lb = slice_bounds.config_bound(prepared.coef(i), limits, counts, memo)
+        lb = bounds.cheap(prepared.coef(i))
         dl.charge(WORK.bound)
         if lb is not None:
-            heap.append((lb, i))
-    heap.sort()
-    for n, (lb, i) in enumerate(heap):
+            heap.append((lb, i, False))
+    heapq.heapify(heap)
+    while heap:
+        lb, i, full = heap[0]
         if lb >= found.objective * (1 - REL_EPS):
-            found.pruned += len(heap) - n
+            found.pruned += len(heap)
             break
         if dl.expired():
-            found.open_bounds += [b for b, _ in heap[n:]]
+            found.open_bounds += [b for b, _, _ in heap]
             break
+        heapq.heappop(heap)
+        if not full:
+            got = bounds.full(prepared.coef(i))
+            dl.charge(WORK.bound)
+            if got is not None:
+                heapq.heappush(heap, (max(got, lb), i, True))
+            continue
         found.examined += 1
         found.open_bounds.append(_examine(inst, prepared.coef(i), limits, counts, lb, found, dl))
     return found
@@ -328,7 +340,10 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
     what = "$/step" if limits.objective == "min-cost" else "step"
     a = None if isinstance(setting, int) else solving.run(inst, req, limits, progress=progress)
     a_obj = math.inf if a is None or a.plan is None else objective_of(a.plan, limits)
-    found = sliced_search(inst, req, limits, counts, a_obj)
+    # the best unsliced GPipe plan, sliced, is the first incumbent of the sliced search
+    g = a if a is not None and a.plan is not None and schedule_of(a.plan.schedule, a.plan.vpp).slices_ok else \
+        solving.run(inst, replace(req, fix=_gpipe_fix(req.fix)), limits)
+    found = sliced_search(inst, req, limits, counts, a_obj, seeds=[g.plan] if g.plan is not None else [])
     wall = time.perf_counter() - t0
     space = _what(counts, units, unit, basis)
     searched = (f"{found.configs} GPipe configs: {found.examined} searched, {found.pruned} pruned by their sliced "
@@ -375,3 +390,7 @@ def _restated(a: SolveResult, bound: float | None) -> SolveResult:
     status = Status.OPTIMAL if gap is not None and gap <= PROOF_TOL else Status.FEASIBLE
     rec = replace(a.plan.solver, status=status.value, best_bound=bound, gap=gap) if a.plan.solver else None
     return replace(a, status=status, best_bound=bound, gap=gap, plan=a.plan.with_(solver=rec))
+
+
+DEFAULT_LINE = ("token slices: off (the default: the plan runs on stock Megatron-LM, which cannot pipeline token "
+                "slices); --slices auto decides whether slicing pays, with a bound over every sliced plan")
