@@ -37,7 +37,7 @@ over the config's stage options and the model's block kinds; recompute only adds
 embedding and head times emb_k, head_k, the least hop per token, and e = min(n_0, n_{K-1}), the
 layers of the lighter end stage:
 
-    max_s W_s >= g(e) A,   A = sum_k alpha_k,
+    max_s W_s >= max(g(e) A, e A + max(Emb, Head)),   A = sum_k alpha_k,
         g(e) = min over M >= e of max(M, ceil((L - e - M) / (K - 2)))   (K >= 3; K = 2: L - e)
     C_k >= L alpha_k + emb_k + head_k,   R_k >= e (A - alpha_k) + sum_{i<k} emb_i + sum_{i>k} head_i,
 
@@ -306,12 +306,22 @@ class ConfigBounds:
         if full and "c0" not in got:
             _, emb, head, _ = self.arcs_memo[key]
             e_, h_ = _gather(emb, self.rows), _gather(head, self.rows)
-            got.update(ends=e_.sum(axis=1) + h_.sum(axis=1), c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - got["ph"])
+            E, H = e_.sum(axis=1), h_.sum(axis=1)
+            got.update(ends=E + H, big_end=np.maximum(E, H), c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - got["ph"])
+        return got
+
+    def _opt(self, coef, e: int = 0) -> float:
+        """At least the largest optimizer step: some stage holds ceil(L / K) layers, and (e >= 1)
+        each end stage holds >= e layers and its embedding or head (Coefficients.opt_time)."""
+        K, L, n = coef.cfg.pp, self.inst.model.num_layers, range(len(coef.options))
+        got = min(coef.opt_time(o, 0).a for o in n) * -(-L // K)
+        if e:
+            got = max(got, *(min(coef.opt_time(o, s)(e) for o in n) for s in (0, K - 1)))
         return got
 
     def _finish(self, coef, T: np.ndarray, K: int) -> float | None:
-        L = self.inst.model.num_layers
-        opt = min(coef.opt_time(o, 0).a for o in range(len(coef.options))) * -(-L // K)
+        """The objective's bound from the step's (T without the optimizer term)."""
+        opt = self._opt(coef)
         price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
         vals = _value(T + opt, price, self.limits)
         best = float(vals.min()) if len(vals) else math.inf
@@ -342,7 +352,9 @@ class ConfigBounds:
             if K > 2 and L - e - (K - 2) < e:
                 break
             cross = e * A + (base - e * a).max(axis=1)
-            T = np.minimum(T, (m - 1) * (_g(e, L, K) * A + Phi) + cross + self._dp(coef, e))
+            # the heaviest stage holds g(e) layers, or is an end stage: >= e layers and its embedding or head
+            heavy = np.maximum(_g(e, L, K) * A, e * A + t["big_end"]) + Phi
+            T = np.minimum(T, (m - 1) * heavy + cross + self._dp(coef, e) + self._opt(coef, e) - self._opt(coef))
         got = self._finish(coef, T, K)
         cheap = self.cheap(coef)
         return None if got is None or cheap is None else max(got, cheap)
