@@ -166,3 +166,16 @@ def test_heuristic_planner_with_slices(tmp_path_factory):
     assert a.plan is not None and a.status == "feasible" and a.best_bound is None
     assert a.plan.to_json() == b.plan.to_json()
     assert check.check_plan(inst, a.plan) == []
+
+
+def test_a_search_cut_short_keeps_its_bound_honest(tmp_path_factory):
+    """A work limit that ends the sliced search before it examines every config it cannot prune:
+    the configs left keep their bounds, so the bound stays at most the brute-force optimum and the
+    status is optimal only if the plan written is that optimum."""
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 4)
+    limits = inst.objective.limits()
+    res, line = solve_with_slices(inst, solving.SolveRequest("auto", FIX, 60, 1, 1, 0.02), limits, 3)
+    best = brute_force(inst, limits, [3])
+    assert res.best_bound <= best * (1 + 1e-9), line
+    if res.status == "optimal":
+        assert res.objective == pytest.approx(best, rel=1e-4), line
