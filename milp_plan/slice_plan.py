@@ -1,26 +1,30 @@
 """`milp-plan solve --slices auto|N|off`: token slicing (TeraPipe) as a planner decision.
 
-off (the default)  nothing changes: the plan is the exact search's, byte for byte.
-N (>= 2)           the exact search runs on the GPipe schedule (TeraPipe's; `schedule=gpipe` is
-                   pinned), then every sequence of its best plan is cut into exactly N slices.
-auto               the exact search runs as asked (plan A) and on the GPipe schedule alone
-                   (plan G); G's sequences are cut into the best slicing of every count
-                   1..U; the sliced plan is written only when its objective beats A's,
-                   and the reason is given either way.
+off (the default)  nothing changes: the plan is the exact search's, byte for byte; the CLI
+                   prints the rule (DEFAULT_LINE: stock Megatron-LM cannot run token slices,
+                   --slices auto decides whether they pay).
+N (>= 2)           the space is every GPipe plan with each sequence cut into exactly N slices.
+auto               the space is every unsliced plan (the exact search as asked, plan A) and
+                   every GPipe plan cut into 2..U slices.
 
-The slicing of a plan (`slice_candidates`): sequences are cut at U = slicing.units_for(L)
-token units; for each count c, slicing.best_slices gives the slicing that minimises
-TeraPipe's step J = m sum_k t_k + (pp - 1) max_k t_k exactly (t_k = the slowest stage's
-forward + backward on slice k, costmodel.stage_slice_times), and the candidate whose
-predicted step (predict.evaluate: the simulated sliced step, or the sliced closed form) is
-least wins.
+The sliced part is a best-first search over the GPipe configs (`sliced_search`), like the
+unsliced driver's: each config gets a lower bound on every sliced plan of it, over every layer
+split, stage option and slicing (slice_bounds.ConfigBounds: a cheap one, then the full one
+when the config reaches the top); configs are examined in increasing bound order until the
+next bound cannot beat the incumbent (at first A's objective and the best unsliced GPipe
+plan, sliced). Examining a config (`_examine`) slices its heuristic plans (for each count whose
+plan bound, slice_bounds.plan_bounds, beats the incumbent: the DP's slicing of that count,
+slicing.best_slices, and the slicing where the bound is least, each evaluated by
+predict.evaluate), and, when the config has at most SPLIT_ENUM_MAX plans, bounds every plan of
+it over every slicing, so its bound becomes the least plan bound. Sliced and unsliced plans
+are compared on one step basis (predict.step_basis: simulated, or the closed forms).
 
-What is proven, and what is not (formulations/pipeline.md, "Token slices"): the slicing DP
-is exact for J on the plan's stages; J is the makespan only at equal stages; and the plan's
-stages, layers, tp, dp and micro-batch count were proven optimal for the *unsliced* step,
-which is not a monotone function of the sliced one (slicing rewards fewer micro-batches and
-other stage balances). So a sliced plan is written with status `feasible`, no bound and no
-gap, never `optimal`.
+What is proven: the bound written is min(the plan's objective, every bound the sliced search
+left open, A's bound), so `optimal` means proven best over every unsliced plan and every
+sliced plan of the allowed counts (at U = slicing.units_for(L) token units) under the
+plan's step basis; otherwise `feasible` with that gap. With a heuristic planner (no bound on
+A) no bound is written. The proofs of the bounds: slice_bounds.py and formulations/pipeline.md,
+"Token slices".
 
 Memory: a sliced plan holds what unsliced GPipe holds (every slice of every sequence in
 flight is live until its backward, with the K/V of the earlier slices): slicing relieves the
@@ -55,9 +59,6 @@ REL_EPS = 1e-9
 OFF, AUTO = "off", "auto"
 MEMORY_NOTE = ("slicing relieves the bubble, not activation memory: every slice of every sequence in flight stays "
                "live until its backward (GPipe-like order), so the plan is charged unsliced GPipe's activations")
-NOT_PROVEN = ("status feasible, not optimal: each slice count's slicing is the exact optimum of TeraPipe's step "
-              "(exact at equal stages) on this plan's stages, but the stages, tp, dp and micro-batches were proven "
-              "best for the unsliced step only (formulations/pipeline.md, 'Token slices')")
 
 
 def parse_slices(text: str | None) -> str | int:
