@@ -159,10 +159,14 @@ def _best_sliced(inst: Instance, plan: Plan, limits: Limits, counts: list[int], 
     bound = min(b for b, _ in by_count.values())
     best = None
     todo = sorted((b, c, x) for c, (b, x) in by_count.items() if b < cutoff * (1 - REL_EPS))
+    units = units_for(inst.job.seq_length)
+    unit = inst.job.seq_length // units
+    t = _slice_time_table(inst, plan, unit)     # one table for every count
     for b, c, x in todo:
         if dl.expired() or (best is not None and b >= best.objective * (1 - REL_EPS)):
             break
-        for tokens in dict.fromkeys([slice_candidates(inst, plan, limits, count=c)[0].slices, x]):
+        dp = best_slices(units, t, plan.pp, plan.num_microbatches, count=c)
+        for tokens in dict.fromkeys([tuple(n * unit for n in dp.lengths), x]):
             cand = _candidate(inst, plan, limits, tokens)
             dl.charge(WORK.plan)
             if limits.admit(cand.plan) and (best is None or cand.objective < best.objective * (1 - REL_EPS)):
