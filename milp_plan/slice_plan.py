@@ -41,20 +41,17 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
-from milp_plan import costmodel, predict
+from milp_plan import costmodel, predict, slice_bounds
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.errors import InputError
+from milp_plan.formulations.space import plan_fills
 from milp_plan.instance import Instance
 from milp_plan.job import Limits
 from milp_plan.plan import Plan, SolverRecord
-from milp_plan.result import SolveResult, Status, objective_of
+from milp_plan.result import PROOF_TOL, SolveResult, Status, objective_of, relative_gap
 from milp_plan.schedules import TOKEN_SLICED, schedule_of
 from milp_plan.slicing import best_slices, units_for
-from milp_plan.deadline import WORK, Deadline
-from milp_plan.formulations.space import plan_fills
-from milp_plan.result import PROOF_TOL, relative_gap
-from milp_plan import slice_bounds
-
-REL_EPS = 1e-9
+from milp_plan.solvers.driver import REL_EPS
 
 OFF, AUTO = "off", "auto"
 MEMORY_NOTE = ("slicing relieves the bubble, not activation memory: every slice of every sequence in flight stays "
@@ -286,7 +283,7 @@ def _sliced_result(inst: Instance, base: SolveResult | None, cand: Candidate, bo
     """The result that writes a sliced plan: its bound (None: not proven, e.g. a heuristic
     planner's unsliced part) and status."""
     gap = None if bound is None else relative_gap(cand.objective, bound)
-    status = Status.OPTIMAL if gap is not None and gap <= PROOF_TOL else Status.FEASIBLE
+    status = Status(_status_of(bound, cand.objective))
     rec = SolverRecord(backend, status.value, cand.objective, bound, gap, None, seed)
     plan = cand.plan.with_(solver=rec, profile_fills=plan_fills(inst, cand.plan))
     kw = {} if base is None else dict(configs_total=base.configs_total, configs_solved=base.configs_solved,
@@ -367,12 +364,13 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
                                      if a.plan is not None else " (no unsliced plan)")
     res = _sliced_result(inst, a, found.best, bound, req.solver if a is None else a.backend, req.seed,
                          wall + (0 if a is None else a.wall_time_s),
-                         [_proof_note(res_status(bound, found.objective), space)])
+                         [_proof_note(_status_of(bound, found.objective), space)])
     return res, (f"token slices: {found.best.count} slices {list(found.best.slices)} tokens; {what} "
                  f"{found.objective:.6g}{unsliced}; {res.status}{_gap_text(res)} over {space} ({searched})")
 
 
-def res_status(bound: float | None, objective: float) -> str:
+def _status_of(bound: float | None, objective: float) -> str:
+    """optimal when the bound meets the objective within PROOF_TOL."""
     return "optimal" if bound is not None and relative_gap(objective, bound) <= PROOF_TOL else "feasible"
 
 
@@ -392,7 +390,7 @@ def _proof_note(status: str, space: str) -> str:
 def _restated(a: SolveResult, bound: float | None) -> SolveResult:
     """The unsliced result with its bound over the joint space (sliced plans included)."""
     gap = None if bound is None else relative_gap(a.objective, bound)
-    status = Status.OPTIMAL if gap is not None and gap <= PROOF_TOL else Status.FEASIBLE
+    status = Status(_status_of(bound, a.objective))
     rec = replace(a.plan.solver, status=status.value, best_bound=bound, gap=gap) if a.plan.solver else None
     return replace(a, status=status, best_bound=bound, gap=gap, plan=a.plan.with_(solver=rec))
 
