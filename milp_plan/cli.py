@@ -213,11 +213,11 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           buckets: Annotated[Optional[str], typer.Option(
               "--buckets", help="--lengths: fix the bucket edges in tokens, e.g. 2048,4096,16384 (default: the "
                                 "model chooses them among powers of two from 512).")] = None,
-          slices: Annotated[str, typer.Option(
-              "--slices", help="Token slices (TeraPipe): off (default) | auto (slice when it beats the best "
-                               "unsliced plan, and say why) | N (cut every sequence into N slices, GPipe). "
-                               "Sliced plans need a runtime that pipelines token slices; status feasible, "
-                               "never optimal.")] = "off",
+          slices: Annotated[Optional[str], typer.Option(
+              "--slices", help="Token slices (TeraPipe): off (the default, which says why) | auto (search every "
+                               "GPipe config's sliced plans with the unsliced ones; status optimal only when "
+                               "proven over both) | N (the best plan with every sequence cut into N slices). "
+                               "Sliced plans need a runtime that pipelines token slices.")] = None,
           json_out: JsonOpt = False) -> None:
     """Find the best plan (default: fastest step on the shipped default cluster) and write plan.json."""
     from milp_plan import deadline
@@ -239,7 +239,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         lengths, from_job = load_job_lengths(job)
         buckets = buckets or from_job
     if lengths is not None:
-        if slices != "off":
+        if slices not in (None, "off"):
             raise InputError("--slices and --lengths are not combined yet; drop one", field="slices")
         spec = instance_spec(cluster, model, profiles, profile_format, profile_gpu_map, global_batch, seq_len,
                              memory_headroom, job, global_batch_tokens, precision, flash_attention,
@@ -298,6 +298,9 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
         typer.echo(json.dumps(doc, indent=2), err=out == "-")
     else:
         typer.echo(render_solved(plan, inst, result), err=out == "-")
+        if slices is None:
+            from milp_plan.slice_plan import DEFAULT_LINE
+            slice_line = DEFAULT_LINE
         if slice_line:
             typer.echo(slice_line, err=out == "-")
             for note in result.notes if plan.slices else ():

@@ -1,26 +1,30 @@
 """`milp-plan solve --slices auto|N|off`: token slicing (TeraPipe) as a planner decision.
 
-off (the default)  nothing changes: the plan is the exact search's, byte for byte.
-N (>= 2)           the exact search runs on the GPipe schedule (TeraPipe's; `schedule=gpipe` is
-                   pinned), then every sequence of its best plan is cut into exactly N slices.
-auto               the exact search runs as asked (plan A) and on the GPipe schedule alone
-                   (plan G); G's sequences are cut into the best slicing of every count
-                   1..U; the sliced plan is written only when its objective beats A's,
-                   and the reason is given either way.
+off (the default)  nothing changes: the plan is the exact search's, byte for byte; the CLI
+                   prints the rule (DEFAULT_LINE: stock Megatron-LM cannot run token slices,
+                   --slices auto decides whether they pay).
+N (>= 2)           the space is every GPipe plan with each sequence cut into exactly N slices.
+auto               the space is every unsliced plan (the exact search as asked, plan A) and
+                   every GPipe plan cut into 2..U slices.
 
-The slicing of a plan (`slice_candidates`): sequences are cut at U = slicing.units_for(L)
-token units; for each count c, slicing.best_slices gives the slicing that minimises
-TeraPipe's step J = m sum_k t_k + (pp - 1) max_k t_k exactly (t_k = the slowest stage's
-forward + backward on slice k, costmodel.stage_slice_times), and the candidate whose
-predicted step (predict.evaluate: the simulated sliced step, or the sliced closed form) is
-least wins.
+The sliced part is a best-first search over the GPipe configs (`sliced_search`), like the
+unsliced driver's: each config gets a lower bound on every sliced plan of it, over every layer
+split, stage option and slicing (slice_bounds.ConfigBounds: a cheap one, then the full one
+when the config reaches the top); configs are examined in increasing bound order until the
+next bound cannot beat the incumbent (at first A's objective and the best unsliced GPipe
+plan, sliced). Examining a config (`_examine`) slices its heuristic plans (for each count whose
+plan bound, slice_bounds.plan_bounds, beats the incumbent: the DP's slicing of that count,
+slicing.best_slices, and the slicing where the bound is least, each evaluated by
+predict.evaluate), and, when the config has at most SPLIT_ENUM_MAX plans, bounds every plan of
+it over every slicing, so its bound becomes the least plan bound. Sliced and unsliced plans
+are compared on one step basis (predict.step_basis: simulated, or the closed forms).
 
-What is proven, and what is not (formulations/pipeline.md, "Token slices"): the slicing DP
-is exact for J on the plan's stages; J is the makespan only at equal stages; and the plan's
-stages, layers, tp, dp and micro-batch count were proven optimal for the *unsliced* step,
-which is not a monotone function of the sliced one (slicing rewards fewer micro-batches and
-other stage balances). So a sliced plan is written with status `feasible`, no bound and no
-gap, never `optimal`.
+What is proven: the bound written is min(the plan's objective, every bound the sliced search
+left open, A's bound), so `optimal` means proven best over every unsliced plan and every
+sliced plan of the allowed counts (at U = slicing.units_for(L) token units) under the
+plan's step basis; otherwise `feasible` with that gap. With a heuristic planner (no bound on
+A) no bound is written. The proofs of the bounds: slice_bounds.py and formulations/pipeline.md,
+"Token slices".
 
 Memory: a sliced plan holds what unsliced GPipe holds (every slice of every sequence in
 flight is live until its backward, with the K/V of the earlier slices): slicing relieves the
@@ -28,24 +32,30 @@ bubble, not activation memory; the plan is charged GPipe's activation memory.
 """
 from __future__ import annotations
 
+import collections
 import functools
-from dataclasses import dataclass, replace
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Iterable
 
-from milp_plan import costmodel, predict
+from milp_plan import costmodel, predict, slice_bounds
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.errors import InputError
+from milp_plan.formulations.space import plan_fills
 from milp_plan.instance import Instance
 from milp_plan.job import Limits
 from milp_plan.plan import Plan, SolverRecord
-from milp_plan.result import SolveResult, Status, objective_of
+from milp_plan.result import PROOF_TOL, SolveResult, Status, objective_of, relative_gap
 from milp_plan.schedules import TOKEN_SLICED, schedule_of
 from milp_plan.slicing import best_slices, units_for
+from milp_plan.solvers.driver import REL_EPS
 
 OFF, AUTO = "off", "auto"
 MEMORY_NOTE = ("slicing relieves the bubble, not activation memory: every slice of every sequence in flight stays "
                "live until its backward (GPipe-like order), so the plan is charged unsliced GPipe's activations")
-NOT_PROVEN = ("status feasible, not optimal: each slice count's slicing is the exact optimum of TeraPipe's step "
-              "(exact at equal stages) on this plan's stages, but the stages, tp, dp and micro-batches were proven "
-              "best for the unsliced step only (formulations/pipeline.md, 'Token slices')")
 
 
 def parse_slices(text: str | None) -> str | int:
@@ -81,9 +91,10 @@ def _slice_time_table(inst: Instance, plan: Plan, unit: int):
     return t
 
 
-def slice_candidates(inst: Instance, plan: Plan, limits: Limits, count: int | None = None) -> list[Candidate]:
-    """The best slicing of `plan` (a GPipe plan) for each count (or for `count` alone), each
-    evaluated; sorted by objective, then fewer slices."""
+def slice_candidates(inst: Instance, plan: Plan, limits: Limits, count: int | None = None,
+                     counts: Iterable[int] | None = None) -> list[Candidate]:
+    """The best slicing of `plan` (a GPipe plan) for each count 1..U (or `count` alone, or each
+    of `counts`), each evaluated; sorted by objective, then fewer slices."""
     if not schedule_of(plan.schedule, plan.vpp).slices_ok:
         raise InputError(f"token slices run under the {TOKEN_SLICED} schedule, not {plan.schedule}", field="slices")
     L = inst.job.seq_length
@@ -94,21 +105,192 @@ def slice_candidates(inst: Instance, plan: Plan, limits: Limits, count: int | No
                          field="slices")
     t = _slice_time_table(inst, plan, unit)
     out = []
-    for c in ([count] if count is not None else range(1, units + 1)):
+    for c in ([count] if count is not None else (counts if counts is not None else range(1, units + 1))):
         s = best_slices(units, t, plan.pp, plan.num_microbatches, count=c)
-        tokens = tuple(n * unit for n in s.lengths) if c > 1 else ()
-        cand = plan.with_(slices=tokens, mode="free" if tokens else plan.mode, predicted=None, solver=None)
-        cand = cand.with_(predicted=predict.evaluate(inst, cand))
-        out.append(Candidate(c, tokens, cand, objective_of(cand, limits)))
+        out.append(_candidate(inst, plan, limits, tuple(n * unit for n in s.lengths) if c > 1 else ()))
     out.sort(key=lambda k: (k.objective, k.count))
     return out
 
 
-def _sliced_result(base: SolveResult, cand: Candidate, extra: list[str]) -> SolveResult:
-    rec = SolverRecord(base.backend, Status.FEASIBLE.value, cand.objective, None, None, None, base.seed)
-    return replace(base, status=Status.FEASIBLE, objective=cand.objective, best_bound=None, gap=None,
-                   plan=cand.plan.with_(solver=rec, inputs=base.plan.inputs, profile_fills=base.plan.profile_fills),
-                   notes=[*base.notes, *extra, NOT_PROVEN, MEMORY_NOTE])
+def _candidate(inst: Instance, plan: Plan, limits: Limits, tokens: tuple[int, ...]) -> Candidate:
+    """`plan` cut into slices of `tokens` (() : unsliced), evaluated (predict.evaluate)."""
+    cand = plan.with_(slices=tokens, mode="free" if tokens else plan.mode, predicted=None, solver=None)
+    cand = cand.with_(predicted=predict.evaluate(inst, cand))
+    return Candidate(max(1, len(tokens)), tokens, cand, objective_of(cand, limits))
+
+
+SPLIT_ENUM_MAX = 512   # a config with at most this many plans (stage options x layer splits) is enumerated
+
+
+@dataclass
+class SlicedSearch:
+    """What the sliced search found and proved: the best sliced plan (or None) and its
+    objective, and the bound left by every GPipe config not proven unable to beat it."""
+
+    best: Candidate | None = None
+    objective: float = math.inf
+    open_bounds: list[float] = field(default_factory=list)
+    configs: int = 0
+    examined: int = 0
+    pruned: int = 0
+
+    def offer(self, cand: Candidate | None) -> None:
+        if cand is not None and cand.objective < self.objective * (1 - REL_EPS):
+            self.best, self.objective = cand, cand.objective
+
+
+def _fits_memory(plan: Plan) -> bool:
+    return all(sp.peak_memory_gib <= sp.capacity_gib * (1 + 1e-9) for sp in plan.predicted.stages)
+
+
+def _best_sliced(inst: Instance, plan: Plan, limits: Limits, counts: list[int], cutoff: float,
+                 dl: Deadline) -> tuple[Candidate | None, float]:
+    """The best sliced version of `plan` found, and the plan's bound over every slicing (the
+    least path bound, slice_bounds.plan_bounds): for each count whose bound beats `cutoff`,
+    the DP's slicing of that count and the slicing where the count's bound is least, each
+    evaluated (predict.evaluate)."""
+    if not _fits_memory(plan):
+        return None, math.inf     # slicing keeps the plan's memory
+    by_count = slice_bounds.plan_bounds(inst, plan, limits, counts)
+    dl.charge(WORK.bound)
+    bound = min(b for b, _ in by_count.values())
+    best = None
+    todo = sorted((b, c, x) for c, (b, x) in by_count.items() if b < cutoff * (1 - REL_EPS))
+    units = units_for(inst.job.seq_length)
+    unit = inst.job.seq_length // units
+    t = _slice_time_table(inst, plan, unit)     # one table for every count
+    for b, c, x in todo:
+        if dl.expired() or (best is not None and b >= best.objective * (1 - REL_EPS)):
+            break
+        dp = best_slices(units, t, plan.pp, plan.num_microbatches, count=c)
+        for tokens in dict.fromkeys([tuple(n * unit for n in dp.lengths), x]):
+            cand = _candidate(inst, plan, limits, tokens)
+            dl.charge(WORK.plan)
+            if limits.admit(cand.plan) and (best is None or cand.objective < best.objective * (1 - REL_EPS)):
+                best = cand
+    return best, bound
+
+
+def _config_plans(coef) -> list[tuple] | None:
+    """Every plan of a Megatron-mode config as (options, layers, recomputed layers), the least
+    recompute (a bound's worth: recompute only adds time); None when there are more than
+    SPLIT_ENUM_MAX."""
+    cfg, L = coef.cfg, coef.inst.model.num_layers
+    K, n = cfg.pp, len(coef.options)
+    if cfg.vpp != 1 or n ** K * math.comb(L - 1, K - 1) > SPLIT_ENUM_MAX:
+        return None
+    r = 1 if cfg.shared_recompute else 0
+    out = []
+    for opts in itertools.product(range(n), repeat=K):
+        used = collections.Counter(coef.pool_of[o] for o in opts)
+        if any(k > coef.max_stages(q) for q, k in used.items()):
+            continue
+        for cuts in itertools.combinations(range(1, L), K - 1):
+            edges = (0, *cuts, L)
+            out.append((opts, tuple(b - a for a, b in zip(edges, edges[1:])), (r,) * K))
+    return out
+
+
+def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float, found: SlicedSearch,
+             dl: Deadline) -> float:
+    """Search one GPipe config's sliced plans; returns the bound it leaves open. Its heuristic
+    plans (heuristics/warmstart.py) are sliced; a config small enough (_config_plans) has every
+    plan bounded over every slicing and those whose bound beats the incumbent sliced, so its
+    bound is the least plan bound, else the config bound `lb` stays."""
+    from milp_plan.formulations.placement import build_plan
+    from milp_plan.formulations.space import matches_pins
+    from milp_plan.heuristics import warmstart
+    for opts, layers, rs in warmstart.candidates(coef, dl):
+        plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+        if matches_pins(inst, coef.pins, plan):
+            found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
+    every = _config_plans(coef)
+    if every is None:
+        return lb
+    bound = math.inf
+    for opts, layers, rs in every:
+        if dl.expired():
+            return min(bound, lb)
+        try:
+            plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+        except ValueError:   # the stages do not pack onto the cluster's nodes
+            continue
+        dl.charge(WORK.plan)
+        if not matches_pins(inst, coef.pins, plan):
+            continue
+        cand, b = _best_sliced(inst, plan, limits, counts, found.objective, dl)
+        found.offer(cand)
+        bound = min(bound, b)
+    return max(bound, lb)
+
+
+def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,
+                  seeds: Iterable[Plan] = ()) -> SlicedSearch:
+    """Best-first over the GPipe configs by their sliced bound (slice_bounds.ConfigBounds: the
+    cheap bound first, the full one when a config reaches the top): each config whose bound
+    beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and the best
+    slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
+    next bound cannot beat it. Every config not examined within the deadline keeps its bound."""
+    from milp_plan.formulations.space import parse_fix
+    from milp_plan.solve import job_fix
+    from milp_plan.solvers import driver
+    dl = req.deadline()
+    found = SlicedSearch(objective=cutoff)
+    for plan in seeds:
+        found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
+    try:
+        prepared = driver.prepare(inst, job_fix(inst, parse_fix(_gpipe_fix(req.fix))), "megatron", dl)
+    except InputError:
+        return found     # no GPipe config passes the rules: no sliced plan
+    if prepared.truncated:
+        found.open_bounds.append(0.0)
+    bounds = slice_bounds.ConfigBounds(inst, limits, counts)
+    heap = []          # (bound, config index, full?): the cheap bound first, the full one when popped
+    for i, cfg in enumerate(prepared.configs):
+        if not cfg.sched.slices_ok:
+            continue
+        found.configs += 1
+        if dl.expired():
+            found.open_bounds.append(0.0)
+            continue
+        lb = bounds.cheap(prepared.coef(i))
+        dl.charge(WORK.bound)
+        if lb is not None:
+            heap.append((lb, i, False))
+    heapq.heapify(heap)
+    while heap:
+        lb, i, full = heap[0]
+        if lb >= found.objective * (1 - REL_EPS):
+            found.pruned += len(heap)
+            break
+        if dl.expired():
+            found.open_bounds += [b for b, _, _ in heap]
+            break
+        heapq.heappop(heap)
+        if not full:
+            got = bounds.full(prepared.coef(i))
+            dl.charge(WORK.bound)
+            if got is not None:
+                heapq.heappush(heap, (max(got, lb), i, True))
+            continue
+        found.examined += 1
+        found.open_bounds.append(_examine(inst, prepared.coef(i), limits, counts, lb, found, dl))
+    return found
+
+
+def _sliced_result(inst: Instance, base: SolveResult | None, cand: Candidate, bound: float | None, backend: str,
+                   seed: int, wall: float, notes: list[str]) -> SolveResult:
+    """The result that writes a sliced plan: its bound (None: not proven, e.g. a heuristic
+    planner's unsliced part) and status."""
+    gap = None if bound is None else relative_gap(cand.objective, bound)
+    status = Status(_status_of(bound, cand.objective))
+    rec = SolverRecord(backend, status.value, cand.objective, bound, gap, None, seed)
+    plan = cand.plan.with_(solver=rec, profile_fills=plan_fills(inst, cand.plan))
+    kw = {} if base is None else dict(configs_total=base.configs_total, configs_solved=base.configs_solved,
+                                      configs_pruned=base.configs_pruned, heuristic_objective=base.heuristic_objective,
+                                      start=base.start, work=base.work)
+    return SolveResult(status, cand.objective, bound, gap, wall, seed, backend, plan,
+                       notes=[*(base.notes if base else []), *notes, MEMORY_NOTE], **kw)
 
 
 def _gpipe_fix(fix: str | None) -> str:
@@ -121,41 +303,97 @@ def _gpipe_fix(fix: str | None) -> str:
     return fix if pinned else (f"{fix},{pin}" if fix else pin)
 
 
+def _joint_bound(found: SlicedSearch, best: float, unsliced: SolveResult | None) -> float | None:
+    """min(best objective, the bounds the sliced search left open, the unsliced search's bound);
+    None when the unsliced part proves none (a heuristic planner)."""
+    parts = [best, *found.open_bounds]
+    if unsliced is not None:
+        if unsliced.plan is None and unsliced.status == Status.INFEASIBLE:
+            pass                                   # proven: no unsliced plan
+        elif unsliced.best_bound is None:
+            return None
+        else:
+            parts.append(unsliced.best_bound)
+    return min(parts)
+
+
+def _what(counts: list[int], units: int, unit: int, basis: str) -> str:
+    sliced = (f"{counts[0]} slices" if len(counts) == 1 else f"{counts[0]}..{counts[-1]} slices") + \
+        f" of {unit}-token units (U = {units})"
+    return f"{sliced}, {basis} step"
+
+
 def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, progress=None
                       ) -> tuple[SolveResult, str]:
     """The solve under --slices (module docstring): (result to write, one-line decision)."""
     from milp_plan import solve as solving
     if setting == OFF:
         return solving.run(inst, req, limits, progress=progress), ""
-    greq = replace(req, fix=_gpipe_fix(req.fix))
-    if isinstance(setting, int):
-        g = solving.run(inst, greq, limits, progress=progress)
-        if g.plan is None:
-            return g, "token slices: no GPipe plan to slice"
-        cand = slice_candidates(inst, g.plan, limits, count=setting)[0]
-        if not limits.admit(cand.plan):
-            from milp_plan.errors import Infeasible
-            raise Infeasible(f"--slices {setting}: the best GPipe plan cut into {setting} slices "
-                             f"({cand.plan.predicted.step_time_s:.4g} s/step) breaks the limits; try --slices auto")
-        return (_sliced_result(g, cand, []),
-                f"token slices: {setting} slices {list(cand.slices)} tokens; step "
-                f"{cand.plan.predicted.step_time_s:.4g} s against {g.plan.predicted.step_time_s:.4g} s unsliced "
-                f"(the best GPipe plan)")
-    a = solving.run(inst, req, limits, progress=progress)
-    g = a if a.plan is not None and schedule_of(a.plan.schedule, a.plan.vpp).slices_ok else \
-        solving.run(inst, greq, limits)
-    if g.plan is None:
-        return a, "token slices: off (no GPipe plan to slice)"
-    best = next((c for c in slice_candidates(inst, g.plan, limits) if limits.admit(c.plan)), None)
-    if best is None:
-        return a, "token slices: off (no slicing of the GPipe plan meets the limits)"
+    t0 = time.perf_counter()
+    L = inst.job.seq_length
+    units = units_for(L)
+    unit = L // units
+    if isinstance(setting, int) and setting > units:
+        raise InputError(f"at most {units} slices of {unit} tokens fit a sequence of {L} tokens, got {setting}",
+                         field="slices")
+    _gpipe_fix(req.fix)   # a pinned schedule other than GPipe: one-line error before any work
+    counts = [setting] if isinstance(setting, int) else list(range(2, units + 1))
+    basis = predict.step_basis(inst)
     what = "$/step" if limits.objective == "min-cost" else "step"
-    if a.plan is not None and (not best.slices or best.objective >= objective_of(a.plan, limits)):
-        why = ("one slice is best for the GPipe plan" if not best.slices else
-               f"the best sliced plan ({best.count} slices {list(best.slices)}) has {what} {best.objective:.6g}")
-        return a, (f"token slices: off; {why}, the unsliced plan ({a.plan.schedule}) has {what} "
-                   f"{objective_of(a.plan, limits):.6g} ({a.status})")
-    unsliced = "none" if a.plan is None else f"{objective_of(a.plan, limits):.6g} ({a.status}, {a.plan.schedule})"
-    return (_sliced_result(g, best, []),
-            f"token slices: {best.count} slices {list(best.slices)} tokens; {what} {best.objective:.6g} against "
-            f"the best unsliced plan's {unsliced}")
+    a = None if isinstance(setting, int) else solving.run(inst, req, limits, progress=progress)
+    a_obj = math.inf if a is None or a.plan is None else objective_of(a.plan, limits)
+    # the best unsliced GPipe plan, sliced, is the first incumbent of the sliced search
+    g = a if a is not None and a.plan is not None and schedule_of(a.plan.schedule, a.plan.vpp).slices_ok else \
+        solving.run(inst, replace(req, fix=_gpipe_fix(req.fix)), limits)
+    found = sliced_search(inst, req, limits, counts, a_obj, seeds=[g.plan] if g.plan is not None else [])
+    wall = time.perf_counter() - t0
+    space = _what(counts, units, unit, basis)
+    searched = (f"{found.configs} GPipe configs: {found.examined} searched, {found.pruned} pruned by their sliced "
+                f"bound")
+    if found.best is None:
+        if a is None:
+            from milp_plan.errors import Infeasible
+            raise Infeasible(f"--slices {setting}: no GPipe plan cut into {setting} slices meets the limits "
+                             f"({searched}); try --slices auto")
+        bound = _joint_bound(found, a_obj, a) if a.plan is not None else None
+        out = a if a.plan is None else _restated(a, bound)
+        return out, (f"token slices: off; no sliced plan ({space}) beats the unsliced plan's {what} "
+                     f"{a_obj:.6g} ({out.status}{_gap_text(out)}; {searched})")
+    bound = _joint_bound(found, found.objective, a)
+    unsliced = "" if a is None else (f" against the best unsliced plan's {a_obj:.6g} ({a.status})"
+                                     if a.plan is not None else " (no unsliced plan)")
+    res = _sliced_result(inst, a, found.best, bound, req.solver if a is None else a.backend, req.seed,
+                         wall + (0 if a is None else a.wall_time_s),
+                         [_proof_note(_status_of(bound, found.objective), space)])
+    return res, (f"token slices: {found.best.count} slices {list(found.best.slices)} tokens; {what} "
+                 f"{found.objective:.6g}{unsliced}; {res.status}{_gap_text(res)} over {space} ({searched})")
+
+
+def _status_of(bound: float | None, objective: float) -> str:
+    """optimal when the bound meets the objective within PROOF_TOL."""
+    return "optimal" if bound is not None and relative_gap(objective, bound) <= PROOF_TOL else "feasible"
+
+
+def _gap_text(r: SolveResult) -> str:
+    return "" if r.gap is None or r.status == Status.OPTIMAL else f", gap {r.gap:.2%}"
+
+
+def _proof_note(status: str, space: str) -> str:
+    if status == "optimal":
+        return (f"status optimal: proven best over every unsliced plan and every sliced plan ({space}) of every "
+                "GPipe config (formulations/pipeline.md, 'Token slices')")
+    return (f"status feasible: the bound is the least of the bounds left open over the unsliced plans and the "
+            f"sliced plans ({space}); a config's sliced bound rests on paths of the step graph, not on a "
+            f"solved model (formulations/pipeline.md, 'Token slices')")
+
+
+def _restated(a: SolveResult, bound: float | None) -> SolveResult:
+    """The unsliced result with its bound over the joint space (sliced plans included)."""
+    gap = None if bound is None else relative_gap(a.objective, bound)
+    status = Status(_status_of(bound, a.objective))
+    rec = replace(a.plan.solver, status=status.value, best_bound=bound, gap=gap) if a.plan.solver else None
+    return replace(a, status=status, best_bound=bound, gap=gap, plan=a.plan.with_(solver=rec))
+
+
+DEFAULT_LINE = ("token slices: off (the default: the plan runs on stock Megatron-LM, which cannot pipeline token "
+                "slices); --slices auto decides whether slicing pays, with a bound over every sliced plan")

@@ -206,12 +206,14 @@ from milp_plan.instance import instance_from_inputs  # noqa: E402
 from milp_plan.plan import plan_from_dict, read_plan  # noqa: E402
 
 A100_128 = str(Path(__file__).parent / "benchmarks" / "a100-128.yaml")
-FEW = ["--cluster", A100_128, "--model", "gpt3-175b", "--global-batch", "8", "--max-solve-time", "120s"]
+FEW = ["--cluster", A100_128, "--model", "gpt3-175b", "--global-batch", "8", "--work-limit", "60",
+       "--fix", "tp=8,dp=1,mbs=1"]
 
 
 def test_slices_n_end_to_end(tmp_path, capsys):
-    """--slices 4 on GPT-3 175B, 8 sequences: the best GPipe plan cut into 4 slices; plan.json
-    records them, status feasible (never optimal), free mode; the checker passes, the recorded
+    """--slices 4 on GPT-3 175B, 8 sequences: the best plan found with every sequence cut into 4
+    slices (the joint search over every GPipe config); plan.json records them, with the bound
+    over every such plan (a proof only where it meets the plan), free mode; the checker passes, the recorded
     prediction equals the evaluation from the plan alone and the simulator's step; verify passes;
     launch writes per_stage.json with the slices and says stock Megatron cannot run it."""
     out = tmp_path / "p.json"
@@ -220,9 +222,10 @@ def test_slices_n_end_to_end(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert len(doc["slices"]) == 4 and sum(doc["slices"]) == 2048
     assert doc["schedule"] == "gpipe" and doc["mode"] == "free"
-    assert doc["solver"]["status"] == "feasible" and doc["solver"]["best_bound"] is None
+    rec = doc["solver"]
+    assert rec["best_bound"] <= rec["objective"] and rec["status"] == ("optimal" if rec["gap"] <= 1e-4 else "feasible")
     assert any("token slices" in r for r in doc["needs_per_stage_runtime"])
-    assert "not optimal" in stdout and "not activation memory" in stdout
+    assert f"status {rec['status']}" in stdout and "not activation memory" in stdout
     plan = read_plan(out)
     inst = instance_from_inputs(plan.inputs, str(out))
     assert check.check_plan(inst, plan) == []
@@ -255,16 +258,27 @@ def test_slices_auto_is_deterministic_and_says_why(tmp_path, capsys):
     assert a.read_bytes() == b.read_bytes()
 
 
-def test_slices_auto_keeps_the_unsliced_plan_when_slicing_does_not_pay(tmp_path, capsys):
-    """Many micro-batches (global batch 128 of GPT-3 1.3B on 2 GPUs): the bubble is small, slicing's
-    per-slice cost outweighs it; auto writes the very plan --slices off writes, and says why."""
-    args = ["--model", "gpt3-1.3b", "--global-batch", "128", "--fix", "pp=2,tp=1"]
+def test_slices_auto_writes_a_sliced_plan_only_when_it_pays(tmp_path, capsys):
+    """Many micro-batches (global batch 128 of GPT-3 1.3B on 2 GPUs): auto writes a sliced plan
+    only when its step beats the unsliced plan's (here it does: the joint search finds a GPipe
+    plan of few micro-batches whose slices price the causal attention, costmodel.slice_context_s),
+    else the stages --slices off writes; it says why either way. The default says what it
+    decides and why; an explicit off says nothing."""
+    args = ["--model", "gpt3-1.3b", "--global-batch", "128", "--fix", "pp=2,tp=1", "--work-limit", "30"]
     off, auto = tmp_path / "off.json", tmp_path / "auto.json"
-    assert run_cli(capsys, "solve", *args, "--out", str(off))[0] == 0
+    code, stdout, _ = run_cli(capsys, "solve", *args, "--out", str(off))
+    assert code == 0
+    assert "token slices: off (the default: the plan runs on stock Megatron-LM" in stdout
     code, stdout, err = run_cli(capsys, "solve", *args, "--slices", "auto", "--out", str(auto))
     assert code == 0, err
-    assert "token slices: off" in stdout
-    assert off.read_bytes() == auto.read_bytes()
+    assert "token slices:" in stdout
+    a, o = json.loads(auto.read_text()), json.loads(off.read_text())
+    if a.get("slices"):
+        assert a["predicted"]["step_time_s"] < o["predicted"]["step_time_s"]
+    else:
+        assert a["stages"] == o["stages"] and "token slices: off" in stdout
+    code, stdout, _ = run_cli(capsys, "solve", *args, "--slices", "off", "--out", str(off))
+    assert "token slices" not in stdout
 
 
 @pytest.mark.parametrize("args,flag", [(["--slices", "nope"], "slices"), (["--slices", "1"], "slices"),

@@ -3,7 +3,8 @@ that micro-batches are few (TeraPipe's regime), on a homogeneous cluster (a100-1
 this file: 16 x 8 A100-80GB) and on the shipped mixed one (mixed-128: 32 H100, 32 A100-80GB,
 32 L40S, 32 A10). For each: the best plan without slicing (the whole space), the best GPipe
 plan unsliced, and the slicing of that GPipe plan for every slice count (slice_plan), each
-candidate's step simulated; then what `solve --slices auto` writes.
+candidate's step simulated; then what `solve --slices auto` writes (the joint search over every
+GPipe config's sliced plans, slice_plan.sliced_search), with its bound and gap.
 
     python tests/benchmarks/bench_terapipe.py [--global-batch 8] [--max-solve-time 120s] [--fix ...]
 
@@ -62,10 +63,13 @@ def main() -> None:
         print("GPipe plan cut into c slices (each the exact DP optimum of TeraPipe's J for c; step simulated):")
         for c in cands:
             print(f"  c {c.count:2d}  step {c.objective:8.4f} s  slices {list(c.slices) or [inst.job.seq_length]}")
+        t1 = time.perf_counter()
         result, line = solve_with_slices(inst, req, limits, "auto")
         p = result.plan
+        gap = "-" if result.gap is None else f"{result.gap:.2%}"
+        bound = "-" if result.best_bound is None else f"{result.best_bound:.4f}"
         print(f"--slices auto writes: step {objective_of(p, limits):.4f} s, slices {list(p.slices) or 'none'} "
-              f"[{result.status}]  {describe(p)}")
+              f"[{result.status}, bound {bound}, gap {gap}, {time.perf_counter() - t1:.0f} s]  {describe(p)}")
         print(f"  {line}")
         if p.slices:
             from milp_plan import predict

@@ -1,0 +1,366 @@
+"""Lower bounds on the step of token-sliced plans (TeraPipe), over every slicing of an allowed
+set: for one plan (`plan_bound`) and for every plan of a GPipe config (`config_bound`). The
+joint search (slice_plan.py) prunes and proves with them (formulations/pipeline.md, "Token
+slices").
+
+**Paths of the sliced step.** A sliced plan runs m sequences cut into n slices, N = m n items,
+in TeraPipe's order (schedules.GPipe.sliced_rank_order): every forward in item order, then the
+backwards sequence by sequence, each sequence's slices reversed. Item (q, k) is slice k of
+sequence q; p_{s,k} = f_{s,k} + b_{s,k} is stage s's time on slice k (every sequence alike),
+W_s = sum_k p_{s,k}. For every stage s and slice k this is a path of the simulator's graph:
+
+    forward:  stage 0 runs (0,0)..(0,k); (0,k) goes down to stage s; stage s runs (0,k)..(m-1,k);
+              (m-1,k) goes down to stage K-1, which runs (m-1,k)..(m-1,n-1);
+    backward: stage K-1 (after its last forward) runs (0,n-1)..(0,k); (0,k) goes back to stage s;
+              stage s runs (0,k)..(m-1,k) in backward order; (m-1,k) goes back to stage 0,
+              which runs (m-1,k)..(m-1,0);
+    then stage 0's reduction, the barrier and the optimizer step.
+
+Each step of it is an edge of the graph (a stage's order, or an item passing a hop), so
+
+    T >= P(s, k) = (m - 1) W_s + C_k + R_k + 2 sum_h hop_{h,k} + max_r opt_r,
+        C_k = sum_r p_{r,k},   R_k = sum_{i<k} p_{0,i} + sum_{i>k} p_{K-1,i}
+
+(K = 1: P = m W_0). At equal stages without transfers max_{s,k} P = m sum_k t_k + (K - 1)
+max_k t_k: TeraPipe's step, the makespan. The machine path of stage s (slice 0 down to s, all of
+s's forwards and backwards, the last item's way back; the last slice to the end and back) adds
+
+    T >= M(s) = m W_s + sum_{r<s} p_{r,0} + sum_{r>s} p_{r,n-1} + 2 sum_{h<s} hop_{h,0}
+                + 2 sum_{h>=s} hop_{h,n-1} + max_r opt_r.
+
+The reduction is not counted (a bucketed reduction may hide under the backwards): the bounds
+hold for the simulated step, and the sliced closed form (schedules.GPipe.sliced_pipeline_time
+and the tail, predict.sliced_closed_form) is at least the simulated step, so for it too.
+
+**Every plan of a config** (`config_bound`): with per-slice times per layer alpha_k (the least
+over the config's stage options and the model's block kinds; recompute only adds), the least
+embedding and head times emb_k, head_k, the least hop per token, and e = min(n_0, n_{K-1}), the
+layers of the lighter end stage:
+
+    max_s W_s >= max(g(e) A, e A + max(Emb, Head)),   A = sum_k alpha_k,
+        g(e) = min over M >= e of max(M, ceil((L - e - M) / (K - 2)))   (K >= 3; K = 2: L - e)
+    C_k >= L alpha_k + emb_k + head_k,   R_k >= e (A - alpha_k) + sum_{i<k} emb_i + sum_{i>k} head_i,
+
+so every plan whose end stage holds e layers has T >= (m - 1) g(e) A + max_k [...] + opt_lb,
+and the config's bound is the least over e = 1..ceil(L/K) (past ceil(L/K), g(e) = e and the
+bound grows with e) and over the allowed slicings. The slicings are enumerated (all 2^(U-1)
+compositions of U <= 16 token units, vectorised), so the bound is exact over the slicing set,
+not a relaxation of it. $ per step: at least the config's least $/h (K stages at the cheapest
+stage price) times T / 3600."""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from milp_plan import costmodel
+from milp_plan.instance import Instance
+from milp_plan.job import Limits
+from milp_plan.plan import Plan
+from milp_plan.slicing import compositions
+from milp_plan.units import SECONDS_PER_HOUR
+
+MAX_ENUM_UNITS = 16   # slicings are enumerated (2^(U-1) of them); slicing.units_for gives U <= 16
+
+
+@functools.lru_cache(maxsize=8)
+def _rows(units: int, counts: tuple[int, ...]) -> tuple[list[tuple[int, int]], np.ndarray]:
+    arcs, idx, n = _table(units)
+    return arcs, idx[np.isin(n, counts)]
+
+
+@functools.lru_cache(maxsize=8)
+def _table(units: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """(arcs (i, j), arc ids of each composition padded with len(arcs), slice count of each)."""
+    if units > MAX_ENUM_UNITS:
+        raise ValueError(f"slicings are enumerated up to {MAX_ENUM_UNITS} units, got {units}")
+    arcs = [(i, j) for i in range(units) for j in range(i + 1, units + 1)]
+    aid = {a: n for n, a in enumerate(arcs)}
+    comps = list(compositions(units))
+    idx = np.full((len(comps), units), len(arcs), dtype=np.int64)
+    for row, lengths in enumerate(comps):
+        start = 0
+        for k, n in enumerate(lengths):
+            idx[row, k] = aid[(start, start + n)]
+            start += n
+    return arcs, idx, np.array([len(c) for c in comps])
+
+
+def slicing_rows(units: int, counts: Iterable[int]) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """(arcs, the arc-id rows of every composition whose slice count is in `counts`)."""
+    return _rows(units, tuple(sorted(set(counts))))
+
+
+def lengths_of(row: np.ndarray, arcs: list[tuple[int, int]]) -> tuple[int, ...]:
+    """Slice lengths (units) of one composition row."""
+    return tuple(arcs[a][1] - arcs[a][0] for a in row if a < len(arcs))
+
+
+def _gather(values: Sequence[float], rows: np.ndarray) -> np.ndarray:
+    """values per arc gathered per composition and slice; pads 0."""
+    return np.append(np.asarray(values, dtype=float), 0.0)[rows]
+
+
+def _excl_prefix(x: np.ndarray) -> np.ndarray:
+    return np.cumsum(x, axis=1) - x
+
+
+def _excl_suffix(x: np.ndarray) -> np.ndarray:
+    return np.cumsum(x[:, ::-1], axis=1)[:, ::-1] - x
+
+
+def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m: int, rows: np.ndarray,
+                arcs_n: int, f: Sequence[Sequence[float]] | None = None, dp: Sequence[float] | None = None
+                ) -> np.ndarray:
+    """max over a <= s <= b and k of P(a, s, b, k) (module docstring, without the reduction and
+    the optimizer), per composition row: p[s][arc] stage s's f + b on an arc, hop[h][arc] one
+    transfer; with f (forward times, as p) and dp (each stage's reduction), a path may also end
+    at stage a after its last backward and take a's reduction (then it skips the way back to
+    stage 0); without them no reduction is counted. P splits into (m - 1) W_s + X_a(k) + Y_b(k), so a running maximum of X over a <= s
+    and of Y over b >= s gives the maximum over (a, b) for each s in O(K) passes."""
+    K = len(p)
+    valid = rows < arcs_n
+    P = [_gather(ps, rows) for ps in p]                            # K of (rows x U)
+    Hk = [_gather(h, rows) for h in hop]                           # K-1 of (rows x U)
+    W = [x.sum(axis=1) for x in P]
+    dp = [0.0] * K if dp is None else list(dp)
+    if K == 1:
+        return m * W[0] + dp[0]
+    F = [_gather(fs, rows) for fs in f] if f is not None else None
+    ar, last = np.arange(len(rows)), valid.sum(axis=1) - 1
+
+    def at_last(x):
+        return x[ar, last][:, None]
+    # X_a(k) = H0(a) - S_k(a) + Pre_a(k) + 2 (sum_{h<a} hop_h(0) - HS_k(a))
+    # Y_b(k) = S_k(b+1) + Suf_b(k) + Tl(b) + 2 (HS_k(b) + sum_{h>=b} hop_h(last))
+    X, Y = [], [None] * K
+    S = np.zeros(rows.shape)       # S_k(a): sum_{r<a} p_{r,k}
+    HS = np.zeros(rows.shape)      # HS_k(a): sum_{h<a} hop_h(k)
+    H0 = np.zeros((len(rows), 1))  # sum_{r<a} p_{r,0} + 2 sum_{h<a} hop_h(0)
+    Hf = np.zeros((len(rows), 1))  # sum_{r<a} f_{r,0} + sum_{h<a} hop_h(0): the way down only
+    for a in range(K):
+        x = H0 - S + _excl_prefix(P[a]) - 2 * HS + dp[0]
+        if F is not None:   # or end at stage a with its reduction
+            x = np.maximum(x, Hf - S + _excl_prefix(P[a]) - 2 * HS + dp[a])
+        X.append(x)
+        S = S + P[a]
+        if a < K - 1:
+            H0 = H0 + P[a][:, :1] + 2 * Hk[a][:, :1]
+            if F is not None:
+                Hf = Hf + F[a][:, :1] + Hk[a][:, :1]
+            HS = HS + Hk[a]
+    S_next = S                                # S_k(K)
+    HS_b = HS                                 # HS_k(K-1)
+    Tl = np.zeros((len(rows), 1))             # sum_{r>b} p_{r,last} + 2 sum_{h>=b} hop_h(last)
+    for b in range(K - 1, -1, -1):
+        Y[b] = S_next + _excl_suffix(P[b]) + Tl + 2 * HS_b
+        S_next = S_next - P[b]
+        Tl = Tl + at_last(P[b])
+        if b > 0:
+            HS_b = HS_b - Hk[b - 1]
+            Tl = Tl + 2 * at_last(Hk[b - 1])
+    best = np.full(len(rows), -np.inf)
+    px = np.full(rows.shape, -np.inf)
+    sy = [None] * K
+    run = np.full(rows.shape, -np.inf)
+    for b in range(K - 1, -1, -1):
+        run = np.maximum(run, Y[b])
+        sy[b] = run
+    for s in range(K):
+        px = np.maximum(px, X[s])
+        cross = np.where(valid, px + sy[s], -np.inf).max(axis=1)
+        best = np.maximum(best, (m - 1) * W[s] + cross)
+    return best
+
+
+def _value(T: np.ndarray, usd_h: float, limits: Limits) -> np.ndarray:
+    """The objective at step T (seconds) and at least usd_h $/h; inf where a limit is broken."""
+    out = T * usd_h / SECONDS_PER_HOUR if limits.objective == "min-cost" else T.copy()
+    bad = np.zeros(T.shape, dtype=bool)
+    if limits.time_limit_s is not None:
+        bad |= T > limits.time_limit_s * (1 + 1e-6)
+    if limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-9):
+        bad[:] = True
+    if limits.budget_usd_per_step is not None:
+        bad |= T * usd_h / SECONDS_PER_HOUR > limits.budget_usd_per_step * (1 + 1e-9)
+    return np.where(bad, np.inf, out)
+
+
+def unit_tokens(inst: Instance) -> tuple[int, int]:
+    """(U, tokens per unit) the planner slices at (slicing.units_for)."""
+    from milp_plan.slicing import units_for
+    units = units_for(inst.job.seq_length)
+    return units, inst.job.seq_length // units
+
+
+def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]
+                ) -> dict[int, tuple[float, tuple[int, ...]]]:
+    """For each slice count in `counts`: (the least objective any slicing of `plan` with that
+    count can reach, by the path bounds; the slicing (tokens) where the bound is least). inf:
+    none meets the limits. The plan's memory is not read (slicing leaves it as it is)."""
+    units, unit = unit_tokens(inst)
+    arcs, rows = slicing_rows(units, counts)
+    nts = [costmodel._stage_node_type(inst, st) for st in plan.stages]
+    memo: dict = {}
+
+    def stage_arc(s: int, i: int, j: int) -> tuple[float, float]:
+        st = plan.stages[s]
+        key = (nts[s].name, st.tp, st.micro_batch_size, st.first_layer if s == 0 else -1, st.num_layers,
+               s == 0, s == plan.pp - 1, st.recompute, st.recompute_layers, i, j)
+        if key not in memo:
+            lengths = [j * unit] if i == 0 else [i * unit, (j - i) * unit]
+            f, b = costmodel.stage_slice_times(inst, nts[s], st, plan.pp, s, lengths)
+            memo[key] = (f[-1], f[-1] + b[-1])
+        return memo[key]
+    p = [[stage_arc(s, i, j)[1] for i, j in arcs] for s in range(plan.pp)]
+    f = [[stage_arc(s, i, j)[0] for i, j in arcs] for s in range(plan.pp)]
+    hop = [[costmodel.hop_between(inst, plan, plan.stages[h], plan.stages[h + 1], (j - i) * unit) for i, j in arcs]
+           for h in range(plan.pp - 1)]
+    c = costmodel.plan_costs(inst, plan)
+    T = path_bounds(p, hop, plan.num_microbatches, rows, len(arcs), f, c.dp_s) + max(c.opt_s)
+    vals = _value(T, costmodel.plan_usd_per_hour(inst, plan), limits)
+    n = (rows < len(arcs)).sum(axis=1)
+    out = {}
+    for cnt in sorted(set(int(x) for x in n)):
+        where = np.flatnonzero(n == cnt)
+        at = int(where[np.argmin(vals[where])])
+        out[cnt] = (float(vals[at]), tuple(x * unit for x in lengths_of(rows[at], arcs)))
+    return out
+
+
+def plan_bound(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]) -> tuple[float, tuple[int, ...]]:
+    """(the least objective any slicing of `plan` with a count in `counts` can reach, by the
+    path bounds; the slicing (tokens) where it is least)."""
+    return min(plan_bounds(inst, plan, limits, counts).values())
+
+
+def _g(e: int, L: int, K: int) -> int:
+    """The least max_s n_s of K stages holding L layers whose end stages hold >= e each."""
+    if K == 2:
+        return L - e
+    return min(max(M, -(-(L - e - M) // (K - 2))) for M in range(e, L - e - (K - 2) + 1))
+
+
+def _least_hop_per_token(coef) -> float:
+    """The least transfer time per token any hop of the config takes (seconds): every hop is
+    one of its pools' intra- or inter-node transfers, and a transfer's bytes are linear in the
+    tokens (costmodel.p2p_bytes)."""
+    if coef.cfg.pp == 1:
+        return 0.0
+    types = {pool.k for pool in coef.pools}
+    hops = [coef.hop_intra(q) for q in range(len(coef.pools))] + \
+           [coef.hop_inter(q, k2) for q in range(len(coef.pools)) for k2 in types]
+    return min(hops) / coef.inst.job.seq_length
+
+
+def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per arc: the least per-layer f + b over the options and block kinds, the least embedding
+    and head f + b, and (full recompute) the least block forward (seconds)."""
+    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    opts = [(coef.types[o.k], o.tp, o.mbs) for o in coef.options]
+
+    def least(kind_list, i, j):
+        return min(lt.fwd_s + lt.bwd_s for nt, tp, mbs in opts for kd in kind_list
+                   for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit)])
+    alpha = [least(kinds, i, j) for i, j in arcs]
+    # full recompute: every stage recomputes >= 1 layer (check.py), a block's forward again
+    full = all(o.recompute == "full" for o in coef.options)
+    phi = [min(costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit).fwd_s
+               for nt, tp, mbs in opts for kd in kinds) if full else 0.0 for i, j in arcs]
+    emb = [least(["embedding"], i, j) for i, j in arcs]
+    head = [least(["head"], i, j) for i, j in arcs]
+    return alpha, emb, head, phi
+
+
+class ConfigBounds:
+    """Sliced bounds of GPipe configs (module docstring) over the slicings whose count is in
+    `counts`: `cheap` (the work path alone: T >= m max_s W_s + the reduction and optimizer
+    terms) and `full` (the paths P(0, s, K-1, k) over every end-stage size e). Per-arc terms
+    and their gathers are made once per set of stage options (configs of every pp and
+    micro-batch count share them)."""
+
+    def __init__(self, inst: Instance, limits: Limits, counts: Iterable[int]):
+        self.inst, self.limits = inst, limits
+        self.units, self.unit = unit_tokens(inst)
+        self.arcs, self.rows = slicing_rows(self.units, counts)
+        self.valid = self.rows < len(self.arcs)
+        self.tokens = _gather([(j - i) * self.unit for i, j in self.arcs], self.rows)
+        self.memo: dict = {}
+        self.arcs_memo: dict = {}
+
+    def _terms(self, coef, full: bool = True) -> dict:
+        """The gathered per-arc terms of the config's options (what the arc times read: node
+        type, tp, micro-batch size, full recompute); `full=False`: A and Phi alone."""
+        key = (tuple(sorted({(o.k, o.tp, o.mbs) for o in coef.options})),
+               all(o.recompute == "full" for o in coef.options))
+        got = self.memo.get(key)
+        if got is None:
+            arcs = self.arcs_memo.get(key)
+            if arcs is None:
+                arcs = self.arcs_memo[key] = _option_arcs(self.inst, coef, self.arcs, self.unit)
+            alpha, _, _, phi = arcs
+            a, ph = _gather(alpha, self.rows), _gather(phi, self.rows)
+            got = self.memo[key] = dict(a=a, ph=ph, A=a.sum(axis=1), Phi=ph.sum(axis=1))
+        if full and "c0" not in got:
+            _, emb, head, _ = self.arcs_memo[key]
+            e_, h_ = _gather(emb, self.rows), _gather(head, self.rows)
+            E, H = e_.sum(axis=1), h_.sum(axis=1)
+            got.update(ends=E + H, big_end=np.maximum(E, H), c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - got["ph"])
+        return got
+
+    def _opt(self, coef, e: int = 0) -> float:
+        """At least the largest optimizer step: some stage holds ceil(L / K) layers, and (e >= 1)
+        each end stage holds >= e layers and its embedding or head (Coefficients.opt_time)."""
+        K, L, n = coef.cfg.pp, self.inst.model.num_layers, range(len(coef.options))
+        got = min(coef.opt_time(o, 0).a for o in n) * -(-L // K)
+        if e:
+            got = max(got, *(min(coef.opt_time(o, s)(e) for o in n) for s in (0, K - 1)))
+        return got
+
+    def _finish(self, coef, T: np.ndarray, K: int) -> float | None:
+        """The objective's bound from the step's (T without the optimizer term)."""
+        opt = self._opt(coef)
+        price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
+        vals = _value(T + opt, price, self.limits)
+        best = float(vals.min()) if len(vals) else math.inf
+        return None if best == math.inf else best
+
+    def _dp(self, coef, layers: int) -> float:
+        return max(0.0, min(coef.dp_time(o, 0)(layers) for o in range(len(coef.options))))
+
+    def cheap(self, coef) -> float | None:
+        """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        t = self._terms(coef, full=False)
+        return self._finish(coef, m * (-(-L // K) * t["A"] + t["Phi"]) + self._dp(coef, 1 if K > 1 else L), K)
+
+    def full(self, coef) -> float | None:
+        """The config's bound (module docstring): at least `cheap`."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        t = self._terms(coef)
+        a, A, Phi = t["a"], t["A"], t["Phi"]
+        if K == 1:
+            return self._finish(coef, m * (L * A + Phi + t["ends"]) + self._dp(coef, L), K)
+        hop = 2 * _least_hop_per_token(coef) * self.tokens
+        base = np.where(self.valid, L * a + K * t["ph"] + t["c0"] + Phi[:, None] + (K - 1) * hop, -np.inf)
+        T = np.full(len(self.rows), np.inf)
+        for e in range(1, -(-L // K) + 1):
+            if K > 2 and L - e - (K - 2) < e:
+                break
+            cross = e * A + (base - e * a).max(axis=1)
+            # the heaviest stage holds g(e) layers, or is an end stage: >= e layers and its embedding or head
+            heavy = np.maximum(_g(e, L, K) * A, e * A + t["big_end"]) + Phi
+            T = np.minimum(T, (m - 1) * heavy + cross + self._dp(coef, e) + self._opt(coef, e) - self._opt(coef))
+        got = self._finish(coef, T, K)
+        cheap = self.cheap(coef)
+        return None if got is None or cheap is None else max(got, cheap)
+
+
+def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:
+    """A lower bound on the objective of every sliced plan (count in `counts`) of the GPipe
+    config of `coef` (ConfigBounds.full); None when none meets the limits."""
+    return ConfigBounds(coef.inst, limits, counts).full(coef)

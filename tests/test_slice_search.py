@@ -1,0 +1,181 @@
+"""The joint search over sliced plans (slice_plan.sliced_search) and its bounds (slice_bounds):
+the bounds never exceed any sliced plan's step (brute force over configs x plans x slicings, on
+both step bases and both objectives), the path bound is TeraPipe's step at equal stages (the
+issue's hand instance), and `--slices auto|N` is `optimal` only where brute force agrees."""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from milp_plan import check, predict, slice_bounds as sb
+from milp_plan import solve as solving
+from milp_plan.formulations.placement import build_plan
+from milp_plan.formulations.space import parse_fix
+from milp_plan.job import Limits
+from milp_plan.result import objective_of
+from milp_plan.slice_plan import solve_with_slices
+from milp_plan.slicing import compositions, units_for
+from milp_plan.solvers import driver
+from tiny_instance import tiny_instance
+
+from test_slicing import hand_t
+
+SEQ = 5      # tokens per sequence: U = 5 units of one token, 15 slicings of >= 2 slices
+FIX = "extrapolate=on"   # the profile measures length 500: the fill rules give length 5
+
+
+@pytest.mark.parametrize("stages,m,expected", [(4, 1, 61), (2, 1, 37), (4, 3, 111)])
+def test_path_bound_is_terapipe_step_at_equal_stages(stages, m, expected):
+    """Equal stages, no transfers: max over the paths P(a, s, b, k) is m sum_k t_k + (K - 1)
+    max_k t_k for every slicing (module docstring), so the least over the 8 compositions of 4
+    units is the hand test's (test_slicing: [2,1,1] at 61 for K = 4, [3,1] at 37 for K = 2; at
+    m = 3, K = 4: [2,1,1] gives 3 x 28 + 3 x 11 = 117, [1,1,1,1] 3 x 32 + 33 = 129, [4] 60 + 60 = 120,
+    [3,1] 72 + 39 = 111, [2,2] 72 + 48 = 120: the least is [3,1]'s 111)."""
+    arcs, rows = sb.slicing_rows(4, range(1, 5))
+    p = [[hand_t(i, j) for i, j in arcs]] * stages
+    got = sb.path_bounds(p, [[0.0] * len(arcs)] * (stages - 1), m, rows, len(arcs))
+    for row, v in zip(rows, got):
+        lengths = sb.lengths_of(row, arcs)
+        ts = [hand_t(sum(lengths[:k]), sum(lengths[:k + 1])) for k in range(len(lengths))]
+        assert v == pytest.approx(m * sum(ts) + (stages - 1) * max(ts))
+    assert got.min() == pytest.approx(expected)
+
+
+@functools.lru_cache(maxsize=4)
+def tiny(tmp: str, batch: int):
+    return tiny_instance(Path(tmp), global_batch=batch, seq_length=SEQ)
+
+
+def gpipe_configs(inst, max_pp: int):
+    prep = driver.prepare(inst, parse_fix("schedule=gpipe,extrapolate=on"), "megatron")
+    return [prep.coef(i) for i, c in enumerate(prep.configs) if c.sched.slices_ok and c.pp <= max_pp]
+
+
+def every_plan(inst, coef):
+    """Every plan of a config (options per stage x layer split; recompute at its least)."""
+    L, K = inst.model.num_layers, coef.cfg.pp
+    r = 1 if coef.cfg.shared_recompute else 0
+    for opts in itertools.product(range(len(coef.options)), repeat=K):
+        if any(opts.count(o) > coef.max_stages(coef.pool_of[o]) for o in set(opts)):
+            continue     # more stages than the node type holds
+        for cuts in itertools.combinations(range(1, L), K - 1):
+            edges = (0, *cuts, L)
+            try:
+                yield build_plan(inst, coef.cfg, [coef.options[o] for o in opts],
+                                 [b - a for a, b in zip(edges, edges[1:])], (r,) * K, None)
+            except ValueError:
+                continue
+
+
+def sliced(plan, lengths):
+    return plan.with_(slices=tuple(lengths), mode="free", predicted=None)
+
+
+@pytest.mark.parametrize("objective", ["min-time", "min-cost"])
+def test_bounds_never_exceed_any_sliced_plan(tmp_path_factory, objective):
+    """Brute force on the tiny instance (4 layers, two node types; 5 one-token units): for every
+    GPipe config of pp <= 2, every plan and every slicing of >= 2 slices, the plan's bound of that
+    slice count, and the config's cheap and full bounds, are at most the plan's objective, on the
+    simulated step and on the closed form."""
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 4)
+    limits = Limits(objective)
+    counts = range(2, SEQ + 1)
+    bounds = sb.ConfigBounds(inst, limits, counts)
+    checked = 0
+    for coef in gpipe_configs(inst, 2):
+        cheap, full = bounds.cheap(coef), bounds.full(coef)
+        assert cheap <= full
+        for plan in every_plan(inst, coef):
+            by_count = sb.plan_bounds(inst, plan, limits, counts)
+            for lengths in compositions(SEQ):
+                if len(lengths) < 2:
+                    continue
+                for basis in (predict.SIMULATED, predict.CLOSED_FORM):
+                    p = sliced(plan, lengths)
+                    p = p.with_(predicted=predict.evaluate(inst, p, basis=basis))
+                    value = objective_of(p, limits)
+                    assert by_count[len(lengths)][0] <= value * (1 + 1e-9), (coef.cfg.label(), plan.stages, lengths)
+                    assert full <= value * (1 + 1e-9), (coef.cfg.label(), lengths)
+                    checked += 1
+    assert checked > 1000
+
+
+def brute_force(inst, limits, counts, max_pp=4):
+    """The least objective of every sliced plan (count in `counts`) of every GPipe config,
+    admitted by the limits (memory included)."""
+    best = math.inf
+    units = units_for(inst.job.seq_length)
+    unit = inst.job.seq_length // units
+    for coef in gpipe_configs(inst, max_pp):
+        for plan in every_plan(inst, coef):
+            for lengths in compositions(units):
+                if len(lengths) in counts:
+                    p = sliced(plan, [n * unit for n in lengths])
+                    p = p.with_(predicted=predict.evaluate(inst, p))
+                    if limits.admit(p):
+                        best = min(best, objective_of(p, limits))
+    return best
+
+
+@pytest.mark.parametrize("batch,setting", [(2, "auto"), (2, 2)])
+def test_joint_search_against_brute_force(tmp_path_factory, batch, setting):
+    """--slices auto (unsliced and sliced plans) and N = 2 on the tiny instance: the bound is at
+    most the brute-force optimum (the unsliced part's optimum is the exact search's, tested
+    elsewhere), the plan written reaches it when the status is optimal, and the checker passes."""
+    inst = tiny(str(tmp_path_factory.mktemp("t")), batch)
+    limits = inst.objective.limits()
+    req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
+    counts = [setting] if isinstance(setting, int) else list(range(2, SEQ + 1))
+    res, line = solve_with_slices(inst, req, limits, setting)
+    sliced_best = brute_force(inst, limits, counts)
+    best = sliced_best
+    if setting == "auto":
+        unsliced = solving.run(inst, req, limits)
+        assert unsliced.status == "optimal"
+        best = min(best, unsliced.objective)
+    assert res.best_bound <= best * (1 + 1e-9), line
+    assert res.objective >= best * (1 - 1e-9)
+    if res.status == "optimal":
+        assert res.objective == pytest.approx(best, rel=1e-4), line
+    assert check.check_plan(inst, res.plan) == []
+    assert res.plan.solver.status == res.status.value and res.plan.solver.best_bound == res.best_bound
+
+
+def test_optimal_is_claimed_where_proven(tmp_path_factory):
+    """Global batch 2 (one micro-batch of 2 sequences per replica): the search proves its sliced
+    plan (the bound meets it), and says so."""
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
+    req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
+    res, line = solve_with_slices(inst, req, inst.objective.limits(), "auto")
+    assert res.status == "optimal" and res.gap == 0.0 and res.plan.slices, line
+    assert "optimal over 2..5 slices" in line and "simulated step" in line
+
+
+def test_heuristic_planner_with_slices(tmp_path_factory):
+    """--solver warm-start (no bound on the unsliced plans) with --slices auto: a plan, feasible,
+    no bound (the unsliced part proves none), deterministic."""
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 4)
+    req = solving.SolveRequest("warm-start", FIX, 60, 1, 1, 30)
+    a, _ = solve_with_slices(inst, req, inst.objective.limits(), "auto")
+    b, _ = solve_with_slices(inst, req, inst.objective.limits(), "auto")
+    assert a.plan is not None and a.status == "feasible" and a.best_bound is None
+    assert a.plan.to_json() == b.plan.to_json()
+    assert check.check_plan(inst, a.plan) == []
+
+
+def test_a_search_cut_short_keeps_its_bound_honest(tmp_path_factory):
+    """A work limit that ends the sliced search before it examines every config it cannot prune:
+    the configs left keep their bounds, so the bound stays at most the brute-force optimum and the
+    status is optimal only if the plan written is that optimum."""
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 4)
+    limits = inst.objective.limits()
+    res, line = solve_with_slices(inst, solving.SolveRequest("auto", FIX, 60, 1, 1, 0.02), limits, 3)
+    best = brute_force(inst, limits, [3])
+    assert res.best_bound <= best * (1 + 1e-9), line
+    if res.status == "optimal":
+        assert res.objective == pytest.approx(best, rel=1e-4), line
