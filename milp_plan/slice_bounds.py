@@ -202,7 +202,7 @@ def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int
     none meets the limits. The plan's memory is not read (slicing leaves it as it is)."""
     units, unit = unit_tokens(inst)
     arcs, rows = slicing_rows(units, counts)
-    nts = [costmodel._stage_node_type(inst, st) for st in plan.stages]
+    nts = [costmodel.stage_node_type(inst, st) for st in plan.stages]
     memo: dict = {}
 
     def stage_arc(s: int, i: int, j: int) -> tuple[float, float]:
@@ -219,7 +219,7 @@ def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int
     hop = [[costmodel.hop_between(inst, plan, plan.stages[h], plan.stages[h + 1], (j - i) * unit) for i, j in arcs]
            for h in range(plan.pp - 1)]
     c = costmodel.plan_costs(inst, plan)
-    T = path_bounds(p, hop, plan.num_microbatches, rows, len(arcs), f, c.dp_s) + max(c.opt_s)
+    T = path_bounds(p, hop, plan.num_microbatches, rows, len(arcs), f, c.tail_s) + max(c.opt_s)
     vals = _value(T, costmodel.plan_usd_per_hour(inst, plan), limits)
     n = (rows < len(arcs)).sum(axis=1)
     out = {}
@@ -328,7 +328,8 @@ class ConfigBounds:
         return None if best == math.inf else best
 
     def _dp(self, coef, layers: int) -> float:
-        return max(0.0, min(coef.dp_time(o, 0)(layers) for o in range(len(coef.options))))
+        # piece 0 of the exposed reduction (Coefficients.dp_time) never decreases with the layers
+        return max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options))))
 
     def cheap(self, coef) -> float | None:
         """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
