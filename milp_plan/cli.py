@@ -439,7 +439,8 @@ def _raise_if_interrupted(what: str, out: str) -> None:
 
 class _progress_printer:
     """Incumbent, bound and elapsed time on stderr for solves longer than a second: redrawn in
-    place on a terminal (every 0.2 s), one line every PLAIN_EVERY_S seconds elsewhere (CI logs)."""
+    place on a terminal (every 0.2 s), elsewhere (CI logs) a first line after a second and then
+    one every PLAIN_EVERY_S seconds."""
 
     PLAIN_EVERY_S = 5.0
 
@@ -451,7 +452,7 @@ class _progress_printer:
 
     def __call__(self, p) -> None:
         every = 0.2 if self.tty else self.PLAIN_EVERY_S
-        if not self.active or p.elapsed_s < 1.0 or p.elapsed_s - self.last < every:
+        if not self.active or p.elapsed_s < 1.0 or (self.last and p.elapsed_s - self.last < every):
             return
         self.last = p.elapsed_s
         inc = "-" if p.incumbent is None else f"{p.incumbent:.6g}"

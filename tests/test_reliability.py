@@ -525,7 +525,9 @@ def test_progress_lines_when_stderr_is_not_a_terminal(capsys):
         printer(Progress(t, 2.0, 1.5, 3, 10))
     printer.close()
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 2 and all(line.startswith("  solving: incumbent 2") for line in lines)  # 1.5 s, 7.0 s
+    # the first after a second (1.5 s), then every PLAIN_EVERY_S = 5 s: 7.0, 12.5 (3.0 is too soon)
+    assert [line.split()[-1] for line in lines] == ["1.5s", "7.0s", "12.5s"]
+    assert all(line.startswith("  solving: incumbent 2") for line in lines)
 
 
 def test_fasop_complex_array_is_refused(tmp_path):
