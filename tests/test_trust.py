@@ -375,3 +375,16 @@ def test_free_mode_min_cost_at_the_free_optimum_s_own_time(tmp_path):
     assert res.plan is not None and res.plan.predicted.step_time_s <= t
     assert res.objective <= fastest.plan.predicted.usd_per_step
     assert_admitted(inst, res.plan, limits)
+
+
+def test_tied_embedding_all_reduce_is_modelled_both_ways_in_free_mode(tmp_path):
+    """The tied embedding's all-reduce costs the slower of its two directions
+    (costmodel.tied_embedding_sync_s): in free mode the ends may differ in tp (shard V h / tp) and
+    in GPUs per node (senders sharing a link), so the last stage's direction can be the slower
+    one. hand-gpt ties its embeddings; on 0.002 GB/s links a 32 KiB shard takes 16 ms, several
+    times a stage. Every config's model of pp 2 must equal its exhaustive optimum (a model that
+    prices only the first stage's direction undercharges the plans whose last stage is slower)."""
+    spec = write_instance(tmp_path, layers=4, gpn=2, counts=(1, 1), bw=COMPARABLE_BW[1], billing=("gpu", "gpu"))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    assert inst.model.tied_embeddings
+    assert assert_every_config_model_exact(inst, Limits(), "free", {"pp": 2, "recompute": "none"}) >= 4
