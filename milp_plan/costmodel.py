@@ -67,10 +67,6 @@ from typing import Iterable, Sequence
 
 from milp_plan import nccl
 from milp_plan.analytic import ESTIMATES
-
-# the optimizer step's memory efficiency: the estimate, not the fitted analytic constant, so
-# the calibration (which fits that constant on the layers) does not feed on its own last fit
-MEMORY_EFFICIENCY = ESTIMATES["MEMORY_EFFICIENCY"][0]
 from milp_plan.cluster import Node, NodeType
 from milp_plan.instance import Instance
 from milp_plan.model import Model
@@ -78,6 +74,9 @@ from milp_plan.plan import Plan, Stage, StagePrediction
 from milp_plan.schedules import schedule_of
 from milp_plan.units import GIB, SECONDS_PER_HOUR
 
+# the optimizer step's memory efficiency: the estimate, not the fitted analytic constant, so
+# the calibration (which fits that constant on the layers) does not feed on its own last fit
+MEMORY_EFFICIENCY = ESTIMATES["MEMORY_EFFICIENCY"][0]
 WEIGHT_BYTES = 2.0          # bf16 parameters
 GRAD_BYTES = 4.0            # fp32 main gradients (the default grad_reduce_dtype; job.DTYPE_BYTES)
 OPTIMIZER_BYTES = 12.0      # fp32 master weights + Adam m and v

@@ -15,6 +15,7 @@ run; one whose stages take whole nodes may form several (pipeline.md, add_contig
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -331,6 +332,7 @@ class Coefficients:
         end = cm.dp_end_params(self.inst, opt.tp, first)
         overlap = self._state_key("dp", opt, s).mbs > 0
 
+        @functools.cache   # every piece's fit reads the same points
         def pieces(n: int, r: int) -> tuple[float, ...]:
             f, b = cm.stage_compute_s(self.inst, nt, opt.tp, opt.mbs, [self.kind] * n, first, last,
                                       opt.recompute, r) if overlap else (0.0, 0.0)
