@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from milp_plan import predict, schedules
+from milp_plan.cluster import MIXED_SEP, gpu_names
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan
 
@@ -35,16 +36,22 @@ def check_device_exists(inst: Instance, plan: Plan) -> list[Violation]:
             elif not 0 <= d.local_gpu < nodes[d.node].type.gpus_per_node:
                 out.append(Violation("device_exists", f"stage {i}: node {d.node} has GPUs 0..."
                                                       f"{nodes[d.node].type.gpus_per_node - 1}, not {d.local_gpu}"))
-            elif nodes[d.node].type.gpu.name != st.gpu:
+            elif nodes[d.node].type.gpu.name not in gpu_names(st.gpu):
                 out.append(Violation("device_exists", f"stage {i} is declared {st.gpu} but node {d.node} holds "
                                                       f"{nodes[d.node].type.gpu.name}"))
+        held = [nodes[d.node].type.gpu.name for d in st.devices if 0 <= d.node < len(nodes)]
+        if MIXED_SEP in st.gpu and held and st.gpu != MIXED_SEP.join(dict.fromkeys(held)):
+            out.append(Violation("device_exists", f"stage {i} is declared {st.gpu} but its devices hold "
+                                                  f"{MIXED_SEP.join(dict.fromkeys(held))} (a mixed-type stage names "
+                                                  "its GPU types in the order of its devices)"))
     return out
 
 
 def check_device_count(inst: Instance, plan: Plan) -> list[Violation]:
-    used = Counter()
+    used, nodes = Counter(), inst.cluster.nodes
     for st in plan.stages:
-        used[st.gpu] += len(st.devices)
+        for d in st.devices:
+            used[nodes[d.node].type.gpu.name if 0 <= d.node < len(nodes) else st.gpu] += 1
     avail = Counter()
     for nt in inst.cluster.node_types:
         avail[nt.gpu.name] += nt.count * nt.gpus_per_node

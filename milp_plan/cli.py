@@ -192,6 +192,10 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           max_tp: Annotated[Optional[int], typer.Option("--max-tp", help="Largest tensor-parallel size.")] = None,
           max_micro_batch: Annotated[Optional[int], typer.Option(
               "--max-micro-batch", help="Largest micro-batch size (per data-parallel replica).")] = None,
+          mixed_stages: Annotated[bool, typer.Option(
+              "--mixed-stages", help="Also search stages whose data-parallel replicas sit on two GPU types "
+                                     "(whole nodes of each, at most 4 nodes a stage; the slowest replica paces "
+                                     "the stage). Same as --fix mixed=on.")] = False,
           out: Annotated[Optional[str], typer.Option(
               "--out", help="Where to write the plan (a regular file, or - for stdout). Default: plan.json; "
                             "pareto.json with --objective pareto.")] = None,
@@ -229,7 +233,7 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     obj = Objective(kind=objective, time_limit_s=None if time_limit is None else parse_duration_s(time_limit,
                     field="time-limit"), budget=None if budget is None else parse_money(budget), mode=mode)
     from milp_plan.formulations.space import with_space_options
-    fix = with_space_options(fix, extrapolate, max_tp, max_micro_batch)
+    fix = with_space_options(fix, extrapolate, max_tp, max_micro_batch, mixed_stages)
     # deterministic by default (the same plan.json on any machine), but for CP-SAT's parallel portfolio
     wall, work_limit = _search_limits(max_solve_time, work_limit, [solver], parallel=workers != 1)
     req = solving.SolveRequest(solver, fix, wall, seed, workers, work_limit)

@@ -118,6 +118,104 @@ class NodeType:
         return int(usd_per_hour // self.usd_per_gpu_hour)
 
 
+MIXED_SEP = "+"   # joins the GPU names of a stage whose dp replicas sit on several GPU types
+
+
+@dataclass(frozen=True)
+class MixedNodeType:
+    """A bundle of whole nodes of several node types that hosts one stage whose dp replicas sit
+    on different GPU types (a mixed-type stage, formulations/pipeline.md). It reads like a node
+    type whose "node" is the bundle, with every figure the slowest (or smallest) member's:
+
+    - gpus_per_node: the bundle's GPUs, sum n_i G_i; count: the bundles the cluster holds,
+      min_i floor(count_i / n_i) (the formulation shares the member nodes with their own types'
+      stages: add_shared_nodes);
+    - intra/inter_node_gb_per_s: the least member's (a replica's ring and the stage's hops run
+      over the slowest links), with that member's link kind;
+    - memory_gib: the least member's; gpu: a GPU named by the members' names joined by
+      MIXED_SEP (the plan's stage `gpu`), with the least memory, peak and bandwidth; the cost
+      model prices times and measured activations per member (costmodel.layer_times: the
+      slowest member's time of every layer, so the slowest replica paces the stage);
+    - usd_per_hour: one bundle for an hour, sum n_i x usd_i (whole nodes: the same under node
+      and GPU billing);
+    - real_nodes, busiest_node: the bundle's nodes and the GPUs of its largest node (the
+      stage's reduction is hierarchical over those nodes, its hops leave from that node)."""
+
+    members: tuple[tuple[NodeType, int], ...]   # (node type, its nodes in one bundle), cluster order
+
+    @property
+    def name(self) -> str:
+        return MIXED_SEP.join(f"{nt.name}x{n}" for nt, n in self.members)
+
+    @property
+    def gpu(self) -> GPU:
+        gpus = [nt.gpu for nt, _ in self.members]
+        return GPU(MIXED_SEP.join(dict.fromkeys(g.name for g in gpus)), min(g.memory_gib for g in gpus),
+                   min(g.peak_tflops for g in gpus), min(g.memory_gb_per_s for g in gpus))
+
+    @property
+    def gpus_per_node(self) -> int:
+        return sum(nt.gpus_per_node * n for nt, n in self.members)
+
+    @property
+    def count(self) -> int:
+        return min(nt.count // n for nt, n in self.members)
+
+    @property
+    def real_nodes(self) -> int:
+        return sum(n for _, n in self.members)
+
+    @property
+    def busiest_node(self) -> int:
+        return max(nt.gpus_per_node for nt, _ in self.members)
+
+    def _slowest(self, key: str) -> NodeType:
+        return min((nt for nt, _ in self.members), key=lambda nt: getattr(nt, key))
+
+    @property
+    def intra_node_gb_per_s(self) -> float:
+        return self._slowest("intra_node_gb_per_s").intra_node_gb_per_s
+
+    @property
+    def intra_node_link(self) -> str:
+        return self._slowest("intra_node_gb_per_s").intra_node_link
+
+    @property
+    def inter_node_gb_per_s(self) -> float:
+        return self._slowest("inter_node_gb_per_s").inter_node_gb_per_s
+
+    @property
+    def inter_node_link(self) -> str:
+        return self._slowest("inter_node_gb_per_s").inter_node_link
+
+    @property
+    def memory_gib(self) -> float:
+        return min(nt.memory_gib for nt, _ in self.members)
+
+    @property
+    def usd_per_hour(self) -> float:
+        return sum(nt.usd_per_hour * n for nt, n in self.members)
+
+    @property
+    def usd_per_gpu_hour(self) -> float:
+        return self.usd_per_hour / self.gpus_per_node
+
+    billing = "node"   # class attributes, not fields: a bundle is paid whole and names no host
+    hosts = ()
+
+    def rent_usd_per_hour(self, gpus: int, nodes: int) -> float:
+        """$/h of `nodes` bundles (a mixed-type stage takes whole member nodes)."""
+        return self.usd_per_hour * nodes
+
+    def gpus_affordable(self, usd_per_hour: float) -> int:
+        return int(usd_per_hour // self.usd_per_hour) * self.gpus_per_node
+
+
+def gpu_names(name: str) -> tuple[str, ...]:
+    """The GPU types of a stage's `gpu` field: one name, or a mixed-type stage's names."""
+    return tuple(name.split(MIXED_SEP))
+
+
 @dataclass(frozen=True)
 class Node:
     index: int          # global node index, in file order
@@ -200,6 +298,9 @@ def _node_type(spec: Any, i: int, source: str) -> NodeType:
         gpu = _gpu_from_mapping(gname, {k: v for k, v in gpu_spec.items()}, source, f"{where}: gpu")
     else:
         gpu = lookup_gpu(str(gpu_spec), source=source, where=f"{where}: field 'gpu'")
+    if MIXED_SEP in gpu.name:
+        raise InputError(f"{where}: GPU name '{gpu.name}' contains '{MIXED_SEP}', which plans use to join the "
+                         "GPU types of a mixed-type stage; rename it", source=source)
     if spec.get("gpu_memory_gib") is not None:
         mem = number(spec, "gpu_memory_gib", source=source, where=where)
         gpu = GPU(gpu.name, mem, gpu.peak_tflops, gpu.memory_gb_per_s, gpu.source)

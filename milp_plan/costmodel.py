@@ -67,7 +67,7 @@ from typing import Iterable, Sequence
 
 from milp_plan import nccl
 from milp_plan.analytic import ESTIMATES
-from milp_plan.cluster import Node, NodeType
+from milp_plan.cluster import MIXED_SEP, MixedNodeType, Node, NodeType, gpu_names
 from milp_plan.instance import Instance
 from milp_plan.model import Model
 from milp_plan.plan import Plan, Stage, StagePrediction
@@ -149,7 +149,13 @@ def layer_times(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: st
                 tokens: int | None = None, context: int = 0) -> LayerTimes:
     """Profile times (filled by the profile's rules when not profiled) plus tp collectives
     when the profile does not include them, for rows of `tokens` tokens (row_tokens); with
-    `context` > 0, a token slice after that many context tokens (slice_context_s)."""
+    `context` > 0, a token slice after that many context tokens (slice_context_s). On a
+    mixed-type stage (MixedNodeType) each time is its slowest member's: every operation of the
+    stage waits for its slowest replica (an upper bound of the slowest replica's stage time,
+    equal to it where one member is slowest in every layer)."""
+    if isinstance(node_type, MixedNodeType):
+        each = [layer_times(inst, nt, tp, mbs, kind, tokens, context) for nt, _ in node_type.members]
+        return LayerTimes(*(max(t) for t in zip(*((x.fwd_s, x.bwd_s, x.attn_core_fwd_s) for x in each))))
     if context:
         base = layer_times(inst, node_type, tp, mbs, kind, tokens)
         ctx_f, ctx_b = slice_context_s(inst, node_type, tp, mbs, kind, row_tokens(inst, tokens), context)
@@ -421,7 +427,11 @@ def layer_activation_bytes(inst: Instance, kind: str, tp: int, mbs: int, sequenc
     the profile measured the layer on `gpu` (measured_activation_bytes), measured beats formula:
         bytes = formula(sp, recompute) x measured / formula(no sp, no recompute),
     the formula's ratio carrying the measurement to the plan's settings (a layer the formula
-    gives 0 bytes keeps what was measured)."""
+    gives 0 bytes keeps what was measured). On a mixed-type stage (`gpu` joins several names)
+    the most of its GPU types'."""
+    if gpu is not None and MIXED_SEP in gpu:
+        return max(layer_activation_bytes(inst, kind, tp, mbs, sequence_parallel, recompute, tokens, g)
+                   for g in gpu_names(gpu))
     m = inst.model
     kw = dict(micro_batch=mbs, tp=tp, seq_length=row_tokens(inst, tokens), flash_attention=inst.job.flash_attention)
     formula = m.layer_activation_bytes(kind, sequence_parallel=sequence_parallel, recompute=recompute, **kw)
@@ -480,7 +490,10 @@ def usable_memory_bytes(inst: Instance, node_type: NodeType) -> float:
 def optimizer_s(inst: Instance, params_updated: float, node_type: NodeType) -> float:
     """One optimizer step over `params_updated` parameters on one GPU: the profile's measured
     seconds per parameter on that GPU (Profile.optimizer_s_per_param), else memory-bound,
-    params x OPTIMIZER_BYTES_PER_PARAM / (memory bandwidth x MEMORY_EFFICIENCY)."""
+    params x OPTIMIZER_BYTES_PER_PARAM / (memory bandwidth x MEMORY_EFFICIENCY); on a
+    mixed-type stage the slowest member's."""
+    if isinstance(node_type, MixedNodeType):
+        return max(optimizer_s(inst, params_updated, nt) for nt, _ in node_type.members)
     rate = inst.profile.optimizer_s_per_param(node_type.gpu.name)
     if rate is not None:
         return params_updated * rate
@@ -543,10 +556,28 @@ def _stage_nodes(inst: Instance, stage: Stage) -> list[Node]:
     return [nodes[i] for i in sorted({d.node for d in stage.devices})]
 
 
-def stage_node_type(inst: Instance, stage: Stage) -> NodeType:
-    """The slowest-linked node type the stage's devices sit on (all share one GPU type)."""
-    types = [n.type for n in _stage_nodes(inst, stage)]
+def stage_node_type(inst: Instance, stage: Stage) -> NodeType | MixedNodeType:
+    """The node type a stage is priced on: where its devices sit on one GPU type, the
+    slowest-linked node type among its nodes; where they span GPU types (a mixed-type stage),
+    the MixedNodeType of its nodes, each member with its count of the stage's nodes."""
+    nodes = _stage_nodes(inst, stage)
+    types = [n.type for n in nodes]
+    if len({nt.gpu.name for nt in types}) > 1:
+        order = {nt: k for k, nt in enumerate(inst.cluster.node_types)}
+        return MixedNodeType(tuple((nt, types.count(nt)) for nt in sorted(set(types), key=order.__getitem__)))
     return min(types, key=lambda nt: (nt.intra_node_gb_per_s, nt.inter_node_gb_per_s))
+
+
+def link_node_type(inst: Instance, stage: Stage) -> NodeType | MixedNodeType:
+    """The node type whose links a stage's transfers use (p2p_s): its first device's node's, or a
+    mixed-type stage's MixedNodeType (its slowest member's links)."""
+    nt = stage_node_type(inst, stage)
+    return nt if isinstance(nt, MixedNodeType) else inst.cluster.nodes[stage.devices[0].node].type
+
+
+def senders_per_node(nt: NodeType | MixedNodeType, group: int) -> int:
+    """GPUs of a stage of `group` GPUs on its busiest node: they share that node's link."""
+    return nt.busiest_node if isinstance(nt, MixedNodeType) else min(group, nt.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -618,10 +649,9 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
 def link_s(inst: Instance, n_bytes: float, a: Stage, b: Stage) -> float:
     """`n_bytes` from each GPU of stage a to its peer in stage b (p2p_s): same node or not,
     senders = a's GPUs on its busiest node."""
-    nodes = inst.cluster.nodes
     same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
     senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
-    return p2p_s(inst, n_bytes, nodes[a.devices[0].node].type, nodes[b.devices[0].node].type, same, senders)
+    return p2p_s(inst, n_bytes, link_node_type(inst, a), link_node_type(inst, b), same, senders)
 
 
 def hop_between(inst: Instance, plan: Plan, a: Stage, b: Stage, tokens: int | None = None) -> float:

@@ -5,7 +5,8 @@ dp (Megatron's rank order inside a stage), holding blocks
 [first_layer, first_layer + num_layers). With an interleaved schedule (vpp > 1) the
 stage's layers are split into vpp equal chunks; chunk j of stage s is virtual stage
 j*pp + s in model order (see `layer_chunks`). Embedding goes with stage 0, head with the
-last stage.
+last stage. A stage's dp replicas may sit on different GPU types (a mixed-type stage, whole
+nodes of each; `gpu` then names them all): the slowest replica paces it (costmodel).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class Device:
 
 @dataclass(frozen=True)
 class Stage:
-    gpu: str                       # GPU type name
+    gpu: str                       # GPU type name; a mixed-type stage joins its types' names by "+" (A100-80GB+A10),
+    #                                in the order of its devices (its dp replicas on several GPU types)
     devices: tuple[Device, ...]    # tp x dp devices, tp fastest
     first_layer: int
     num_layers: int

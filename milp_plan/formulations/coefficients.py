@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from milp_plan import costmodel as cm
-from milp_plan.formulations.space import LIST_KEYS, Config, Placement, StageOption, placement, stage_options
+from milp_plan.cluster import MixedNodeType
+from milp_plan.formulations.space import (LIST_KEYS, Config, Placement, StageOption, host_types, placement,
+                                          stage_options)
 from milp_plan.instance import Instance
 from milp_plan.predict import SIMULATED, seed_paths, step_basis
 from milp_plan.schedules import PathTerms, Schedule
@@ -188,7 +190,7 @@ class Coefficients:
             from milp_plan.errors import InputError
             raise InputError(f"model '{inst.model.name}' mixes block kinds (encoder-decoder); the exact formulations "
                              "need one block kind: use --solver brute-force", field="model")
-        self.types = [nt for nt in inst.cluster.node_types]
+        self.types = list(host_types(inst, {"mixed": True}))   # node types, then mixed bundles (space.host_types)
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
         self.pins = {k: fix[k] for k in LIST_KEYS if fix and k in fix}   # per-stage layers / GPU type order
         # the options depend on the uniform choice, the samples per micro-batch, the stage sizes
@@ -329,6 +331,8 @@ class Coefficients:
         nt, pl = self.types[opt.k], self.pools[self.pool_of[o]].place
         nodes = 1 if pl.stages_per_node else pl.nodes_per_stage
         per_node = opt.group if pl.stages_per_node else nt.gpus_per_node
+        if isinstance(nt, MixedNodeType):  # the bundle's whole nodes (costmodel.plan_costs reads the devices)
+            nodes, per_node = nt.real_nodes, nt.busiest_node
         end = cm.dp_end_params(self.inst, opt.tp, first)
         overlap = self._state_key("dp", opt, s).mbs > 0
 
@@ -366,7 +370,7 @@ class Coefficients:
 
     def senders(self, p: int) -> int:
         pool = self.pools[p]
-        return min(pool.group, self.types[pool.k].gpus_per_node)
+        return cm.senders_per_node(self.types[pool.k], pool.group)
 
     def hop_intra(self, p: int) -> float:
         return self._hop(p, self.pools[p].k, True)

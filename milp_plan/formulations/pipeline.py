@@ -47,6 +47,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from milp_plan.cluster import MixedNodeType
 from milp_plan.formulations.coefficients import Affine, Coefficients
 from milp_plan.formulations.space import pinned_types
 from milp_plan.job import Limits
@@ -324,6 +325,28 @@ class PipelineModel:
             be.add(be.sum([v.u[p, beta] for beta in betas]) == 1)
             be.add(be.sum([self._on_pool(s, p) for s in self.S])
                    == be.sum([beta * v.u[p, beta] for beta in betas]))
+
+    def add_shared_nodes(self) -> None:
+        """Mixed-type stages (--mixed-stages) take whole nodes of the node types they mix: per
+        node type k, the nodes its own pool uses plus n_k per stage of each bundle holding k
+        are at most its count: sum_beta nodes_p(beta) u[p,beta] + sum_q n_{q,k} sum_beta beta
+        u[q,beta] <= count_k (placement.place_stages puts the bundles on the last nodes)."""
+        be, v, c = self.be, self.v, self.c
+        mixed = [q for q in self.P if isinstance(c.types[c.pools[q].k], MixedNodeType)]
+        if not mixed:
+            return
+        for k, nt in enumerate(c.inst.cluster.node_types):
+            terms = []
+            for q in mixed:
+                n = dict(c.types[c.pools[q].k].members).get(nt, 0)
+                terms += [n * beta * var for (p, beta), var in v.u.items() if p == q and n and beta]
+            if not terms:
+                continue
+            p = self.pool_of_type.get(k)
+            if p is not None:
+                place = c.pools[p].place
+                terms += [place.nodes_used(beta) * var for (pp_, beta), var in v.u.items() if pp_ == p and beta]
+            be.add(be.sum(terms) <= nt.count)
 
     def add_memory_capacity(self) -> None:
         """Per GPU: a n + rho r + c <= usable capacity of the option's node type (integer bytes,
@@ -675,7 +698,8 @@ class PipelineModel:
         step = ((self.add_optimizer, self.add_paths) if self.simulated else
                 (self.add_steady_period, self.add_dp_optimizer, self.add_step_time))
         for family in (self.add_stage_type, self.add_layer_cover, self.add_pins, self.add_recompute, self.add_contiguity,
-                       self.add_device_count, self.add_memory_capacity, self.add_stage_time, self.add_hops,
+                       self.add_device_count, self.add_shared_nodes, self.add_memory_capacity, self.add_stage_time,
+                       self.add_hops,
                        self.add_embedding_sync, *step, self.add_cost, self.set_objective):
             family()
         return self.v

@@ -8,24 +8,45 @@ the run a stage of g <= gpus_per_node GPUs takes the next g local GPUs of the cu
 node (so gpus_per_node / g stages share a node), a larger stage takes g / gpus_per_node
 whole nodes. Devices are listed tp fastest, then dp, so every tp group is tp consecutive
 local GPUs of one node. In Megatron mode every node type has one pool, whose first run
-starts on the type's first node.
+starts on the type's first node. A mixed-type stage (--mixed-stages) takes its bundle's whole
+nodes of each member type from the back of that type's nodes (the last unused ones, in
+cluster order), so it never meets a run; the model keeps each type's nodes enough for both
+(add_shared_nodes).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 from milp_plan import predict
-from milp_plan.formulations.space import Config, StageOption, placement
+from milp_plan.cluster import MixedNodeType
+from milp_plan.formulations.space import Config, StageOption, host_types, placement
 from milp_plan.instance import Instance
 from milp_plan.plan import Device, Plan, SolverRecord, Stage
 
 
 def place_stages(inst: Instance, options: Sequence[StageOption]) -> list[tuple[Device, ...]]:
+    """Each stage's devices in the canonical placement; ValueError when a type's nodes run out
+    (more mixed bundles than the nodes their runs leave)."""
     nodes_of = {k: [n for n in inst.cluster.nodes if n.type is nt] for k, nt in enumerate(inst.cluster.node_types)}
     cursor = {k: 0 for k in nodes_of}  # next free GPU slot (global, over the type's nodes)
+    back = {k: len(v) for k, v in nodes_of.items()}  # mixed bundles take nodes below this, from the back
+    hosts = host_types(inst, {"mixed": True})
+    index = {nt: k for k, nt in enumerate(inst.cluster.node_types)}
     out, prev = [], None
     for opt in options:
-        nt = inst.cluster.node_types[opt.k]
+        nt = hosts[opt.k]
+        if isinstance(nt, MixedNodeType):
+            if placement(nt, opt.group) is None:
+                raise ValueError(f"stage of {opt.group} GPUs is not the bundle {nt.name}")
+            devs = []
+            for member, n in nt.members:
+                k = index[member]
+                back[k] -= n
+                devs += [Device(node.index, g) for node in nodes_of[k][back[k]:back[k] + n]
+                         for g in range(member.gpus_per_node)]
+            out.append(tuple(devs))
+            prev = (opt.k, opt.group)
+            continue
         gpn = nt.gpus_per_node
         if placement(nt, opt.group) is None:
             raise ValueError(f"stage of {opt.group} GPUs does not pack into {nt.name}")
@@ -36,7 +57,20 @@ def place_stages(inst: Instance, options: Sequence[StageOption]) -> list[tuple[D
         cursor[opt.k] = start + opt.group
         out.append(tuple(Device(nodes_of[opt.k][slot // gpn].index, slot % gpn)
                          for slot in range(start, start + opt.group)))
+    for k, nt in enumerate(inst.cluster.node_types):
+        if -(-cursor[k] // nt.gpus_per_node) > back[k]:
+            raise ValueError(f"{nt.name}: the stages need more than its {nt.count} nodes")
     return out
+
+
+def fits(inst: Instance, options: Sequence[StageOption]) -> bool:
+    """The stages place on the cluster's nodes (place_stages): always, but where mixed-type
+    bundles and their member types' own stages together want more nodes than a type has."""
+    try:
+        place_stages(inst, options)
+    except ValueError:
+        return False
+    return True
 
 
 def build_plan(inst: Instance, cfg: Config, options: Sequence[StageOption], layers: Sequence[int],
@@ -46,7 +80,7 @@ def build_plan(inst: Instance, cfg: Config, options: Sequence[StageOption], laye
     devices = place_stages(inst, options)
     stages, first = [], 0
     for opt, devs, n, r in zip(options, devices, layers, recompute_layers):
-        stages.append(Stage(inst.cluster.node_types[opt.k].gpu.name, devs, first, n, opt.tp, opt.dp, opt.mbs,
+        stages.append(Stage(host_types(inst, {"mixed": True})[opt.k].gpu.name, devs, first, n, opt.tp, opt.dp, opt.mbs,
                             opt.recompute, r if opt.recompute == "full" else 0))
         first += n
     # the switches are recorded only where a stage uses them (no effect at tp 1 or dp 1)

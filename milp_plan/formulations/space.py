@@ -36,7 +36,7 @@ from typing import Iterator
 from milp_plan import schedules
 from milp_plan.schedules import OneFOneB
 from milp_plan.analytic import valid_tps
-from milp_plan.cluster import NodeType
+from milp_plan.cluster import MixedNodeType, NodeType, gpu_names
 from milp_plan.errors import InputError
 from milp_plan.instance import Instance
 
@@ -71,7 +71,8 @@ def covered(inst: Instance, gpu: str, tp: int, mbs: int, fix: dict[str, object] 
     or generates it (analytic), or --extrapolate lets the profile's fill rules supply it."""
     if fix and fix.get("extrapolate"):
         return True
-    return inst.profile.provides(inst.model.name, gpu, tp, mbs, inst.job.seq_length, _kinds(inst.model))
+    return all(inst.profile.provides(inst.model.name, g, tp, mbs, inst.job.seq_length, _kinds(inst.model))
+               for g in gpu_names(gpu))
 
 
 @functools.lru_cache(maxsize=64)
@@ -212,8 +213,36 @@ class Placement:
         return stages * self.nodes_per_stage
 
 
-def placement(nt: NodeType, group: int) -> Placement | None:
-    """None unless a stage of `group` GPUs divides a node or is a multiple of one."""
+MIXED_MAX_NODES = 4   # a mixed-type stage spans at most this many whole nodes (--mixed-stages)
+
+
+def mixed_types(inst: Instance) -> tuple[MixedNodeType, ...]:
+    """The bundles a mixed-type stage may take (--mixed-stages): n_a whole nodes of node type a
+    and n_b of a later type b of another GPU, n_a, n_b >= 1, n_a + n_b <= MIXED_MAX_NODES,
+    within the types' counts, in cluster order (a, b, n_a, n_b)."""
+    types, out = inst.cluster.node_types, []
+    for a, ta in enumerate(types):
+        for tb in types[a + 1:]:
+            if ta.gpu.name == tb.gpu.name:
+                continue
+            for na in range(1, min(ta.count, MIXED_MAX_NODES - 1) + 1):
+                for nb in range(1, min(tb.count, MIXED_MAX_NODES - na) + 1):
+                    out.append(MixedNodeType(((ta, na), (tb, nb))))
+    return tuple(out)
+
+
+def host_types(inst: Instance, fix: dict[str, object] | None = None) -> tuple:
+    """What a stage option's k indexes: the cluster's node types, then (with --mixed-stages,
+    fix `mixed`) the mixed-type bundles (mixed_types)."""
+    base = tuple(inst.cluster.node_types)
+    return base + mixed_types(inst) if fix and fix.get("mixed") else base
+
+
+def placement(nt: NodeType | MixedNodeType, group: int) -> Placement | None:
+    """None unless a stage of `group` GPUs divides a node or is a multiple of one; on a
+    mixed-type bundle, unless it is the whole bundle (one stage per bundle)."""
+    if isinstance(nt, MixedNodeType):
+        return Placement(1, 0, nt.count) if group == nt.gpus_per_node else None
     g = nt.gpus_per_node
     if group <= g and g % group == 0:
         return Placement(g // group, 0, nt.count * (g // group))
@@ -226,6 +255,8 @@ def _packs(nt: NodeType, group: int, tp: int) -> bool:
     """A stage of `group` GPUs packs into node type nt, and its tp groups (tp consecutive
     local GPUs) stay inside one node: tp divides the GPUs per node."""
     pl = placement(nt, group)
+    if isinstance(nt, MixedNodeType):
+        return pl is not None and pl.max_stages > 0 and all(m.gpus_per_node % tp == 0 for m, _ in nt.members)
     return pl is not None and pl.max_stages > 0 and nt.gpus_per_node % tp == 0
 
 
@@ -242,7 +273,7 @@ def stage_options(inst: Instance, cfg: Config, fix: dict[str, object] | None = N
     u = cfg.uniform
     out = []
     mbs_ok = set(micro_batch_sizes(cfg.samples, fix))
-    for k, nt in enumerate(inst.cluster.node_types):
+    for k, nt in enumerate(host_types(inst, fix)):
         for tp in ([u.tp] if u else tp_sizes(inst, fix)):
             if nt.gpus_per_node % tp:
                 continue  # a tp group stays inside one node (_packs, check_tp_within_node)
@@ -288,9 +319,10 @@ def recompute_choices(inst: Instance) -> tuple[str, ...]:
 
 
 def with_space_options(fix: str | None, extrapolate: bool = False, max_tp: int | None = None,
-                       max_micro_batch: int | None = None) -> str | None:
-    """The --fix text with --extrapolate, --max-tp and --max-micro-batch added (extrapolate=on,
-    tp<=N, mbs<=N), so every path that parses --fix (solve, pareto) sees one space."""
+                       max_micro_batch: int | None = None, mixed: bool = False) -> str | None:
+    """The --fix text with --extrapolate, --max-tp, --max-micro-batch and --mixed-stages added
+    (extrapolate=on, tp<=N, mbs<=N, mixed=on), so every path that parses --fix (solve, pareto)
+    sees one space."""
     parts = [fix] if fix else []
     for flag, name in ((max_tp, "--max-tp"), (max_micro_batch, "--max-micro-batch")):
         if flag is not None and flag < 1:
@@ -298,6 +330,7 @@ def with_space_options(fix: str | None, extrapolate: bool = False, max_tp: int |
     parts += [f"tp<={max_tp}"] if max_tp is not None else []
     parts += [f"mbs<={max_micro_batch}"] if max_micro_batch is not None else []
     parts += ["extrapolate=on"] if extrapolate else []
+    parts += ["mixed=on"] if mixed and "mixed=" not in (fix or "") else []
     return ",".join(parts) or None
 
 
@@ -307,14 +340,16 @@ def plan_fills(inst: Instance, plan) -> tuple:
     from milp_plan.plan import ProfileFill
     m, seq, out = inst.model, inst.job.seq_length, set()
     for st in plan.stages:
-        for kind in m.kinds():
-            how = inst.profile.filled(m.name, st.gpu, st.tp, st.micro_batch_size, seq, kind)
-            if how is not None:
-                out.add(ProfileFill(st.gpu, st.tp, st.micro_batch_size, seq, kind, how))
+        for gpu in gpu_names(st.gpu):
+            for kind in m.kinds():
+                how = inst.profile.filled(m.name, gpu, st.tp, st.micro_batch_size, seq, kind)
+                if how is not None:
+                    out.add(ProfileFill(gpu, st.tp, st.micro_batch_size, seq, kind, how))
     return tuple(sorted(out, key=lambda f: (f.gpu, f.tp, f.micro_batch_size, f.seq_length, f.kind)))
 
 
-FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt", "extrapolate", "layers", "order"}
+FIX_KEYS = {"tp", "pp", "dp", "mbs", "vpp", "recompute", "sp", "schedule", "distopt", "extrapolate", "layers", "order",
+            "mixed"}
 LIST_KEYS = {"layers", "order"}   # per-stage pins: layers=3,5 (layer counts), order=A10,A100 (GPU or node type)
 CAP_KEYS = {"tp", "mbs"}   # KEY<=N caps the range (--max-tp, --max-micro-batch write them too)
 
@@ -351,7 +386,7 @@ def parse_fix(text: str | None) -> dict[str, object]:
             if not (v.isascii() and v.isdigit()) or not 1 <= int(v) <= 2**20:
                 raise InputError(f"{k} must be a whole number from 1 to {2**20}, got '{v}'", field="fix")
             out[k] = int(v)
-        elif k in ("sp", "distopt", "extrapolate"):
+        elif k in ("sp", "distopt", "extrapolate", "mixed"):
             if v not in ("on", "off", "true", "false", "1", "0"):
                 raise InputError(f"{k} must be on or off, got '{v}'", field="fix")
             out[k] = v in ("on", "true", "1")
@@ -438,9 +473,10 @@ ZB_H1_REFUSAL = ("schedule=zb-h1 runs only on the zero-bubble fork of Megatron-L
                  "ZB-H1 with `milp-plan verify PLAN --schedule zb-h1`")
 
 
-def _stage_fits_nodes(inst: Instance, group: int) -> bool:
-    """A stage of `group` GPUs packs into some node type: group divides the node or a multiple of it."""
-    return any(placement(nt, group) is not None for nt in inst.cluster.node_types)
+def _stage_fits_nodes(inst: Instance, group: int, fix: dict[str, object] | None = None) -> bool:
+    """A stage of `group` GPUs packs into some node type (group divides the node or is a
+    multiple of it) or, with --mixed-stages, is a mixed-type bundle."""
+    return any(placement(nt, group) is not None for nt in host_types(inst, fix))
 
 
 FREE_SP_REFUSAL = ("--mode free plans with sequence parallelism on (in the cost model it never costs time, and it "
@@ -469,13 +505,13 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
         if tp > max_gpn:
             continue
         for dp in ([fix["dp"]] if "dp" in fix else range(1, total // tp + 1)):
-            if gbs % dp or not _stage_fits_nodes(inst, tp * dp):
+            if gbs % dp or not _stage_fits_nodes(inst, tp * dp, fix):
                 continue
             for mbs in micro_batch_sizes(gbs // dp, fix):
                 if gbs % (mbs * dp):
                     continue
                 if not any(_packs(nt, tp * dp, tp) and covered(inst, nt.gpu.name, tp, mbs, fix)
-                           for nt in inst.cluster.node_types):
+                           for nt in host_types(inst, fix)):
                     continue  # no node type runs this (tp, mbs) on profiled data
                 n_mb = gbs // (mbs * dp)
                 sp = bool(fix.get("sp", True)) and tp > 1
@@ -524,7 +560,8 @@ def _free_configs(inst: Instance, fix: dict[str, object], names: tuple[str, ...]
     for samples in range(1, gbs + 1):
         if gbs % samples:
             continue
-        opts = stage_options(inst, Config(samples, 1, sizes=(OPEN,) * len(inst.cluster.node_types)), fix)
+        hosts = len(host_types(inst, fix))
+        opts = stage_options(inst, Config(samples, 1, sizes=(OPEN,) * hosts), fix)
         if not opts:
             continue
         most = sum(nt.count * nt.gpus_per_node for nt in inst.cluster.node_types) // min(o.group for o in opts)
@@ -533,7 +570,7 @@ def _free_configs(inst: Instance, fix: dict[str, object], names: tuple[str, ...]
             if pp > L or pp > most:
                 continue
             for sched, vpp in _schedules(fix, names, pp, m, L):
-                yield Config(samples, pp, sched, vpp, True, distopt, (OPEN,) * len(inst.cluster.node_types))
+                yield Config(samples, pp, sched, vpp, True, distopt, (OPEN,) * hosts)
 
 
 def explain_fix(inst: Instance, fix: dict[str, object]) -> str:

@@ -456,7 +456,7 @@ def search(inst: Instance, limits: Limits, deadline: Deadline, fix: dict | None 
            max_hops: int = MAX_HOPS, trials: int = TRIALS, beam: int = BEAM) -> Search:
     """Every pipeline depth from 1 up, `trials` descents each, until done or the deadline;
     the returned Search holds the best admitted plan (`best`)."""
-    fix = dict(fix or {})
+    fix = {k: v for k, v in (fix or {}).items() if k != "mixed"}  # its own space: no mixed-type stages
     mode = inst.objective.mode
     check_fix(fix, mode)
     sx = Search(inst, limits, fix, mode, deadline, frozenset(tp_sizes(inst, fix)))

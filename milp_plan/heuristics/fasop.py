@@ -191,7 +191,7 @@ def stage_time_fn(inst: Instance, types: Sequence[int], tp: int, mbs: int):
 def search(inst: Instance, limits: Limits, deadline: Deadline, fix: dict | None = None) -> Outcome:
     """Every node sequence x (tp, dp) whose stages fill the sequence's GPUs x mbs, each with
     its min-max partition and the cheapest recompute that fits; the best admitted plan."""
-    fix = dict(fix or {})
+    fix = {k: v for k, v in (fix or {}).items() if k != "mixed"}  # its own space: no mixed-type stages
     check_fix(fix, "fasop")
     sx = Search(inst, limits, fix, "megatron", deadline, frozenset(tp_sizes(inst, fix)))
     gbs, L = inst.job.global_batch_size, inst.model.num_layers

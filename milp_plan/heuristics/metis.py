@@ -383,7 +383,7 @@ def search(inst: Instance, limits: Limits, deadline: Deadline, fix: dict | None 
            variance: float = SCALE_VARIANCE, max_permute_len: int = MAX_PERMUTE_LEN) -> Outcome:
     """Node sequences x stage counts x device groups x micro-batch counts, each with the greedy
     intra-stage search; the best admitted plan."""
-    fix = dict(fix or {})
+    fix = {k: v for k, v in (fix or {}).items() if k != "mixed"}  # its own space: no mixed-type stages
     mode = inst.objective.mode
     check_fix(fix, "metis")
     if mode == "free" and fix.get("sp") is False:

@@ -25,7 +25,7 @@ import bisect
 from typing import Sequence
 
 from milp_plan.deadline import WORK, Deadline
-from milp_plan.formulations.placement import build_plan
+from milp_plan.formulations.placement import build_plan, fits
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.space import matches_pins
 from milp_plan.job import Limits
@@ -136,6 +136,8 @@ def best_plan(coef: Coefficients, limits: Limits, dl: Deadline | None = None) ->
     (also when the deadline `dl` runs out first)."""
     best = None
     for opts, layers, rs in candidates(coef, dl):
+        if not fits(coef.inst, [coef.options[o] for o in opts]):  # mixed bundles share their types' nodes
+            continue
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
         if dl is not None:
             dl.charge(WORK.plan)

@@ -7,7 +7,8 @@ model's coefficients. Candidates per config:
 
 - in free mode, every child config: one stage size (GPUs per stage) per node type;
 - every sequence of node types (at most as many stages per type as fit on its nodes at its
-  stage size; a type whose stages share nodes forms one contiguous run, a type whose stages
+  stage size, mixed-type bundles sharing their member types' nodes: place_stages refuses
+  what does not fit; a type whose stages share nodes forms one contiguous run, a type whose stages
   take whole nodes may appear in several runs);
 - every choice of stage option per stage among its type's options (free mode: tp x dp
   split and recompute per stage; Megatron mode: one option per type);
@@ -29,15 +30,16 @@ import time
 from typing import Iterator
 
 from milp_plan.errors import InputError
-from milp_plan.formulations.placement import build_plan
+from milp_plan.formulations.placement import build_plan, fits
 from milp_plan.job import Limits
-from milp_plan.formulations.space import (Config, StageOption, enumerate_configs, free_completions,
+from milp_plan.formulations.space import (Config, StageOption, enumerate_configs, free_completions, host_types,
                                           matches_pins, placement, stage_options)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import SolveResult, objective_of
 
 MAX_PLANS = 200_000
+MIXED = {"mixed": True}   # option k indexes node types, then mixed-type bundles (space.host_types)
 
 
 def _by_type(options: list[StageOption]) -> dict[int, list[StageOption]]:
@@ -51,7 +53,7 @@ def _by_type(options: list[StageOption]) -> dict[int, list[StageOption]]:
 
 def _caps(inst: Instance, cfg, options: list[StageOption]) -> dict[int, int]:
     """Most stages each node type holds at its stage size."""
-    return {k: min(cfg.pp, placement(inst.cluster.node_types[k], opts[0].group).max_stages)
+    return {k: min(cfg.pp, placement(host_types(inst, MIXED)[k], opts[0].group).max_stages)
             for k, opts in _by_type(options).items()}
 
 
@@ -65,7 +67,7 @@ def _fewest_types(cfg: Config, caps: dict[int, int]) -> int:
 def _shared_node_types(inst: Instance, options: list[StageOption]) -> set[int]:
     """Node types whose stages share nodes (several stages per node): each forms one run."""
     return {k for k, opts in _by_type(options).items()
-            if placement(inst.cluster.node_types[k], opts[0].group).stages_per_node >= 2}
+            if placement(host_types(inst, MIXED)[k], opts[0].group).stages_per_node >= 2}
 
 
 def _one_run_each(seq: tuple[int, ...]) -> bool:
@@ -193,6 +195,8 @@ def _recompute_choices(cfg: Config, opts: tuple[StageOption, ...], layers: tuple
 def candidate_plans(inst: Instance, cfg: Config, fix: dict | None = None) -> Iterator[Plan]:
     """Every plan of the config's space, evaluated by the cost model (limits not applied)."""
     for opts in option_sequences(inst, cfg, stage_options(inst, cfg, fix)):
+        if not fits(inst, opts):   # mixed-type bundles and their types' own stages want more nodes than there are
+            continue
         for layers in compositions(inst.model.num_layers, cfg.pp, cfg.vpp):
             for rs in _recompute_choices(cfg, opts, layers):
                 plan = build_plan(inst, cfg, opts, layers, rs, None)
