@@ -46,6 +46,21 @@ def test_mixed_stage_is_paced_by_its_slowest_replica(tmp_path):
     assert cm.plan_usd_per_hour(inst, plan) == pytest.approx(8.0 + 2.0)
     # the stage's links are the slower node's: both types have HUGE_BW here, so the reduction is ~0
     assert costs.dp_s[0] < 1e-6
+    # the optimizer step is the slower GPU's: the A10's 600 GB/s against the A100's 2039
+    fast, slow = inst.cluster.node_types
+    params = cm.stage_params(inst, cm.stage_kinds(inst, 0, 4), True, True, single_stage=True)
+    assert costs.opt_s[0] == pytest.approx(cm.optimizer_s(inst, params, slow))
+    assert costs.opt_s[0] > cm.optimizer_s(inst, params, fast)
+
+
+def test_mixed_stage_keeps_the_most_measured_activations(tmp_path, monkeypatch):
+    """Where the profile measured activations per GPU, a mixed-type stage keeps the larger."""
+    inst = _inst(tmp_path)
+    measured = {"A100-80GB": 3e6, "A10": 5e6}
+    monkeypatch.setattr(cm, "measured_activation_bytes", lambda inst, gpu, *a, **k: measured[gpu])
+    one = {g: cm.layer_activation_bytes(inst, "block", 1, 1, False, "none", gpu=g) for g in measured}
+    assert one["A10"] > one["A100-80GB"]
+    assert cm.layer_activation_bytes(inst, "block", 1, 1, False, "none", gpu="A100-80GB+A10") == one["A10"]
 
 
 def test_checker_reads_mixed_stage_names(tmp_path):
@@ -135,3 +150,39 @@ def test_mixed_stages_agree_with_brute_force(tmp_path_factory, case):
     ref = bruteforce.solve(inst, limits, fix=MIXED, mode=mode)
     for backend in BACKENDS:
         assert_agrees(inst, solve(inst, limits, backend=backend, fix=MIXED, mode=mode, time_limit_s=60), ref, limits)
+
+
+def test_model_coefficients_of_a_mixed_pool_equal_the_cost_model(tmp_path):
+    """Nodes of unequal size (tiny instance: 'big' 4 GPUs of G, 'small' 2 of S at twice G's
+    times, tied embeddings): a bundle of one big and one small node is 6 GPUs; at tp 2, dp 3 it
+    is the only option, and two bundles fit (two nodes of each type). For the placed two-stage
+    plan the model's coefficients (stage time, memory, reduction, optimizer step, hop, embedding
+    all-reduce) equal the cost model's: the big node's 4 GPUs share its link, and the reduction
+    runs over 2 nodes with 2 replicas on the busiest."""
+    from tiny_instance import tiny_instance
+    from milp_plan.formulations.coefficients import Coefficients
+    from milp_plan.formulations.placement import build_plan
+    from milp_plan.units import GIB
+    inst = tiny_instance(tmp_path, global_batch=6, tied=True)
+    cfg = space.Config.megatron(2, 3, 1, 2, "none", sequence_parallel=True, distributed_optimizer=True)
+    coef = Coefficients(inst, cfg, fix=MIXED)
+    assert len(coef.options) == 1 and len(coef.pools) == 1
+    nt = coef.types[coef.options[0].k]
+    assert [(m.name, n) for m, n in nt.members] == [("big", 1), ("small", 1)] and nt.count == 2
+    plan = build_plan(inst, cfg, [coef.options[0]] * 2, [2, 2], [0, 0], None)
+    assert [sorted({d.node for d in st.devices}) for st in plan.stages] == [[1, 3], [0, 2]]
+    costs = cm.plan_costs(inst, plan)
+    k = coef.pools[0].k
+    assert costs.hop_s[0] == pytest.approx(coef.hop_inter(0, k), rel=1e-12)
+    assert costs.embedding_s == pytest.approx(coef.embedding_sync(0, k, False), rel=1e-12) and costs.embedding_s > 0
+    for s in (0, 1):
+        t, b = coef.time(0, s)
+        assert costs.fwd_s[s] + costs.bwd_s[s] == pytest.approx(t(2), rel=1e-12)
+        assert costs.dp_s[s] == pytest.approx(max(a(2) for a in coef.dp_time(0, s)), rel=1e-12)
+        assert costs.opt_s[s] == pytest.approx(coef.opt_time(0, s)(2), rel=1e-12)
+        sp = costs.stages[s]
+        mem = (sp.weights_gib + sp.gradients_gib + sp.optimizer_gib + sp.activations_gib) * GIB
+        assert mem == pytest.approx(coef.memory(0, s)(2), rel=1e-12)
+        assert sp.capacity_gib * GIB == pytest.approx(coef.capacity(0), rel=1e-12)
+    # the S side paces: twice G's block time per micro-batch (tp 2, micro-batch 1: 2 x (2+4)/2 ms a block)
+    assert costs.fwd_s[1] + costs.bwd_s[1] > 2 * 2 * (2.0 + 4.0) / 2 * 1e-3

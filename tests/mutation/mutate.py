@@ -103,6 +103,18 @@ MUTATIONS = [
     (PIPE, "$/h budget 10% looser in the model",
      "be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))",
      "be.add(v.usd_h <= down(1.1 * lim.budget_usd_per_hour * res.money))"),
+    (PIPE, "mixed-type bundles do not share their member types' nodes (add_shared_nodes off)",
+     "        mixed = [q for q in self.P if isinstance(c.types[c.pools[q].k], MixedNodeType)]", "        mixed = []"),
+    (COEF, "a mixed-type stage's reduction priced as one node",
+     "            nodes, per_node = nt.real_nodes, nt.busiest_node", "            pass"),
+    ("milp_plan/costmodel.py", "a mixed-type stage paced by its fastest replica",
+     "        return LayerTimes(*(max(t) for t in zip", "        return LayerTimes(*(min(t) for t in zip"),
+    ("milp_plan/costmodel.py", "a mixed-type stage's hop senders taken as its whole bundle",
+     "    return nt.busiest_node if isinstance(nt, MixedNodeType) else min(group, nt.gpus_per_node)",
+     "    return min(group, nt.gpus_per_node)"),
+    ("milp_plan/costmodel.py", "a mixed-type stage's optimizer step at its fastest GPU",
+     "        return max(optimizer_s(inst, params_updated, nt) for nt, _ in node_type.members)",
+     "        return min(optimizer_s(inst, params_updated, nt) for nt, _ in node_type.members)"),
 ]
 
 PROBE = r'''
@@ -131,6 +143,12 @@ if sys.argv[3] == "simulated":
     for t in (test_type_order.test_a_type_in_two_runs_is_found_and_proven,
               test_type_order.test_the_model_keeps_shared_node_stages_in_one_run):
         t(Path(tempfile.mkdtemp()))
+# mixed-type stages: the hand optimum, the slowest replica's pace, the model's coefficients of a
+# bundle of unequal nodes against the cost model (tests/test_mixed_stages.py)
+import test_mixed_stages as tms
+for t in (tms.test_hand_optimum_uses_a_mixed_stage, tms.test_mixed_stage_is_paced_by_its_slowest_replica,
+          tms.test_model_coefficients_of_a_mixed_pool_equal_the_cost_model):
+    t(Path(tempfile.mkdtemp()))
 # every config's model on its own (no heuristic or bound can hide it), each schedule, slow
 # links, per-GPU billing, against each config's exhaustive optimum (tests/test_trust.py)
 from test_trust import assert_every_config_model_exact
