@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clitools import run_cli
-from milp_plan import predict
+from milp_plan import costmodel, predict
 from milp_plan.errors import InputError
 from milp_plan.importers import fasop_plan, metis_plan
 from milp_plan.importers.peer_plan import import_plan
@@ -122,7 +122,6 @@ def test_fasop_old_log_columns(tmp_path):
 
 
 @pytest.mark.parametrize("rank, expect", [
-    (3, "stage 0: its GPUs are of 2 types (A100-40GB, A10); FASOP allows a stage to mix GPU types"),
     (4, "stage 0 holds only the embedding or the head"),
     (9, "--rank 9 is out of range: the file has 5 row(s)"),
 ])
@@ -131,6 +130,23 @@ def test_fasop_rows_milp_plan_cannot_represent(fasop_case, rank, expect):
     with pytest.raises(InputError) as err:
         import_plan(f"fasop:{csv_path}", instance(cluster), rank=rank)
     assert expect in str(err.value)
+
+
+def test_fasop_stage_of_two_gpu_types_is_a_mixed_stage(fasop_case):
+    """Row 3 (dp 8): stage 0 takes the p4d node and the first g5 node, a mixed-type stage
+    paced by its A10 replicas: its times are the A10 node's for the same layers."""
+    csv_path, cluster = fasop_case
+    got = import_plan(f"fasop:{csv_path}", instance(cluster), rank=3)
+    plan, inst = got.plan, got.instance
+    assert [s.gpu for s in plan.stages] == ["A100-40GB+A10", "A10"]
+    assert sorted({d.node for d in plan.stages[0].devices}) == [0, 1]
+    assert plan.predicted == predict.evaluate(inst, plan)
+    a10 = inst.cluster.node_types[1]
+    st = plan.stages[0]
+    kinds = costmodel.stage_kinds(inst, st.first_layer, st.num_layers)
+    f, b = costmodel.stage_compute_s(inst, a10, st.tp, st.micro_batch_size, kinds, True, False, "none", 0)
+    costs = costmodel.plan_costs(inst, plan)
+    assert (costs.fwd_s[0], costs.bwd_s[0]) == pytest.approx((f, b), rel=1e-12)
 
 
 def test_fasop_gpus_per_node_must_match(tmp_path):
@@ -208,8 +224,6 @@ def test_cli_violations_are_written_and_exit_1(fasop_case, tmp_path, capsys):
     (["import-plan", "aceso:x.csv"], "'aceso:x.csv' is not a peer plan; write fasop:FILE or metis:FILE"),
     (["import-plan", "fasop:{csv}", "--cluster", "{cluster}", "--model", "gpt2-xl"], "--global-batch" ),
     (["import-plan", "fasop:{csv}", "--cluster", "{cluster}", "--model", "gpt2-xl", "--global-batch", "64",
-      "--rank", "3"], "mix GPU types"),
-    (["import-plan", "fasop:{csv}", "--cluster", "{cluster}", "--model", "gpt2-xl", "--global-batch", "64",
       "--rank", "0"], "field 'rank': must be >= 1"),
     (["import-plan", "fasop:{cluster}", "--cluster", "{cluster}", "--model", "gpt2-xl", "--global-batch", "64"],
      "not a FASOP result CSV"),
@@ -264,15 +278,17 @@ def test_metis_best_row_per_stage_strategies(tmp_path):
     assert got.instance.objective.mode == "free"
 
 
-def test_metis_rank_is_the_printed_rank_and_hetero_groups_refused(tmp_path):
+def test_metis_rank_is_the_printed_rank_and_hetero_groups_are_mixed_stages(tmp_path):
     log, cluster = metis_case(tmp_path, METIS_LOG.replace("\n3, ", "\n7, "))
     inst = build_instance(InstanceSpec(cluster=cluster, model="gpt3-1.3b", global_batch_size=64))
-    # rank 7: stage 0 = 2 A100s, stage 1 = 2 A100s + 4 T4s
-    with pytest.raises(InputError, match="stage 1: its GPUs are of 2 types .*Metis allows"):
-        import_plan(f"metis:{log}", inst, rank=7)
-    # rank 2: one stage over both types
-    with pytest.raises(InputError, match="stage 0: its GPUs are of 2 types"):
-        import_plan(f"metis:{log}", inst, rank=2)
+    # rank 7: stage 0 = 2 A100s, stage 1 = 2 A100s + 4 T4s (a mixed-type stage on part of a node)
+    got = import_plan(f"metis:{log}", inst, rank=7)
+    assert [s.gpu for s in got.plan.stages] == ["A100-80GB", "A100-80GB+T4"]
+    assert got.plan.predicted == predict.evaluate(got.instance, got.plan)
+    # rank 2: one stage over both types, tp 2 x dp 4
+    got = import_plan(f"metis:{log}", inst, rank=2)
+    assert [(s.gpu, s.tp, s.dp) for s in got.plan.stages] == [("A100-80GB+T4", 2, 4)]
+    assert "tp_within_node" not in {v.rule for v in got.violations}
 
 
 @pytest.mark.parametrize("line, expect", [

@@ -13,11 +13,12 @@ head (post-process) in slots of their own, so
     blocks of stage s = slots of stage s that hold a transformer block
 
 (stage 0 loses its embedding slot, the last stage its head slot; milp-plan puts
-embedding and head on those stages implicitly). What milp-plan cannot represent is an
+embedding and head on those stages implicitly). A stage whose GPUs are of several types
+(FASOP and Metis allow it) becomes a mixed-type stage, its `gpu` the types' names joined by
+'+' in the order of its devices; the cost model paces it by its slowest replica. What
+milp-plan cannot represent is an
 InputError that says so, exit 2:
 
-* a stage whose GPUs are of two types (FASOP and Metis allow it; milp-plan gives every
-  stage one GPU type);
 * a stage that holds no transformer block (only the embedding or the head);
 * a structure the checker rejects outright (devices, batch split, layer cover).
 
@@ -31,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from milp_plan import check, predict
-from milp_plan.cluster import Cluster
+from milp_plan.cluster import MIXED_SEP, Cluster
 from milp_plan.errors import InputError
 from milp_plan.formulations.space import plan_fills
 from milp_plan.importers import fasop_plan, metis_plan
@@ -51,18 +52,10 @@ class Imported:
     violations: tuple[check.Violation, ...]
 
 
-def check_one_gpu_type(cluster: Cluster, devices: Sequence[Device], source: str, where: str, tool: str) -> str:
-    """The GPU type of a stage's devices; an InputError when they mix types."""
-    names = []
-    for d in devices:
-        name = cluster.nodes[d.node].type.gpu.name
-        if name not in names:
-            names.append(name)
-    if len(names) > 1:
-        raise InputError(f"{where}: its GPUs are of {len(names)} types ({', '.join(names)}); {tool} allows a stage "
-                         "to mix GPU types, milp-plan gives every stage one GPU type and cannot represent it yet: "
-                         "pick another --rank", source=source)
-    return names[0]
+def stage_gpu(cluster: Cluster, devices: Sequence[Device]) -> str:
+    """The `gpu` of a stage on these devices: its GPU type, or a mixed-type stage's types joined
+    by MIXED_SEP in the order of its devices."""
+    return MIXED_SEP.join(dict.fromkeys(cluster.nodes[d.node].type.gpu.name for d in devices))
 
 
 # ---- the Plan ----------------------------------------------------------------------------
@@ -93,8 +86,7 @@ def to_plan(inst: Instance, layout: PeerLayout, source: str) -> Imported:
     where = f"{layout.tool} row {layout.rank}"
     stages, first = [], 0
     for s, ps in enumerate(layout.stages):
-        gpu = check_one_gpu_type(inst.cluster, ps.devices, source, f"{where}: stage {s}", FORMATS[layout.tool].NAME)
-        stages.append(Stage(gpu, ps.devices, first, ps.blocks, ps.tp, ps.dp, ps.micro_batch_size))
+        stages.append(Stage(stage_gpu(inst.cluster, ps.devices), ps.devices, first, ps.blocks, ps.tp, ps.dp, ps.micro_batch_size))
         first += ps.blocks
     uniform = all(len({getattr(s, a) for s in stages}) == 1 for a in ("tp", "dp", "micro_batch_size"))
     mode = "megatron" if uniform else "free"
