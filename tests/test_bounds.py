@@ -28,21 +28,21 @@ from instances import BACKENDS, EXAMPLES, assert_agrees, limits_for, small_free_
 REL = 1e-9  # bounds are float sums of the cost model's own coefficients; plans are scored by it
 
 
-def config_optimum(inst, coef, limits) -> float:
+def config_optimum(inst, coef, limits, fix=None) -> float:
     """Best admitted plan of one complete config (math.inf when none)."""
     best = math.inf
-    for plan in bruteforce.candidate_plans(inst, coef.cfg, None):
+    for plan in bruteforce.candidate_plans(inst, coef.cfg, fix):
         if limits.admit(plan):
             best = min(best, objective_of(plan, limits))
     return best
 
 
-def assert_bounds_valid(inst, prepared, coef, limits, mode) -> float:
+def assert_bounds_valid(inst, prepared, coef, limits, mode, fix=None) -> float:
     """Checks this config's bounds (and, for a free parent, every child's) and returns its optimum."""
     if coef.cfg.complete:
-        best = config_optimum(inst, coef, limits)
+        best = config_optimum(inst, coef, limits, fix)
     else:
-        best = min([assert_bounds_valid(inst, prepared, kid, limits, mode) for kid in prepared.children(coef)],
+        best = min([assert_bounds_valid(inst, prepared, kid, limits, mode, fix) for kid in prepared.children(coef)],
                    default=math.inf)
     for memory in (False, True):
         lb = config_lower_bound(coef, limits, memory=memory)
@@ -53,16 +53,16 @@ def assert_bounds_valid(inst, prepared, coef, limits, mode) -> float:
     return best
 
 
-def check_instance(kw, gbs, objective, flash, tmp, mode, most):
+def check_instance(kw, gbs, objective, flash, tmp, mode, most, fix=None):
     spec = write_instance(tmp, **kw)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs, "flash_attention": flash}))
-    assume(sum(bruteforce.count_candidates(inst, c) for c in bruteforce.solved_configs(inst, mode=mode)) <= most)
-    fastest = bruteforce.solve(inst, Limits(), mode=mode)
+    assume(sum(bruteforce.count_candidates(inst, c, fix) for c in bruteforce.solved_configs(inst, fix, mode)) <= most)
+    fastest = bruteforce.solve(inst, Limits(), fix=fix, mode=mode)
     assume(fastest.plan is not None)
     limits = limits_for(objective, fastest.plan)
-    prepared = prepare(inst, None, mode)
-    optima = [assert_bounds_valid(inst, prepared, coef, limits, mode) for coef in prepared.coefs]
-    assert min(optima) == (bruteforce.solve(inst, limits, mode=mode).objective or math.inf)
+    prepared = prepare(inst, fix, mode)
+    optima = [assert_bounds_valid(inst, prepared, coef, limits, mode, fix) for coef in prepared.coefs]
+    assert min(optima) == (bruteforce.solve(inst, limits, fix=fix, mode=mode).objective or math.inf)
     for members in prepared.families():  # one bound for configs that differ in schedule and vpp alone
         if len(members) == 1:
             continue  # free mode: each config bounded alone

@@ -4,7 +4,7 @@ a hand-derived optimum, and the exact planners against brute force on random ins
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings, assume, strategies as st
+from hypothesis import HealthCheck, example, given, settings, assume, strategies as st
 
 from milp_plan import check, costmodel as cm, predict
 from milp_plan.cluster import MixedNodeType
@@ -15,6 +15,7 @@ from milp_plan.plan import Device, Plan, Stage
 from milp_plan.solvers.driver import solve
 from milp_plan.solvers import bruteforce
 
+from test_bounds import check_instance
 from instances import BACKENDS, EXAMPLES, HUGE_BW, assert_agrees, limits_for, write_instance
 
 MIXED = {"mixed": True}
@@ -186,3 +187,18 @@ def test_model_coefficients_of_a_mixed_pool_equal_the_cost_model(tmp_path):
         assert sp.capacity_gib * GIB == pytest.approx(coef.capacity(0), rel=1e-12)
     # the S side paces: twice G's block time per micro-batch (tp 2, micro-batch 1: 2 x (2+4)/2 ms a block)
     assert costs.fwd_s[1] + costs.bwd_s[1] > 2 * 2 * (2.0 + 4.0) / 2 * 1e-3
+
+
+@settings(max_examples=5 * EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much])
+@given(mixed_instances())
+@example(({"layers": 6, "fast_ms": (1.0, 2.0), "slow_ms": (1.25, 2.5), "gpn": 1, "counts": (2, 1),
+           "prices": (8.0, 2.0), "memory_gib": (None, None, None), "bw": (HUGE_BW, HUGE_BW)}, 4, "min-time", "free"))
+@example(({"layers": 5, "fast_ms": (1.0, 2.0), "slow_ms": (1.25, 2.5), "gpn": 2, "counts": (2, 1),
+           "prices": (8.0, 2.0), "memory_gib": (None, None, None), "bw": (HUGE_BW, HUGE_BW)}, 4, "min-time",
+          "megatron"))
+def test_config_bounds_with_mixed_bundles_never_exceed_the_config_optimum(tmp_path_factory, case):
+    """Every config's cheap and full bound, free parents included, against brute force over the
+    space with bundles: a bundle shares its member types' GPUs in the full bound (bounds._slots)."""
+    kw, gbs, objective, mode = case
+    check_instance(kw, gbs, objective, True, tmp_path_factory.mktemp("bounds"), mode, 4_000, MIXED)

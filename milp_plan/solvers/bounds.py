@@ -21,12 +21,16 @@ class SlotType:
     """What one node type offers the bottleneck bound: at most `gpus` GPUs, split into
     stages of the given pools, each (GPUs per stage, most stages, alternatives (a, room));
     `required`: it hosts at least one stage (free mode: the type has a stage size);
-    `usd_per_gpu_hour`: the least a GPU of it costs (a stage of g GPUs at least g times that)."""
+    `usd_per_gpu_hour`: the least a GPU of it costs (a stage of g GPUs at least g times that).
+    With mixed-type bundles (--mixed-stages) a slot holds the node types that bundles join and
+    the bundles themselves (`_slots`); `shares` then gives each node type's GPUs and the pools
+    (indices into `pools`) that use them."""
 
     gpus: int
     pools: tuple[tuple[int, int, tuple[tuple[float, int], ...]], ...]
     required: bool = False
     usd_per_gpu_hour: float = 0.0
+    shares: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> int:
@@ -47,12 +51,19 @@ def _stage_runs(z: float, slot: SlotType, unit: int) -> list[tuple[int, int]]:
     of its stages. Several (a free parent, stage size open): with v_max the most one stage
     holds and d the best layers per GPU, j stages hold at most min(j v_max, GPUs x d) (a
     concave relaxation of packing whole stages), and they are at most GPUs / smallest size
-    and at most the pools' stages together."""
+    and at most the pools' stages together. A slot with `shares` (mixed-type bundles) has d per
+    node type: its stages hold at most sum_k GPUs_k x (the best v / g of the pools using k),
+    since a stage of g_k GPUs of each type k holds v = sum_k g_k (v / g) layers."""
     vals = [(g, most, v) for g, most, alts in slot.pools if (v := _stage_layers(z, alts, unit))]
     if len(vals) <= 1:
         return [(v, most) for _, most, v in vals if most > 0]
     vmax = max(v for _, _, v in vals)
-    cap = int(slot.gpus * max(v / g for g, _, v in vals))
+    if slot.shares:
+        density = {i: v / g for i, (g, _, alts) in enumerate(slot.pools) if (v := _stage_layers(z, alts, unit))}
+        cap = int(sum(gpus * max((density[i] for i in used if i in density), default=0.0)
+                      for gpus, used in slot.shares))
+    else:
+        cap = int(slot.gpus * max(v / g for g, _, v in vals))
     stages = min(slot.gpus // min(g for g, _, _ in vals), sum(most for _, most, _ in vals))
     full = min(cap // vmax, stages)
     runs = [(vmax, full), (cap - full * vmax, 1 if stages > full else 0), (0, max(stages - full - 1, 0))]
@@ -238,6 +249,45 @@ def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
     return cands, z, (None if z is None else _least_at_inf(slots, pp, L, unit))
 
 
+def _slots(coef: Coefficients, by_type: dict[int, list], limits: Limits, gpu_hour: dict) -> list[SlotType]:
+    """One slot per node type of the config's pools (`by_type`: host type -> its pools). With
+    mixed-type bundles, the node types a bundle joins and the bundle form one slot, over the
+    types' GPUs (`SlotType.shares`): a bundle's GPUs are its members' (add_shared_nodes), so
+    counting them apart would count them twice."""
+    K = len(coef.inst.cluster.node_types)
+    index = {nt: k for k, nt in enumerate(coef.inst.cluster.node_types)}
+    members = {k: [index[nt] for nt, _ in coef.types[k].members] for k in by_type if k >= K}
+    group = {k: k for k in set(by_type) | {r for rs in members.values() for r in rs}}
+
+    def root(k: int) -> int:
+        while group[k] != k:
+            k = group[k]
+        return k
+    for k, rs in members.items():
+        for r in rs:
+            group[root(r)] = root(k)
+    out: dict[int, list[int]] = {}
+    for k in sorted(group):
+        out.setdefault(root(k), []).append(k)
+    slots = []
+    for ks in sorted(out.values()):
+        hosts = [k for k in ks if k in by_type]
+        required = any(k in coef.required_types for k in hosts)
+        if len(ks) == 1:
+            slots.append(SlotType(_type_gpus(coef, ks[0], limits), tuple(by_type[ks[0]]), required, gpu_hour[ks[0]]))
+            continue
+        pools, owner = [], []
+        for k in hosts:
+            pools += by_type[k]
+            owner += [k] * len(by_type[k])
+        shares = tuple((_type_gpus(coef, r, limits),
+                        tuple(i for i, k in enumerate(owner) if k == r or r in members.get(k, ())))
+                       for r in ks if r < K)
+        slots.append(SlotType(sum(g for g, _ in shares), tuple(pools), required, min(gpu_hour[k] for k in hosts),
+                              shares))
+    return slots
+
+
 def _memo_shared(coef: Coefficients, key: PlacementKey | None, make):
     """make(), memoised in the instance's shared coefficient cache under `key` (None: not memoised)."""
     return make() if key is None else coef.shared.get(key, make)
@@ -333,8 +383,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     for q in sorted(alts):
         by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
     if memory:
-        slots = [SlotType(_type_gpus(coef, k, limits), tuple(pools), k in coef.required_types, gpu_hour[k])
-                 for k, pools in sorted(by_type.items())]
+        slots = _slots(coef, by_type, limits, gpu_hour)
     else:  # cheap: each pool offers its stages on its own (no GPU sharing where a type's size is open)
         slots = [SlotType(_type_gpus(coef, k, limits), (pool,), k in coef.required_types, gpu_hour[k])
                  for k, pools in sorted(by_type.items()) for pool in pools]
