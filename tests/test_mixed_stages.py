@@ -202,3 +202,15 @@ def test_config_bounds_with_mixed_bundles_never_exceed_the_config_optimum(tmp_pa
     space with bundles: a bundle shares its member types' GPUs in the full bound (bounds._slots)."""
     kw, gbs, objective, mode = case
     check_instance(kw, gbs, objective, True, tmp_path_factory.mktemp("bounds"), mode, 4_000, MIXED)
+
+
+def test_a_slot_with_a_bundle_counts_each_gpu_at_its_best_pool():
+    """Type A: 2 GPUs, its own 1-GPU stages at a = 1 ms a layer; type B: 1 GPU, no stage of its
+    own; a bundle of one A and one B GPU at a = 0.75. At z = 3 ms an A stage holds 3 layers,
+    the bundle 4 (densities 3 and 2 a GPU). The best real split, one A stage and the bundle,
+    holds 7 layers; the bound's cap is 2 x 3 + 1 x 2 = 8 >= 7 (B's GPU counted at the bundle's
+    density: leaving it out gives 6 and an invalid bound)."""
+    from milp_plan.solvers.bounds import SlotType, _most_layers
+    own, bundle = (1, 2, ((1.0, 99),)), (2, 1, ((0.75, 99),))
+    slot = SlotType(3, (own, bundle), False, 0.0, ((2, (0, 1)), (1, (1,))))
+    assert _most_layers(3.0, slot, 2, 1) == 8
