@@ -214,3 +214,17 @@ def test_a_slot_with_a_bundle_counts_each_gpu_at_its_best_pool():
     own, bundle = (1, 2, ((1.0, 99),)), (2, 1, ((0.75, 99),))
     slot = SlotType(3, (own, bundle), False, 0.0, ((2, (0, 1)), (1, (1,))))
     assert _most_layers(3.0, slot, 2, 1) == 8
+
+
+def test_bounds_merge_a_bundle_with_the_types_it_joins(tmp_path):
+    """Two 1-GPU fast nodes and one slow one, tp 1 x dp 2 (Megatron): the fast type's 2-GPU
+    stages and the (fast 1 + slow 1) bundle share the fast GPUs; the slow GPU serves the bundle
+    alone. One slot: 3 GPUs, fast GPUs read by both pools, the slow GPU by the bundle."""
+    from milp_plan.formulations.coefficients import Coefficients
+    from milp_plan.solvers.bounds import _slots
+    inst = _inst(tmp_path, counts=(2, 1))
+    coef = Coefficients(inst, space.Config.megatron(1, 2, 1, 1, "none"), fix=MIXED)
+    by_type = {pool.k: [(pool.group, 1, ((1.0, 4),))] for pool in coef.pools}
+    assert sorted(k for k in by_type) == [0, 2]   # the fast type and bundle (1, 1); the slow node holds no 2-GPU stage
+    (slot,) = _slots(coef, by_type, Limits(), {k: 1.0 for k in range(len(coef.types))})
+    assert slot.gpus == 3 and slot.shares == ((2, (0, 1)), (1, (1,)))
