@@ -78,9 +78,10 @@ def build_plan(inst: Instance, cfg: Config, options: Sequence[StageOption], laye
     """recompute_layers: per stage, used where the stage's option recomputes fully. The plan's
     mode is the config's (megatron when it is uniform)."""
     devices = place_stages(inst, options)
+    hosts = host_types(inst, {"mixed": True})
     stages, first = [], 0
     for opt, devs, n, r in zip(options, devices, layers, recompute_layers):
-        stages.append(Stage(host_types(inst, {"mixed": True})[opt.k].gpu.name, devs, first, n, opt.tp, opt.dp, opt.mbs,
+        stages.append(Stage(hosts[opt.k].gpu.name, devs, first, n, opt.tp, opt.dp, opt.mbs,
                             opt.recompute, r if opt.recompute == "full" else 0))
         first += n
     # the switches are recorded only where a stage uses them (no effect at tp 1 or dp 1)
