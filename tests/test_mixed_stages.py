@@ -228,3 +228,13 @@ def test_bounds_merge_a_bundle_with_the_types_it_joins(tmp_path):
     assert sorted(k for k in by_type) == [0, 2]   # the fast type and bundle (1, 1); the slow node holds no 2-GPU stage
     (slot,) = _slots(coef, by_type, Limits(), {k: 1.0 for k in range(len(coef.types))})
     assert slot.gpus == 3 and slot.shares == ((2, (0, 1)), (1, (1,)))
+
+
+def test_launch_notes_a_mixed_type_stage(tmp_path):
+    """launch says who runs a mixed-type stage (stock Megatron-LM) and what every node needs."""
+    from milp_plan.launch import _notes
+    from milp_plan.launch.ranks import assign_ranks
+    inst = _inst(tmp_path)
+    plan = _mixed_plan(inst)
+    notes = _notes(plan, assign_ranks(plan, inst.cluster))
+    assert any("stage 0 (A100-80GB+A10)" in n and "stock Megatron-LM runs this" in n for n in notes)
