@@ -406,6 +406,12 @@ class Coefficients:
             return 0.0
         return nt.rent_usd_per_hour(stages * pool.group, pool.place.nodes_used(stages))
 
+    def usd_per_hour_nodes(self, p: int, nodes: int) -> float:
+        """$/h of a pool whose stages share nodes and that uses `nodes` nodes under node billing
+        (its runs may use more nodes than its stage count alone needs)."""
+        pool = self.pools[p]
+        return self.types[pool.k].rent_usd_per_hour(0, nodes)
+
     def max_stages(self, p: int, pp: int | None = None) -> int:
         """Most stages pool p holds in this config (or in one like it of `pp` stages)."""
         return min(self.cfg.pp if pp is None else pp, self.pools[p].place.max_stages)

@@ -25,9 +25,11 @@ Variables (symbols as in the math):
   r         Megatron mode: recomputed layers of every stage  (int, >= 1)
   rr[s,o]   recomputed layers of stage s if it runs as o     (int; = r y[s,o] in Megatron mode)
   u[p,beta] pool p holds exactly beta stages                 (bool, one-hot in beta)
-  st[s,p]   the run of pool p starts at stage s              (bool)
+  st[s,p]   a run of pool p starts at stage s                (bool; pools whose stages share nodes)
+  w[s,p,i]  stage s of pool p is the i-th of its node        (bool, one-hot in i; i = position in its run mod q_p)
+  nn[p,c]   pool p uses c nodes (sum_s w[s,p,0])             (bool, one-hot in c)
   e[s,p]    stages s and s+1 both in pool p                  (bool, exact AND)
-  g[s,p]    ... and a node boundary lies between them        (bool, exact AND)
+  g[s,p]    ... and a node boundary lies between them        (bool, exact AND of e[s,p], w[s,p,q_p-1])
   x[s,p,j]  stage s in pool p, stage s+1 on another type j   (bool, exact AND)
   h[s]      one-direction transfer time of hop s (ticks, exact expression of e, g, x)
   Q[s]      sum_{j<s} (t_j + 2 h_j): prefix sums for the steady-period windows
@@ -110,6 +112,8 @@ class Vars:
     rr: dict = field(default_factory=dict)
     u: dict = field(default_factory=dict)
     st: dict = field(default_factory=dict)
+    w: dict = field(default_factory=dict)   # (s, p, i): stage s of shared-node pool p is i-th on its node
+    nn: dict = field(default_factory=dict)  # (p, c): shared-node pool p uses c nodes (one-hot; add_device_count)
     x: dict = field(default_factory=dict)
     W: dict = field(default_factory=dict)
     t: list = field(default_factory=list)   # stage time expressions (ticks)
@@ -302,17 +306,43 @@ class PipelineModel:
                     be.add(v.rr[s, o] == vpp * rq)
 
     def add_contiguity(self) -> None:
-        """The stages of a pool whose stages share nodes (q_p >= 2 stages per node) form one
-        contiguous run; a pool whose stages take whole nodes may appear in any positions (its
-        nodes, price and hops do not depend on how its stages are grouped)."""
+        """Runs of a pool whose stages share nodes (q_p >= 2 stages per node). Each run starts on a
+        fresh node (placement.place_stages) and fills q_p stages per node. A pool may form several
+        runs, as in an order A100, A10, A100. The variables:
+        - st[s,p] = Y[s,p] (1 - Y[s-1,p]): a run starts at stage s;
+        - w[s,p,i]: stage s is the i-th stage of its node, i = (stages since its run's start) mod
+          q_p. It is one-hot over i when Y[s,p] = 1, 0 otherwise, with w[s,p,0] >= st[s,p] and
+          w[s,p,i] >= w[s-1,p,i-1 mod q_p] + Y[s,p] - 1.
+        The pool's nodes are its stages at position 0 (add_device_count), and a node boundary lies
+        after position q_p - 1 (add_hops). A pool whose stages take whole nodes needs none of it:
+        its nodes, price and hops do not depend on how its stages are grouped."""
         be, v = self.be, self.v
         for p in self.P:
-            if self.c.pools[p].place.stages_per_node < 2:
+            q = self.c.pools[p].place.stages_per_node
+            if q < 2:
                 continue
             for s in self.S:
+                on, before = self._on_pool(s, p), (self._on_pool(s - 1, p) if s else 0)
                 v.st[s, p] = be.new_bool(f"st[{s},{p}]")
-                be.add(v.st[s, p] >= self._on_pool(s, p) - (self._on_pool(s - 1, p) if s else 0))
-            be.add(be.sum([v.st[s, p] for s in self.S]) <= 1)
+                be.add(v.st[s, p] >= on - before)
+                be.add(v.st[s, p] <= 1 - before)
+                for i in range(q):
+                    v.w[s, p, i] = be.new_bool(f"w[{s},{p},{i}]")
+                be.add(be.sum([v.w[s, p, i] for i in range(q)]) == on)
+                be.add(v.w[s, p, 0] >= v.st[s, p])
+                if s:
+                    for i in range(q):
+                        be.add(v.w[s, p, i] >= v.w[s - 1, p, (i - 1) % q] + on - 1)
+
+    def _nodes(self, p: int):
+        """Nodes of a shared-node pool p: its stages that are first on their node."""
+        return self.be.sum([self.v.w[s, p, 0] for s in self.S])
+
+    def _node_priced(self, p: int) -> bool:
+        """Pool p's price depends on its node count, not only its stage count: its stages share
+        nodes (several runs may use more nodes than one) and its type bills whole nodes."""
+        pool = self.c.pools[p]
+        return pool.place.stages_per_node >= 2 and self.c.types[pool.k].billing == "node"
 
     def add_device_count(self) -> None:
         """u[p,beta] one-hot: pool p holds beta stages, at most what fits on its type's nodes
@@ -325,6 +355,13 @@ class PipelineModel:
             be.add(be.sum([v.u[p, beta] for beta in betas]) == 1)
             be.add(be.sum([self._on_pool(s, p) for s in self.S])
                    == be.sum([beta * v.u[p, beta] for beta in betas]))
+            if c.pools[p].place.stages_per_node >= 2:  # runs on nodes of their own (add_contiguity)
+                count = c.types[c.pools[p].k].count
+                counts = range(1 if c.min_stages(p) else 0, count + 1)
+                for n in counts:
+                    v.nn[p, n] = be.new_bool(f"nn[{p},{n}]")
+                be.add(be.sum([v.nn[p, n] for n in counts]) == 1)
+                be.add(self._nodes(p) == be.sum([n * v.nn[p, n] for n in counts]))
 
     def add_shared_nodes(self) -> None:
         """Mixed-type stages (--mixed-stages) take whole nodes of the node types they mix: per
@@ -343,7 +380,9 @@ class PipelineModel:
             if not terms:
                 continue
             p = self.pool_of_type.get(k)
-            if p is not None:
+            if p is not None and c.pools[p].place.stages_per_node >= 2:
+                terms.append(self._nodes(p))
+            elif p is not None:
                 place = c.pools[p].place
                 terms += [place.nodes_used(beta) * var for (pp_, beta), var in v.u.items() if pp_ == p and beta]
             be.add(be.sum(terms) <= nt.count)
@@ -408,27 +447,20 @@ class PipelineModel:
 
     def add_hops(self) -> None:
         """h[s] exactly: same pool -> intra-node unless a node boundary lies between the two
-        stages (canonical placement: a pool starts on a fresh node and puts q_p =
-        stages_per_node stages on each); otherwise another node -> inter-node. Kept rounded
-        down (h) and up (h_up: subtracted in the dp tail)."""
-        be, v, c = self.be, self.v, self.c
+        stages (canonical placement: each run of a pool starts on a fresh node and puts q_p =
+        stages_per_node stages on each: a boundary follows position q_p - 1, add_contiguity);
+        otherwise another node -> inter-node. Kept rounded down (h) and up (h_up: subtracted in
+        the dp tail)."""
+        v, c = self.v, self.c
         for s in list(self.S)[:-1]:
             terms = []  # (var, seconds, seconds subtracted)
             for p in self.P:
                 v.e[s, p] = self._and(f"e[{s},{p}]", self._on_pool(s, p), self._on_pool(s + 1, p))
                 q = c.pools[p].place.stages_per_node
-                if q >= 2:
-                    starts = [v.st[a, p] for a in range(s + 1) if (s + 1 - a) % q == 0]
-                    boundary = be.sum(starts) if starts else 0
-                    if starts:
-                        v.g[s, p] = be.new_bool(f"g[{s},{p}]")
-                        be.add(v.g[s, p] <= v.e[s, p])
-                        be.add(v.g[s, p] <= boundary)
-                        be.add(v.g[s, p] >= v.e[s, p] + boundary - 1)
-                        terms += [(v.e[s, p], c.hop_intra(p), 0.0),
-                                  (v.g[s, p], c.hop_inter(p, c.pools[p].k), c.hop_intra(p))]
-                    else:
-                        terms.append((v.e[s, p], c.hop_intra(p), 0.0))
+                if q >= 2:  # a node boundary follows the last stage of a node (add_contiguity)
+                    v.g[s, p] = self._and(f"g[{s},{p}]", v.e[s, p], v.w[s, p, q - 1])
+                    terms += [(v.e[s, p], c.hop_intra(p), 0.0),
+                              (v.g[s, p], c.hop_inter(p, c.pools[p].k), c.hop_intra(p))]
                 else:
                     terms.append((v.e[s, p], c.hop_inter(p, c.pools[p].k), 0.0))
                 terms += self._leaving(s, s + 1, p, "x")
@@ -439,9 +471,12 @@ class PipelineModel:
             last, terms = self.cfg.pp - 1, []
             for p in self.P:
                 # the wrap stays inside one node only when the whole pipeline is pool p on one node
+                # (one run: pp <= q_p); both ends on p in two runs are on two nodes
                 one_node = 0 < self.cfg.pp <= c.pools[p].place.stages_per_node
                 w = self._both_ends_on(p, f"wrap[{p},{p}]")
-                terms.append((w, c.hop_intra(p) if one_node else c.hop_inter(p, c.pools[p].k), 0.0))
+                terms.append((w, c.hop_inter(p, c.pools[p].k), 0.0))
+                if one_node:
+                    terms.append((self._all_on(p), c.hop_intra(p), c.hop_inter(p, c.pools[p].k)))
                 terms += self._leaving(last, 0, p, "wrap")
             v.wrap_terms = terms
             v.wrap = self._hop_expr(terms, self.res.t_down)
@@ -452,6 +487,13 @@ class PipelineModel:
             self.v.ends[p] = self._and(name, self._on_pool(self.cfg.pp - 1, p), self._on_pool(0, p))
         return self.v.ends[p]
 
+    def _all_on(self, p: int):
+        """Every stage on pool p (an exact AND; with pp <= q_p: the pipeline on one node)."""
+        key = ("all", p)
+        if key not in self.v.ends:
+            self.v.ends[key] = self._and(f"all[{p}]", *[self._on_pool(s, p) for s in self.S])
+        return self.v.ends[key]
+
     def _end_stages(self) -> tuple[int, ...]:
         """The stages the tied embedding's all-reduce holds up (none without it)."""
         return (0, self.cfg.pp - 1) if self.e_hi else ()
@@ -461,10 +503,10 @@ class PipelineModel:
         costmodel.tied_embedding_sync_s prices it (the larger of the two directions' times),
         with no product variable: for an end stage's option o and the other end's node type j,
             emb >= e(o, j) (y[end,o] + Y[other,j] - 1 - ends[p(o)]),
-        e(o, j) its shard over the inter-node link to type j, ends[p] the AND of both ends on
+        e(o, j) its shard over the inter-node link to type j, all[p] the AND of every stage on
         pool p, subtracted where the whole pipeline then sits on one node (pp <= stages per
-        node of p: contiguity keeps a shared-node pool in one run from a fresh node); there
-            emb >= e_intra(o) (y[end,o] + ends[p(o)] - 1).
+        node of p: one run from a fresh node; both ends on p in two runs are two nodes); there
+            emb >= e_intra(o) (y[end,o] + all[p(o)] - 1).
         A right side is positive only for the plan's own (option, type) of an end, so emb's least
         value is the cost model's (rounded down); emb enters the reductions of both ends
         (PlanCosts.tail_s): add_paths, add_dp_optimizer. pipeline.md, "add_embedding_sync"."""
@@ -477,7 +519,7 @@ class PipelineModel:
                 p = c.pool_of[o]
                 k = c.pools[p].k
                 one_node = last + 1 <= c.pools[p].place.stages_per_node
-                both = self._both_ends_on(p, f"ends[{p}]") if one_node else 0
+                both = self._all_on(p) if one_node else 0
                 for j in sorted(self.pool_of_type):
                     e = self.res.t_down(c.embedding_sync(o, j, False))
                     if e:
@@ -650,8 +692,13 @@ class PipelineModel:
         W >= T - hi (1 - u) alone left the LP a bound near 0, and CP-SAT under a cutoff crept
         up 1-tick bounds for minutes: pipeline.md, "add_cost")."""
         be, v, lim, res = self.be, self.v, self.lim, self.res
-        price = {(p, beta): res.usd_down(self.c.usd_per_hour(p, beta)) for (p, beta) in v.u}
-        v.usd_h = be.sum([price[key] * v.u[key] for key in v.u])
+        # each pool's price on one one-hot: its stage count u[p,beta], or, where its price follows
+        # its node count (_node_priced: several runs may use more nodes), nn[p,c]
+        onehot = {key: var for key, var in v.u.items() if not self._node_priced(key[0])}
+        onehot.update({key: var for key, var in v.nn.items() if self._node_priced(key[0])})
+        price = {(p, x): res.usd_down(self.c.usd_per_hour(p, x) if (p, x) in v.u and not self._node_priced(p)
+                                      else self.c.usd_per_hour_nodes(p, x)) for (p, x) in onehot}
+        v.usd_h = be.sum([price[key] * onehot[key] for key in onehot])
         if lim.budget_usd_per_hour is not None:
             be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))
         if lim.objective == "min-cost" or lim.budget_usd_per_step is not None:
@@ -659,7 +706,7 @@ class PipelineModel:
             if lim.time_limit_s is not None:  # T <= the limit in every plan the model admits
                 hi = min(hi, down(v.scale * lim.time_limit_s * res.tps))
             split: dict[int, list] = {}
-            for (p, beta), var in v.u.items():
+            for (p, beta), var in onehot.items():
                 w = be.new_int(0, hi, f"W[{p},{beta}]")
                 be.add(w <= hi * var)
                 be.add(w >= v.step - hi * (1 - var))

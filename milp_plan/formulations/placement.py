@@ -55,6 +55,8 @@ def place_stages(inst: Instance, options: Sequence[StageOption]) -> list[tuple[D
             prev = (opt.k, opt.group)
         start = cursor[opt.k]
         cursor[opt.k] = start + opt.group
+        if cursor[opt.k] > len(nodes_of[opt.k]) * gpn:
+            raise ValueError(f"{nt.name}: the stages' runs need more than its {nt.count} nodes")
         out.append(tuple(Device(nodes_of[opt.k][slot // gpn].index, slot % gpn)
                          for slot in range(start, start + opt.group)))
     for k, nt in enumerate(inst.cluster.node_types):

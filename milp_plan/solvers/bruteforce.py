@@ -23,7 +23,6 @@ right on small instances, not to plan real clusters.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
@@ -64,12 +63,6 @@ def _fewest_types(cfg: Config, caps: dict[int, int]) -> int:
     return len(cfg.required_types) or 1
 
 
-def _shared_node_types(inst: Instance, options: list[StageOption]) -> set[int]:
-    """Node types whose stages share nodes (several stages per node): each forms one run."""
-    return {k for k, opts in _by_type(options).items()
-            if placement(host_types(inst, MIXED)[k], opts[0].group).stages_per_node >= 2}
-
-
 def _one_run_each(seq: tuple[int, ...]) -> bool:
     runs = [k for i, k in enumerate(seq) if i == 0 or seq[i - 1] != k]
     return len(runs) == len(set(runs))
@@ -77,9 +70,9 @@ def _one_run_each(seq: tuple[int, ...]) -> bool:
 
 def type_sequences(inst: Instance, cfg, options: list[StageOption]) -> Iterator[tuple[int, ...]]:
     """Stage node types: first every ordered choice of distinct types, one run each, sizes
-    summing to pp; then the sequences that put a type whose stages take whole nodes in
-    several runs (a type whose stages share nodes keeps one run), in lexicographic order.
-    At most as many stages per type as fit on its nodes; every required type present."""
+    summing to pp; then the sequences that put a type in several runs, in lexicographic order.
+    At most as many stages per type as fit on its nodes in one run (candidate_plans drops the
+    layouts whose runs need more nodes: placement.fits); every required type present."""
     caps = _caps(inst, cfg, options)
     types = sorted(caps)
     for r in range(_fewest_types(cfg, caps), min(len(types), cfg.pp) + 1):
@@ -87,18 +80,17 @@ def type_sequences(inst: Instance, cfg, options: list[StageOption]) -> Iterator[
             for sizes in compositions(cfg.pp, r, 1):
                 if all(sz <= caps[k] for k, sz in zip(order, sizes)):
                     yield tuple(k for k, sz in zip(order, sizes) for _ in range(sz))
-    shared = _shared_node_types(inst, options)
-    if len(types) < 2 or len(types) == len(shared):
+    if len(types) < 2:
         return
-    for seq in _words(types, caps, shared, cfg.required_types, cfg.pp):
+    for seq in _words(types, caps, cfg.required_types, cfg.pp):
         if not _one_run_each(seq):
             yield seq
 
 
-def _words(types: list[int], caps: dict[int, int], shared: set[int], required, pp: int,
+def _words(types: list[int], caps: dict[int, int], required, pp: int,
            prefix: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
-    """Every type sequence of length pp within the caps in which each shared-node type forms
-    one run and every required type appears, in lexicographic order."""
+    """Every type sequence of length pp within the caps in which every required type appears,
+    in lexicographic order."""
     if len(prefix) == pp:
         if set(required) <= set(prefix):
             yield prefix
@@ -106,9 +98,7 @@ def _words(types: list[int], caps: dict[int, int], shared: set[int], required, p
     for k in types:
         if prefix.count(k) >= caps[k]:
             continue
-        if k in shared and k in prefix and prefix[-1] != k:
-            continue  # a shared-node type's run has ended
-        yield from _words(types, caps, shared, required, pp, prefix + (k,))
+        yield from _words(types, caps, required, pp, prefix + (k,))
 
 
 def option_sequences(inst: Instance, cfg, options: list[StageOption]) -> Iterator[tuple[StageOption, ...]]:
@@ -128,33 +118,20 @@ def compositions(total: int, parts: int, unit: int) -> Iterator[tuple[int, ...]]
 
 
 def count_type_sequences(inst: Instance, cfg, options: list[StageOption], weight: dict[int, int]) -> int:
-    """sum over type_sequences of prod_s weight[type of s], without enumerating them: a count
-    over (stages placed, stages per type, shared-node types whose run has ended, last type)."""
+    """sum over type_sequences of prod_s weight[type of s], without enumerating them: the words
+    of length pp with n_k <= caps[k] stages of type k (>= 1 when required), each counted
+    pp! / prod n_k! times (its arrangements), type by type: ways[s + n] += ways[s] C(s + n, n) w^n."""
     caps = _caps(inst, cfg, options)
-    types, shared, required = sorted(caps), _shared_node_types(inst, options), set(cfg.required_types)
-    if len(types) < 2 or len(types) == len(shared):  # every sequence is one run per type
-        ways = [[0] * (cfg.pp + 1) for _ in range(len(caps) + 1)]
-        ways[0][0] = 1
-        for k, cap in sorted(caps.items()):
-            for r in range(len(caps), 0, -1):
-                for s in range(cfg.pp, 0, -1):
-                    ways[r][s] += sum(ways[r - 1][s - size] * weight[k] ** size for size in range(1, min(cap, s) + 1))
-        return sum(math.factorial(r) * ways[r][cfg.pp] for r in range(_fewest_types(cfg, caps), len(caps) + 1))
-
-    @functools.cache
-    def count(placed: int, used: tuple[int, ...], ended: frozenset, last: int | None) -> int:
-        if placed == cfg.pp:
-            return int(all(used[types.index(k)] for k in required))
-        total = 0
-        for i, k in enumerate(types):
-            if used[i] >= caps[k] or k in ended:
-                continue
-            now_ended = ended | ({last} if last is not None and last != k and last in shared else set())
-            if k in now_ended:
-                continue
-            total += weight[k] * count(placed + 1, used[:i] + (used[i] + 1,) + used[i + 1:], now_ended, k)
-        return total
-    return count(0, (0,) * len(types), frozenset(), None)
+    ways = [1] + [0] * cfg.pp
+    for k in sorted(caps):
+        lo = 1 if k in cfg.required_types else 0
+        new = [0] * (cfg.pp + 1)
+        for placed, w in enumerate(ways):
+            if w:
+                for n in range(lo, min(caps[k], cfg.pp - placed) + 1):
+                    new[placed + n] += w * math.comb(placed + n, n) * weight[k] ** n
+        ways = new
+    return ways[cfg.pp]
 
 
 def count_option_sequences(inst: Instance, cfg, options: list[StageOption]) -> int:
