@@ -10,8 +10,8 @@ the last stage the head, and the in-flight micro-batch count depends on the posi
 
 Options that share a node type and a stage size (GPUs per stage) form a pool: each run of
 a pool's stages is placed on nodes of its own (placement.place_stages), so placement,
-transfers and prices depend on the pool only. A pool whose stages share nodes forms one
-run; one whose stages take whole nodes may form several (pipeline.md, add_contiguity).
+transfers and prices depend on the pool only; a pool may form several runs (pipeline.md,
+add_contiguity).
 """
 from __future__ import annotations
 
@@ -55,8 +55,7 @@ def _affine(fn, full: bool) -> Affine:
 
 @dataclass(frozen=True)
 class Pool:
-    """A node type and a stage size: each run of its stages on nodes of its own (one run where
-    its stages share nodes)."""
+    """A node type and a stage size: each run of its stages on nodes of its own."""
 
     k: int
     group: int

@@ -40,7 +40,7 @@ Variables (symbols as in the math):
             exposed reduction, the max of its pieces (one without overlap: costmodel.stage_dp_pieces_s)
   E[s,k]    k x stage s's exposed reduction on a path, >= each piece (with overlap only)
   emb       the tied embedding's all-reduce between the end stages (add_embedding_sync), after
-            their reductions (with ends[p], both end stages on pool p: an exact AND)
+            their reductions (with all[p], every stage on pool p: an exact AND)
   W[p,beta] step time if u[p,beta] else 0 (ticks; min-cost and $/step budgets)
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ class Vars:
     e: dict = field(default_factory=dict)
     g: dict = field(default_factory=dict)
     wrap: Any = 0                           # last -> first transfer (interleaved)
-    ends: dict = field(default_factory=dict)  # p -> both end stages on pool p (an AND)
+    ends: dict = field(default_factory=dict)  # p -> both end stages on pool p; ("all", p) -> every stage (ANDs)
     emb: Any = 0                            # the tied embedding's all-reduce (ticks; add_embedding_sync)
     wrap_terms: list = field(default_factory=list)  # its (var, seconds, seconds subtracted)
     paths: set = field(default_factory=set)  # simulated step: the paths T is bounded by (add_paths)

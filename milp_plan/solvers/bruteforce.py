@@ -8,8 +8,8 @@ model's coefficients. Candidates per config:
 - in free mode, every child config: one stage size (GPUs per stage) per node type;
 - every sequence of node types (at most as many stages per type as fit on its nodes at its
   stage size, mixed-type bundles sharing their member types' nodes: place_stages refuses
-  what does not fit; a type whose stages share nodes forms one contiguous run, a type whose stages
-  take whole nodes may appear in several runs);
+  what does not fit; a type may appear in several runs, each on nodes of its own, where they
+  fit);
 - every choice of stage option per stage among its type's options (free mode: tp x dp
   split and recompute per stage; Megatron mode: one option per type);
 - every split of the L layers into pp positive parts (multiples of vpp when interleaved);

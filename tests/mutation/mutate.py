@@ -61,10 +61,21 @@ MUTATIONS = [
     ("milp_plan/cluster.py", "per-GPU billing charged per node",
      'return self.usd_per_hour * nodes if self.billing == "node" else self.usd_per_gpu_hour * gpus',
      'return self.usd_per_hour * nodes'),
-    (PIPE, "contiguity on whole-node pools too (A100, A10, A100 lost)",
-     "            if self.c.pools[p].place.stages_per_node < 2:\n                continue\n", ""),
-    (PIPE, "a shared-node pool in several runs", "            be.add(be.sum([v.st[s, p] for s in self.S]) <= 1)",
-     "            pass"),
+    (PIPE, "a shared-node pool kept in one run (A100 x2, A10 x2, A100 x2 lost)",
+     "                be.add(v.st[s, p] <= 1 - before)\n",
+     "                be.add(v.st[s, p] <= 1 - before)\n                be.add(be.sum([v.st[a, p] for a in range(s + 1)]) <= 1)\n"),
+    (PIPE, "a run's stage positions do not advance (node boundaries never come)",
+     "                        be.add(v.w[s, p, i] >= v.w[s - 1, p, (i - 1) % q] + on - 1)",
+     "                        be.add(v.w[s, p, i] >= v.w[s - 1, p, i % q] + on - 1)"),
+    (PIPE, "a node boundary after a node's first stage, not its last",
+     "                    v.g[s, p] = self._and(f\"g[{s},{p}]\", v.e[s, p], v.w[s, p, q - 1])",
+     "                    v.g[s, p] = self._and(f\"g[{s},{p}]\", v.e[s, p], v.w[s, p, 0])"),
+    (PIPE, "the interleaved wrap intra-node whenever both ends share a pool (two runs are two nodes)",
+     "                    terms.append((self._all_on(p), c.hop_intra(p), c.hop_inter(p, c.pools[p].k)))",
+     "                    terms.append((w, c.hop_intra(p), c.hop_inter(p, c.pools[p].k)))"),
+    (PIPE, "a node-billed shared-node pool priced by its stage count (a second run's node free)",
+     "        return pool.place.stages_per_node >= 2 and self.c.types[pool.k].billing == \"node\"",
+     "        return False"),
     (PIPE, "1F1B windows dropped (z = max t_s only)",
      "be.add(k * v.pipe >= Q[c] - (Q[a] if a else 0) + ts[c] - (k - 1))", "pass", CLOSED),
     (PIPE, "interleaved steady weight m vpp - 1 -> m vpp - 2",
@@ -141,7 +152,7 @@ for sched in ("1f1b", "gpipe", "interleaved"):
 import test_type_order
 if sys.argv[3] == "simulated":
     for t in (test_type_order.test_a_type_in_two_runs_is_found_and_proven,
-              test_type_order.test_the_model_keeps_shared_node_stages_in_one_run):
+              test_type_order.test_a_shared_node_type_in_two_runs_is_found_and_proven):
         t(Path(tempfile.mkdtemp()))
 # mixed-type stages: the hand optimum, the slowest replica's pace, the model's coefficients of a
 # bundle of unequal nodes against the cost model (tests/test_mixed_stages.py)
