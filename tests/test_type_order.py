@@ -105,3 +105,21 @@ def test_a_shared_node_type_in_two_runs_is_found_and_proven(tmp_path):
     one_run = planners.get("cpsat").plan(inst, Limits(), Deadline(600),
                                          fix={**fix, "order": ("A100-80GB",) * 4 + ("A10",) * 2})
     assert one_run.plan is None or one_run.objective > ref.objective * (1 + 1e-6)
+
+
+def test_a_second_run_pays_for_its_node(tmp_path):
+    """Node billing, 1-GPU stages on 2-GPU nodes, pp 3, min-cost: A100, A100, A100 takes two A100
+    nodes (16 $/h); A100, A10, A100 would take two A100 nodes as well, one per run, and the A10
+    node (18 $/h), though its A100 stages alone would fit one node. Every backend prices the
+    second run's node and agrees with brute force."""
+    inst = ends_need_the_big_gpu(tmp_path, memory_gib=(0.08, 0.05))
+    fix = {"tp": 1, "dp": 1, "pp": 3}
+    limits = Limits("min-cost", time_limit_s=1.0)
+    ref = planners.get("brute-force").plan(inst, limits, Deadline(600), fix=fix)
+    assert ref.status == "optimal" and ref.plan.predicted.usd_per_hour == pytest.approx(16.0)
+    for backend in BACKENDS:
+        got = planners.get(backend).plan(inst, limits, Deadline(600), fix=fix)
+        assert got.status == "optimal" and got.objective == pytest.approx(ref.objective, rel=1e-4), backend
+    split = planners.get("cpsat").plan(inst, limits, Deadline(600),
+                                       fix={**fix, "order": ("A100-80GB", "A10", "A100-80GB")})
+    assert split.status == "optimal" and split.plan.predicted.usd_per_hour == pytest.approx(18.0)
