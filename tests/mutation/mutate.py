@@ -152,7 +152,8 @@ for sched in ("1f1b", "gpipe", "interleaved"):
 import test_type_order
 if sys.argv[3] == "simulated":
     for t in (test_type_order.test_a_type_in_two_runs_is_found_and_proven,
-              test_type_order.test_a_shared_node_type_in_two_runs_is_found_and_proven):
+              test_type_order.test_a_shared_node_type_in_two_runs_is_found_and_proven,
+              test_type_order.test_a_second_run_pays_for_its_node):
         t(Path(tempfile.mkdtemp()))
 # mixed-type stages: the hand optimum, the slowest replica's pace, the model's coefficients of a
 # bundle of unequal nodes against the cost model (tests/test_mixed_stages.py)
