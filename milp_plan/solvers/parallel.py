@@ -1,11 +1,12 @@
-"""`--workers N`: the exact search's per-config models solved ahead in N - 1 worker processes,
+"""`--workers N`: the exact search's per-config models solved ahead in N worker processes,
 with the same answer as one process (byte-identical plan.json whatever N).
 
 The search (driver.solve) stays serial: it pops the configs in bound order, solves each
 under the incumbent as its cutoff, and charges the work as it goes. Workers only solve
 ahead (speculation): while the search works on one config, each idle worker takes the next
 config of the heap that the search would solve (complete, its bounds below the incumbent)
-and solves it as the search would now, with the incumbent of now as its cutoff. When the
+and solves it as the search would now, with the incumbent of now as its cutoff (QUEUE
+configs per worker are handed out, so that a worker does not wait for the search). When the
 search reaches that config it takes the worker's answer instead of solving it, but only
 when that answer is the one its own solve would give:
 
@@ -42,6 +43,7 @@ from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.predict import SIMULATED
 
 LOOKAHEAD = 64   # heap entries looked at, per dispatch, for configs to solve ahead
+QUEUE = 2        # configs handed out per worker at most (one running, one waiting)
 
 _FORKED = None   # the Prepared a forked worker builds its configs' coefficients from
 
@@ -111,7 +113,8 @@ class Ahead:
 
     def __init__(self, prepared, limits, backend: str, seed: int, workers: int):
         self.prepared, self.limits, self.backend, self.seed = prepared, limits, backend, seed
-        self.size = workers - 1
+        self.size = workers
+        self.full: dict = {}      # Config -> its full bound (memory=True) under these limits
         self.pool = None
         self.pending: dict = {}   # Config -> (inputs, AsyncResult)
         self.running: list = []   # every job not known to be done (taken, dropped or pending)
@@ -130,7 +133,7 @@ class Ahead:
     def dispatch(self, heap, inputs_of, objective: float, dl: Deadline, rel_eps: float) -> None:
         """Give each idle worker the next config of `heap` the search would solve (kind 0,
         complete, bounds below `objective`), with the inputs `inputs_of(coef)` of now."""
-        free = self.size - self._busy()
+        free = QUEUE * self.size - self._busy()
         if free <= 0 or dl.expired():
             return
         from milp_plan.solvers.bounds import config_lower_bound
@@ -140,7 +143,9 @@ class Ahead:
                 break
             if kind != 0 or not cfg.complete or cfg in self.pending or self.prepared.carried(cfg, self.limits) > lb:
                 continue
-            full = config_lower_bound(coef, self.limits, memory=True)
+            full = self.full.get(cfg, False)
+            if full is False:
+                full = self.full[cfg] = config_lower_bound(coef, self.limits, memory=True)
             if full is None or full >= limit:
                 continue
             inputs = inputs_of(coef)
