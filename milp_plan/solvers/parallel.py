@@ -19,22 +19,26 @@ when that answer is the one its own solve would give:
   would have had more work than the worker's run used.
 
 CP-SAT with one worker is deterministic for one model, seed and hint, and a run that ends
-before its limits does not depend on them, so the search's own solve would return the same
-plan and bound. Otherwise (the incumbent improved, a limit, an error) the search solves the
+before its limits does not depend on them (tests/test_parallel.py, and golden_plans.py with
+--workers 2, check the whole answer), so the search's own solve would return the same plan
+and bound. A worker's solve runs every check the search's does (the checker, the drift
+checks); one that raises is solved again by the search, which raises the same. Otherwise (the incumbent improved, a limit, an error) the search solves the
 config itself, as with one process, and drops the worker's answer. The work charged is the
 search's alone (a taken answer's charges are replayed in order; dropped ones are not
 charged), so the work limit, the incumbents, the bound and the plan are those of one
 process: N changes only the wall time.
 
-Workers are forked (Linux: the configs and coefficients are the parent's, copied on
-write) when a solve first has work for them, and end with it; they ignore SIGINT and
-SIGTERM, which the search handles (deadline.py) and then terminates them.
+Workers are forked (the configs and coefficients are the parent's, copied on write) when a
+solve first has work for them, and end with it (where a platform cannot fork, the search
+solves every config itself). They ignore SIGINT (a terminal's Ctrl-C reaches the whole
+process group): the search handles it (deadline.py), stops, and terminates them.
 """
 from __future__ import annotations
 
 import heapq
 import multiprocessing
 import signal
+import time
 from dataclasses import dataclass, field
 
 from milp_plan import deadline as deadline_mod
@@ -44,6 +48,7 @@ from milp_plan.predict import SIMULATED
 
 LOOKAHEAD = 64   # heap entries looked at, per dispatch, for configs to solve ahead
 QUEUE = 2        # configs handed out per worker at most (one running, one waiting)
+MAX_WAIT_S = 600.0   # the search waits this long for a worker's answer at most, then solves it itself
 
 _FORKED = None   # the Prepared a forked worker builds its configs' coefficients from
 
@@ -150,7 +155,8 @@ class Ahead:
                 continue
             inputs = inputs_of(coef)
             cutoff, hint, paths = inputs
-            self._start()
+            if not self._start():
+                return
             work = dl.work_left()
             job = self.pool.apply_async(_solve_ahead, (cfg, self.limits, self.backend, cutoff, hint, dl.left(),
                                                        work, self.seed, paths))
@@ -158,11 +164,19 @@ class Ahead:
             self.running.append(job)
             free -= 1
 
-    def _start(self) -> None:
+    def _start(self) -> bool:
+        """The pool, forked on first use; False where the platform cannot fork (the search then
+        solves every config itself, as with one process)."""
         global _FORKED
         if self.pool is None:
+            try:
+                context = multiprocessing.get_context("fork")
+            except ValueError:
+                self.size = 0
+                return False
             _FORKED = self.prepared
-            self.pool = multiprocessing.get_context("fork").Pool(self.size, initializer=_init_worker)
+            self.pool = context.Pool(self.size, initializer=_init_worker)
+        return True
 
     def take(self, cfg, inputs, dl: Deadline):
         """The worker's (plan, bound) for `cfg` when it is what the search's own solve under
@@ -174,9 +188,10 @@ class Ahead:
         self.dropped += 1
         if got[0] != inputs:
             return None
+        waited = time.perf_counter()
         while not got[1].ready():
-            if dl.expired():
-                return None
+            if dl.expired() or time.perf_counter() - waited > MAX_WAIT_S:
+                return None   # (a worker lost, e.g. killed): the search's own solve gives the same answer
             got[1].wait(0.05)
         answer = got[1].get()
         if answer is None:
