@@ -63,3 +63,38 @@ def test_cli_plan_json_bytes_do_not_depend_on_workers(tmp_path, capsys):
         assert code == 0, err
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
+
+
+class _Done:
+    """A finished worker job (multiprocessing's AsyncResult, as Ahead.take reads it)."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self):
+        return self.answer
+
+
+@pytest.mark.parametrize("statuses, charges, taken", [
+    (["optimal"], [0.5], True),
+    (["infeasible"], [0.5], True),
+    (["feasible"], [0.5], False),        # a run stopped by a limit (a wall clock's, say): not the serial answer
+    (["timeout"], [0.5], False),
+    (["optimal", "expired"], [0.5], False),
+    (["optimal"], [0.5, 0.6], False),    # 1.1 units replayed on 0.5 used: past the search's limit of 1.5
+])
+def test_take_only_answers_no_limit_touched(statuses, charges, taken):
+    from milp_plan.deadline import Deadline
+    dl = Deadline(60.0, work=1.5)
+    dl.charge(0.5)
+    ahead = parallel.Ahead(None, None, "cpsat", 1, 2)
+    inputs = (1.0, None, None)
+    ahead.pending["cfg"] = (inputs, _Done(("plan", 2.0, parallel.Trace(statuses, ["path"], charges))))
+    got = ahead.take("cfg", inputs, dl)
+    assert (got == ("plan", 2.0, ["path"])) is taken
+    assert dl.work_used() == (0.5 + sum(charges) if taken else 0.5)   # charged only when taken
+    ahead.pending["cfg"] = (inputs, _Done(("plan", 2.0, parallel.Trace(["optimal"], [], [0.1]))))
+    assert ahead.take("cfg", (0.9, None, None), dl) is None            # the incumbent moved since
