@@ -446,7 +446,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             progress(Progress(time.perf_counter() - t0, None if inc.plan is None else inc.objective,
                               min([inc.objective] + open_bounds + [e[0] for e in heap.entries[:1]]),
                               total - heap.count(), total))
-    ahead = Ahead(prepared, limits, backend, seed, workers) if workers > 1 else None
+    ahead = Ahead(prepared, limits, backend, seed, workers, _solve_config) if workers > 1 else None
 
     def inputs_of(c: Coefficients) -> tuple:
         """What a config's solve reads besides the config: cutoff, hint, known paths."""

@@ -21,9 +21,10 @@ when that answer is the one its own solve would give:
 CP-SAT with one worker is deterministic for one model, seed and hint, and a run that ends
 before its limits does not depend on them (tests/test_parallel.py, and golden_plans.py with
 --workers 2, check the whole answer), so the search's own solve would return the same plan
-and bound. A worker's solve runs every check the search's does (the checker, the drift
-checks); one that raises is solved again by the search, which raises the same. Otherwise (the incumbent improved, a limit, an error) the search solves the
-config itself, as with one process, and drops the worker's answer. The work charged is the
+and bound. Otherwise (the incumbent improved, a limit, an error) the search solves the
+config itself, as with one process, and drops the worker's answer. A worker's solve runs
+every check the search's does (the checker, the drift checks); one that raises is solved
+again by the search, which raises the same. The work charged is the
 search's alone (a taken answer's charges are replayed in order; dropped ones are not
 charged), so the work limit, the incumbents, the bound and the plan are those of one
 process: N changes only the wall time.
@@ -50,7 +51,7 @@ LOOKAHEAD = 64   # heap entries looked at, per dispatch, for configs to solve ah
 QUEUE = 2        # configs handed out per worker at most (one running, one waiting)
 MAX_WAIT_S = 600.0   # the search waits this long for a worker's answer at most, then solves it itself
 
-_FORKED = None   # the Prepared a forked worker builds its configs' coefficients from
+_FORKED = None   # (Prepared, driver._solve_config) of the search a forked worker serves
 
 
 @dataclass
@@ -76,8 +77,7 @@ def _solve_ahead(cfg, limits, backend, cutoff, hint, seconds, work, seed, paths)
     """In a worker: driver._solve_config of `cfg` as the search would run it now (bound 0:
     the search takes the larger of its own bound and this one). Returns (plan, bound, trace),
     or None when it raised (the search then solves it itself, and raises the same)."""
-    from milp_plan.solvers import driver
-    prep = _FORKED
+    prep, solve_config = _FORKED
     coef = Coefficients(prep.inst, cfg, prep.shared, prep.fix)
     if paths is not None:
         coef.paths()[:] = list(paths)
@@ -89,7 +89,7 @@ def _solve_ahead(cfg, limits, backend, cutoff, hint, seconds, work, seed, paths)
         charge(units)
     dl.charge = logged
     try:
-        plan, bound = driver._solve_config(coef, limits, backend, cutoff, hint, dl, seed, 0.0, trace)
+        plan, bound = solve_config(coef, limits, backend, cutoff, hint, dl, seed, 0.0, trace)
     except Exception:  # noqa: BLE001 - the search's own solve raises it again
         return None
     if dl.expired():
@@ -116,8 +116,10 @@ def smallest(entries: list, k: int):
 class Ahead:
     """The configs solved ahead by a pool of worker processes, keyed by config."""
 
-    def __init__(self, prepared, limits, backend: str, seed: int, workers: int):
+    def __init__(self, prepared, limits, backend: str, seed: int, workers: int, solve_config=None):
+        """solve_config: driver._solve_config (passed in: this module does not import the driver)."""
         self.prepared, self.limits, self.backend, self.seed = prepared, limits, backend, seed
+        self.solve_config = solve_config
         self.size = workers
         self.full: dict = {}      # Config -> its full bound (memory=True) under these limits
         self.pool = None
@@ -174,7 +176,7 @@ class Ahead:
             except ValueError:
                 self.size = 0
                 return False
-            _FORKED = self.prepared
+            _FORKED = self.prepared, self.solve_config
             self.pool = context.Pool(self.size, initializer=_init_worker)
         return True
 

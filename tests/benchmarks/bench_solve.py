@@ -43,7 +43,8 @@ def main() -> None:
     ap.add_argument("--modes", default="megatron,free")
     ap.add_argument("--skip-pareto", action="store_true")
     ap.add_argument("--workers", type=int, default=1, help="processes solving configs side by side")
-    ap.add_argument("--only", default=None, help="comma-separated instance labels' first words, e.g. default,scale-8192")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated instance labels' first words, e.g. default,scale-8192")
     args = ap.parse_args()
     print(f"{'instance':32s} {'mode':8s} {'backend':7s} {'status':9s} {'step s':>9s} {'gap':>7s} {'wall s':>7s} "
           f"{'cpu s':>7s} {'configs solved/pruned/total':>28s}")
