@@ -63,3 +63,30 @@ def test_sweep_with_memory_finds_the_same_front_with_fewer_solves(tmp_path, monk
     assert pts == [(pytest.approx(p.predicted.step_time_s, rel=PROOF_TOL),
                     pytest.approx(p.predicted.usd_per_step, rel=PROOF_TOL)) for p in without.points]
     assert sum(n_with) < sum(n_without), (n_with, n_without)
+
+
+def test_each_min_time_solve_asks_for_the_margin_below_the_last_point(monkeypatch):
+    """The sweep's budgets (pareto.NEXT_POINT_REL): the next point must cost at least 1e-5
+    (relative) less than the last. A budget one float below it let the models' $/step
+    rounding (about 1e-6) admit the last point's twins, cut off one at a time until a config
+    ran out of cuts and the front stayed incomplete (bench_pareto.py). Fake solves: points
+    (1 s, 10 $) and (2 s, 5 $), then none."""
+    from types import SimpleNamespace
+    from milp_plan import pareto
+    asked = []
+
+    def run(inst, req, limits, prepared=None):
+        asked.append((limits.objective, limits.budget_usd_per_step))
+        b = limits.budget_usd_per_step
+        point = (1.0, 10.0) if b is None else (2.0, 5.0) if b >= 5.0 else None
+        if point is None:
+            return SimpleNamespace(plan=None, status="infeasible")
+        predicted = SimpleNamespace(step_time_s=point[0], usd_per_step=point[1])
+        return SimpleNamespace(plan=SimpleNamespace(predicted=predicted), status="optimal")
+    monkeypatch.setattr(solving, "run", run)
+    front = pareto_front(None, SolveRequest("warm-start"))
+    rel = pareto.NEXT_POINT_REL
+    assert rel == PROOF_TOL / 10 == 1e-5
+    assert asked == [("min-time", None), ("min-cost", None), ("min-time", 10.0 * (1 - rel)),
+                     ("min-cost", 10.0 * (1 - rel)), ("min-time", 5.0 * (1 - rel))]
+    assert [p.predicted.usd_per_step for p in front.points] == [10.0, 5.0] and front.complete
