@@ -182,7 +182,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           work_limit: WorkLimitOpt = None,
           seed: SeedOpt = 1,
           workers: Annotated[int, typer.Option(
-              help="CP-SAT search workers, 1 to 64 (1 is deterministic; more may find plans sooner).")] = 1,
+              help="Processes that solve configurations side by side, 1 to 64 (the exact planners; the "
+                   "same plan.json whatever the number, only faster).")] = 1,
           fix: Annotated[Optional[str], typer.Option(
               help="Pin global choices: tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved; "
                    "cap with tp<=4,mbs<=8; pin per stage with layers=12,20,order=A10,A100-80GB.")] = None,
@@ -234,8 +235,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
                     field="time-limit"), budget=None if budget is None else parse_money(budget), mode=mode)
     from milp_plan.formulations.space import with_space_options
     fix = with_space_options(fix, extrapolate, max_tp, max_micro_batch, mixed_stages)
-    # deterministic by default (the same plan.json on any machine), but for CP-SAT's parallel portfolio
-    wall, work_limit = _search_limits(max_solve_time, work_limit, [solver], parallel=workers != 1)
+    # deterministic by default (the same plan.json on any machine, whatever --workers)
+    wall, work_limit = _search_limits(max_solve_time, work_limit, [solver])
     req = solving.SolveRequest(solver, fix, wall, seed, workers, work_limit)
     solving.check_request(req)
     if lengths is None and job is not None:
@@ -361,16 +362,16 @@ def _wall_limit(max_solve_time: str | None, work_limit: float | None) -> float:
     return MAX_SOLVE_TIME_S if work_limit is not None else parse_duration_s(DEFAULT_MAX_SOLVE_TIME)
 
 
-def _search_limits(max_solve_time: str | None, work_limit: float | None, names, suite=None,
-                   parallel: bool = False) -> tuple[float, float | None]:
+def _search_limits(max_solve_time: str | None, work_limit: float | None, names,
+                   suite=None) -> tuple[float, float | None]:
     """(wall seconds, work units) for each planner named (solve: one; compare: several): the
-    flags, else the suite file's, else DEFAULT_WORK_LIMIT when every planner measures work and
-    none runs in parallel (the same results on any machine), else DEFAULT_MAX_SOLVE_TIME of wall
-    clock. An unknown planner name is refused here (planners.get)."""
+    flags, else the suite file's, else DEFAULT_WORK_LIMIT when every planner measures work
+    (the same results on any machine), else DEFAULT_MAX_SOLVE_TIME of wall clock. An unknown
+    planner name is refused here (planners.get)."""
     from milp_plan import planners as registry
     if max_solve_time is None and work_limit is None and suite is not None:
         max_solve_time, work_limit = suite.max_solve_time, suite.work_limit
-    if max_solve_time is None and work_limit is None and not parallel \
+    if max_solve_time is None and work_limit is None \
             and all(registry.get(n).deterministic for n in names):
         work_limit = DEFAULT_WORK_LIMIT
     return _wall_limit(max_solve_time, work_limit), work_limit

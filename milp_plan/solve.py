@@ -28,7 +28,7 @@ class SolveRequest:
     fix: str | None = None
     max_solve_time_s: float = 30.0
     seed: int = 1
-    workers: int = 1
+    workers: int = 1                  # processes solving configs side by side (solvers/parallel.py)
     work_limit: float | None = None   # deterministic work units (deadline.py); None: wall clock only
 
     def deadline(self) -> Deadline:
@@ -55,11 +55,8 @@ def check_request(req: SolveRequest) -> None:
         if not planners.get(req.solver).deterministic:
             raise InputError(f"{req.solver} has no deterministic work measure; use --solver cpsat (or a heuristic) "
                              "with --work-limit, or --max-solve-time alone", field="work-limit")
-        if req.workers != 1:
-            raise InputError("a work limit is deterministic with one CP-SAT worker only; drop --workers",
-                             field="workers")
     if not 1 <= req.workers <= MAX_WORKERS:
-        raise InputError(f"must be between 1 and {MAX_WORKERS} (1 is deterministic), got {req.workers}",
+        raise InputError(f"must be between 1 and {MAX_WORKERS}, got {req.workers}",
                          field="workers")
     if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed <= MAX_SEED:
         raise InputError(f"must be a whole number between 0 and {MAX_SEED} (the solvers' seed range), "

@@ -36,7 +36,7 @@ def sweep(inst, monkeypatch, remember: bool):
 
     def counted(*a, **k):
         r = run(*a, **k)
-        solved.append(r.configs_solved)
+        solved.append(r.work)
         return r
     with monkeypatch.context() as m:
         m.setattr(solving, "run", counted)
@@ -50,16 +50,45 @@ def sweep(inst, monkeypatch, remember: bool):
 def test_sweep_with_memory_finds_the_same_front_with_fewer_solves(tmp_path, monkeypatch):
     """The same 6-layer instance as test_trust's front test (2 x 2 fast GPUs at 8 $/node-h,
     2 x 2 slow at 2 $/GPU-h): both sweeps complete, with the same points, and the one with
-    memory solves fewer configs (each later solve starts from the plans found before and skips
-    configs an earlier min-time solve, under a looser budget, proved no better)."""
+    memory does less work (each later solve starts from the plans found before and skips
+    configs an earlier min-time solve, under a looser budget, proved no better): 18.07 work
+    units against 18.42. (It solves 671 configs against 668: its first incumbents differ. Before
+    pareto.NEXT_POINT_REL it solved fewer, most of the saving being the last point's twins.)"""
     spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), bw=COMPARABLE_BW[0],
                           billing=("node", "gpu"))
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
-    with_memory, n_with = sweep(inst, monkeypatch, True)
-    without, n_without = sweep(inst, monkeypatch, False)
+    with_memory, work_with = sweep(inst, monkeypatch, True)
+    without, work_without = sweep(inst, monkeypatch, False)
     assert with_memory.complete and without.complete
     pts = [(p.predicted.step_time_s, p.predicted.usd_per_step) for p in with_memory.points]
     assert len(pts) >= 3
     assert pts == [(pytest.approx(p.predicted.step_time_s, rel=PROOF_TOL),
                     pytest.approx(p.predicted.usd_per_step, rel=PROOF_TOL)) for p in without.points]
-    assert sum(n_with) < sum(n_without), (n_with, n_without)
+    assert sum(work_with) < sum(work_without), (work_with, work_without)
+
+
+def test_each_min_time_solve_asks_for_the_margin_below_the_last_point(monkeypatch):
+    """The sweep's budgets (pareto.NEXT_POINT_REL): the next point must cost at least 1e-5
+    (relative) less than the last. A budget one float below it let the models' $/step
+    rounding (about 1e-6) admit the last point's twins, cut off one at a time until a config
+    ran out of cuts and the front stayed incomplete (bench_pareto.py). Fake solves: points
+    (1 s, 10 $) and (2 s, 5 $), then none."""
+    from types import SimpleNamespace
+    from milp_plan import pareto
+    asked = []
+
+    def run(inst, req, limits, prepared=None):
+        asked.append((limits.objective, limits.budget_usd_per_step))
+        b = limits.budget_usd_per_step
+        point = (1.0, 10.0) if b is None else (2.0, 5.0) if b >= 5.0 else None
+        if point is None:
+            return SimpleNamespace(plan=None, status="infeasible")
+        predicted = SimpleNamespace(step_time_s=point[0], usd_per_step=point[1])
+        return SimpleNamespace(plan=SimpleNamespace(predicted=predicted), status="optimal")
+    monkeypatch.setattr(solving, "run", run)
+    front = pareto_front(None, SolveRequest("warm-start"))
+    rel = pareto.NEXT_POINT_REL
+    assert rel == PROOF_TOL / 10 == 1e-5
+    assert asked == [("min-time", None), ("min-cost", None), ("min-time", 10.0 * (1 - rel)),
+                     ("min-cost", 10.0 * (1 - rel)), ("min-time", 5.0 * (1 - rel))]
+    assert [p.predicted.usd_per_step for p in front.points] == [10.0, 5.0] and front.complete

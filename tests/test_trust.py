@@ -302,7 +302,7 @@ def assert_every_config_model_exact(inst, limits, mode, fix=None) -> int:
         if not coef.options:  # no node type can host this config's stages: the driver never builds it
             assert best == math.inf
             continue
-        plan, bound = driver._solve_config(coef, limits, "cpsat", None, None, Deadline(60.0), 1, 1, 0.0)
+        plan, bound = driver._solve_config(coef, limits, "cpsat", None, None, Deadline(60.0), 1, 0.0)
         if best == math.inf:
             assert plan is None, coef.cfg.label()
             continue

@@ -14,9 +14,11 @@ bundled binary's path (no PuLP 4.0 deprecation warnings).
 
 Search: CP-SAT runs PORTFOLIO_SEARCH (its strategies cycled at restarts), also with one
 worker: the default single-worker search could stall on a model its deterministic time did
-not measure (see CpsatBackend.solve). Workers: CP-SAT runs `workers` parallel search workers. (With
-interleave_search on, OR-Tools 9.15 aborts with `heuristics.fixed_search != nullptr` on
-models with hints; determinism with several workers is not promised.)
+not measure (see CpsatBackend.solve). Workers: CP-SAT runs `workers` parallel search workers;
+the exact search asks for one (deterministic) and runs configs side by side instead
+(solvers/parallel.py, --workers). (With interleave_search on, OR-Tools 9.15 aborts with
+`heuristics.fixed_search != nullptr` on models with hints; determinism with several workers
+is not promised.)
 """
 from __future__ import annotations
 

@@ -57,6 +57,7 @@ from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, rel
 from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
 from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound
+from milp_plan.solvers.parallel import Ahead, Trace, paths_of
 
 REL_EPS = 1e-9
 MAX_CUTS = 32     # plans a config's model may return over a limit (by rounding) before it is left open
@@ -187,8 +188,8 @@ def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
 
 
 def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: float | None,
-                  hint: heuristic.Candidate | None, dl: Deadline, seed: int, workers: int,
-                  lb: float) -> tuple[Plan | None, float | None]:
+                  hint: heuristic.Candidate | None, dl: Deadline, seed: int,
+                  lb: float, trace: Trace | None = None) -> tuple[Plan | None, float | None]:
     """Solve one complete config's per-stage model (objective <= cutoff when given). The model
     is a relaxation of the cost model (pipeline.md, "Rounding"): each plan it returns is
     evaluated exactly; on a simulated instance a plan whose critical path the model misses
@@ -197,7 +198,8 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
     times); and its objective must agree with the model's within the rounding.
     Returns the admitted plan or None, and the bound the config leaves (None when proven
     empty: "infeasible" under the cutoff means no plan of this config beats the incumbent).
-    Every backend run gets what the deadline `dl` has left, in seconds and in work."""
+    Every backend run gets what the deadline `dl` has left, in seconds and in work. `trace`
+    (parallel.Trace) records each run's status and each path learned (a worker's solve ahead)."""
     be = make_backend(backend)
     model = PipelineModel(coef, limits, be, cutoff=cutoff)
     model.build()
@@ -206,8 +208,10 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
         model.hint(*hint)
     bound, cuts, paths = lb, 0, 0
     while True:
-        run = be.solve(dl.left(), seed, workers, work=dl.work_left())
+        run = be.solve(dl.left(), seed, 1, work=dl.work_left())
         dl.charge(run.work)
+        if trace is not None:
+            trace.statuses.append(run.status)
         if run.status == "infeasible":
             return None, None
         if run.status == "timeout":
@@ -225,6 +229,8 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
                 raise InternalError(f"{backend} on {coef.cfg.label()}: the model's step lies below the simulated "
                                     f"{plan.predicted.step_time_s:.9g} s though it holds the plan's critical path")
             predict.learn_path(coef.paths(), path)
+            if trace is not None:
+                trace.paths.append(path)
             paths += 1
             if paths > MAX_PATHS or dl.expired():
                 # out of rounds: the plan is still a plan (its objective is the cost model's),
@@ -440,56 +446,81 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             progress(Progress(time.perf_counter() - t0, None if inc.plan is None else inc.objective,
                               min([inc.objective] + open_bounds + [e[0] for e in heap.entries[:1]]),
                               total - heap.count(), total))
-    while heap.entries:
-        report()  # before each step too: a long config solve or bounding does not leave the user in silence
-        if heap.least() >= inc.objective * (1 - REL_EPS):
-            pruned += heap.count()
-            break
-        if dl.expired():
-            open_bounds += [e[0] for e in heap.entries]
-            break
-        got = heap.pop_config()
-        if got is None:
-            open_bounds += [e[0] for e in heap.entries]  # none unless the deadline stopped it
-            break
-        lb, cfg, coef = got
-        if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
-            heap.push((lb, cfg, 0, coef))
-            continue
-        full_lb = config_lower_bound(coef, limits, memory=True)
-        dl.charge(WORK.bound)
-        if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
-            continue  # no plan fits in memory, or none can beat the incumbent
-        carried = prepared.carried(cfg, limits)
-        if carried > lb and cfg.complete:  # an earlier solve of the sweep proved more: back in the heap
-            if carried < inc.objective * (1 - REL_EPS):
-                heap.push((carried, cfg, 0, coef))
-            continue
-        lb = max(lb, full_lb)
-        if not cfg.complete:
-            for kid in prepared.children(coef):
-                # a kid with open sizes inherits this bound until it is popped
-                kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
-                dl.charge(WORK.bound)
-                if kid_lb is not None:
-                    heap.push((max(lb, kid_lb), kid.cfg, 0, kid))
-                    total += 1
-            continue
-        hint = inc.hints.get(cfg) or (candidate_of(coef, warm) if warm is not None else None)
-        cutoff = inc.objective if inc.plan is not None else None
-        plan, open_lb = _solve_config(coef, limits, backend, cutoff, hint, dl, seed, workers, lb)
-        # what it proved: its bound, or (no plan under the cutoff) that none beats the incumbent
-        prepared.proven.setdefault(cfg, []).append(
-            (limits, open_lb if open_lb is not None else math.inf if cutoff is None else cutoff))
-        solved += 1
-        if plan is not None:
-            inc.offer(plan, limits)
-        if open_lb is not None:
-            open_bounds.append(open_lb)
-        report()
+    ahead = Ahead(prepared, limits, backend, seed, workers, _solve_config) if workers > 1 else None
+
+    def inputs_of(c: Coefficients) -> tuple:
+        """What a config's solve reads besides the config: cutoff, hint, known paths."""
+        hint = inc.hints.get(c.cfg) or (candidate_of(c, warm) if warm is not None else None)
+        return inc.objective if inc.plan is not None else None, hint, paths_of(c)
+    try:
+        while heap.entries:
+            report()  # before each step too: a long config solve or bounding does not leave the user in silence
+            if heap.least() >= inc.objective * (1 - REL_EPS):
+                pruned += heap.count()
+                break
+            if dl.expired():
+                open_bounds += [e[0] for e in heap.entries]
+                break
+            got = heap.pop_config()
+            if got is None:
+                open_bounds += [e[0] for e in heap.entries]  # none unless the deadline stopped it
+                break
+            lb, cfg, coef = got
+            if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
+                heap.push((lb, cfg, 0, coef))
+                continue
+            full_lb = config_lower_bound(coef, limits, memory=True)
+            dl.charge(WORK.bound)
+            if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
+                continue  # no plan fits in memory, or none can beat the incumbent
+            carried = prepared.carried(cfg, limits)
+            if carried > lb and cfg.complete:  # an earlier solve of the sweep proved more: back in the heap
+                if carried < inc.objective * (1 - REL_EPS):
+                    heap.push((carried, cfg, 0, coef))
+                continue
+            lb = max(lb, full_lb)
+            if not cfg.complete:
+                for kid in prepared.children(coef):
+                    # a kid with open sizes inherits this bound until it is popped
+                    kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
+                    dl.charge(WORK.bound)
+                    if kid_lb is not None:
+                        heap.push((max(lb, kid_lb), kid.cfg, 0, kid))
+                        total += 1
+                continue
+            if ahead is not None:
+                ahead.dispatch(heap, inputs_of, inc.objective, dl, REL_EPS)
+            cutoff = inc.objective if inc.plan is not None else None
+            plan, open_lb = _solve_or_take(ahead, coef, limits, backend, inputs_of(coef), dl, seed, lb)
+            # what it proved: its bound, or (no plan under the cutoff) that none beats the incumbent
+            prepared.proven.setdefault(cfg, []).append(
+                (limits, open_lb if open_lb is not None else math.inf if cutoff is None else cutoff))
+            solved += 1
+            if plan is not None:
+                inc.offer(plan, limits)
+            if open_lb is not None:
+                open_bounds.append(open_lb)
+            report()
+    finally:
+        if ahead is not None:
+            ahead.close()
     prepared.found.extend(inc.found)
     return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, total, solved, pruned, heuristic_obj,
                    start)
+
+
+def _solve_or_take(ahead: Ahead | None, coef: Coefficients, limits: Limits, backend: str, inputs: tuple,
+                   dl: Deadline, seed: int, lb: float) -> tuple[Plan | None, float | None]:
+    """_solve_config's answer for `coef` under `inputs` (cutoff, hint, paths): a worker's
+    when it is the one this solve would give (parallel.Ahead.take), else this solve's."""
+    cutoff, hint, _ = inputs
+    got = ahead.take(coef.cfg, inputs, dl) if ahead is not None else None
+    if got is None:
+        return _solve_config(coef, limits, backend, cutoff, hint, dl, seed, lb)
+    plan, bound, paths = got
+    for path in paths:   # what the worker's solve learned, as this one would have
+        predict.learn_path(coef.paths(), path)
+    return plan, None if bound is None else max(lb, bound)
 
 
 def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, backend: str, total: int,

@@ -4,6 +4,7 @@ write each plan.json (or pareto.json) into a folder; compare two folders.
     python tests/benchmarks/golden_plans.py write DIR      # before the change
     python tests/benchmarks/golden_plans.py write DIR2     # after it
     python tests/benchmarks/golden_plans.py compare DIR DIR2
+    python tests/benchmarks/golden_plans.py write DIR3 --workers 2   # extra flags for every case
 
 Every case pins its model and batch, so a change of the shipped defaults does not show up
 as a difference; every case is proven within its work limit on 2 cores, so the plans do not
@@ -36,14 +37,14 @@ CASES: dict[str, list[str]] = {
 }
 
 
-def write(folder: Path) -> None:
+def write(folder: Path, extra: list[str] = ()) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name, args in CASES.items():
         out = folder / f"{name}.json"
         t0 = time.perf_counter()
         # a work limit (deterministic), but for HiGHS and CBC, which cannot measure work
         limit = ["--max-solve-time", "600s"] if {"highs", "cbc"} & set(args) else ["--work-limit", "300"]
-        r = subprocess.run(["milp-plan", "solve", *args, *limit, "--out", str(out)], capture_output=True, text=True)
+        r = subprocess.run(["milp-plan", "solve", *args, *limit, *extra, "--out", str(out)], capture_output=True, text=True)
         status = next((line for line in r.stdout.splitlines() if line.startswith("Solver")), r.stderr.strip())
         print(f"{name:22s} exit {r.returncode}  {time.perf_counter() - t0:6.1f} s  {status[:110]}")
 
@@ -60,8 +61,8 @@ def compare(a: Path, b: Path) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "write":
-        write(Path(sys.argv[2]))
+    if len(sys.argv) >= 3 and sys.argv[1] == "write":
+        write(Path(sys.argv[2]), sys.argv[3:])
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
         sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
     else:

@@ -1,0 +1,100 @@
+"""--workers N (solvers/parallel.py): the configs solved ahead in worker processes give the same
+plan.json, bound, status and work as one process, with or without a work limit that cuts the
+search short; and the workers' answers are used (not all dropped)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clitools import run_cli
+from milp_plan import solve as solving
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.job import Objective
+from milp_plan.solvers import parallel
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Each solve's (taken, dropped) answers of its workers."""
+    seen = []
+    close = parallel.Ahead.close
+
+    def record(self):
+        seen.append((self.taken, self.dropped))
+        close(self)
+    monkeypatch.setattr(parallel.Ahead, "close", record)
+    return seen
+
+
+def _outcome(inst, fix: str, workers: int, work: float, mode_limits=None):
+    r = solving.run(inst, solving.SolveRequest("cpsat", fix, 600.0, 1, workers, work), mode_limits)
+    return (r.status, r.objective, r.best_bound, r.gap, r.work, r.configs_solved, r.configs_pruned,
+            json.dumps(r.plan.to_dict(), sort_keys=True) if r.plan else None)
+
+
+def test_same_answer_with_pruning(counted):
+    """The default (simulated step: the workers' models read the paths the search learned),
+    pp 2: a proven optimum with configs pruned by bounds, the same with 1 and 3 processes."""
+    inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
+    one = _outcome(inst, "pp=2", 1, 30.0)
+    assert one[0] == "optimal" and one[6] > 0   # proven, and pruning took part
+    assert _outcome(inst, "pp=2", 3, 30.0) == one
+    assert sum(t for t, _ in counted) > 0        # the workers' answers were taken
+
+
+def test_same_answer_when_the_work_limit_cuts_the_search(counted):
+    """Free mode cut short by a work limit: the same plan, bound and work with 2 processes
+    (the work of an answer taken from a worker is charged as the search's own)."""
+    inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256), Objective(mode="free"))
+    limits = inst.objective.limits()
+    one = _outcome(inst, "pp=3", 1, 1.5, limits)
+    assert one[0] != "optimal"                   # the limit cut it short
+    assert _outcome(inst, "pp=3", 2, 1.5, limits) == one
+    assert sum(t for t, _ in counted) > 0
+
+
+def test_cli_plan_json_bytes_do_not_depend_on_workers(tmp_path, capsys):
+    outs = []
+    for n in (1, 2):
+        out = tmp_path / f"plan-{n}.json"
+        code, _, err = run_cli(capsys, "solve", "--model", "gpt3-6.7b", "--global-batch", "256", "--fix",
+                               "pp=2,tp=8", "--workers", str(n), "--out", str(out))
+        assert code == 0, err
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+class _Done:
+    """A finished worker job (multiprocessing's AsyncResult, as Ahead.take reads it)."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self):
+        return self.answer
+
+
+@pytest.mark.parametrize("statuses, charges, taken", [
+    (["optimal"], [0.5], True),
+    (["infeasible"], [0.5], True),
+    (["feasible"], [0.5], False),        # a run stopped by a limit (a wall clock's, say): not the serial answer
+    (["timeout"], [0.5], False),
+    (["optimal", "expired"], [0.5], False),
+    (["optimal"], [0.5, 0.6], False),    # 1.1 units replayed on 0.5 used: past the search's limit of 1.5
+])
+def test_take_only_answers_no_limit_touched(statuses, charges, taken):
+    from milp_plan.deadline import Deadline
+    dl = Deadline(60.0, work=1.5)
+    dl.charge(0.5)
+    ahead = parallel.Ahead(None, None, "cpsat", 1, 2)
+    inputs = (1.0, None, None)
+    ahead.pending["cfg"] = (inputs, _Done(("plan", 2.0, parallel.Trace(statuses, ["path"], charges))))
+    got = ahead.take("cfg", inputs, dl)
+    assert (got == ("plan", 2.0, ["path"])) is taken
+    assert dl.work_used() == (0.5 + sum(charges) if taken else 0.5)   # charged only when taken
+    ahead.pending["cfg"] = (inputs, _Done(("plan", 2.0, parallel.Trace(["optimal"], [], [0.1]))))
+    assert ahead.take("cfg", (0.9, None, None), dl) is None            # the incumbent moved since
