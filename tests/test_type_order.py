@@ -123,3 +123,21 @@ def test_a_second_run_pays_for_its_node(tmp_path):
     split = planners.get("cpsat").plan(inst, limits, Deadline(600),
                                        fix={**fix, "order": ("A100-80GB", "A10", "A100-80GB")})
     assert split.status == "optimal" and split.plan.predicted.usd_per_hour == pytest.approx(18.0)
+
+
+def test_the_interleaved_wrap_between_two_runs_crosses_nodes(tmp_path):
+    """Interleaved (vpp 2), 1-GPU stages on 4-GPU nodes, so one node could hold the whole
+    pipeline, with slow links. The order A100, A10, A100 puts the two A100 stages in two runs
+    on two A100 nodes. The wrap from the last stage back to the first therefore crosses nodes,
+    though both ends are A100 stages, and every backend prices it so, as brute force does."""
+    from instances import COMPARABLE_BW
+    spec = write_instance(tmp_path, layers=6, gpn=4, counts=(2, 1), bw=COMPARABLE_BW[0])
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 6}))
+    fix = {"schedule": "interleaved", "vpp": 2, "tp": 1, "dp": 1, "recompute": "none",
+           "order": ("A100-80GB", "A10", "A100-80GB")}
+    ref = planners.get("brute-force").plan(inst, Limits(), Deadline(600), fix=fix)
+    assert ref.status == "optimal"
+    assert [sorted({d.node for d in s.devices}) for s in ref.plan.stages] == [[0], [2], [1]]
+    for backend in BACKENDS:
+        got = planners.get(backend).plan(inst, Limits(), Deadline(600), fix=fix)
+        assert got.status == "optimal" and got.objective == pytest.approx(ref.objective, rel=1e-6), backend
