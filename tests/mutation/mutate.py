@@ -153,7 +153,8 @@ import test_type_order
 if sys.argv[3] == "simulated":
     for t in (test_type_order.test_a_type_in_two_runs_is_found_and_proven,
               test_type_order.test_a_shared_node_type_in_two_runs_is_found_and_proven,
-              test_type_order.test_a_second_run_pays_for_its_node):
+              test_type_order.test_a_second_run_pays_for_its_node,
+              test_type_order.test_the_interleaved_wrap_between_two_runs_crosses_nodes):
         t(Path(tempfile.mkdtemp()))
 # mixed-type stages: the hand optimum, the slowest replica's pace, the model's coefficients of a
 # bundle of unequal nodes against the cost model (tests/test_mixed_stages.py)
