@@ -192,16 +192,22 @@ def _config_plans(coef) -> list[tuple] | None:
 
 
 def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float, found: SlicedSearch,
-             dl: Deadline) -> float:
+             dl: Deadline, bounds: slice_bounds.ConfigBounds | None = None) -> float:
     """Search one GPipe config's sliced plans; returns the bound it leaves open. Its heuristic
-    plans (heuristics/warmstart.py) are sliced; a config small enough (_config_plans) has every
+    plans (heuristics/warmstart.py) and the placements that balance the per-type times on the
+    slicings of least bound (ConfigBounds.balanced) are sliced; a config small enough (_config_plans) has every
     plan bounded over every slicing and those whose bound beats the incumbent sliced, so its
     bound is the least plan bound, else the config bound `lb` stays."""
     from milp_plan.formulations.placement import build_plan
     from milp_plan.formulations.space import matches_pins
     from milp_plan.heuristics import warmstart
-    for opts, layers, rs in warmstart.candidates(coef, dl):
-        plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+    r = 1 if coef.cfg.shared_recompute else 0
+    balanced = [(opts, layers, (r,) * coef.cfg.pp) for opts, layers in (bounds.balanced(coef) if bounds else [])]
+    for opts, layers, rs in [*warmstart.candidates(coef, dl), *balanced]:
+        try:
+            plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+        except ValueError:   # the stages do not pack onto the cluster's nodes
+            continue
         if matches_pins(inst, coef.pins, plan):
             found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
     every = _config_plans(coef)
@@ -268,13 +274,13 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
             break
         heapq.heappop(heap)
         if not full:
-            got = bounds.full(prepared.coef(i))
+            got = bounds.full(prepared.coef(i), found.objective)
             dl.charge(WORK.bound)
             if got is not None:
                 heapq.heappush(heap, (max(got, lb), i, True))
             continue
         found.examined += 1
-        found.open_bounds.append(_examine(inst, prepared.coef(i), limits, counts, lb, found, dl))
+        found.open_bounds.append(_examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds))
     return found
 
 

@@ -180,3 +180,90 @@ def test_a_search_cut_short_keeps_its_bound_honest(tmp_path_factory):
     assert res.best_bound <= best * (1 + 1e-9), line
     if res.status == "optimal":
         assert res.objective == pytest.approx(best, rel=1e-4), line
+
+
+@functools.lru_cache(maxsize=2)
+def two_speed(tmp: str, batch: int):
+    """The tiny instance with the big GPUs at 0.35 GiB and the small at 0.7 GiB (at tp 1, dp 1 a
+    big stage holds 1 block, a small one 3: the fast type's rooms bind) and a tied embedding (its
+    all-reduce is in the bound): stages of two speeds whose rooms decide the placement."""
+    from tiny_instance import write_inputs
+    from milp_plan.instance import InstanceSpec, build_instance
+    cluster, model, prof = write_inputs(Path(tmp), True, True)
+    cluster.write_text(cluster.read_text().replace("memory_gib: 0.2", "memory_gib: 0.7")
+                       .replace("memory_gib: 80", "memory_gib: 0.35"))
+    return build_instance(InstanceSpec(cluster=str(cluster), model=str(model), profiles=str(prof),
+                                       global_batch_size=batch, seq_length=SEQ))
+
+
+def test_per_type_bounds_never_exceed_any_sliced_plan(tmp_path_factory):
+    """The per-type parts of the config bound (the bottleneck of the per-type times within the
+    memory rooms, ConfigBounds._bottleneck; C_k's layers at the least layer sum under it,
+    _refined; the tied embedding's all-reduce): on every GPipe config of pp 2..3 with stages of
+    both speeds (tp 1; more than 10 such configs), the bound is at most the simulated objective
+    of every plan that fits memory, over every slicing of >= 2 slices (brute force), and the
+    balanced candidates are placements of the config."""
+    inst = two_speed(str(tmp_path_factory.mktemp("t")), 2)
+    limits = Limits("min-time")
+    bounds = sb.ConfigBounds(inst, limits, range(2, SEQ + 1))
+    prep = driver.prepare(inst, parse_fix("schedule=gpipe,extrapolate=on,tp=1"), "megatron")
+    multi = checked = 0
+    for i, cfg in enumerate(prep.configs):
+        coef = prep.coef(i)
+        if not cfg.sched.slices_ok or not 2 <= cfg.pp <= 3:
+            continue
+        stages = bounds._stages(coef, bounds._terms(coef))
+        multi += bool(stages and len(stages) > 1)
+        full = bounds.full(coef)
+        for opts, layers in bounds.balanced(coef):
+            assert len(opts) == cfg.pp and sum(layers) == inst.model.num_layers and min(layers) >= 1
+        for plan in every_plan(inst, coef):
+            for lengths in compositions(SEQ):
+                if len(lengths) < 2:
+                    continue
+                p = sliced(plan, lengths)
+                p = p.with_(predicted=predict.evaluate(inst, p, basis=predict.SIMULATED))
+                if not all(sp.peak_memory_gib <= sp.capacity_gib * (1 + 1e-9) for sp in p.predicted.stages):
+                    continue   # the bound reads the memory rooms: it holds for the plans that fit
+                assert full is not None and full <= objective_of(p, limits) * (1 + 1e-9), \
+                    (cfg.label(), plan.stages, lengths)
+                checked += 1
+    assert multi > 10 and checked > 1000
+
+
+def test_bottleneck_and_layer_sums_against_enumeration(tmp_path_factory):
+    """ConfigBounds._bottleneck is the least max_s n_s A_{o(s)} over every placement (options per
+    stage within the pools' stage counts, layer splits within the rooms), on every slicing row,
+    to the bisection's tolerance (exact here: one pool per node type); _layer_sums(y) is at most
+    the least sum_s n_s alpha_{o(s),k} over the placements whose stages all take <= y, per slice."""
+    inst = two_speed(str(tmp_path_factory.mktemp("t")), 2)
+    bounds = sb.ConfigBounds(inst, Limits("min-time"), range(2, SEQ + 1))
+    prep = driver.prepare(inst, parse_fix("schedule=gpipe,extrapolate=on"), "megatron")
+    L, tried = inst.model.num_layers, 0
+    rows = np.arange(len(bounds.rows))
+    for i, cfg in enumerate(prep.configs):
+        coef, K = prep.coef(i), cfg.pp
+        stages = bounds._stages(coef, bounds._terms(coef))
+        if K < 2 or not stages or len(stages) < 2:
+            continue
+        z = bounds._bottleneck(coef, stages)
+        least = np.full(len(rows), np.inf)
+        placements = []
+        for opts in itertools.product(range(len(stages)), repeat=K):
+            if any(opts.count(o) > stages[o][3] for o in set(opts)):
+                continue
+            for cuts in itertools.combinations(range(1, L), K - 1):
+                n = [b - a for a, b in zip((0, *cuts), (*cuts, L))]
+                if all(x <= stages[o][2] for x, o in zip(n, opts)):
+                    placements.append((opts, n))
+                    least = np.minimum(least, np.max([x * stages[o][0] for x, o in zip(n, opts)], axis=0))
+        assert np.all(z <= least * (1 + 1e-9)) and np.all(z >= least * (1 - 1e-6)), cfg.label()
+        y = least * 1.3
+        ls = bounds._layer_sums(stages, y, rows)
+        for opts, n in placements:
+            top = np.max([x * stages[o][0] for x, o in zip(n, opts)], axis=0)
+            total = sum(x * stages[o][1] for x, o in zip(n, opts))
+            ok = top <= y
+            assert np.all(ls[ok] <= total[ok] * (1 + 1e-9) + 1e-15), cfg.label()
+            tried += int(ok.sum())
+    assert tried > 300
