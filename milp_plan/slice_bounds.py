@@ -65,6 +65,8 @@ from milp_plan.units import SECONDS_PER_HOUR
 MAX_ENUM_UNITS = 16   # slicings are enumerated (2^(U-1) of them); slicing.units_for gives U <= 16
 BISECT_STEPS = 40     # ConfigBounds._bottleneck: z to within 2^-40 of its range
 GRID_RATIO, GRID_STEPS = 1.04, 6   # ConfigBounds._refined: bottleneck intervals z 1.04^j, j <= 6, then beyond
+REFINE_CHUNK = 1024   # ConfigBounds._refine_lazily: slicing rows refined at a time
+SECONDS_PER_CELL = 6e-8   # work charged per row x option x step of the bounds' numpy passes (about its wall time)
 
 
 @functools.lru_cache(maxsize=8)
@@ -351,6 +353,7 @@ class ConfigBounds:
         self.memo: dict = {}
         self.arcs_memo: dict = {}
         self.row_bounds: dict = {}     # config -> the bound per slicing row (full)
+        self.work = 0.0                # work units (deadline.py) of the last `full`, beyond WORK.bound
 
     def _terms(self, coef, full: bool = True) -> dict:
         """The gathered per-arc terms of the config's options (what the arc times read: node
@@ -499,11 +502,9 @@ class ConfigBounds:
             return T
         every = np.arange(len(self.rows))
         T = bound(every, L * a, z)
-        # one option: LS_k = L alpha_k, no more than L a_k; nothing to refine
-        todo = np.flatnonzero(T + self._opt(coef) < self._time_cutoff(coef, cutoff)) \
-            if stages and len(stages) > 1 else every[:0]
-        if len(todo):
-            T[todo] = self._refined(coef, stages, todo, z[todo], bound)
+        self.work = len(self.rows) * (BISECT_STEPS + 1) * len(stages or ()) * SECONDS_PER_CELL
+        if stages and len(stages) > 1:     # one option: LS_k = L alpha_k, no more than L a_k
+            T = self._refine_lazily(coef, stages, T, z, bound, self._time_cutoff(coef, cutoff) - self._opt(coef))
         self.row_bounds[coef.cfg] = T
         got = self._finish(coef, T, K)
         cheap = self.cheap(coef)
@@ -541,6 +542,23 @@ class ConfigBounds:
                         out.append(cand)
         return out
 
+    def _refine_lazily(self, coef, stages, T: np.ndarray, z: np.ndarray, bound, cutoff: float) -> np.ndarray:
+        """T with rows refined (`_refined`) in increasing order of T, REFINE_CHUNK at a time,
+        until the least T not refined is at least the least refined one (then no row left can
+        lower the minimum: a refined row's bound is at least its T) or the cutoff (rows at or
+        above it need no refinement). Charges self.work for the refinement."""
+        T = T.copy()
+        order = np.argsort(T, kind="stable")
+        best = np.inf
+        for start in range(0, len(order), REFINE_CHUNK):
+            rows = order[start:start + REFINE_CHUNK]
+            if T[rows[0]] >= min(best, cutoff):
+                break
+            T[rows] = self._refined(coef, stages, rows, z[rows], bound)
+            best = min(best, float(T[rows].min()))
+            self.work += len(rows) * (GRID_STEPS + 1) * len(stages) * self.rows.shape[1] * SECONDS_PER_CELL
+        return T
+
     def _refined(self, coef, stages, rows: np.ndarray, z: np.ndarray, bound) -> np.ndarray:
         """The bound on `rows` with C_k's layers at least LS_k (`_layer_sums`) at the plan's own
         bottleneck Y = max_s n_s A_{o(s)} >= z: for Y in [y_j, y_{j+1}) (y_j = z GRID_RATIO^j,
@@ -570,3 +588,57 @@ def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:
     """A lower bound on the objective of every sliced plan (count in `counts`) of the GPipe
     config of `coef` (ConfigBounds.full); None when none meets the limits."""
     return ConfigBounds(coef.inst, limits, counts).full(coef)
+
+
+def quick_bound(inst: Instance, limits: Limits, fix: str | None = None) -> tuple[float | None, int]:
+    """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`;
+    the configs read): the work path of `ConfigBounds.cheap` with its slicing term relaxed so that
+    no slicing is enumerated. A slice's layer time is at least that of a sequence of its length
+    (the context only adds, costmodel.slice_context_s), so every slicing's per-layer sum
+    A >= A* = min over compositions (l_1..l_n), n >= 2, of sum_k t(l_k) (a 1-D DP over the U
+    lengths, per stage option), and every plan has
+        T >= m ceil(L / K) A* + stage 0's reduction and embedding all-reduce + the optimizer term.
+    For the default's decision (`default_line`): cheap enough to run after every solve. None: no
+    GPipe config (or none meets the limits)."""
+    from milp_plan.slice_plan import _gpipe_fix
+    from milp_plan.solve import job_fix
+    from milp_plan.formulations.space import parse_fix
+    from milp_plan.solvers import driver
+    from milp_plan.errors import InputError
+    try:
+        prepared = driver.prepare(inst, job_fix(inst, parse_fix(_gpipe_fix(fix))), "megatron")
+    except InputError:   # the pins rule out GPipe, or no GPipe config passes them: nothing to bound
+        return None, 0
+    units, unit = unit_tokens(inst)
+    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    bounds = ConfigBounds.__new__(ConfigBounds)
+    bounds.inst, bounds.limits = inst, limits
+    memo: dict = {}
+
+    def least_sum(nt, tp: int, mbs: int) -> float:
+        key = (nt.name, tp, mbs)
+        if key not in memo:
+            t = [0.0] + [min(lt.fwd_s + lt.bwd_s for kd in kinds
+                             for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit)])
+                         for n in range(1, units + 1)]
+            f = [0.0] + [math.inf] * units          # f[u]: least sum over compositions of u
+            for u in range(1, units + 1):
+                f[u] = min(t[n] + f[u - n] for n in range(1, u + 1))
+            memo[key] = min(t[n] + f[units - n] for n in range(1, units)) if units > 1 else math.inf
+        return memo[key]
+    best, read = math.inf, 0
+    L = inst.model.num_layers
+    for i, cfg in enumerate(prepared.configs):
+        if not cfg.sched.slices_ok:
+            continue
+        coef = prepared.coef(i)
+        read += 1
+        a = min(least_sum(coef.types[o.k], o.tp, o.mbs) for o in coef.options)
+        if a == math.inf:
+            continue
+        m = cfg.num_microbatches(inst.job.global_batch_size)
+        got = bounds._finish(coef, np.array([m * -(-L // cfg.pp) * a + bounds._dp(coef, 1 if cfg.pp > 1 else L)]),
+                             cfg.pp)
+        if got is not None:
+            best = min(best, got)
+    return (None if best == math.inf else best), read

@@ -1,8 +1,9 @@
 """`milp-plan solve --slices auto|N|off`: token slicing (TeraPipe) as a planner decision.
 
 off (the default)  nothing changes: the plan is the exact search's, byte for byte; the CLI
-                   prints the rule (DEFAULT_LINE: stock Megatron-LM cannot run token slices,
-                   --slices auto decides whether they pay).
+                   prints the decision (default_line): a quick proven bound on every sliced
+                   plan against the plan, so it says whether slicing cannot pay, or at most how
+                   much it could save and that --slices auto finds out.
 N (>= 2)           the space is every GPipe plan with each sequence cut into exactly N slices.
 auto               the space is every unsliced plan (the exact search as asked, plan A) and
                    every GPipe plan cut into 2..U slices.
@@ -275,7 +276,7 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
         heapq.heappop(heap)
         if not full:
             got = bounds.full(prepared.coef(i), found.objective)
-            dl.charge(WORK.bound)
+            dl.charge(WORK.bound + bounds.work)
             if got is not None:
                 heapq.heappush(heap, (max(got, lb), i, True))
             continue
@@ -399,6 +400,37 @@ def _restated(a: SolveResult, bound: float | None) -> SolveResult:
     status = Status(_status_of(bound, a.objective))
     rec = replace(a.plan.solver, status=status.value, best_bound=bound, gap=gap) if a.plan.solver else None
     return replace(a, status=status, best_bound=bound, gap=gap, plan=a.plan.with_(solver=rec))
+
+
+QUIET_SAVING = 0.01   # default_line: a possible saving below this share is not worth a slicing runtime
+
+
+def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> str:
+    """The default's decision on token slices (no --slices; the plan and plan.json are the exact
+    search's, unsliced): a quick proven bound on every sliced plan (slice_bounds.quick_bound,
+    about a tenth of a second) against the plan's objective. At or above it: slicing cannot beat
+    the plan, with the figure. Below it by less than QUIET_SAVING: not worth a runtime that can
+    slice. Else: at most how much a sliced plan could save, and how to find out (--slices auto:
+    the joint search, with a bound)."""
+    if result.plan is None or limits.objective not in ("min-time", "min-cost"):
+        return DEFAULT_LINE
+    obj = objective_of(result.plan, limits)
+    lb, _ = slice_bounds.quick_bound(inst, limits, req.fix)
+    unit = "$/step" if limits.objective == "min-cost" else "s/step"
+    units = units_for(inst.job.seq_length)
+    space = f"every GPipe plan cut into 2..{units} token slices"
+    if lb is None:
+        return f"token slices: off; no plan can be sliced here ({space} is empty or breaks the limits)"
+    if lb >= obj * (1 - REL_EPS):
+        return (f"token slices: off; slicing cannot beat this plan: {space} takes at least {lb:.4g} {unit} "
+                f"(a bound: the heaviest stage's work on every sequence, no bubble)")
+    saving = 1 - lb / obj
+    if saving < QUIET_SAVING:
+        return (f"token slices: off; slicing could save at most {saving:.2%} here ({space} takes at least "
+                f"{lb:.4g} {unit}): not worth a runtime that pipelines slices")
+    return (f"token slices: off (the plan runs on stock Megatron-LM, which cannot pipeline token slices); "
+            f"{space} takes at least {lb:.4g} {unit}, so slicing could save at most {saving:.0%} here; "
+            f"--slices auto searches them and proves whether one pays")
 
 
 DEFAULT_LINE = ("token slices: off (the default: the plan runs on stock Megatron-LM, which cannot pipeline token "

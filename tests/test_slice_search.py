@@ -267,3 +267,40 @@ def test_bottleneck_and_layer_sums_against_enumeration(tmp_path_factory):
             assert np.all(ls[ok] <= total[ok] * (1 + 1e-9) + 1e-15), cfg.label()
             tried += int(ok.sum())
     assert tried > 300
+
+
+@pytest.mark.parametrize("objective", ["min-time", "min-cost"])
+def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
+    """The default's bound (slice_bounds.quick_bound: no slicing enumerated) is at most the
+    brute-force optimum over every sliced plan of every GPipe config of pp <= 2 (2..5 slices),
+    and at most every config's enumerated cheap bound's least (it relaxes it)."""
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
+    limits = Limits(objective)
+    counts = list(range(2, SEQ + 1))
+    lb, read = sb.quick_bound(inst, limits, FIX)
+    assert read > 10 and lb is not None
+    assert lb <= brute_force(inst, limits, counts, max_pp=2) * (1 + 1e-9)
+    bounds = sb.ConfigBounds(inst, limits, counts)
+    assert lb <= min(b for c in gpipe_configs(inst, 8) for b in [bounds.cheap(c)] if b is not None) * (1 + 1e-9)
+
+
+def test_default_line_decides_with_its_figure(tmp_path_factory, monkeypatch):
+    """The default's line (slice_plan.default_line) on the three sides of its bound: at or above
+    the plan (slicing cannot beat it), within 1% below (not worth a slicing runtime), further
+    below (at most that saving; --slices auto finds out); plan.json is not touched."""
+    from milp_plan import slice_plan
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 4)
+    req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
+    limits = inst.objective.limits()
+    res = solving.run(inst, req, limits)
+    before = res.plan.to_json()
+    obj = res.objective
+    for lb, want in ((obj, "slicing cannot beat this plan"), (obj * 0.995, "not worth a runtime"),
+                     (obj * 0.5, "could save at most 50% here; --slices auto")):
+        monkeypatch.setattr(sb, "quick_bound", lambda *a, lb=lb: (lb, 1))
+        line = slice_plan.default_line(inst, req, limits, res)
+        assert want in line and f"{lb:.4g}" in line, line
+    monkeypatch.undo()
+    line = slice_plan.default_line(inst, req, limits, res)
+    assert "token slices: off" in line and f"{sb.quick_bound(inst, limits, FIX)[0]:.4g}" in line
+    assert res.plan.to_json() == before

@@ -308,13 +308,13 @@ def test_slices_auto_writes_a_sliced_plan_only_when_it_pays(tmp_path, capsys):
     """Many micro-batches (global batch 128 of GPT-3 1.3B on 2 GPUs): auto writes a sliced plan
     only when its step beats the unsliced plan's, else the stages --slices off writes; it says
     why either way (with flash attention slices save no attention work, costmodel.context_weight:
-    a sliced plan gains from its shorter bubble alone). The default says what it
-    decides and why; an explicit off says nothing."""
+    a sliced plan gains from its shorter bubble alone). The default says what it decides, with
+    its bound's figure; an explicit off says nothing."""
     args = ["--model", "gpt3-1.3b", "--global-batch", "128", "--fix", "pp=2,tp=1", "--work-limit", "30"]
     off, auto = tmp_path / "off.json", tmp_path / "auto.json"
     code, stdout, _ = run_cli(capsys, "solve", *args, "--out", str(off))
     assert code == 0
-    assert "token slices: off (the default: the plan runs on stock Megatron-LM" in stdout
+    assert "token slices: off" in stdout and "takes at least" in stdout   # the default's decision, a figure
     code, stdout, err = run_cli(capsys, "solve", *args, "--slices", "auto", "--out", str(auto))
     assert code == 0, err
     assert "token slices:" in stdout
