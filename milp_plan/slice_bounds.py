@@ -590,14 +590,31 @@ def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:
     return ConfigBounds(coef.inst, limits, counts).full(coef)
 
 
+def _quick_bottleneck(coef, limits: Limits, per: dict[int, float]) -> float | None:
+    """At least max_s n_s A*_{o(s)} (seconds) of any placement of the config (the unsliced
+    bounds' bottleneck over the node types' slots, memory rooms included: solvers.bounds), the
+    per-layer time of option o at least A*_o; None: no placement fits."""
+    from milp_plan.solvers import bounds
+    found = bounds.usable_options(coef, limits, memory=True)
+    if found is None:
+        return None
+    caps, _, rooms, usable = found
+    slots = bounds.stage_slots(coef, limits, True, caps, rooms, usable, lambda o: per[o])
+    L = coef.inst.model.num_layers
+    return bounds._bottleneck_bound(slots, coef.cfg.pp, L, 1, bounds._breakpoints(slots, L, 1))
+
+
 def quick_bound(inst: Instance, limits: Limits, fix: str | None = None) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`;
     the configs read): the work path of `ConfigBounds.cheap` with its slicing term relaxed so that
     no slicing is enumerated. A slice's layer time is at least that of a sequence of its length
     (the context only adds, costmodel.slice_context_s), so every slicing's per-layer sum
-    A >= A* = min over compositions (l_1..l_n), n >= 2, of sum_k t(l_k) (a 1-D DP over the U
-    lengths, per stage option), and every plan has
-        T >= m ceil(L / K) A* + stage 0's reduction and embedding all-reduce + the optimizer term.
+    A_o >= A*_o = min over compositions (l_1..l_n), n >= 2, of sum_k t_o(l_k) (a 1-D DP over the
+    U lengths, per stage option o), and every plan has
+        T >= m max(ceil(L / K) min_o A*_o, Z) + stage 0's reduction and embedding all-reduce
+             + the optimizer term,
+    Z = the least max_s n_s A*_{o(s)} over the config's placements within the memory rooms (the
+    unsliced bounds' bottleneck, solvers/bounds.py, with A*_o as the per-layer times).
     For the default's decision (`default_line`): cheap enough to run after every solve. None: no
     GPipe config (or none meets the limits)."""
     from milp_plan.slice_plan import _gpipe_fix
@@ -626,19 +643,30 @@ def quick_bound(inst: Instance, limits: Limits, fix: str | None = None) -> tuple
                 f[u] = min(t[n] + f[u - n] for n in range(1, u + 1))
             memo[key] = min(t[n] + f[units - n] for n in range(1, units)) if units > 1 else math.inf
         return memo[key]
-    best, read = math.inf, 0
     L = inst.model.num_layers
+    simple = []   # (bound without the bottleneck, config index, per-option A*, m)
     for i, cfg in enumerate(prepared.configs):
         if not cfg.sched.slices_ok:
             continue
         coef = prepared.coef(i)
-        read += 1
-        a = min(least_sum(coef.types[o.k], o.tp, o.mbs) for o in coef.options)
+        per = {o: least_sum(coef.types[opt.k], opt.tp, opt.mbs) for o, opt in enumerate(coef.options)}
+        a = min(per.values())
         if a == math.inf:
             continue
         m = cfg.num_microbatches(inst.job.global_batch_size)
-        got = bounds._finish(coef, np.array([m * -(-L // cfg.pp) * a + bounds._dp(coef, 1 if cfg.pp > 1 else L)]),
-                             cfg.pp)
+        dp = bounds._dp(coef, 1 if cfg.pp > 1 else L)
+        got = bounds._finish(coef, np.array([m * -(-L // cfg.pp) * a + dp]), cfg.pp)
         if got is not None:
-            best = min(best, got)
-    return (None if best == math.inf else best), read
+            simple.append((got, i, per, m, dp))
+    best = math.inf
+    for got, i, per, m, dp in sorted(simple, key=lambda x: (x[0], x[1])):
+        if got >= best:
+            break   # the rest bound at least as high
+        coef = prepared.coef(i)
+        z = _quick_bottleneck(coef, limits, per)
+        if z is not None:
+            full = bounds._finish(coef, np.array([m * max(-(-L // coef.cfg.pp) * min(per.values()), z) + dp]),
+                                  coef.cfg.pp)
+            if full is not None:
+                best = min(best, max(full, got))
+    return (None if best == math.inf else best), len(simple)
