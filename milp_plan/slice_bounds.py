@@ -249,12 +249,13 @@ def _g(e: int, L: int, K: int) -> int:
 
 def _least_hop_per_token(coef) -> float:
     """The least transfer time per token any hop of the config takes (seconds): every hop is
-    one of its pools' intra- or inter-node transfers, and a transfer's bytes are linear in the
-    tokens (costmodel.p2p_bytes)."""
+    one of its pools' intra-node (where a node fits two of its stages) or inter-node transfers,
+    and a transfer's bytes are linear in the tokens (costmodel.p2p_bytes)."""
     if coef.cfg.pp == 1:
         return 0.0
     types = {pool.k for pool in coef.pools}
-    hops = [coef.hop_intra(q) for q in range(len(coef.pools))] + \
+    # inside a node only where a node holds two of the pool's stages (solvers/bounds._p2p_lower_bound)
+    hops = [coef.hop_intra(q) for q, pool in enumerate(coef.pools) if pool.place.stages_per_node >= 2] + \
            [coef.hop_inter(q, k2) for q in range(len(coef.pools)) for k2 in types]
     return min(hops) / coef.inst.job.seq_length
 
