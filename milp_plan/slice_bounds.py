@@ -498,7 +498,8 @@ class ConfigBounds:
                 # the heaviest stage holds g(e) layers, or is an end stage: >= e layers and its
                 # embedding or head; and its layers take at least the bottleneck y
                 heavy = np.maximum(np.maximum(_g(e, L, K) * A_, e * A_ + t["big_end"][rows]), y) + Phi_
-                work = np.where(np.isfinite(heavy), (m - 1) * heavy, np.inf)   # inf: no placement (m = 1 too)
+                fin = np.isfinite(heavy)        # inf: no placement (m = 1 too)
+                work = np.where(fin, (m - 1) * np.where(fin, heavy, 0.0), np.inf)
                 T = np.minimum(T, work + cross + self._dp(coef, e) + self._opt(coef, e) - self._opt(coef))
             return T
         every = np.arange(len(self.rows))
