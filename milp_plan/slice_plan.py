@@ -355,8 +355,12 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
     found = sliced_search(inst, req, limits, counts, a_obj, seeds=[g.plan] if g.plan is not None else [])
     wall = time.perf_counter() - t0
     space = _what(counts, units, unit, basis)
+    sliced_lb = min([found.objective, *found.open_bounds])
+    parts = [f"sliced plans >= {sliced_lb:.6g}"] if sliced_lb < math.inf else []
+    if a is not None and a.best_bound is not None:
+        parts.append(f"unsliced >= {a.best_bound:.6g}")
     searched = (f"{found.configs} GPipe configs: {found.examined} searched, {found.pruned} pruned by their sliced "
-                f"bound")
+                f"bound" + (f"; bounds: {', '.join(parts)}" if parts else ""))
     if found.best is None:
         if a is None:
             from milp_plan.errors import Infeasible
