@@ -592,6 +592,22 @@ def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:
     return ConfigBounds(coef.inst, limits, counts).full(coef)
 
 
+def least_slice_sum(inst: Instance, nt, tp: int, mbs: int) -> float:
+    """A*: at most the per-layer f + b summed over the slices of any slicing of >= 2 slices at
+    the planner's units (node type nt, tp, micro-batch size; the least over the block kinds):
+    min over compositions (l_1..l_n), n >= 2, of sum_k t(l_k), t(l) a sequence of l tokens
+    without context (the context only adds, costmodel.slice_context_s). A DP over the lengths:
+    f(u) = min_n t(n) + f(u - n), A* = min_{n < U} t(n) + f(U - n); inf at U = 1."""
+    units, unit = unit_tokens(inst)
+    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    t = [0.0] + [min(lt.fwd_s + lt.bwd_s for kd in kinds for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit)])
+                 for n in range(1, units + 1)]
+    f = [0.0] + [math.inf] * units          # f[u]: least sum over compositions of u units
+    for u in range(1, units + 1):
+        f[u] = min(t[n] + f[u - n] for n in range(1, u + 1))
+    return min(t[n] + f[units - n] for n in range(1, units)) if units > 1 else math.inf
+
+
 def _quick_bottleneck(coef, limits: Limits, per: dict[int, float]) -> float | None:
     """At least max_s n_s A*_{o(s)} (seconds) of any placement of the config (the unsliced
     bounds' bottleneck over the node types' slots, memory rooms included: solvers.bounds), the
@@ -628,8 +644,6 @@ def quick_bound(inst: Instance, limits: Limits, fix: str | None = None) -> tuple
         prepared = driver.prepare(inst, job_fix(inst, parse_fix(_gpipe_fix(fix))), "megatron")
     except InputError:   # the pins rule out GPipe, or no GPipe config passes them: nothing to bound
         return None, 0
-    units, unit = unit_tokens(inst)
-    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
     bounds = ConfigBounds.__new__(ConfigBounds)
     bounds.inst, bounds.limits = inst, limits
     memo: dict = {}
@@ -637,13 +651,7 @@ def quick_bound(inst: Instance, limits: Limits, fix: str | None = None) -> tuple
     def least_sum(nt, tp: int, mbs: int) -> float:
         key = (nt.name, tp, mbs)
         if key not in memo:
-            t = [0.0] + [min(lt.fwd_s + lt.bwd_s for kd in kinds
-                             for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit)])
-                         for n in range(1, units + 1)]
-            f = [0.0] + [math.inf] * units          # f[u]: least sum over compositions of u
-            for u in range(1, units + 1):
-                f[u] = min(t[n] + f[u - n] for n in range(1, u + 1))
-            memo[key] = min(t[n] + f[units - n] for n in range(1, units)) if units > 1 else math.inf
+            memo[key] = least_slice_sum(inst, nt, tp, mbs)
         return memo[key]
     L = inst.model.num_layers
     simple = []   # (bound without the bottleneck, config index, per-option A*, m)

@@ -304,3 +304,25 @@ def test_default_line_decides_with_its_figure(tmp_path_factory, monkeypatch):
     line = slice_plan.default_line(inst, req, limits, res)
     assert "token slices: off" in line and f"{sb.quick_bound(inst, limits, FIX)[0]:.4g}" in line
     assert res.plan.to_json() == before
+
+
+def test_least_slice_sum_is_the_enumerated_least(tmp_path_factory):
+    """slice_bounds.least_slice_sum (the default's per-layer A*) equals the least over the 15
+    compositions of 5 units with >= 2 slices of sum_k t(l_k) without context, and is at most the
+    per-layer sum with context of every such slicing (ConfigBounds' per-option rows)."""
+    from milp_plan import costmodel as cm
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
+    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    for nt in inst.cluster.node_types:
+        for tp, mbs in ((1, 1), (2, 1), (1, 2)):
+            def t(lengths, ctx):
+                out, c = 0.0, 0
+                for n in lengths:
+                    out += min(lt.fwd_s + lt.bwd_s for kd in kinds
+                               for lt in [cm.layer_times(inst, nt, tp, mbs, kd, n, c if ctx else 0)])
+                    c += n
+                return out
+            many = [x for x in compositions(SEQ) if len(x) >= 2]
+            got = sb.least_slice_sum(inst, nt, tp, mbs)
+            assert got == pytest.approx(min(t(x, False) for x in many), rel=1e-12)
+            assert all(got <= t(x, True) * (1 + 1e-12) for x in many)
