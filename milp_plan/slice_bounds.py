@@ -46,7 +46,16 @@ and the config's bound is the least over e = 1..ceil(L/K) (past ceil(L/K), g(e) 
 bound grows with e) and over the allowed slicings. The slicings are enumerated (all 2^(U-1)
 compositions of U <= 16 token units, vectorised), so the bound is exact over the slicing set,
 not a relaxation of it. $ per step: at least the config's least $/h (K stages at the cheapest
-stage price) times T / 3600."""
+stage price) times T / 3600.
+
+**Per-type speeds and the layer split** (heterogeneous configs): with A_o the per-layer time of
+option o on a slicing, the heaviest stage takes at least z, the least max_s n_s A_{o(s)} over
+every placement within the pools' stage counts and the memory rooms (`ConfigBounds._bottleneck`),
+and sum_r p_{r,k}'s layers at least LS_k(Y), the least sum_s n_s alpha_{o(s),k} with every stage
+under the plan's own bottleneck Y >= z, taken over a grid of intervals of Y (`_refined`). Stage
+0's tail holds the tied embedding's all-reduce (`_embedding_sync`). The default's decision reads
+a cheaper bound with no slicing enumerated (`quick_bound`). formulations/pipeline.md, "Token
+slices", gives the proofs; tests/test_slice_search.py checks each part against enumeration."""
 from __future__ import annotations
 
 import functools
