@@ -385,7 +385,8 @@ class ConfigBounds:
             _, emb, head, _, _ = self.arcs_memo[key]
             e_, h_ = _gather(emb, self.rows), _gather(head, self.rows)
             E, H = e_.sum(axis=1), h_.sum(axis=1)
-            got.update(ends=E + H, big_end=np.maximum(E, H), c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - got["ph"])
+            got.update(ends=E + H, big_end=np.maximum(E, H),
+                       c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - got["ph"])
         return got
 
     def _stages(self, coef, t: dict) -> list[tuple[np.ndarray, np.ndarray, int, int]] | None:
@@ -609,7 +610,8 @@ def least_slice_sum(inst: Instance, nt, tp: int, mbs: int) -> float:
     f(u) = min_n t(n) + f(u - n), A* = min_{n < U} t(n) + f(U - n); inf at U = 1."""
     units, unit = unit_tokens(inst)
     kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
-    t = [0.0] + [min(lt.fwd_s + lt.bwd_s for kd in kinds for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit)])
+    t = [0.0] + [min(lt.fwd_s + lt.bwd_s for kd in kinds
+                     for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit)])
                  for n in range(1, units + 1)]
     f = [0.0] + [math.inf] * units          # f[u]: least sum over compositions of u units
     for u in range(1, units + 1):
@@ -631,11 +633,12 @@ def _quick_bottleneck(coef, limits: Limits, per: dict[int, float]) -> float | No
     return bounds._bottleneck_bound(slots, coef.cfg.pp, L, 1, bounds._breakpoints(slots, L, 1))
 
 
-def quick_bound(inst: Instance, limits: Limits, fix: str | None = None) -> tuple[float | None, int]:
-    """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`;
-    the configs read): the work path of `ConfigBounds.cheap` with its slicing term relaxed so that
-    no slicing is enumerated. A slice's layer time is at least that of a sequence of its length
-    (the context only adds, costmodel.slice_context_s), so every slicing's per-layer sum
+def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None, int]:
+    """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
+    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs read): the work path of
+    `ConfigBounds.cheap` with its slicing term relaxed so that no slicing is enumerated. A
+    slice's layer time is at least that of a sequence of its length (the context only adds,
+    costmodel.slice_context_s), so every slicing's per-layer sum
     A_o >= A*_o = min over compositions (l_1..l_n), n >= 2, of sum_k t_o(l_k) (a 1-D DP over the
     U lengths, per stage option o), and every plan has
         T >= m max(ceil(L / K) min_o A*_o, Z) + stage 0's reduction and embedding all-reduce
@@ -644,14 +647,13 @@ def quick_bound(inst: Instance, limits: Limits, fix: str | None = None) -> tuple
     unsliced bounds' bottleneck, solvers/bounds.py, with A*_o as the per-layer times).
     For the default's decision (`default_line`): cheap enough to run after every solve. None: no
     GPipe config (or none meets the limits)."""
-    from milp_plan.slice_plan import _gpipe_fix
     from milp_plan.solve import job_fix
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solvers import driver
     from milp_plan.errors import InputError
     try:
-        prepared = driver.prepare(inst, job_fix(inst, parse_fix(_gpipe_fix(fix))), "megatron")
-    except InputError:   # the pins rule out GPipe, or no GPipe config passes them: nothing to bound
+        prepared = driver.prepare(inst, job_fix(inst, parse_fix(fix)), "megatron")
+    except InputError:   # no GPipe config passes the pins: nothing to bound
         return None, 0
     bounds = ConfigBounds.__new__(ConfigBounds)
     bounds.inst, bounds.limits = inst, limits

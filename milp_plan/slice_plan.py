@@ -419,7 +419,11 @@ def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> st
     if result.plan is None or limits.objective not in ("min-time", "min-cost"):
         return DEFAULT_LINE
     obj = objective_of(result.plan, limits)
-    lb, _ = slice_bounds.quick_bound(inst, limits, req.fix)
+    try:
+        fix = _gpipe_fix(req.fix)
+    except InputError:     # the pins rule out GPipe: no sliced plan
+        fix = None
+    lb = None if fix is None else slice_bounds.quick_bound(inst, limits, fix)[0]
     unit = "$/step" if limits.objective == "min-cost" else "s/step"
     units = units_for(inst.job.seq_length)
     space = f"every GPipe plan cut into 2..{units} token slices"

@@ -277,7 +277,7 @@ def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
     inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
     limits = Limits(objective)
     counts = list(range(2, SEQ + 1))
-    lb, read = sb.quick_bound(inst, limits, FIX)
+    lb, read = sb.quick_bound(inst, limits, FIX + ",schedule=gpipe")
     assert read > 10 and lb is not None
     assert lb <= brute_force(inst, limits, counts, max_pp=2) * (1 + 1e-9)
     bounds = sb.ConfigBounds(inst, limits, counts)
@@ -302,7 +302,7 @@ def test_default_line_decides_with_its_figure(tmp_path_factory, monkeypatch):
         assert want in line and f"{lb:.4g}" in line, line
     monkeypatch.undo()
     line = slice_plan.default_line(inst, req, limits, res)
-    assert "token slices: off" in line and f"{sb.quick_bound(inst, limits, FIX)[0]:.4g}" in line
+    assert "token slices: off" in line and f"{sb.quick_bound(inst, limits, FIX + ',schedule=gpipe')[0]:.4g}" in line
     assert res.plan.to_json() == before
 
 
