@@ -304,8 +304,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     else:
         typer.echo(render_solved(plan, inst, result), err=out == "-")
         if slices is None:
-            from milp_plan.slice_plan import DEFAULT_LINE
-            slice_line = DEFAULT_LINE
+            from milp_plan.slice_plan import default_line
+            slice_line = default_line(inst, req, limits, result)
         if slice_line:
             typer.echo(slice_line, err=out == "-")
             for note in result.notes if plan.slices else ():

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from milp_plan import nccl
-from milp_plan.analytic import ESTIMATES
+from milp_plan.analytic import ATTENTION_BWD_FACTOR, ESTIMATES
 from milp_plan.cluster import MIXED_SEP, MixedNodeType, Node, NodeType, gpu_names
 from milp_plan.instance import Instance
 from milp_plan.model import Model
@@ -188,35 +188,54 @@ def tp_overlapped_s(comm_f: float, comm_b: float, fwd_s: float, bwd_s: float, co
     return f, b
 
 
-# Backward over forward time of the attention core's context term: its two batched GEMMs
-# (QK^T, AV) run twice backward (model.forward_flops_per_token: backward = 2 x forward).
-CONTEXT_BWD_FACTOR = 2.0
+def context_bwd_factor(inst: Instance) -> float:
+    """Backward over forward time of a slice's context cells: the kernel's own ratio, as for a
+    row's own keys (the profile holds the core's forward only, so the analytic model's ratio
+    stands in): the fused kernel's ATTENTION_BWD_FACTOR (analytic.flash_core_s) with flash
+    attention; 2 without (the two batched GEMMs run twice backward, analytic.unfused_core_s)."""
+    return ATTENTION_BWD_FACTOR if inst.job.flash_attention else 2.0
+
+
+def context_weight(inst: Instance) -> float:
+    """kappa: what one context key of a token slice costs, in the units the profile prices a
+    row's own keys in (the attention kernel's convention, the same for a slice as for a whole
+    sequence). A row of s tokens is priced core_f(s) ~ s^2 (model.forward_flops_per_token: the
+    full s x s block) whatever the kernel computes of it:
+      * flash attention (job.flash_attention, the default: a causal fused kernel) computes the
+        s^2 / 2 cells on and below the diagonal, so one computed cell costs 2 core_f(s) / s^2.
+        A slice of l queries after c context keys computes l c context cells (none masked) and
+        l^2 / 2 of its own: kappa = 2, and the slices of a sequence compute
+        sum_k (l_k c_k + l_k^2 / 2) = L^2 / 2 cells, the unsliced sequence's;
+      * without it (Megatron's unfused core: QK^T and AV as batched GEMMs over the full block,
+        the mask applied to the scores) a row computes all s^2 cells and a slice the l x (c + l)
+        rectangle: kappa = 1, and the slices compute (L^2 + sum_k l_k^2) / 2 <= L^2 cells (the
+        masked cells above the diagonal blocks are never computed: a saving such a runtime has).
+    Either way one slice of L tokens is the unsliced sequence exactly."""
+    return 2.0 if inst.job.flash_attention else 1.0
 
 
 def slice_context_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind: str, tokens: int,
                     context: int) -> tuple[float, float]:
     """(forward, backward) seconds a token slice's attention spends on its context: a slice of
-    l = `tokens` tokens after c = `context` tokens attends over c + l keys, 4 b h l (c + l) / tp
-    FLOPs of which the profile's time of an l-token row (layer_times at l tokens) holds the
-    4 b h l^2 / tp of its own keys; the rest, 4 b h l c / tp, is priced at the attention core's
-    rate at the job's length L:
-        ctx_f = core_f(L) x l c / L^2,   ctx_b = CONTEXT_BWD_FACTOR x ctx_f,
+    l = `tokens` tokens after c = `context` tokens attends over c + l keys; the profile's time of
+    an l-token row (layer_times at l tokens) holds its own l keys, and the l c context cells are
+    priced at the attention core's rate at the job's length L, in the kernel's convention
+    (context_weight, kappa = 2 with the causal flash kernel, 1 with the unfused full block):
+        ctx_f = kappa core_f(L) l c / L^2,   ctx_b = context_bwd_factor x ctx_f,
     core_f(L) = the attention-core forward of an L-token row (LayerTimes.attn_core_fwd_s:
-    profiled, or the FLOP share of the forward). So t(l, c) = t(l) + ctx and t(L, 0) = t(L):
-    the unsliced sequence costs what it costs without slicing. Causal masking: the model prices
-    a full sequence's L x L scores unmasked (Megatron's kernels compute the full block and mask
-    it; model.forward_flops_per_token), and a slice's own l x l block the same way, so the
-    slices of a sequence price sum_k l_k (c_k + l_k) = (L^2 + sum_k l_k^2) / 2 <= L^2 keys: the
-    context term is exactly the part above the diagonal blocks that causality needs.
-    With a fitted profile (latency.LatencyFit, t = b0 + c T + d T s) this is TeraPipe's form
-    t = T0[b, l] + beta3 b l c with T0 = the fit at (b l, l) and beta3 = d (beta2 = 0: the
-    reads of the cached K/V are not priced)."""
+    profiled, or the FLOP share of the forward). So t(L, 0) = t(L): the unsliced sequence costs
+    what it costs without slicing, and where core_f(l) = core_f(L) l^2 / L^2 the slices of a
+    sequence spend on attention core_f(L) (flash) or core_f(L) (L^2 + sum l^2) / (2 L^2)
+    (unfused) in all: slicing saves attention work only where the kernel would compute masked
+    cells. With a fitted profile (latency.LatencyFit, t = b0 + c T + d T s) this is TeraPipe's
+    form t = T0[b, l] + beta3 b l c with T0 = the fit at (b l, l) and beta3 = kappa d (beta2 = 0:
+    the reads of the cached K/V are not priced)."""
     if context <= 0 or tokens <= 0:
         return 0.0, 0.0
     seq = inst.job.seq_length
     core = layer_times(inst, node_type, tp, mbs, kind, seq).attn_core_fwd_s
-    f = core * tokens * context / (seq * seq)
-    return f, CONTEXT_BWD_FACTOR * f
+    f = context_weight(inst) * core * tokens * context / (seq * seq)
+    return f, context_bwd_factor(inst) * f
 
 
 def recompute_overhead_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kinds: Sequence[str],

@@ -15,15 +15,19 @@ T = b x s tokens, and its time is modelled as a roofline-shaped piecewise-linear
        absorbs it).
 
 Token slices (TeraPipe): s is the number of keys each token attends to, so a slice of l
-tokens per row after c context tokens, b rows, is T = b l tokens attending over s = c + l keys:
+tokens per row after c context tokens, b rows, is T = b l tokens attending over its l own keys
+and c context keys, each context key weighing kappa of an own key (costmodel.context_weight:
+2 with a causal flash kernel, which computes half of a row's own block and all of the
+context; 1 with a kernel that computes the full block):
 
-    t(l, c) = max(a, b0 + c x b l + d x b l (c + l))                     (`predict_slice`)
+    t(l, c) = max(a, b0 + c x b l + d x b l (kappa c + l))               (`predict_slice`)
 
 which is TeraPipe's fitted form t = T0[b, l] + beta0 + beta1 b l + beta2 b c + beta3 b l c with
-T0[b, l] + beta0 + beta1 b l = the fit at (b l, l), beta3 = d and beta2 = 0 (the reads of the
-cached K/V, proportional to c, are not fitted). The cost model prices slices from any profile
-by the same rule (costmodel.slice_context_s): the profile's time of an l-token row plus the
-attention core's time at L scaled by l c / L^2, which for a fitted profile is d b l c.
+T0[b, l] + beta0 + beta1 b l = the fit at (b l, l), beta3 = kappa d and beta2 = 0 (the reads of
+the cached K/V, proportional to c, are not fitted). The cost model prices slices from any
+profile by the same rule (costmodel.slice_context_s): the profile's time of an l-token row plus
+the attention core's time at L scaled by kappa l c / L^2, which for a fitted profile is
+kappa d b l c.
 
 Fit: least squares on the *relative* error (weights 1/t, since times span orders of
 magnitude) with b0, c, d >= 0 (exact non-negative least squares by enumerating the
@@ -63,10 +67,11 @@ class LatencyFit:
         line = self.intercept_ms + self.per_token_ms * tokens + self.per_token_seq_ms * tokens * seq
         return max(self.floor_ms, line)
 
-    def predict_slice(self, rows: int, tokens: int, context: int) -> float:
+    def predict_slice(self, rows: int, tokens: int, context: int, kappa: float = 2.0) -> float:
         """Predicted ms of a token slice: `rows` rows of `tokens` tokens after `context` tokens
-        of each row, attending over context + tokens keys (module docstring)."""
-        return self.predict(rows * tokens, context + tokens)
+        of each row, attending over kappa x context + tokens keys (module docstring; kappa =
+        costmodel.context_weight: 2 for a causal flash kernel, 1 for the full block)."""
+        return self.predict(rows * tokens, kappa * context + tokens)
 
 
 @dataclass(frozen=True)

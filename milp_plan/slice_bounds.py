@@ -46,7 +46,16 @@ and the config's bound is the least over e = 1..ceil(L/K) (past ceil(L/K), g(e) 
 bound grows with e) and over the allowed slicings. The slicings are enumerated (all 2^(U-1)
 compositions of U <= 16 token units, vectorised), so the bound is exact over the slicing set,
 not a relaxation of it. $ per step: at least the config's least $/h (K stages at the cheapest
-stage price) times T / 3600."""
+stage price) times T / 3600.
+
+**Per-type speeds and the layer split** (heterogeneous configs): with A_o the per-layer time of
+option o on a slicing, the heaviest stage takes at least z, the least max_s n_s A_{o(s)} over
+every placement within the pools' stage counts and the memory rooms (`ConfigBounds._bottleneck`),
+and sum_r p_{r,k}'s layers at least LS_k(Y), the least sum_s n_s alpha_{o(s),k} with every stage
+under the plan's own bottleneck Y >= z, taken over a grid of intervals of Y (`_refined`). Stage
+0's tail holds the tied embedding's all-reduce (`_embedding_sync`). The default's decision reads
+a cheaper bound with no slicing enumerated (`quick_bound`). formulations/pipeline.md, "Token
+slices", gives the proofs; tests/test_slice_search.py checks each part against enumeration."""
 from __future__ import annotations
 
 import functools
@@ -63,6 +72,10 @@ from milp_plan.slicing import compositions
 from milp_plan.units import SECONDS_PER_HOUR
 
 MAX_ENUM_UNITS = 16   # slicings are enumerated (2^(U-1) of them); slicing.units_for gives U <= 16
+BISECT_STEPS = 40     # ConfigBounds._bottleneck: z to within 2^-40 of its range
+GRID_RATIO, GRID_STEPS = 1.04, 6   # ConfigBounds._refined: bottleneck intervals z 1.04^j, j <= 6, then beyond
+REFINE_CHUNK = 1024   # ConfigBounds._refine_lazily: slicing rows refined at a time
+SECONDS_PER_CELL = 6e-8   # work charged per row x option x step of the bounds' numpy passes (about its wall time)
 
 
 @functools.lru_cache(maxsize=8)
@@ -245,33 +258,93 @@ def _g(e: int, L: int, K: int) -> int:
 
 def _least_hop_per_token(coef) -> float:
     """The least transfer time per token any hop of the config takes (seconds): every hop is
-    one of its pools' intra- or inter-node transfers, and a transfer's bytes are linear in the
-    tokens (costmodel.p2p_bytes)."""
+    one of its pools' intra-node (where a node fits two of its stages) or inter-node transfers,
+    and a transfer's bytes are linear in the tokens (costmodel.p2p_bytes)."""
     if coef.cfg.pp == 1:
         return 0.0
     types = {pool.k for pool in coef.pools}
-    hops = [coef.hop_intra(q) for q in range(len(coef.pools))] + \
+    # inside a node only where a node holds two of the pool's stages (solvers/bounds._p2p_lower_bound)
+    hops = [coef.hop_intra(q) for q, pool in enumerate(coef.pools) if pool.place.stages_per_node >= 2] + \
            [coef.hop_inter(q, k2) for q in range(len(coef.pools)) for k2 in types]
     return min(hops) / coef.inst.job.seq_length
 
 
-def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Per arc: the least per-layer f + b over the options and block kinds, the least embedding
-    and head f + b, and (full recompute) the least block forward (seconds)."""
-    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
-    opts = [(coef.types[o.k], o.tp, o.mbs) for o in coef.options]
+def _embedding_sync(coef) -> float:
+    """At least the tied embedding's all-reduce of any plan of the config (seconds;
+    costmodel.tied_embedding_sync_s, the slower of two directions, so at least either): the
+    least over the options of one end and the node type of the other end, on the same node
+    only where the option's pool fits two stages on a node (else another node)."""
+    if coef.cfg.pp < 2 or not coef.inst.model.tied_embeddings:
+        return 0.0
+    types = sorted({pool.k for pool in coef.pools})
+    got = []
+    for o in range(len(coef.options)):
+        pool = coef.pools[coef.pool_of[o]]
+        if pool.place.stages_per_node >= 2:
+            got.append(coef.embedding_sync(o, pool.k, True))
+        got += [coef.embedding_sync(o, k2, False) for k2 in types]
+    return min(got)
 
-    def least(kind_list, i, j):
-        return min(lt.fwd_s + lt.bwd_s for nt, tp, mbs in opts for kd in kind_list
-                   for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit)])
-    alpha = [least(kinds, i, j) for i, j in arcs]
+
+def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], list[float], list[float], list[float],
+                                                                dict[tuple, list[float]]]:
+    """Per arc: the least per-layer f + b over the options and block kinds, the least embedding
+    and head f + b, (full recompute) the least block forward (seconds), and per (node type, tp,
+    micro-batch size) of the options the least per-layer f + b over the block kinds."""
+    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    opts = sorted({(o.k, o.tp, o.mbs) for o in coef.options})
+
+    def times(k, tp, mbs, kd, i, j):
+        return costmodel.layer_times(inst, coef.types[k], tp, mbs, kd, (j - i) * unit, i * unit)
+
+    def least(kind_list, i, j, among=opts):
+        return min(lt.fwd_s + lt.bwd_s for k, tp, mbs in among for kd in kind_list
+                   for lt in [times(k, tp, mbs, kd, i, j)])
+    per = {o: [least(kinds, i, j, [o]) for i, j in arcs] for o in opts}
+    alpha = [min(per[o][n] for o in opts) for n in range(len(arcs))]
     # full recompute: every stage recomputes >= 1 layer (check.py), a block's forward again
     full = all(o.recompute == "full" for o in coef.options)
-    phi = [min(costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit).fwd_s
-               for nt, tp, mbs in opts for kd in kinds) if full else 0.0 for i, j in arcs]
+    phi = [min(times(k, tp, mbs, kd, i, j).fwd_s for k, tp, mbs in opts for kd in kinds) if full else 0.0
+           for i, j in arcs]
     emb = [least(["embedding"], i, j) for i, j in arcs]
     head = [least(["head"], i, j) for i, j in arcs]
-    return alpha, emb, head, phi
+    return alpha, emb, head, phi, per
+
+
+def _by_alpha(stages, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the options of each row and slice in increasing alpha, those alphas) (rows x U x options)."""
+    alpha = np.stack([al[rows] for _, al, _, _ in stages], axis=2)
+    idx = np.argsort(alpha, axis=2, kind="stable")
+    return idx, np.take_along_axis(alpha, idx, axis=2)
+
+
+def _placement(A: dict[int, float], rooms: dict[int, int], caps: dict[int, int], pool_of, K: int, L: int
+               ) -> tuple[list[int], list[int]] | None:
+    """(option per stage, layers per stage) of K stages holding L layers with the least max n A_o
+    (seconds per layer A_o, rooms, stages per pool): the least z at which the K largest holds
+    min(floor(z / A_o), room_o) reach L (z among the breakpoints n A_o), then one layer off the
+    stage of largest n A at a time down to L. None: no placement."""
+    cands = sorted({n * a for o, a in A.items() for n in range(1, min(rooms[o], L) + 1)})
+
+    def pick(z):
+        left = dict(caps)
+        holds = sorted(((min(int(z / a + 1e-9), rooms[o]), -a, o) for o, a in A.items()), reverse=True)
+        opts, layers = [], []
+        for v, _, o in holds:
+            while v >= 1 and left[pool_of[o]] > 0 and len(opts) < K:
+                opts.append(o)
+                layers.append(v)
+                left[pool_of[o]] -= 1
+        return (opts, layers) if len(opts) == K and sum(layers) >= L else None
+    for z in cands:
+        got = pick(z)
+        if got is not None:
+            opts, layers = got
+            while sum(layers) > L:
+                i = max((i for i in range(K) if layers[i] > 1), key=lambda i: (layers[i] * A[opts[i]], -i))
+                layers[i] -= 1
+            return opts, layers
+    return None
 
 
 class ConfigBounds:
@@ -289,6 +362,8 @@ class ConfigBounds:
         self.tokens = _gather([(j - i) * self.unit for i, j in self.arcs], self.rows)
         self.memo: dict = {}
         self.arcs_memo: dict = {}
+        self.row_bounds: dict = {}     # config -> the bound per slicing row (full)
+        self.work = 0.0                # work units (deadline.py) of the last `full`, beyond WORK.bound
 
     def _terms(self, coef, full: bool = True) -> dict:
         """The gathered per-arc terms of the config's options (what the arc times read: node
@@ -300,15 +375,80 @@ class ConfigBounds:
             arcs = self.arcs_memo.get(key)
             if arcs is None:
                 arcs = self.arcs_memo[key] = _option_arcs(self.inst, coef, self.arcs, self.unit)
-            alpha, _, _, phi = arcs
+            alpha, _, _, phi, per = arcs
             a, ph = _gather(alpha, self.rows), _gather(phi, self.rows)
-            got = self.memo[key] = dict(a=a, ph=ph, A=a.sum(axis=1), Phi=ph.sum(axis=1))
+            A = a.sum(axis=1)
+            per_a = {o: _gather(v, self.rows) for o, v in per.items()}
+            got = self.memo[key] = dict(a=a, ph=ph, A=A, Phi=ph.sum(axis=1), per_a=per_a,
+                                        per={o: v.sum(axis=1) for o, v in per_a.items()})
         if full and "c0" not in got:
-            _, emb, head, _ = self.arcs_memo[key]
+            _, emb, head, _, _ = self.arcs_memo[key]
             e_, h_ = _gather(emb, self.rows), _gather(head, self.rows)
             E, H = e_.sum(axis=1), h_.sum(axis=1)
-            got.update(ends=E + H, big_end=np.maximum(E, H), c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - got["ph"])
+            got.update(ends=E + H, big_end=np.maximum(E, H),
+                       c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - got["ph"])
         return got
+
+    def _stages(self, coef, t: dict) -> list[tuple[np.ndarray, np.ndarray, int, int]] | None:
+        """Per usable option o of the config: (A_o per row, alpha_o per row and slice, room_o, the
+        most stages of its pool within the limits) (solvers.bounds.usable_options; memory: a
+        sliced plan holds unsliced GPipe's); None when no placement fits."""
+        from milp_plan.solvers import bounds
+        found = bounds.usable_options(coef, self.limits, memory=True)
+        if found is None:
+            return None
+        caps, _, rooms, usable = found
+        out = []
+        for o in usable:
+            opt = coef.options[o]
+            key = (opt.k, opt.tp, opt.mbs)
+            out.append((t["per"][key], t["per_a"][key], rooms[o], caps[coef.pool_of[o]]))
+        return out
+
+    def _bottleneck(self, coef, stages) -> np.ndarray:
+        """Per row: at least max_s n_s A_{o(s)} (seconds) over every placement of the L layers on
+        the config's pp stages (`_stages`): each option offers at most its pool's stages, a stage
+        of option o holds at most min(floor(z / A_o), room_o) layers when n A_o <= z, and z is
+        feasible when the pp largest stage holds sum to >= L. Bisection on z per row
+        (BISECT_STEPS, vectorised); the lower end, which never fits, is returned, so the value is
+        at most the least feasible z. Relaxations (each only lowers z): the options of one pool,
+        and the pools of one node type, count their stages apart; a type the config must use may
+        be left out. inf where no placement fits."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        if stages is None:
+            return np.full(len(self.rows), np.inf)
+        cap = np.array([c for _, _, _, c in stages], dtype=float)
+
+        def holds(z: np.ndarray) -> np.ndarray:
+            v = np.stack([np.minimum(np.floor(z / A + 1e-9), room) for A, _, room, _ in stages], axis=1)
+            idx = np.argsort(-v, axis=1, kind="stable")
+            v_sorted = np.take_along_axis(v, idx, axis=1)
+            c_sorted = cap[idx]
+            taken = np.minimum(c_sorted, np.maximum(K - (np.cumsum(c_sorted, axis=1) - c_sorted), 0))
+            return (v_sorted * taken).sum(axis=1) >= L
+        hi = np.full(len(self.rows), max(float(A.max()) for A, _, _, _ in stages) * L)
+        ok = holds(hi)
+        lo = np.zeros(len(self.rows))
+        for _ in range(BISECT_STEPS):
+            mid = (lo + hi) / 2
+            f = holds(mid)
+            hi, lo = np.where(f, mid, hi), np.where(f, lo, mid)
+        return np.where(ok, lo, np.inf)
+
+    def _layer_sums(self, stages, y: np.ndarray | None, rows: np.ndarray, order=None) -> np.ndarray:
+        """LS_k(y) per row (of `rows`) and slice: at least sum_s n_s alpha_{o(s),k} over every
+        placement whose stages all have n_s A_{o(s)} <= y (None: unbounded): option o holds at
+        most cap_o min(floor(y / A_o), room_o) layers in all (stage counts not coupled across
+        options: a relaxation), and the L layers go to the options of least alpha on slice k
+        first (greedy: a fractional knapsack of unit items). inf where they do not fit."""
+        L = self.inst.model.num_layers
+        hold = np.stack([c * (np.full(len(rows), float(room)) if y is None else
+                              np.minimum(np.floor(y / A[rows] + 1e-9), room)) for A, _, room, c in stages], axis=1)
+        idx, al_sorted = order if order is not None else _by_alpha(stages, rows)
+        h_sorted = np.take_along_axis(np.broadcast_to(hold[:, None, :], idx.shape), idx, axis=2)
+        taken = np.minimum(h_sorted, np.maximum(L - (np.cumsum(h_sorted, axis=2) - h_sorted), 0))
+        out = (al_sorted * taken).sum(axis=2)
+        return np.where(taken.sum(axis=2) >= L, out, np.inf)
 
     def _opt(self, coef, e: int = 0) -> float:
         """At least the largest optimizer step: some stage holds ceil(L / K) layers, and (e >= 1)
@@ -328,8 +468,11 @@ class ConfigBounds:
         return None if best == math.inf else best
 
     def _dp(self, coef, layers: int) -> float:
-        # piece 0 of the exposed reduction (Coefficients.dp_time) never decreases with the layers
-        return max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options))))
+        """At least stage 0's tail (PlanCosts.tail_s) when it holds >= `layers` layers: piece 0
+        of its exposed reduction (Coefficients.dp_time; it never decreases with the layers)
+        plus the tied embedding's all-reduce, which follows it (`_embedding_sync`)."""
+        return max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options)))) + \
+            _embedding_sync(coef)
 
     def cheap(self, coef) -> float | None:
         """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
@@ -338,8 +481,10 @@ class ConfigBounds:
         t = self._terms(coef, full=False)
         return self._finish(coef, m * (-(-L // K) * t["A"] + t["Phi"]) + self._dp(coef, 1 if K > 1 else L), K)
 
-    def full(self, coef) -> float | None:
-        """The config's bound (module docstring): at least `cheap`."""
+    def full(self, coef, cutoff: float = math.inf) -> float | None:
+        """The config's bound (module docstring): at least `cheap`. With `cutoff`, rows whose
+        bound before the layer sums already reaches it are not refined (the bound stays valid;
+        it only matters below the cutoff)."""
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
         t = self._terms(coef)
@@ -347,21 +492,202 @@ class ConfigBounds:
         if K == 1:
             return self._finish(coef, m * (L * A + Phi + t["ends"]) + self._dp(coef, L), K)
         hop = 2 * _least_hop_per_token(coef) * self.tokens
-        base = np.where(self.valid, L * a + K * t["ph"] + t["c0"] + Phi[:, None] + (K - 1) * hop, -np.inf)
-        T = np.full(len(self.rows), np.inf)
-        for e in range(1, -(-L // K) + 1):
-            if K > 2 and L - e - (K - 2) < e:
-                break
-            cross = e * A + (base - e * a).max(axis=1)
-            # the heaviest stage holds g(e) layers, or is an end stage: >= e layers and its embedding or head
-            heavy = np.maximum(_g(e, L, K) * A, e * A + t["big_end"]) + Phi
-            T = np.minimum(T, (m - 1) * heavy + cross + self._dp(coef, e) + self._opt(coef, e) - self._opt(coef))
+        rest = K * t["ph"] + t["c0"] + Phi[:, None] + (K - 1) * hop
+        stages = self._stages(coef, t)
+        z = self._bottleneck(coef, stages)     # seconds: at least max_s n_s A_{o(s)}
+
+        def bound(rows: np.ndarray, layers: np.ndarray, y: np.ndarray) -> np.ndarray:
+            """min over e of the path bound on `rows`, C_k's layers >= `layers`, heaviest >= y."""
+            base = np.where(self.valid[rows], layers + rest[rows], -np.inf)
+            a_, A_, Phi_ = a[rows], A[rows], Phi[rows]
+            T = np.full(len(rows), np.inf)
+            for e in range(1, -(-L // K) + 1):
+                if K > 2 and L - e - (K - 2) < e:
+                    break
+                cross = e * A_ + (base - e * a_).max(axis=1)
+                # the heaviest stage holds g(e) layers, or is an end stage: >= e layers and its
+                # embedding or head; and its layers take at least the bottleneck y
+                heavy = np.maximum(np.maximum(_g(e, L, K) * A_, e * A_ + t["big_end"][rows]), y) + Phi_
+                fin = np.isfinite(heavy)        # inf: no placement (m = 1 too)
+                work = np.where(fin, (m - 1) * np.where(fin, heavy, 0.0), np.inf)
+                T = np.minimum(T, work + cross + self._dp(coef, e) + self._opt(coef, e) - self._opt(coef))
+            return T
+        every = np.arange(len(self.rows))
+        T = bound(every, L * a, z)
+        self.work = len(self.rows) * (BISECT_STEPS + 1) * len(stages or ()) * SECONDS_PER_CELL
+        if stages and len(stages) > 1:     # one option: LS_k = L alpha_k, no more than L a_k
+            T = self._refine_lazily(coef, stages, T, z, bound, self._time_cutoff(coef, cutoff) - self._opt(coef))
+        self.row_bounds[coef.cfg] = T
         got = self._finish(coef, T, K)
         cheap = self.cheap(coef)
         return None if got is None or cheap is None else max(got, cheap)
+
+    def balanced(self, coef, per_count: int = 2) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Candidate placements (option per stage, layers per stage) that balance the per-type
+        times on the slicings where the config's bound (`full`, run first) is least: for each of
+        the `per_count` slice counts of least bound, its least row's bottleneck placement (the
+        pp stages of largest holds at the least feasible z, trimmed to L layers from the stage of
+        largest n A), in two orders (fastest stages first, and last). Candidates, not bounds."""
+        T, t = self.row_bounds.get(coef.cfg), self._terms(coef)
+        from milp_plan.solvers import bounds
+        found = bounds.usable_options(coef, self.limits, memory=True)
+        if T is None or found is None or coef.cfg.pp < 2:
+            return []
+        caps, _, rooms, usable = found
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        counts = self.valid.sum(axis=1)
+        best = {}
+        for r in np.argsort(T, kind="stable"):
+            if np.isfinite(T[r]) and int(counts[r]) not in best:
+                best[int(counts[r])] = int(r)
+            if len(best) == per_count:
+                break
+        out = []
+        for r in best.values():
+            A = {o: float(t["per"][(coef.options[o].k, coef.options[o].tp, coef.options[o].mbs)][r]) for o in usable}
+            got = _placement(A, rooms, caps, coef.pool_of, K, L)
+            if got is not None:
+                order = sorted(range(K), key=lambda i: A[got[0][i]])
+                for seq in (order, order[::-1]):
+                    cand = (tuple(got[0][i] for i in seq), tuple(got[1][i] for i in seq))
+                    if cand not in out:
+                        out.append(cand)
+        return out
+
+    def _refine_lazily(self, coef, stages, T: np.ndarray, z: np.ndarray, bound, cutoff: float) -> np.ndarray:
+        """T with rows refined (`_refined`) in increasing order of T, REFINE_CHUNK at a time,
+        until the least T not refined is at least the least refined one (then no row left can
+        lower the minimum: a refined row's bound is at least its T) or the cutoff (rows at or
+        above it need no refinement). Charges self.work for the refinement."""
+        T = T.copy()
+        order = np.argsort(T, kind="stable")
+        best = np.inf
+        for start in range(0, len(order), REFINE_CHUNK):
+            rows = order[start:start + REFINE_CHUNK]
+            if T[rows[0]] >= min(best, cutoff):
+                break
+            T[rows] = self._refined(coef, stages, rows, z[rows], bound)
+            best = min(best, float(T[rows].min()))
+            self.work += len(rows) * (GRID_STEPS + 1) * len(stages) * self.rows.shape[1] * SECONDS_PER_CELL
+        return T
+
+    def _refined(self, coef, stages, rows: np.ndarray, z: np.ndarray, bound) -> np.ndarray:
+        """The bound on `rows` with C_k's layers at least LS_k (`_layer_sums`) at the plan's own
+        bottleneck Y = max_s n_s A_{o(s)} >= z: for Y in [y_j, y_{j+1}) (y_j = z GRID_RATIO^j,
+        j < GRID_STEPS) the heaviest stage takes >= y_j and LS_k(Y) >= LS_k(y_{j+1}) (fewer
+        layers fit under a lower bottleneck); for Y >= the last y, LS_k unbounded. The least
+        over the intervals."""
+        T = np.full(len(rows), np.inf)
+        ys = [z * GRID_RATIO ** j for j in range(GRID_STEPS + 1)]
+        order = _by_alpha(stages, rows)
+        for j in range(GRID_STEPS + 1):
+            upper = ys[j + 1] if j < GRID_STEPS else None
+            ls = self._layer_sums(stages, upper, rows, order)
+            T = np.minimum(T, bound(rows, ls, ys[j]))
+        return T
+
+    def _time_cutoff(self, coef, cutoff: float) -> float:
+        """The step (seconds) at and above which an objective of at least `cutoff` follows."""
+        if cutoff == math.inf:
+            return math.inf
+        if self.limits.objective != "min-cost":
+            return cutoff
+        price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * coef.cfg.pp
+        return cutoff * SECONDS_PER_HOUR / price if price > 0 else math.inf
 
 
 def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:
     """A lower bound on the objective of every sliced plan (count in `counts`) of the GPipe
     config of `coef` (ConfigBounds.full); None when none meets the limits."""
     return ConfigBounds(coef.inst, limits, counts).full(coef)
+
+
+def least_slice_sum(inst: Instance, nt, tp: int, mbs: int) -> float:
+    """A*: at most the per-layer f + b summed over the slices of any slicing of >= 2 slices at
+    the planner's units (node type nt, tp, micro-batch size; the least over the block kinds):
+    min over compositions (l_1..l_n), n >= 2, of sum_k t(l_k), t(l) a sequence of l tokens
+    without context (the context only adds, costmodel.slice_context_s). A DP over the lengths:
+    f(u) = min_n t(n) + f(u - n), A* = min_{n < U} t(n) + f(U - n); inf at U = 1."""
+    units, unit = unit_tokens(inst)
+    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    t = [0.0] + [min(lt.fwd_s + lt.bwd_s for kd in kinds
+                     for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit)])
+                 for n in range(1, units + 1)]
+    f = [0.0] + [math.inf] * units          # f[u]: least sum over compositions of u units
+    for u in range(1, units + 1):
+        f[u] = min(t[n] + f[u - n] for n in range(1, u + 1))
+    return min(t[n] + f[units - n] for n in range(1, units)) if units > 1 else math.inf
+
+
+def _quick_bottleneck(coef, limits: Limits, per: dict[int, float]) -> float | None:
+    """At least max_s n_s A*_{o(s)} (seconds) of any placement of the config (the unsliced
+    bounds' bottleneck over the node types' slots, memory rooms included: solvers.bounds), the
+    per-layer time of option o at least A*_o; None: no placement fits."""
+    from milp_plan.solvers import bounds
+    found = bounds.usable_options(coef, limits, memory=True)
+    if found is None:
+        return None
+    caps, _, rooms, usable = found
+    slots = bounds.stage_slots(coef, limits, True, caps, rooms, usable, lambda o: per[o])
+    L = coef.inst.model.num_layers
+    return bounds._bottleneck_bound(slots, coef.cfg.pp, L, 1, bounds._breakpoints(slots, L, 1))
+
+
+def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None, int]:
+    """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
+    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs read): the work path of
+    `ConfigBounds.cheap` with its slicing term relaxed so that no slicing is enumerated. A
+    slice's layer time is at least that of a sequence of its length (the context only adds,
+    costmodel.slice_context_s), so every slicing's per-layer sum
+    A_o >= A*_o = min over compositions (l_1..l_n), n >= 2, of sum_k t_o(l_k) (a 1-D DP over the
+    U lengths, per stage option o), and every plan has
+        T >= m max(ceil(L / K) min_o A*_o, Z) + stage 0's reduction and embedding all-reduce
+             + the optimizer term,
+    Z = the least max_s n_s A*_{o(s)} over the config's placements within the memory rooms (the
+    unsliced bounds' bottleneck, solvers/bounds.py, with A*_o as the per-layer times).
+    For the default's decision (`default_line`): cheap enough to run after every solve. None: no
+    GPipe config (or none meets the limits)."""
+    from milp_plan.solve import job_fix
+    from milp_plan.formulations.space import parse_fix
+    from milp_plan.solvers import driver
+    from milp_plan.errors import InputError
+    try:
+        prepared = driver.prepare(inst, job_fix(inst, parse_fix(fix)), "megatron")
+    except InputError:   # no GPipe config passes the pins: nothing to bound
+        return None, 0
+    bounds = ConfigBounds.__new__(ConfigBounds)
+    bounds.inst, bounds.limits = inst, limits
+    memo: dict = {}
+
+    def least_sum(nt, tp: int, mbs: int) -> float:
+        key = (nt.name, tp, mbs)
+        if key not in memo:
+            memo[key] = least_slice_sum(inst, nt, tp, mbs)
+        return memo[key]
+    L = inst.model.num_layers
+    simple = []   # (bound without the bottleneck, config index, per-option A*, m)
+    for i, cfg in enumerate(prepared.configs):
+        if not cfg.sched.slices_ok:
+            continue
+        coef = prepared.coef(i)
+        per = {o: least_sum(coef.types[opt.k], opt.tp, opt.mbs) for o, opt in enumerate(coef.options)}
+        a = min(per.values())
+        if a == math.inf:
+            continue
+        m = cfg.num_microbatches(inst.job.global_batch_size)
+        dp = bounds._dp(coef, 1 if cfg.pp > 1 else L)
+        got = bounds._finish(coef, np.array([m * -(-L // cfg.pp) * a + dp]), cfg.pp)
+        if got is not None:
+            simple.append((got, i, per, m, dp))
+    best = math.inf
+    for got, i, per, m, dp in sorted(simple, key=lambda x: (x[0], x[1])):
+        if got >= best:
+            break   # the rest bound at least as high
+        coef = prepared.coef(i)
+        z = _quick_bottleneck(coef, limits, per)
+        if z is not None:
+            full = bounds._finish(coef, np.array([m * max(-(-L // coef.cfg.pp) * min(per.values()), z) + dp]),
+                                  coef.cfg.pp)
+            if full is not None:
+                best = min(best, max(full, got))
+    return (None if best == math.inf else best), len(simple)

@@ -1,8 +1,9 @@
 """`milp-plan solve --slices auto|N|off`: token slicing (TeraPipe) as a planner decision.
 
 off (the default)  nothing changes: the plan is the exact search's, byte for byte; the CLI
-                   prints the rule (DEFAULT_LINE: stock Megatron-LM cannot run token slices,
-                   --slices auto decides whether they pay).
+                   prints the decision (default_line): a quick proven bound on every sliced
+                   plan against the plan, so it says whether slicing cannot pay, or at most how
+                   much it could save and that --slices auto finds out.
 N (>= 2)           the space is every GPipe plan with each sequence cut into exactly N slices.
 auto               the space is every unsliced plan (the exact search as asked, plan A) and
                    every GPipe plan cut into 2..U slices.
@@ -192,16 +193,22 @@ def _config_plans(coef) -> list[tuple] | None:
 
 
 def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float, found: SlicedSearch,
-             dl: Deadline) -> float:
+             dl: Deadline, bounds: slice_bounds.ConfigBounds | None = None) -> float:
     """Search one GPipe config's sliced plans; returns the bound it leaves open. Its heuristic
-    plans (heuristics/warmstart.py) are sliced; a config small enough (_config_plans) has every
+    plans (heuristics/warmstart.py) and the placements that balance the per-type times on the
+    slicings of least bound (ConfigBounds.balanced) are sliced; a config small enough (_config_plans) has every
     plan bounded over every slicing and those whose bound beats the incumbent sliced, so its
     bound is the least plan bound, else the config bound `lb` stays."""
     from milp_plan.formulations.placement import build_plan
     from milp_plan.formulations.space import matches_pins
     from milp_plan.heuristics import warmstart
-    for opts, layers, rs in warmstart.candidates(coef, dl):
-        plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+    r = 1 if coef.cfg.shared_recompute else 0
+    balanced = [(opts, layers, (r,) * coef.cfg.pp) for opts, layers in (bounds.balanced(coef) if bounds else [])]
+    for opts, layers, rs in [*warmstart.candidates(coef, dl), *balanced]:
+        try:
+            plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+        except ValueError:   # the stages do not pack onto the cluster's nodes
+            continue
         if matches_pins(inst, coef.pins, plan):
             found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
     every = _config_plans(coef)
@@ -268,13 +275,13 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
             break
         heapq.heappop(heap)
         if not full:
-            got = bounds.full(prepared.coef(i))
-            dl.charge(WORK.bound)
+            got = bounds.full(prepared.coef(i), found.objective)
+            dl.charge(WORK.bound + bounds.work)
             if got is not None:
                 heapq.heappush(heap, (max(got, lb), i, True))
             continue
         found.examined += 1
-        found.open_bounds.append(_examine(inst, prepared.coef(i), limits, counts, lb, found, dl))
+        found.open_bounds.append(_examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds))
     return found
 
 
@@ -348,8 +355,12 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
     found = sliced_search(inst, req, limits, counts, a_obj, seeds=[g.plan] if g.plan is not None else [])
     wall = time.perf_counter() - t0
     space = _what(counts, units, unit, basis)
+    sliced_lb = min([found.objective, *found.open_bounds])
+    parts = [f"sliced plans >= {sliced_lb:.6g}"] if sliced_lb < math.inf else []
+    if a is not None and a.best_bound is not None:
+        parts.append(f"unsliced >= {a.best_bound:.6g}")
     searched = (f"{found.configs} GPipe configs: {found.examined} searched, {found.pruned} pruned by their sliced "
-                f"bound")
+                f"bound" + (f"; bounds: {', '.join(parts)}" if parts else ""))
     if found.best is None:
         if a is None:
             from milp_plan.errors import Infeasible
@@ -393,6 +404,41 @@ def _restated(a: SolveResult, bound: float | None) -> SolveResult:
     status = Status(_status_of(bound, a.objective))
     rec = replace(a.plan.solver, status=status.value, best_bound=bound, gap=gap) if a.plan.solver else None
     return replace(a, status=status, best_bound=bound, gap=gap, plan=a.plan.with_(solver=rec))
+
+
+QUIET_SAVING = 0.01   # default_line: a possible saving below this share is not worth a slicing runtime
+
+
+def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> str:
+    """The default's decision on token slices (no --slices; the plan and plan.json are the exact
+    search's, unsliced): a quick proven bound on every sliced plan (slice_bounds.quick_bound,
+    about a tenth of a second) against the plan's objective. At or above it: slicing cannot beat
+    the plan, with the figure. Below it by less than QUIET_SAVING: not worth a runtime that can
+    slice. Else: at most how much a sliced plan could save, and how to find out (--slices auto:
+    the joint search, with a bound)."""
+    if result.plan is None or limits.objective not in ("min-time", "min-cost"):
+        return DEFAULT_LINE
+    obj = objective_of(result.plan, limits)
+    try:
+        fix = _gpipe_fix(req.fix)
+    except InputError:     # the pins rule out GPipe: no sliced plan
+        fix = None
+    lb = None if fix is None else slice_bounds.quick_bound(inst, limits, fix)[0]
+    unit = "$/step" if limits.objective == "min-cost" else "s/step"
+    units = units_for(inst.job.seq_length)
+    space = f"every GPipe plan cut into 2..{units} token slices"
+    if lb is None:
+        return f"token slices: off; no plan can be sliced here ({space} is empty or breaks the limits)"
+    if lb >= obj * (1 - REL_EPS):
+        return (f"token slices: off; slicing cannot beat this plan: {space} takes at least {lb:.4g} {unit} "
+                f"(a bound: the heaviest stage's work on every sequence, no bubble)")
+    saving = 1 - lb / obj
+    if saving < QUIET_SAVING:
+        return (f"token slices: off; slicing could save at most {saving:.2%} here ({space} takes at least "
+                f"{lb:.4g} {unit}): not worth a runtime that pipelines slices")
+    return (f"token slices: off (the plan runs on stock Megatron-LM, which cannot pipeline token slices); "
+            f"{space} takes at least {lb:.4g} {unit}, so slicing could save at most {saving:.0%} here; "
+            f"--slices auto searches them and proves whether one pays")
 
 
 DEFAULT_LINE = ("token slices: off (the default: the plan runs on stock Megatron-LM, which cannot pipeline token "

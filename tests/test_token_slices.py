@@ -7,47 +7,89 @@ import functools
 import pytest
 
 from milp_plan import costmodel as cm, latency
+from milp_plan.analytic import ATTENTION_BWD_FACTOR
 from milp_plan.instance import InstanceSpec, build_instance
 
 
-@functools.lru_cache(maxsize=1)
-def gpt3_175b():
-    return build_instance(InstanceSpec(model="gpt3-175b"))
+@functools.lru_cache(maxsize=2)
+def gpt3_175b(flash: bool = True):
+    return build_instance(InstanceSpec(model="gpt3-175b", flash_attention=flash))
 
 
-def test_unsliced_sequence_costs_what_it_costs():
-    inst = gpt3_175b()
+@pytest.mark.parametrize("flash", [True, False])
+def test_unsliced_sequence_costs_what_it_costs(flash):
+    """One slice of L tokens is the unsliced sequence exactly, under either kernel, on every
+    layer kind and stage (the sliced form at one slice is GPipe's: test_one_slice_is_gpipe)."""
+    inst = gpt3_175b(flash)
     nt, L = inst.cluster.node_types[0], inst.job.seq_length
-    assert cm.layer_times(inst, nt, 8, 1, "block", L, 0) == cm.layer_times(inst, nt, 8, 1, "block")
+    for kind in ("block", "embedding", "head"):
+        assert cm.layer_times(inst, nt, 8, 1, kind, L, 0) == cm.layer_times(inst, nt, 8, 1, kind)
     assert cm.slice_context_s(inst, nt, 8, 1, "block", L, 0) == (0.0, 0.0)
+    kinds = cm.stage_kinds(inst, 0, 3)
+    assert cm.stage_compute_s(inst, nt, 8, 1, kinds, True, True, "full", 1, tokens=L, context=0) == \
+        cm.stage_compute_s(inst, nt, 8, 1, kinds, True, True, "full", 1)
 
 
+@pytest.mark.parametrize("flash,kappa,bwd", [(True, 2.0, ATTENTION_BWD_FACTOR), (False, 1.0, 2.0)])
 @pytest.mark.parametrize("l,c", [(128, 1920), (512, 512), (1024, 1024), (256, 0)])
-def test_context_term_is_l_times_c(l, c):
-    """ctx_f = core_f(L) l c / L^2, backward twice that; the row time at l tokens is the base."""
-    inst = gpt3_175b()
+def test_context_term_is_kappa_l_times_c(flash, kappa, bwd, l, c):
+    """ctx_f = kappa core_f(L) l c / L^2 (kappa 2 on the causal flash kernel, 1 on the full
+    block), backward the kernel's ratio (the fused core's fitted factor; 2 for the GEMMs); the
+    row time at l tokens is the base."""
+    inst = gpt3_175b(flash)
     nt, L = inst.cluster.node_types[0], inst.job.seq_length
+    assert cm.context_weight(inst) == kappa and cm.context_bwd_factor(inst) == bwd
     core = cm.layer_times(inst, nt, 8, 1, "block").attn_core_fwd_s
     base, got = cm.layer_times(inst, nt, 8, 1, "block", l), cm.layer_times(inst, nt, 8, 1, "block", l, c)
-    assert got.fwd_s - base.fwd_s == pytest.approx(core * l * c / L**2, rel=1e-12, abs=1e-18)
-    assert got.bwd_s - base.bwd_s == pytest.approx(2 * core * l * c / L**2, rel=1e-12, abs=1e-18)
-    assert got.attn_core_fwd_s - base.attn_core_fwd_s == pytest.approx(core * l * c / L**2, rel=1e-12, abs=1e-18)
+    assert got.fwd_s - base.fwd_s == pytest.approx(kappa * core * l * c / L**2, rel=1e-12, abs=1e-18)
+    assert got.bwd_s - base.bwd_s == pytest.approx(bwd * kappa * core * l * c / L**2, rel=1e-12, abs=1e-18)
+    assert got.attn_core_fwd_s - base.attn_core_fwd_s == pytest.approx(kappa * core * l * c / L**2, rel=1e-12,
+                                                                        abs=1e-18)
 
 
-def test_slices_of_a_sequence_price_the_causal_attention():
-    """The attention cores of the slices of a sequence sum to core(L) (L^2 + sum l^2) / (2 L^2)
-    plus each slice's kernel launch (the analytic flash core is launch + k l^2)."""
+@pytest.mark.parametrize("lengths", [[512, 512, 1024], [1024, 1024], [128] * 16, [2048]])
+def test_slices_of_a_sequence_price_the_kernels_attention(lengths):
+    """The context cells of a sequence's slices, sum_k l_k c_k = (L^2 - sum l^2) / 2, priced at
+    kappa core_f(L) / L^2: on the causal flash kernel (kappa 2) they are the cells below the
+    diagonal blocks, and with the blocks' own l^2 (the analytic fused core is launch + k l^2) the
+    slices' cores sum to the unsliced core(L), plus one launch per extra slice and less than one
+    more (the launch inside core_f(L) scales with the context's rate): slicing saves no attention
+    work. On the unfused full block (kappa 1) the context is half that: the masked cells above
+    the diagonal blocks are not computed."""
     from milp_plan.analytic import KERNEL_LAUNCH_S
-    inst = gpt3_175b()
-    nt, L = inst.cluster.node_types[0], inst.job.seq_length
-    core_L = cm.layer_times(inst, nt, 8, 1, "block").attn_core_fwd_s
-    lengths = [512, 512, 1024]
-    total, c = 0.0, 0
-    for l in lengths:
-        total += cm.layer_times(inst, nt, 8, 1, "block", l, c).attn_core_fwd_s
-        c += l
-    want = core_L * (L * L + sum(x * x for x in lengths)) / (2 * L * L)
-    assert 0 <= total - want <= len(lengths) * KERNEL_LAUNCH_S
+    for flash, kappa in ((True, 2.0), (False, 1.0)):
+        inst = gpt3_175b(flash)
+        nt, L = inst.cluster.node_types[0], inst.job.seq_length
+        whole = cm.layer_times(inst, nt, 8, 1, "block")
+        total, ctx, c = 0.0, 0.0, 0
+        for l in lengths:
+            total += cm.layer_times(inst, nt, 8, 1, "block", l, c).attn_core_fwd_s
+            ctx += cm.slice_context_s(inst, nt, 8, 1, "block", l, c)[0]
+            c += l
+        cells = (L * L - sum(x * x for x in lengths)) / 2
+        assert ctx == pytest.approx(kappa * whole.attn_core_fwd_s * cells / L**2, rel=1e-12, abs=1e-18)
+        if flash:
+            n = len(lengths)
+            assert (n - 1) * KERNEL_LAUNCH_S * (1 - 1e-9) <= total - whole.attn_core_fwd_s <= \
+                (n - (n == 1) + 1e-9) * KERNEL_LAUNCH_S
+
+
+def test_flash_slices_cost_at_least_the_sequence():
+    """With flash attention (the default) the slices of a sequence never cost less than the
+    sequence, layer by layer, forward and backward (the attention is the same work; the GEMMs of
+    a shorter row run no faster and each slice pays its launches): a sliced plan gains from a
+    shorter bubble only."""
+    inst = gpt3_175b(True)
+    nt = inst.cluster.node_types[0]
+    for lengths in ([1024, 1024], [512] * 4, [768, 640, 640], [128] * 16):
+        for kind in ("block", "embedding", "head"):
+            whole = cm.layer_times(inst, nt, 8, 1, kind)
+            parts, c = [], 0
+            for l in lengths:
+                parts.append(cm.layer_times(inst, nt, 8, 1, kind, l, c))
+                c += l
+            assert sum(p.fwd_s for p in parts) >= whole.fwd_s * (1 - 1e-12)
+            assert sum(p.bwd_s for p in parts) >= whole.bwd_s * (1 - 1e-12)
 
 
 def test_embedding_and_head_have_no_context_term():
@@ -57,12 +99,16 @@ def test_embedding_and_head_have_no_context_term():
         assert cm.layer_times(inst, nt, 8, 1, kind, 256, 1024) == cm.layer_times(inst, nt, 8, 1, kind, 256)
 
 
-def test_latency_fit_slice_form():
-    """TeraPipe's t = T0[b, l] + beta3 b l c from the fit t = b0 + c T + d T s: s = keys."""
+@pytest.mark.parametrize("kappa", [2.0, 1.0])
+def test_latency_fit_slice_form(kappa):
+    """TeraPipe's t = T0[b, l] + beta3 b l c from the fit t = b0 + c T + d T s: s = the keys
+    weighed by the kernel (a context key kappa of an own key): beta3 = kappa d."""
     f = latency.LatencyFit(0.0, 0.1, 0.001, 2e-6, 9)
     b, l, c = 2, 256, 768
-    assert f.predict_slice(b, l, c) == pytest.approx(0.1 + 0.001 * b * l + 2e-6 * b * l * (l + c), rel=1e-12)
-    assert f.predict_slice(b, l, c) - f.predict_slice(b, l, 0) == pytest.approx(2e-6 * b * l * c, rel=1e-9)
+    assert f.predict_slice(b, l, c, kappa) == pytest.approx(0.1 + 0.001 * b * l + 2e-6 * b * l * (l + kappa * c),
+                                                            rel=1e-12)
+    assert f.predict_slice(b, l, c, kappa) - f.predict_slice(b, l, 0, kappa) == \
+        pytest.approx(kappa * 2e-6 * b * l * c, rel=1e-9)
 
 
 # ---- the sliced GPipe form against the simulator ----------------------------------------
@@ -260,15 +306,15 @@ def test_slices_auto_is_deterministic_and_says_why(tmp_path, capsys):
 
 def test_slices_auto_writes_a_sliced_plan_only_when_it_pays(tmp_path, capsys):
     """Many micro-batches (global batch 128 of GPT-3 1.3B on 2 GPUs): auto writes a sliced plan
-    only when its step beats the unsliced plan's (here it does: the joint search finds a GPipe
-    plan of few micro-batches whose slices price the causal attention, costmodel.slice_context_s),
-    else the stages --slices off writes; it says why either way. The default says what it
-    decides and why; an explicit off says nothing."""
+    only when its step beats the unsliced plan's, else the stages --slices off writes; it says
+    why either way (with flash attention slices save no attention work, costmodel.context_weight:
+    a sliced plan gains from its shorter bubble alone). The default says what it decides, with
+    its bound's figure; an explicit off says nothing."""
     args = ["--model", "gpt3-1.3b", "--global-batch", "128", "--fix", "pp=2,tp=1", "--work-limit", "30"]
     off, auto = tmp_path / "off.json", tmp_path / "auto.json"
     code, stdout, _ = run_cli(capsys, "solve", *args, "--out", str(off))
     assert code == 0
-    assert "token slices: off (the default: the plan runs on stock Megatron-LM" in stdout
+    assert "token slices: off" in stdout and "takes at least" in stdout   # the default's decision, a figure
     code, stdout, err = run_cli(capsys, "solve", *args, "--slices", "auto", "--out", str(auto))
     assert code == 0, err
     assert "token slices:" in stdout

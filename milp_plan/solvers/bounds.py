@@ -337,6 +337,47 @@ def _least_at_inf(slots: list[SlotType], pp: int, L: int, unit: int) -> tuple[fl
     return _least_layer_sum(math.inf, slots, pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit)
 
 
+def usable_options(coef: Coefficients, limits: Limits, memory: bool = True
+                   ) -> tuple[dict[int, int], list[int], dict[int, int], list[int]] | None:
+    """(most stages per pool within the limits, the options with a stage to offer, the most
+    layers each holds within memory (any position: memory falls with the position among middle
+    stages, so the first, the last or the last middle stage offers the most; memory=False: L),
+    the options with room for a layer); None when no plan of the config can place its stages."""
+    cfg, L = coef.cfg, coef.inst.model.num_layers
+    caps = {q: _affordable_stages(coef, q, limits) for q in range(len(coef.pools))}
+    O = [o for o in range(len(coef.options)) if caps[coef.pool_of[o]] > 0]
+    if not O or sum(caps.values()) < cfg.pp:
+        return None
+    if memory:
+        positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
+        rooms = {o: max(coef.layer_room(o, s) for s in positions) for o in O}
+    else:
+        rooms = dict.fromkeys(O, L)
+    usable = [o for o in O if rooms[o]]
+    if not usable or coef.required_types - {coef.options[o].k for o in usable}:
+        # no stage holds a layer within memory, or a node type the config must use holds none
+        return None
+    return caps, O, rooms, usable
+
+
+def stage_slots(coef: Coefficients, limits: Limits, memory: bool, caps: dict[int, int], rooms: dict[int, int],
+                usable: list[int], per_layer: Callable[[int], float]) -> list[SlotType]:
+    """The node types' slots of the bottleneck bound (`SlotType`), each usable option o offering
+    (per_layer(o), rooms[o]) in its pool; memory=False: each pool offers its stages on its own
+    (no GPU sharing where a type's stage size is open)."""
+    gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(coef.types)}
+    alts: dict[int, list[tuple[float, int]]] = {}
+    for o in usable:
+        alts.setdefault(coef.pool_of[o], []).append((per_layer(o), rooms[o]))
+    by_type: dict[int, list] = {}
+    for q in sorted(alts):
+        by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
+    if memory:
+        return _slots(coef, by_type, limits, gpu_hour)
+    return [SlotType(_type_gpus(coef, k, limits), (pool,), k in coef.required_types, gpu_hour[k])
+            for k, pools in sorted(by_type.items()) for pool in pools]
+
+
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
                        variants: list[Config] | None = None,
                        _family: tuple | None = None) -> float | None | list[float | None]:
@@ -356,37 +397,16 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     assert (variants is None and _family is None) or not memory
     none = None if variants is None else [None] * len(variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
-    caps = {q: _affordable_stages(coef, q, limits) for q in range(len(coef.pools))}
-    O = [o for o in range(len(coef.options)) if caps[coef.pool_of[o]] > 0]
-    if not O or sum(caps.values()) < cfg.pp:
+    found = usable_options(coef, limits, memory)
+    if found is None:
         return none
-    if memory:
-        # memory falls with the position among middle stages (fewer micro-batches in flight), so
-        # the most room any position offers is at the first, the last or the last middle stage
-        positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
-        rooms = {o: max(coef.layer_room(o, s) for s in positions) for o in O}
-    else:
-        rooms = dict.fromkeys(O, L)
+    caps, O, rooms, usable = found
     gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(coef.types)}
-    usable = [o for o in O if rooms[o]]
-    if not usable or coef.required_types - {coef.options[o].k for o in usable}:
-        # no stage holds a layer within memory, or a node type the config must use holds none
-        return none
     key = OptionTermsKey(tuple(coef.options[o] for o in O), tuple(coef.options[o] for o in usable), cfg.pp == 1,
                          cfg.distributed_optimizer, coef.required_types)
     terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable, gpu_hour))
     t = terms.t
-    alts: dict[int, list[tuple[float, int]]] = {}
-    for o in usable:
-        alts.setdefault(coef.pool_of[o], []).append((t[coef.options[o]][0].a, rooms[o]))
-    by_type: dict[int, list] = {}
-    for q in sorted(alts):
-        by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
-    if memory:
-        slots = _slots(coef, by_type, limits, gpu_hour)
-    else:  # cheap: each pool offers its stages on its own (no GPU sharing where a type's size is open)
-        slots = [SlotType(_type_gpus(coef, k, limits), (pool,), k in coef.required_types, gpu_hour[k])
-                 for k, pools in sorted(by_type.items()) for pool in pools]
+    slots = stage_slots(coef, limits, memory, caps, rooms, usable, lambda o: t[coef.options[o]][0].a)
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
     unit = cfg.vpp if memory else 1

@@ -45,8 +45,10 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--max-solve-time", default="120s")
     ap.add_argument("--fix", default=FIX, help=f"pins of every solve (default {FIX})")
+    ap.add_argument("--clusters", default=",".join(CLUSTERS), help="which of them, comma-separated")
     a = ap.parse_args()
-    for label, cluster in CLUSTERS.items():
+    for label in a.clusters.split(","):
+        cluster = CLUSTERS[label]
         inst = build_instance(InstanceSpec(cluster=cluster, model="gpt3-175b", global_batch_size=a.global_batch),
                               Objective())
         limits = inst.objective.limits()
