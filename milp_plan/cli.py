@@ -196,7 +196,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           mixed_stages: Annotated[bool, typer.Option(
               "--mixed-stages", help="Also search stages whose data-parallel replicas sit on two GPU types "
                                      "(whole nodes of each, at most 4 nodes a stage; the slowest replica paces "
-                                     "the stage). Same as --fix mixed=on.")] = False,
+                                     "the stage). Same as --fix mixed=on; --fix mixed=2 keeps stages of 2 "
+                                     "nodes, a smaller space searched faster.")] = False,
           out: Annotated[Optional[str], typer.Option(
               "--out", help="Where to write the plan (a regular file, or - for stdout). Default: plan.json; "
                             "pareto.json with --objective pareto.")] = None,

@@ -11,6 +11,7 @@ from milp_plan.cluster import MixedNodeType
 from milp_plan.formulations import space
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.job import Limits
+from milp_plan.errors import InputError
 from milp_plan.plan import Device, Plan, Stage
 from milp_plan.solvers.driver import solve
 from milp_plan.solvers import bruteforce
@@ -238,3 +239,23 @@ def test_launch_notes_a_mixed_type_stage(tmp_path):
     plan = _mixed_plan(inst)
     notes = _notes(plan, assign_ranks(plan, inst.cluster))
     assert any("stage 0 (A100-80GB+A10)" in n and "stock Megatron-LM runs this" in n for n in notes)
+
+
+def test_a_node_cap_keeps_the_smaller_bundles(tmp_path):
+    """--fix mixed=N offers the bundles of at most N nodes (mixed=on: 4); an option's k indexes
+    the same host list whatever the cap."""
+    inst = _inst(tmp_path, counts=(2, 2))
+    assert space.parse_fix("mixed=2") == {"mixed": 2} and space.parse_fix("mixed=on") == {"mixed": True}
+    for bad in ("mixed=5", "mixed=maybe"):
+        with pytest.raises(InputError, match="mixed"):
+            space.parse_fix(bad)
+    offered = {cap: {nt.real_nodes for _, nt in space.hosts(inst, {"mixed": cap}) if isinstance(nt, MixedNodeType)}
+               for cap in (2, 3, True)}
+    assert offered == {2: {2}, 3: {2, 3}, True: {2, 3, 4}}
+    hosts = space.host_types(inst, MIXED)
+    cfg = space.Config(4, 1, sizes=(space.OPEN,) * len(hosts))   # 4 samples: dp 2 or 4 (one GPU a node)
+    sizes = {cap: {hosts[o.k].real_nodes for o in space.stage_options(inst, cfg, {"mixed": cap})
+                   if isinstance(hosts[o.k], MixedNodeType)} for cap in (2, True)}
+    assert sizes == {2: {2}, True: {2, 4}}
+    res = solve(inst, Limits(), backend="cpsat", fix={"mixed": 2}, mode="free")
+    assert res.status == "optimal" and check.check_plan(inst, res.plan) == []

@@ -233,9 +233,24 @@ def mixed_types(inst: Instance) -> tuple[MixedNodeType, ...]:
 
 def host_types(inst: Instance, fix: dict[str, object] | None = None) -> tuple:
     """What a stage option's k indexes: the cluster's node types, then (with --mixed-stages,
-    fix `mixed`) the mixed-type bundles (mixed_types)."""
+    fix `mixed`) the mixed-type bundles (mixed_types), every bundle whatever the node cap, so
+    that an option's k means the same in every space (`hosts` keeps those within the cap)."""
     base = tuple(inst.cluster.node_types)
     return base + mixed_types(inst) if fix and fix.get("mixed") else base
+
+
+def mixed_cap(fix: dict[str, object] | None) -> int:
+    """Most nodes a mixed-type stage spans: --fix mixed=N, MIXED_MAX_NODES for mixed=on."""
+    value = (fix or {}).get("mixed")
+    return MIXED_MAX_NODES if value is True else int(value or 0)
+
+
+def hosts(inst: Instance, fix: dict[str, object] | None = None) -> list[tuple[int, object]]:
+    """(k, host type) of host_types that the space offers stages: node types, and the mixed
+    bundles within the node cap (mixed_cap)."""
+    cap = mixed_cap(fix)
+    return [(k, nt) for k, nt in enumerate(host_types(inst, fix))
+            if not isinstance(nt, MixedNodeType) or nt.real_nodes <= cap]
 
 
 def placement(nt: NodeType | MixedNodeType, group: int) -> Placement | None:
@@ -273,7 +288,7 @@ def stage_options(inst: Instance, cfg: Config, fix: dict[str, object] | None = N
     u = cfg.uniform
     out = []
     mbs_ok = set(micro_batch_sizes(cfg.samples, fix))
-    for k, nt in enumerate(host_types(inst, fix)):
+    for k, nt in hosts(inst, fix):
         for tp in ([u.tp] if u else tp_sizes(inst, fix)):
             if nt.gpus_per_node % tp:
                 continue  # a tp group stays inside one node (_packs, check_tp_within_node)
@@ -386,9 +401,15 @@ def parse_fix(text: str | None) -> dict[str, object]:
             if not (v.isascii() and v.isdigit()) or not 1 <= int(v) <= 2**20:
                 raise InputError(f"{k} must be a whole number from 1 to {2**20}, got '{v}'", field="fix")
             out[k] = int(v)
+        elif k == "mixed" and v.isascii() and v.isdigit() and v not in ("0", "1"):
+            if not 2 <= int(v) <= MIXED_MAX_NODES:
+                raise InputError(f"mixed= caps the nodes of a mixed-type stage from 2 to {MIXED_MAX_NODES}, got {v}; "
+                                 "or give on or off", field="fix")
+            out[k] = int(v)
         elif k in ("sp", "distopt", "extrapolate", "mixed"):
             if v not in ("on", "off", "true", "false", "1", "0"):
-                raise InputError(f"{k} must be on or off, got '{v}'", field="fix")
+                raise InputError(f"{k} must be on or off{' (or a node cap N: mixed=2)' if k == 'mixed' else ''}, "
+                                 f"got '{v}'", field="fix")
             out[k] = v in ("on", "true", "1")
         elif k == "recompute":
             if v not in ("none", "selective", "full"):
@@ -476,7 +497,7 @@ ZB_H1_REFUSAL = ("schedule=zb-h1 runs only on the zero-bubble fork of Megatron-L
 def _stage_fits_nodes(inst: Instance, group: int, fix: dict[str, object] | None = None) -> bool:
     """A stage of `group` GPUs packs into some node type (group divides the node or is a
     multiple of it) or, with --mixed-stages, is a mixed-type bundle."""
-    return any(placement(nt, group) is not None for nt in host_types(inst, fix))
+    return any(placement(nt, group) is not None for _, nt in hosts(inst, fix))
 
 
 FREE_SP_REFUSAL = ("--mode free plans with sequence parallelism on (in the cost model it never costs time, and it "
@@ -511,7 +532,7 @@ def enumerate_configs(inst: Instance, fix: dict[str, object] | None = None,
                 if gbs % (mbs * dp):
                     continue
                 if not any(_packs(nt, tp * dp, tp) and covered(inst, nt.gpu.name, tp, mbs, fix)
-                           for nt in host_types(inst, fix)):
+                           for _, nt in hosts(inst, fix)):
                     continue  # no node type runs this (tp, mbs) on profiled data
                 n_mb = gbs // (mbs * dp)
                 sp = bool(fix.get("sp", True)) and tp > 1
