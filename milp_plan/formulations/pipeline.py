@@ -346,7 +346,9 @@ class PipelineModel:
 
     def add_device_count(self) -> None:
         """u[p,beta] one-hot: pool p holds beta stages, at most what fits on its type's nodes
-        (at least one in a free child config: its node types are chosen)."""
+        (at least one in a free child config: its node types are chosen). A pool whose stages
+        share nodes also counts its nodes, sum_s w[s,p,0] = sum_c c nn[p,c] <= its type's
+        count, nn one-hot (its runs may need more nodes than ceil(beta / q_p))."""
         be, v, c = self.be, self.v, self.c
         for p in self.P:
             betas = range(c.min_stages(p), c.max_stages(p) + 1)
@@ -365,9 +367,11 @@ class PipelineModel:
 
     def add_shared_nodes(self) -> None:
         """Mixed-type stages (--mixed-stages) take whole nodes of the node types they mix: per
-        node type k, the nodes its own pool uses plus n_k per stage of each bundle holding k
-        are at most its count: sum_beta nodes_p(beta) u[p,beta] + sum_q n_{q,k} sum_beta beta
-        u[q,beta] <= count_k (placement.place_stages puts the bundles on the last nodes)."""
+        node type k, the nodes its own pool p uses plus n_k per stage of each bundle holding k
+        are at most its count: nodes_p + sum_q n_{q,k} sum_beta beta u[q,beta] <= count_k, with
+        nodes_p = sum_beta nodes_used(beta) u[p,beta] for stages of whole nodes and
+        sum_s w[s,p,0] where they share nodes (placement.place_stages puts the bundles on the
+        last nodes)."""
         be, v, c = self.be, self.v, self.c
         mixed = [q for q in self.P if isinstance(c.types[c.pools[q].k], MixedNodeType)]
         if not mixed:
@@ -696,8 +700,8 @@ class PipelineModel:
         # its node count (_node_priced: several runs may use more nodes), nn[p,c]
         onehot = {key: var for key, var in v.u.items() if not self._node_priced(key[0])}
         onehot.update({key: var for key, var in v.nn.items() if self._node_priced(key[0])})
-        price = {(p, x): res.usd_down(self.c.usd_per_hour(p, x) if (p, x) in v.u and not self._node_priced(p)
-                                      else self.c.usd_per_hour_nodes(p, x)) for (p, x) in onehot}
+        price = {(p, x): res.usd_down(self.c.usd_per_hour_nodes(p, x) if self._node_priced(p)
+                                      else self.c.usd_per_hour(p, x)) for (p, x) in onehot}
         v.usd_h = be.sum([price[key] * onehot[key] for key in onehot])
         if lim.budget_usd_per_hour is not None:
             be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))
