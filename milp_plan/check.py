@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from milp_plan import predict, schedules
-from milp_plan.cluster import MIXED_SEP, gpu_names
+from milp_plan.cluster import gpu_names, joined_gpu_name
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan
 
@@ -39,11 +39,10 @@ def check_device_exists(inst: Instance, plan: Plan) -> list[Violation]:
             elif nodes[d.node].type.gpu.name not in gpu_names(st.gpu):
                 out.append(Violation("device_exists", f"stage {i} is declared {st.gpu} but node {d.node} holds "
                                                       f"{nodes[d.node].type.gpu.name}"))
-        held = [nodes[d.node].type.gpu.name for d in st.devices if 0 <= d.node < len(nodes)]
-        if MIXED_SEP in st.gpu and held and st.gpu != MIXED_SEP.join(dict.fromkeys(held)):
-            out.append(Violation("device_exists", f"stage {i} is declared {st.gpu} but its devices hold "
-                                                  f"{MIXED_SEP.join(dict.fromkeys(held))} (a mixed-type stage names "
-                                                  "its GPU types in the order of its devices)"))
+        held = joined_gpu_name(nodes[d.node].type.gpu.name for d in st.devices if 0 <= d.node < len(nodes))
+        if st.mixed_type and held and st.gpu != held:
+            out.append(Violation("device_exists", f"stage {i} is declared {st.gpu} but its devices hold {held} (a "
+                                                  "mixed-type stage names its GPU types in the order of its devices)"))
     return out
 
 

@@ -11,7 +11,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from milp_plan.errors import InputError
 from milp_plan.fileio import check_fields, load_yaml, number, sha256_text
@@ -150,7 +150,7 @@ class MixedNodeType:
     @property
     def gpu(self) -> GPU:
         gpus = [nt.gpu for nt, _ in self.members]
-        return GPU(MIXED_SEP.join(dict.fromkeys(g.name for g in gpus)), min(g.memory_gib for g in gpus),
+        return GPU(joined_gpu_name(g.name for g in gpus), min(g.memory_gib for g in gpus),
                    min(g.peak_tflops for g in gpus), min(g.memory_gb_per_s for g in gpus))
 
     @property
@@ -214,6 +214,12 @@ class MixedNodeType:
 def gpu_names(name: str) -> tuple[str, ...]:
     """The GPU types of a stage's `gpu` field: one name, or a mixed-type stage's names."""
     return tuple(name.split(MIXED_SEP))
+
+
+def joined_gpu_name(names: Iterable[str]) -> str:
+    """A stage's `gpu` field from its devices' GPU names in order: each name once, joined by
+    MIXED_SEP (one name for a stage of one GPU type); gpu_names reads it back."""
+    return MIXED_SEP.join(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from milp_plan import schedules
 from milp_plan.schedules import OneFOneB
+from milp_plan.cluster import MIXED_SEP
 from milp_plan.errors import InputError
 from milp_plan.fileio import parse_json, read_text, write_atomic
 
@@ -46,6 +47,11 @@ class Stage:
     micro_batch_size: int          # samples per dp replica per micro-batch
     recompute: str = "none"        # none | selective | full
     recompute_layers: int = 0      # full: layers of this stage recomputed (0..num_layers)
+
+    @property
+    def mixed_type(self) -> bool:
+        """Its dp replicas sit on several GPU types (`gpu` joins their names)."""
+        return MIXED_SEP in self.gpu
 
 
 @dataclass(frozen=True)

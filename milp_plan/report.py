@@ -4,7 +4,6 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from milp_plan.cluster import MIXED_SEP
 from milp_plan.instance import Instance
 from milp_plan.job import OVERLAP_FIELDS
 
@@ -178,7 +177,7 @@ def render_plan(plan, inst=None, result=None) -> str:
                 for f in plan.profile_fills]
     reasons = plan.megatron_incompatibilities()
     out.append("Runs on stock Megatron-LM" if not reasons else "Needs a per-stage runtime: " + "; ".join(reasons))
-    mixed = [str(i) for i, st in enumerate(plan.stages) if MIXED_SEP in st.gpu]
+    mixed = [str(i) for i, st in enumerate(plan.stages) if st.mixed_type]
     if mixed:
         out.append(f"Stage{'s' if len(mixed) > 1 else ''} {', '.join(mixed)} mix{'' if len(mixed) > 1 else 'es'} GPU "
                    "types across data-parallel replicas (stock Megatron-LM runs it; the slowest replica paces the "

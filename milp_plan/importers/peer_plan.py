@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from milp_plan import check, predict
-from milp_plan.cluster import MIXED_SEP, Cluster
+from milp_plan.cluster import Cluster, joined_gpu_name
 from milp_plan.errors import InputError
 from milp_plan.formulations.space import plan_fills
 from milp_plan.importers import fasop_plan, metis_plan
@@ -53,9 +53,9 @@ class Imported:
 
 
 def stage_gpu(cluster: Cluster, devices: Sequence[Device]) -> str:
-    """The `gpu` of a stage on these devices: its GPU type, or a mixed-type stage's types joined
-    by MIXED_SEP in the order of its devices."""
-    return MIXED_SEP.join(dict.fromkeys(cluster.nodes[d.node].type.gpu.name for d in devices))
+    """The `gpu` of a stage on these devices: its GPU type, or a mixed-type stage's types in the
+    order of its devices (cluster.joined_gpu_name)."""
+    return joined_gpu_name(cluster.nodes[d.node].type.gpu.name for d in devices)
 
 
 # ---- the Plan ----------------------------------------------------------------------------
@@ -86,7 +86,8 @@ def to_plan(inst: Instance, layout: PeerLayout, source: str) -> Imported:
     where = f"{layout.tool} row {layout.rank}"
     stages, first = [], 0
     for s, ps in enumerate(layout.stages):
-        stages.append(Stage(stage_gpu(inst.cluster, ps.devices), ps.devices, first, ps.blocks, ps.tp, ps.dp, ps.micro_batch_size))
+        stages.append(Stage(stage_gpu(inst.cluster, ps.devices), ps.devices, first, ps.blocks, ps.tp, ps.dp,
+                            ps.micro_batch_size))
         first += ps.blocks
     uniform = all(len({getattr(s, a) for s in stages}) == 1 for a in ("tp", "dp", "micro_batch_size"))
     mode = "megatron" if uniform else "free"

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from milp_plan import schedules
 from milp_plan.check import check_plan
-from milp_plan.cluster import MIXED_SEP, Cluster
+from milp_plan.cluster import Cluster
 from milp_plan.importers import load_cluster
 from milp_plan.errors import InputError
 from milp_plan.fileio import sha256_file, write_atomic
@@ -120,7 +120,7 @@ def _notes(plan: Plan, layout: RankLayout) -> list[str]:
     note = schedules.schedule_of(plan.schedule, plan.vpp).megatron_note
     if note:
         notes.append(note)
-    mixed = [f"{i} ({st.gpu})" for i, st in enumerate(plan.stages) if MIXED_SEP in st.gpu]
+    mixed = [f"{i} ({st.gpu})" for i, st in enumerate(plan.stages) if st.mixed_type]
     if mixed:
         notes.append(f"stage{'s' if len(mixed) > 1 else ''} {', '.join(mixed)} put{'' if len(mixed) > 1 else 's'} "
                      "data-parallel replicas on different GPU types: stock Megatron-LM runs this (a data-parallel "

@@ -52,8 +52,8 @@ def _by_type(options: list[StageOption]) -> dict[int, list[StageOption]]:
 
 def _caps(inst: Instance, cfg, options: list[StageOption]) -> dict[int, int]:
     """Most stages each node type holds at its stage size."""
-    return {k: min(cfg.pp, placement(host_types(inst, MIXED)[k], opts[0].group).max_stages)
-            for k, opts in _by_type(options).items()}
+    hosts = host_types(inst, MIXED)
+    return {k: min(cfg.pp, placement(hosts[k], opts[0].group).max_stages) for k, opts in _by_type(options).items()}
 
 
 def _fewest_types(cfg: Config, caps: dict[int, int]) -> int:
