@@ -81,7 +81,7 @@ def scalar_weak_bound(coef: Coefficients, limits: Limits, variants) -> float | N
     gpu_hour = {k: coef.types[k].usd_per_gpu_hour for k in by_type}
     slots = [bounds.SlotType(bounds._type_gpus(coef, k, limits), (pool,), k in coef.required_types, gpu_hour[k])
              for k, pools in sorted(by_type.items()) for pool in pools]
-    least = (bounds._least_layer_sum(math.inf, slots, cfg.pp, L, 1),
+    least = (bounds._least_layer_sum(math.inf, slots, cfg.pp, L, 1, coupled=False),  # shared by every pp
              bounds._least_usd_per_hour(math.inf, slots, L, 1))
     if least[0] == math.inf:
         return None

@@ -134,6 +134,19 @@ class OptionTermsKey(NamedTuple):
     required_types: frozenset
 
 
+class RoomKey(NamedTuple):
+    """The most layers a stage option holds within memory at any of `positions`
+    (Coefficients.best_room): everything of the config its memory fits read (`_memory`)."""
+    option: StageOption
+    schedule: str
+    pp: int
+    vpp: int
+    m: int
+    sequence_parallel: bool
+    distributed_optimizer: bool
+    positions: tuple
+
+
 class PathKey(NamedTuple):
     """The paths of a step graph (Coefficients.paths): it is fixed by these four."""
     schedule: str
@@ -311,6 +324,14 @@ class Coefficients:
         if room < per or room < 0:
             return 0
         return L if per <= 0 else min(L, int(room // per))
+
+    def best_room(self, o: int, positions: tuple[int, ...]) -> int:
+        """max over `positions` of layer_room(o, s), memoised for every config whose memory
+        fits agree (`RoomKey`: the option, schedule, pp, vpp, m and switches)."""
+        cfg = self.cfg
+        key = RoomKey(self.options[o], cfg.schedule, cfg.pp, cfg.vpp, self.m, cfg.sequence_parallel,
+                      cfg.distributed_optimizer, positions)
+        return self.shared.get(key, lambda: max(self.layer_room(o, s) for s in positions))
 
     def _state_key(self, what: str, opt: StageOption, s: int) -> StateKey:
         job = self.inst.job

@@ -619,16 +619,18 @@ def explain_fix(inst: Instance, fix: dict[str, object]) -> str:
         return uncovered
     return ("no combination of the free choices with the pinned ones passes the divisibility rules "
             "(heads by tp, global batch by micro-batch x dp, a stage packing into a node type, m % pp == 0 "
-            "for interleaving)")
+            "and vpp dividing the layers for interleaving)")
 
 
 def virtual_stages(fix: dict[str, object], pp: int, n_mb: int, L: int) -> list[int]:
     """vpp values Megatron runs interleaved with: pp >= 2, m % pp == 0 (its default
     micro-batch group of pp), and every stage a whole number (>= 1) of layers per chunk:
-    2 <= vpp <= L / pp (the layout string lets stages differ in size, each a multiple of vpp)."""
+    2 <= vpp <= L / pp (the layout string lets stages differ in size, each a multiple of vpp,
+    so their sum L is one too: vpp divides L, or no plan has it)."""
     if pp < 2 or n_mb % pp:
         return []
-    return [v for v in ([fix["vpp"]] if "vpp" in fix else range(2, L // pp + 1)) if v >= 2 and L >= pp * v]
+    return [v for v in ([fix["vpp"]] if "vpp" in fix else range(2, L // pp + 1)) if v >= 2 and L >= pp * v
+            and L % v == 0]
 
 
 def coverage_gap(inst: Instance, fix: dict[str, object]) -> str | None:

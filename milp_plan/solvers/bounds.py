@@ -119,20 +119,31 @@ def _most_layers(z: float, slot: SlotType, pp: int, unit: int) -> int:
     return _top_stages(_stage_runs(z, slot, unit), pp)[0]
 
 
-def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int) -> float:
+def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int, coupled: bool = True) -> float:
     """Least sum over stages of a_s n_s when every stage's a_s n_s <= z: node type k holds at
-    most the layers its stages hold at z (`_most_layers`), each at k's least per-layer time;
-    a required type holds at least `unit` layers. Greedy over the per-layer times (a
-    relaxation: stage counts are not coupled across types)."""
+    most the layers its stages hold at z (`_most_layers`), each at k's least per-layer time,
+    and at least `unit` layers on each stage it must host: one where the type is required,
+    and (coupled) pp less the stages the other types form at z (`_stage_runs`: a type forms
+    no more stages than its runs count), since every stage holds at least `unit` layers.
+    Greedy over the per-layer times (a relaxation: stage counts are not coupled further);
+    inf when the types cannot host pp stages of L layers."""
     rows = []
     for slot in slots:
         a = min(a for _, _, alts in slot.pools for a, _ in alts)
-        cap = _most_layers(z, slot, pp, unit)
-        rows.append((a, cap - unit if slot.required else cap))
-    total = sum(a * unit for (a, _), slot in zip(rows, slots) if slot.required)
-    left = L - sum(unit for slot in slots if slot.required)
-    for a, cap in sorted(rows):
-        take = min(max(cap, 0), left)
+        cap, stages = _top_stages(_stage_runs(z, slot, unit), pp)
+        rows.append((a, cap, stages))
+    formed = sum(stages for _, _, stages in rows)
+    total, left, room = 0.0, L, []
+    for (a, cap, stages), slot in zip(rows, slots):
+        least = max(1 if slot.required else 0, pp - (formed - stages) if coupled else 0) * unit
+        if least > cap:
+            return math.inf
+        total, left = total + a * least, left - least
+        room.append((a, cap - least))
+    if left < 0:
+        return math.inf
+    for a, cap in sorted(room):
+        take = min(cap, left)
         total, left = total + take * a, left - take
     return total if left <= 0 else math.inf
 
@@ -163,7 +174,8 @@ class PipelineTerms:
 
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
                     terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
-                    least: tuple[float, float] | None = None) -> tuple[float, float] | None:
+                    least: tuple[float, float] | None = None, sweep: "_Sweep | None" = None
+                    ) -> tuple[float, float] | None:
     """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
     z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
     (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so
@@ -172,7 +184,8 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     S(Z) and P(Z) only fall at breakpoints, between which T(Z) rises, so the minimum is at
     z_min or a breakpoint; past the evaluated ones, T >= w_z max(Z, S_inf / pp) + w_sum S_inf
     + rest and P >= P_inf, with S_inf, P_inf at unbounded Z (every stage holds as many layers
-    as memory lets it). Returns (the bound: T or $/step, S_inf), or None when no Z meets the limits."""
+    as memory lets it). `sweep` (`_Sweep`): the points of this placement, shared. Returns (the
+    bound: T or $/step, S_inf), or None when no Z meets the limits."""
     w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
     layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
                                     _least_usd_per_hour(math.inf, slots, L, unit))
@@ -189,20 +202,51 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
             return None
         return usd if cost else T
 
+    priced = cost or limits.budget_usd_per_hour is not None or limits.budget_usd_per_step is not None
+    sweep = sweep or _Sweep(slots, pp, L, unit, cands, z_min)
     best = math.inf
-    for i, z in enumerate([z_min] + ([x for x in cands if x > z_min] if steps else [])):
+    for i in range(steps + 1):
+        z = sweep.z(i)
+        if z is None:
+            break
         tail = value(w_z * max(z, s_inf / pp) + w_sum * s_inf + rest, p_inf)
         if tail is None or tail >= best:
             break  # no Z from here on meets the limits, or beats the best
         if i == steps:
             best = tail
             break
-        S = terms.extra + _least_layer_sum(z, slots, pp, L, unit)
+        S = terms.extra + sweep.layer_sum(i)
         got = value(w_z * max(z, S / pp) + w_sum * S + rest,
-                    max(terms.gpu_usd, _least_usd_per_hour(z, slots, L, unit)))
+                    max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf)  # P matters only where priced
         if got is not None:
             best = min(best, got)
     return None if best == math.inf else (best, s_inf)
+
+
+class _Sweep:
+    """The joint bound's evaluation points of one placement (`_pipeline_bound`): z_min, then
+    the breakpoints above it, with the least layer sum and the least $/h at each, computed on
+    first use and shared by every weight pair and every config of that placement (they read
+    the slots, pp, L and the unit alone)."""
+
+    def __init__(self, slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float):
+        self.slots, self.pp, self.L, self.unit = slots, pp, L, unit
+        self.zs = [z_min] + cands[bisect.bisect_right(cands, z_min):]
+        self._sums: list[float] = []
+        self._usd: dict[int, float] = {}
+
+    def z(self, i: int) -> float | None:
+        return self.zs[i] if i < len(self.zs) else None
+
+    def layer_sum(self, i: int) -> float:
+        while len(self._sums) <= i:
+            self._sums.append(_least_layer_sum(self.zs[len(self._sums)], self.slots, self.pp, self.L, self.unit))
+        return self._sums[i]
+
+    def usd(self, i: int) -> float:
+        if i not in self._usd:
+            self._usd[i] = _least_usd_per_hour(self.zs[i], self.slots, self.L, self.unit)
+        return self._usd[i]
 
 
 def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
@@ -243,10 +287,13 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
 
 
 def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
-    """(breakpoints, bottleneck bound, (least layer sum, least $/h) at unbounded z)."""
+    """(breakpoints, bottleneck bound, (least layer sum, least $/h) at unbounded z, the joint
+    bound's points `_Sweep`)."""
     cands = _breakpoints(slots, L, unit)
     z = _bottleneck_bound(slots, pp, L, unit, cands)
-    return cands, z, (None if z is None else _least_at_inf(slots, pp, L, unit))
+    if z is None:
+        return cands, None, None, None
+    return cands, z, _least_at_inf(slots, pp, L, unit), _Sweep(slots, pp, L, unit, cands, z)
 
 
 def _slots(coef: Coefficients, by_type: dict[int, list], limits: Limits, gpu_hour: dict) -> list[SlotType]:
@@ -288,11 +335,6 @@ def _slots(coef: Coefficients, by_type: dict[int, list], limits: Limits, gpu_hou
     return slots
 
 
-def _memo_shared(coef: Coefficients, key: PlacementKey | None, make):
-    """make(), memoised in the instance's shared coefficient cache under `key` (None: not memoised)."""
-    return make() if key is None else coef.shared.get(key, make)
-
-
 class _OptionTerms(NamedTuple):
     """What the bound reads of a config's stage options O (those with a stage to offer) and the
     usable ones (a layer of room): stage 0's and the last stage's time fits, the least
@@ -332,9 +374,9 @@ def _option_terms(coef: Coefficients, O: list[int], usable: list[int], gpu_hour:
     return _OptionTerms(t, rho, ends, price, forced, least_work, dp0, opt_a)
 
 
-def _least_at_inf(slots: list[SlotType], pp: int, L: int, unit: int) -> tuple[float, float]:
+def _least_at_inf(slots: list[SlotType], pp: int, L: int, unit: int, coupled: bool = True) -> tuple[float, float]:
     """(least layer sum, least $/h) at unbounded z."""
-    return _least_layer_sum(math.inf, slots, pp, L, unit), _least_usd_per_hour(math.inf, slots, L, unit)
+    return _least_layer_sum(math.inf, slots, pp, L, unit, coupled), _least_usd_per_hour(math.inf, slots, L, unit)
 
 
 def usable_options(coef: Coefficients, limits: Limits, memory: bool = True
@@ -349,8 +391,8 @@ def usable_options(coef: Coefficients, limits: Limits, memory: bool = True
     if not O or sum(caps.values()) < cfg.pp:
         return None
     if memory:
-        positions = sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1})
-        rooms = {o: max(coef.layer_room(o, s) for s in positions) for o in O}
+        positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
+        rooms = {o: coef.best_room(o, positions) for o in O}
     else:
         rooms = dict.fromkeys(O, L)
     usable = [o for o in O if rooms[o]]
@@ -410,8 +452,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
     unit = cfg.vpp if memory else 1
-    cands, z, least = _memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, 1) if not memory else None,
-                                   lambda: _placement_terms(slots, cfg.pp, L, unit))
+    cands, z, least, sweep = coef.shared.get(PlacementKey(tuple(slots), cfg.pp, L, unit),
+                                             lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
         return none
     biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
@@ -424,16 +466,16 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     p2p = _p2p_lower_bound(coef) if memory else 0.0
     extra = terms.ends + cfg.pp * terms.rho
 
-    def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool]], placed=(unit, cands, z, least)) \
-            -> float | None:
+    def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool]],
+               placed=(unit, cands, z, least, sweep)) -> float | None:
         # the reduction is affine in the layers: its least over a range of vpp is at an end;
         # each weight triple gives a valid bound (the largest counts; None: no plan meets the limits)
-        u, c, zz, lst = placed
+        u, c, zz, lst, swp = placed
         if zz is None:
             return None
         dp = min(d(v) for d in dp0 for v in vpps)
         got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0),
-                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work)
+                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp)
                for w_z, w_sum, hops in pairs]
         return None if None in got else max(got)
     if _family is not None:
@@ -444,9 +486,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     def chunks(u: int):
         """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""
         if u == unit:
-            return unit, cands, z, least
-        return (u, *_memo_shared(coef, PlacementKey(tuple(slots), cfg.pp, L, u),
-                                 lambda: _placement_terms(slots, cfg.pp, L, u)))
+            return unit, cands, z, least, sweep
+        return (u, *coef.shared.get(PlacementKey(tuple(slots), cfg.pp, L, u),
+                                    lambda: _placement_terms(slots, cfg.pp, L, u)))
     # each variant's weights, from the one definition (Coefficients.step_weights)
     return [finish((v.vpp,), coef.step_weights(v.sched), chunks(v.vpp)) for v in variants]
 
@@ -570,17 +612,17 @@ class WeakFamilyBounds:
         slots = [SlotType(_type_gpus(rep, rep.pools[q].k, limits), ((rep.pools[q].group, caps[q], tuple(alts[q])),),
                           False, gpu_hour[rep.pools[q].k])
                  for q in sorted(alts, key=lambda q: (rep.pools[q].k, q))]
-        least = _least_at_inf(slots, pp, L, 1)
+        least = _least_at_inf(slots, pp, L, 1, coupled=False)  # shared by every pp: the stage counts uncoupled
         if least[0] == math.inf:
             return None
         return _WeakGroup(rep, O, terms, slots, least, {}, rep.basis() != SIMULATED, {})
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
-                  least_work) -> float | None:
+                  least_work, sweep=None) -> float | None:
     """config_lower_bound's last step: the joint bound (`_pipeline_bound`) and, for $, the work bound."""
     got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd),
-                          limits, JOINT_STEPS if memory else 0, least)
+                          limits, JOINT_STEPS if memory else 0, least, sweep)
     if got is None:
         return None
     bound, S = got
