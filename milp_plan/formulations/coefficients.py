@@ -147,6 +147,14 @@ class RoomKey(NamedTuple):
     positions: tuple
 
 
+class RecomputePiecesKey(NamedTuple):
+    """A stage option's (per-layer time, room) alternatives of the bounds (solvers/bounds.py,
+    `_recompute_pieces`): its memory at the positions (RoomKey; its times read the option and
+    the ends, which pp == 1 fixes with the key's pp) and its room."""
+    room_key: RoomKey
+    room: int
+
+
 class PathKey(NamedTuple):
     """The paths of a step graph (Coefficients.paths): it is fixed by these four."""
     schedule: str
@@ -328,10 +336,13 @@ class Coefficients:
     def best_room(self, o: int, positions: tuple[int, ...]) -> int:
         """max over `positions` of layer_room(o, s), memoised for every config whose memory
         fits agree (`RoomKey`: the option, schedule, pp, vpp, m and switches)."""
+        return self.shared.get(self.room_key(o, positions), lambda: max(self.layer_room(o, s) for s in positions))
+
+    def room_key(self, o: int, positions: tuple[int, ...]) -> "RoomKey":
+        """What option o's memory at `positions` reads of this config (`RoomKey`)."""
         cfg = self.cfg
-        key = RoomKey(self.options[o], cfg.schedule, cfg.pp, cfg.vpp, self.m, cfg.sequence_parallel,
-                      cfg.distributed_optimizer, positions)
-        return self.shared.get(key, lambda: max(self.layer_room(o, s) for s in positions))
+        return RoomKey(self.options[o], cfg.schedule, cfg.pp, cfg.vpp, self.m, cfg.sequence_parallel,
+                       cfg.distributed_optimizer, positions)
 
     def _state_key(self, what: str, opt: StageOption, s: int) -> StateKey:
         job = self.inst.job

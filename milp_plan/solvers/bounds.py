@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from milp_plan.formulations.coefficients import Coefficients, OptionTermsKey, PlacementKey
+from milp_plan.formulations.coefficients import Coefficients, OptionTermsKey, PlacementKey, RecomputePiecesKey
 from milp_plan.predict import SIMULATED
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
@@ -403,14 +403,16 @@ def usable_options(coef: Coefficients, limits: Limits, memory: bool = True
 
 
 def stage_slots(coef: Coefficients, limits: Limits, memory: bool, caps: dict[int, int], rooms: dict[int, int],
-                usable: list[int], per_layer: Callable[[int], float]) -> list[SlotType]:
+                usable: list[int], per_layer: Callable[[int], float],
+                pieces: Callable[[int], tuple[tuple[float, int], ...]] | None = None) -> list[SlotType]:
     """The node types' slots of the bottleneck bound (`SlotType`), each usable option o offering
-    (per_layer(o), rooms[o]) in its pool; memory=False: each pool offers its stages on its own
-    (no GPU sharing where a type's stage size is open)."""
+    (per_layer(o), rooms[o]) in its pool, or the alternatives pieces(o) where given (a full-
+    recompute option's `_recompute_pieces`); memory=False: each pool offers its stages on its
+    own (no GPU sharing where a type's stage size is open)."""
     gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(coef.types)}
     alts: dict[int, list[tuple[float, int]]] = {}
     for o in usable:
-        alts.setdefault(coef.pool_of[o], []).append((per_layer(o), rooms[o]))
+        alts.setdefault(coef.pool_of[o], []).extend(pieces(o) if pieces else [(per_layer(o), rooms[o])])
     by_type: dict[int, list] = {}
     for q in sorted(alts):
         by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
@@ -418,6 +420,47 @@ def stage_slots(coef: Coefficients, limits: Limits, memory: bool, caps: dict[int
         return _slots(coef, by_type, limits, gpu_hour)
     return [SlotType(_type_gpus(coef, k, limits), (pool,), k in coef.required_types, gpu_hour[k])
             for k, pools in sorted(by_type.items()) for pool in pools]
+
+
+RECOMPUTE_PIECES = 4   # _recompute_pieces: at most this many (per-layer time, room) alternatives per option
+PIECE_STEP = 0.02      # ... a new one where the least per-layer time has grown by this share
+
+
+def _recompute_pieces(coef: Coefficients, o: int, positions: tuple[int, ...], room: int) -> tuple[tuple[float, int], ...]:
+    """A stage's (per-layer time, room) alternatives as option o (`room`: its most layers at any
+    of `positions`, `usable_options`). Without full recompute: (a, room). Under full recompute a
+    stage of n layers recomputes r >= 1 of them, and where it holds more than memory allows
+    without: memory a_m n + rho_m r + c_m <= cap (rho_m < 0) needs r >= r_min(n) =
+    max(1, ceil((a_m n + c_m - cap) / -rho_m)) at its position, at least the least r_min of
+    `positions` (memory falls with the position among middle stages: the least is at the
+    first, the last or the last middle stage). Its time a n + rho r + c is then at least
+    e(n) n + rho + c, e(n) = a + rho (r_min(n) - 1) / n (the one recompute every such stage
+    makes, rho, stays with the stage's fixed part: the bound's `extra` counts it where every
+    option recomputes), and e(n) >= ē(n) = min of e over n..room, nondecreasing: a stage of n
+    in [n_j, n_{j+1}) layers has ē(n_j) n <= a n + rho (r - 1), so the pieces (ē(n_j),
+    n_{j+1} - 1) replace (a, room) wherever the bound reads a stage's a n."""
+    opt, pp = coef.options[o], coef.cfg.pp
+    times = [coef.time(o, s)[0] for s in sorted({0, pp - 1})]
+    a, rho = min(t.a for t in times), min(t.rho for t in times)
+    mems = [coef.memory(o, s) for s in positions]
+    if opt.recompute != "full" or rho <= 0 or room < 2 or any(m.rho >= 0 for m in mems):
+        return ((a, room),)
+    cap = coef.capacity(o)
+
+    def r_min(n: int) -> int:
+        need = [max(1, math.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9)) for m in mems
+                if (m.a + m.rho) * n + m.c <= cap * (1 + 1e-12)]   # positions that hold n layers at all
+        return min(need, default=1)
+    e = [a + rho * (r_min(n) - 1) / n for n in range(1, room + 1)]
+    for i in range(room - 2, -1, -1):   # suffix minimum: ē
+        e[i] = min(e[i], e[i + 1])
+    out, start = [], 1
+    for n in range(2, room + 1):
+        if e[n - 1] > e[start - 1] * (1 + PIECE_STEP) and len(out) < RECOMPUTE_PIECES - 1:
+            out.append((e[start - 1], n - 1))
+            start = n
+    out.append((e[start - 1], room))
+    return tuple(out)
 
 
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
@@ -448,7 +491,10 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
                          cfg.distributed_optimizer, coef.required_types)
     terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable, gpu_hour))
     t = terms.t
-    slots = stage_slots(coef, limits, memory, caps, rooms, usable, lambda o: t[coef.options[o]][0].a)
+    positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
+    pieces = (lambda o: coef.shared.get(RecomputePiecesKey(coef.room_key(o, positions), rooms[o]),
+                                        lambda: _recompute_pieces(coef, o, positions, rooms[o]))) if memory else None
+    slots = stage_slots(coef, limits, memory, caps, rooms, usable, lambda o: t[coef.options[o]][0].a, pieces)
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
     unit = cfg.vpp if memory else 1
