@@ -424,17 +424,17 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     p2p = _p2p_lower_bound(coef) if memory else 0.0
     extra = terms.ends + cfg.pp * terms.rho
 
-    def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool]], placed=(unit, cands, z, least)) \
+    def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool, float]], placed=(unit, cands, z, least)) \
             -> float | None:
         # the reduction is affine in the layers: its least over a range of vpp is at an end;
-        # each weight triple gives a valid bound (the largest counts; None: no plan meets the limits)
+        # each weight quadruple gives a valid bound (the largest counts; None: no plan meets the limits)
         u, c, zz, lst = placed
         if zz is None:
             return None
         dp = min(d(v) for d in dp0 for v in vpps)
-        got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0),
+        got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0) + offset,
                              extra, gpu_usd, w_z, w_sum, limits, memory, least_work)
-               for w_z, w_sum, hops in pairs]
+               for w_z, w_sum, hops, offset in pairs]
         return None if None in got else max(got)
     if _family is not None:
         return finish(_family[1], _family[0])
@@ -466,11 +466,12 @@ def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config
     return config_lower_bound(coef, limits, memory=False, variants=None, _family=(pairs, vpps))
 
 
-def _family_terms(coef: Coefficients, variants: list[Config]) -> tuple[list[tuple[float, float, bool]],
+def _family_terms(coef: Coefficients, variants: list[Config]) -> tuple[list[tuple[float, float, bool, float]],
                                                                          tuple[int, int]]:
     """(the least weight pairs, the least and largest vpp) of a family's variants."""
     weights = [coef.step_weights(v.sched) for v in variants]
-    pairs = sorted({(min(w[i][0] for w in weights), min(w[i][1] for w in weights), all(w[i][2] for w in weights))
+    pairs = sorted({(min(w[i][0] for w in weights), min(w[i][1] for w in weights), all(w[i][2] for w in weights),
+                     min(w[i][3] for w in weights))
                     for i in (0, -1)})
     vpps = sorted({v.vpp for v in variants})
     return pairs, (vpps[0], vpps[-1])
@@ -550,9 +551,9 @@ class WeakFamilyBounds:
             dp = group.dp[vpps] = min(d(v) for d in terms.dp0 for v in vpps)
         opt = terms.opt_a * math.ceil(L / pp)  # some stage holds at least ceil(L / pp) layers
         extra = terms.ends + pp * terms.rho
-        got = [_finish_bound(group.slots, cfg, L, 1, [], 0.0, group.least, dp + opt + 0.0, extra, gpu_usd, w_z,
+        got = [_finish_bound(group.slots, cfg, L, 1, [], 0.0, group.least, dp + opt + offset, extra, gpu_usd, w_z,
                              w_sum, limits, False, terms.least_work)
-               for w_z, w_sum, _ in pairs]
+               for w_z, w_sum, _, offset in pairs]
         return None if None in got else max(got)
 
     def _group(self, rep: Coefficients, O: list[int], caps: list[int], pp: int) -> _WeakGroup | None:
