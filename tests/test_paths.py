@@ -122,6 +122,39 @@ def test_every_path_weight_pair_bounds_the_simulation(schedule):
         assert tight > 0  # the bound is attained on some pipelines (last stage the slowest)
 
 
+@pytest.mark.parametrize("cluster,model,gbs,fix", [
+    ("default", "gpt3-2.7b", 80, {}),
+    ("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1}),
+    ("two-type-32", "llama2-7b", 64, {"recompute": "full"}),
+])
+def test_the_forward_share_holds_on_every_stage(cluster, model, gbs, fix):
+    """lo t_s <= f_s <= hi t_s + excess (Coefficients.forward_share) on every option, stage
+    position, layer count and recomputed count of sampled configs, from the cost model's own
+    stage times (costmodel.stage_compute_s through Coefficients.time), and the excess is
+    needed somewhere (the embedding's forward-heavy constant) on GPT-3."""
+    from milp_plan.formulations.space import parse_fix
+    from milp_plan.instance import InstanceSpec
+    from milp_plan.solvers.driver import prepare
+    inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
+    prep = prepare(inst, {**parse_fix(None), **fix}, "megatron")
+    rng, L, needed = random.Random(cluster), inst.model.num_layers, 0.0
+    for i in rng.sample(range(len(prep.configs)), min(12, len(prep.configs))):
+        coef = prep.coef(i)
+        phi = coef.forward_share()
+        for o in range(len(coef.options)):
+            for s in sorted({0, coef.cfg.pp // 2, coef.cfg.pp - 1}):
+                t, b = coef.time(o, s)
+                for n in (1, 2, L // 2, L):
+                    for r in ((0, 1, n) if coef.options[o].recompute == "full" else (0,)):
+                        total, fwd = t(n, r), t(n, r) - b(n, r)
+                        assert phi.lo * total <= fwd * (1 + 1e-9) + 1e-15
+                        assert fwd <= (phi.hi * total + phi.excess) * (1 + 1e-9) + 1e-15
+                        needed = max(needed, fwd - phi.hi * total)
+    assert 0.0 <= phi.hi <= 1.0 and phi.excess >= 0.0
+    if model.startswith("gpt3"):
+        assert needed > 0.0   # some stage's forward share is above hi: the excess is not slack
+
+
 def _hand(tmp_path, **kw):
     """One fast node of 2 GPUs (the slow type 100x slower, so never worth a stage): a block
     costs f = 1 ms forward, b = 2 ms backward; 5 layers, global batch 4."""
