@@ -242,6 +242,28 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     return coef.step_p2p(hops, wrap)
 
 
+def _tied_sync_lower_bound(coef: Coefficients, caps: dict[int, int], usable: list[int]) -> float:
+    """At least the tied embedding's all-reduce E of any plan of the config (stage 0's and the
+    last stage's tails hold it, PlanCosts.tail_s; costmodel.tied_embedding_sync_s): the ends
+    run options o0 and o1 with a layer of room, from pools with a stage to offer (two stages
+    where they share a pool), and E is the slower direction, max(E(o0 -> k1), E(o1 -> k0)),
+    within one node only where one pool's node holds all pp stages (a second run of a pool
+    starts on a fresh node). 0 without tied embeddings or at pp = 1. On the default cluster a
+    32-GPU pp 2 config must put one end on the A10 nodes: E >= 165 ms over their links."""
+    cfg = coef.cfg
+    if cfg.pp < 2 or not coef.inst.model.tied_embeddings:
+        return 0.0
+    ends = {(coef.pool_of[o], coef.options[o].tp, coef.options[o].k): o for o in usable}
+    best = math.inf
+    for (q0, tp0, k0), o0 in ends.items():
+        for (q1, tp1, k1), o1 in ends.items():
+            if q0 == q1 and caps[q0] < 2:
+                continue
+            same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp
+            best = min(best, max(coef.embedding_sync(o0, k1, same), coef.embedding_sync(o1, k0, same)))
+    return 0.0 if best == math.inf else best
+
+
 def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
     """(breakpoints, bottleneck bound, (least layer sum, least $/h) at unbounded z)."""
     cands = _breakpoints(slots, L, unit)
@@ -422,6 +444,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     least_work, dp0 = terms.least_work, terms.dp0
     opt = terms.opt_a * biggest
     p2p = _p2p_lower_bound(coef) if memory else 0.0
+    sync = _tied_sync_lower_bound(coef, caps, usable) if memory else 0.0
     extra = terms.ends + cfg.pp * terms.rho
 
     def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool, float]], placed=(unit, cands, z, least)) \
@@ -431,7 +454,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         u, c, zz, lst = placed
         if zz is None:
             return None
-        dp = min(d(v) for d in dp0 for v in vpps)
+        dp = min(d(v) for d in dp0 for v in vpps) + sync   # stage 0's tail: its reduction, then the tied all-reduce
         got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0) + offset,
                              extra, gpu_usd, w_z, w_sum, limits, memory, least_work)
                for w_z, w_sum, hops, offset in pairs]
