@@ -131,6 +131,11 @@ MUTATIONS = [
      "(m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, -(w0 - 1) * phi.excess)", "(m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, 0.0)"),
     (COEF, "the forward share's hi read from the per-layer parts alone, with no excess for the ends",
      "        self._phi = ForwardShare(max(lo, 0.0), hi, excess)", "        self._phi = ForwardShare(max(lo, 0.0), hi, 0.0)"),
+    ("milp_plan/solvers/bounds.py", "the tied all-reduce bound adds both directions (E is the slower one)",
+     "best = min(best, max(coef.embedding_sync(o0, k1, same), coef.embedding_sync(o1, k0, same)))",
+     "best = min(best, coef.embedding_sync(o0, k1, same) + coef.embedding_sync(o1, k0, same))"),
+    ("milp_plan/solvers/bounds.py", "the tied all-reduce bound never lets both ends share a node",
+     "same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp", "same = False"),
 ]
 
 PROBE = r'''
@@ -152,6 +157,11 @@ from test_paths import test_every_path_weight_pair_bounds_the_simulation, test_e
 for sched in ("1f1b", "gpipe", "interleaved"):
     test_every_path_weight_pair_bounds_the_simulation(sched)
     test_every_stage_path_is_a_path(sched)
+# the tied embedding's all-reduce in the full bound, where it is 40% of the step (tests/test_bounds.py)
+import test_bounds
+test_bounds.test_bounds_hold_where_the_tied_all_reduce_is_most_of_the_step(Path(tempfile.mkdtemp()), "megatron",
+                                                                            "min-time")
+test_bounds.test_the_tied_all_reduce_term_is_tight(Path(tempfile.mkdtemp()))
 # the forward share (lo t <= f <= hi t + excess) on every stage of real configs
 from test_paths import test_the_forward_share_holds_on_every_stage
 test_the_forward_share_holds_on_every_stage("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1})
