@@ -877,7 +877,7 @@ def main() -> None:
     """Console entry point: user mistakes become one line and exit 2, never a traceback;
     anything unexpected is exit 3 with one line asking for a bug report."""
     try:
-        app(standalone_mode=False)
+        app(standalone_mode=False, prog_name="milp-plan")
     except Interrupted as exc:
         try:
             _fail(str(exc), exc.exit_code)

@@ -62,6 +62,7 @@ cost        $/h = sum over used nodes of usd_per_hour (billing "node": any used 
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -599,6 +600,12 @@ def senders_per_node(nt: NodeType | MixedNodeType, group: int) -> int:
     return nt.busiest_node if isinstance(nt, MixedNodeType) else min(group, nt.gpus_per_node)
 
 
+def stage_busiest_node(st: Stage) -> tuple[int, int]:
+    """(nodes, GPUs on the busiest node) of a placed stage: senders_per_node from its devices."""
+    per_node = Counter(d.node for d in st.devices)
+    return len(per_node), max(per_node.values())
+
+
 @dataclass(frozen=True)
 class PlanCosts:
     """Every per-stage coefficient of a plan, in seconds per micro-batch where it applies.
@@ -651,11 +658,10 @@ def plan_costs(inst: Instance, plan: Plan) -> PlanCosts:
         cap = usable_memory_bytes(inst, nt)
         preds.append(StagePrediction(f * 1e3, b * 1e3, w / GIB, g / GIB, o / GIB, act / GIB,
                                      (w + g + o + act) / GIB, cap / GIB, inflight))
-        stage_nodes = {d.node for d in st.devices}
-        per_node = max(sum(1 for d in st.devices if d.node == n) for n in stage_nodes)
+        n_nodes, per_node = stage_busiest_node(st)
         net = min((n.type for n in _stage_nodes(inst, st)), key=lambda t: t.inter_node_gb_per_s)
         dp_times.append(stage_dp_s(inst, params, st.dp, st.tp, max(1, per_node // st.tp),
-                                   len(stage_nodes), nt.intra_node_gb_per_s, net.inter_node_gb_per_s,
+                                   n_nodes, nt.intra_node_gb_per_s, net.inter_node_gb_per_s,
                                    plan.distributed_optimizer, dp_end_params(inst, st.tp, first), f, b,
                                    (nt.intra_node_link, net.inter_node_link)))
         opt_times.append(optimizer_s(inst, params / (st.dp if plan.distributed_optimizer else 1), nt))
@@ -669,7 +675,7 @@ def link_s(inst: Instance, n_bytes: float, a: Stage, b: Stage) -> float:
     """`n_bytes` from each GPU of stage a to its peer in stage b (p2p_s): same node or not,
     senders = a's GPUs on its busiest node."""
     same = len({d.node for d in a.devices} | {d.node for d in b.devices}) == 1
-    senders = max(sum(1 for d in a.devices if d.node == n) for n in {d.node for d in a.devices})
+    senders = stage_busiest_node(a)[1]
     return p2p_s(inst, n_bytes, link_node_type(inst, a), link_node_type(inst, b), same, senders)
 
 

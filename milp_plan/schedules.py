@@ -122,6 +122,17 @@ def steady_period_s(t: Sequence[float], hop: Sequence[float]) -> float:
     return best
 
 
+class ForwardShare(NamedTuple):
+    """How a stage's forward time f_s relates to its time t_s = f_s + b_s on every stage of a
+    config's plans: lo t_s <= f_s <= hi t_s + excess (Coefficients.forward_share: hi the
+    per-layer parts' largest forward share, excess what the stage's constant part, the
+    embedding or the head, adds beyond it)."""
+
+    lo: float
+    hi: float
+    excess: float = 0.0
+
+
 class Schedule:
     """The rules of one schedule at a given vpp (see the module docstring)."""
     name: ClassVar[str]
@@ -181,20 +192,22 @@ class Schedule:
         """Coefficient of sum_s t_s in T."""
         return 1.0
 
-    def path_weights(self, m: int, pp: int, phi: tuple[float, float]) -> list[tuple[float, float, bool]]:
-        """Triples (w_z, w_sum, p2p): every plan's simulated step is at least, for each,
-            w_z z + w_sum S + [path_p2p(hops) if p2p] + dp_0 + max_s opt_s,
-        z = max_s t_s, S = sum_s t_s, phi = (lo, hi) with lo <= f_s / t_s <= hi on every stage
-        (formulations/pipeline.md, "Bounds on the simulated step"). Every schedule has the
-        path that runs micro-batch 0's first forward down to stage s, all of s's operations,
-        and the last backward back to stage 0: m t_s + (fill and drain) >= m z ((m, 0), and its
-        transfers need not cross every hop: none counted).
+    def path_weights(self, m: int, pp: int, phi: ForwardShare) -> list[tuple[float, float, bool, float]]:
+        """Quadruples (w_z, w_sum, p2p, offset): every plan's simulated step is at least, for each,
+            w_z z + w_sum S + [path_p2p(hops) if p2p] + offset + dp_0 + max_s opt_s,
+        z = max_s t_s, S = sum_s t_s, phi (ForwardShare) with lo t_s <= f_s <= hi t_s + excess
+        on every stage (formulations/pipeline.md, "Bounds on the simulated step"). Every
+        schedule has the path that runs micro-batch 0's first forward down to stage s, all of
+        s's operations, and the last backward back to stage 0: m t_s + (fill and drain) >= m z
+        ((m, 0), and its transfers need not cross every hop: none counted).
         1F1B: the path F0 through every stage, B0 back to stage s, the rest of s's order
         (m - w_s forwards, m - 1 backwards, w_s = min(pp - s, m)), then B_{m-1} back to stage 0
         and its reduction, is
             S + (m - 1) t_s - (w_s - 1) f_s + 2 sum h + dp_0 + opt,
-        at the slowest stage >= S + (m - 1 - (min(pp, m) - 1) hi) z + ..."""
-        return [(float(m), 0.0, False), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0, True)]
+        at the slowest stage >= S + (m - 1 - (w_0 - 1) hi) z - (w_0 - 1) excess + ...,
+        w_0 = min(pp, m) (the weight is >= 0: hi <= 1)."""
+        w0 = min(pp, m)
+        return [(float(m), 0.0, False, 0.0), (m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, -(w0 - 1) * phi.excess)]
 
     def path_p2p(self, hop_s: Sequence[float], wrap_hop_s: float) -> float:
         """Transfers on the paths of `path_weights`: each hop down once and up once."""
@@ -280,7 +293,7 @@ class GPipe(Schedule):
         """GPipe: F0 through stages 0..s, F1..F_{m-1} on s, F_{m-1} on to the last stage, B0
         back to stage s', B1..B_{m-1} on s', B_{m-1} back to stage 0:
         S + (m - 1)(f_s + b_s') + 2 sum h + dp_0 + opt >= S + (m - 1) z + ..."""
-        return [(m - 1.0, 1.0, True)]
+        return [(m - 1.0, 1.0, True, 0.0)]
 
     def stage_paths(self, pp, m):
         """GPipe: the chain paths, and for each stage s the path F0 to s, F1..F_{m-1} on s,
@@ -398,12 +411,13 @@ class Interleaved(OneFOneB):
         chunk 0's backward of the last micro-batch back to rank 0:
             S_f + (S_b - b_s) / v + m b_s + (m - (w_s + 1) / v) f_s + transfers + dp_0 + opt
             = S / v + (1 - 1/v) S_f + (m - 1/v) t_s - (w_s / v) f_s + ...
-            >= (1/v + (1 - 1/v) lo) S + (m - 1/v - w_0 hi / v) z + ..."""
+            >= (1/v + (1 - 1/v) lo) S + (m - 1/v - w_0 hi / v) z - (w_0 / v) excess + ..."""
         if self.vpp == 1:
             return super().path_weights(m, pp, phi)
         v = self.vpp
         w0 = min(2 * (pp - 1) + (v - 1) * pp, m * v)
-        return [(float(m), 0.0, False), (m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0], True)]
+        return [(float(m), 0.0, False, 0.0),
+                (m - 1.0 / v - w0 * phi.hi / v, 1.0 / v + (1 - 1.0 / v) * phi.lo, True, -w0 * phi.excess / v)]
 
     def stage_paths(self, pp, m):
         """interleaved: the chain paths, and for each rank s micro-batch 0's forward through

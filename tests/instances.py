@@ -47,14 +47,15 @@ def write_instance(tmp: Path, *, layers=4, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0
                    gpn=2, counts=(1, 1), third: bool = False,
                    memory_gib: tuple[float | None, float | None, float | None] = (None, None, None),
                    bw: tuple[float, float] = (HUGE_BW, HUGE_BW), billing: tuple[str, str] = ("node", "node"),
-                   memory_gb_per_s: float | None = None) -> InstanceSpec:
+                   memory_gb_per_s: float | None = None, vocab: int = 128) -> InstanceSpec:
     """Two node types of `gpn` GPUs: 'fast' (A100-80GB) and 'slow' (A10), and with `third` a
     single 'mid' node of L40S; a tiny GPT whose block costs fwd/bwd ms as given at tp 1,
     micro-batch 1, and mbs / tp times that at the other profiled points (PROFILED_TPS x
     PROFILED_MBS: what the fill rules would give, written out so that the default space, which
     keeps to profiled points, holds them); embedding and head cost nothing.
     memory_gib overrides each type's GPU memory (the model needs about 1 MiB a layer); bw is
-    (intra, inter) GB/s of the first two types; billing their `billing`."""
+    (intra, inter) GB/s of the first two types; billing their `billing`; vocab the
+    vocabulary (the tied embedding's gradient, all-reduced between the ends, grows with it)."""
     mbw = memory_gb_per_s
     (tmp / "cluster.yaml").write_text(f"""
 name: hand
@@ -73,7 +74,7 @@ num_layers: {layers}
 hidden_size: 64
 ffn_hidden_size: 256
 num_attention_heads: 4
-vocab_size: 128
+vocab_size: {vocab}
 seq_length: 32
 """)
     prof = tmp / "profiles"

@@ -116,3 +116,13 @@ def test_other_schedules_are_refused_in_one_line(tmp_path):
         with pytest.raises(InputError) as err:
             PLANNERS["aceso"].plan(inst, Limits(), Deadline(GENEROUS), fix=fix)
         assert "1F1B" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_exact_space_admits_split_runs_but_one_stage_size_per_type():
+    # The exact space lets a node type's stages form several runs (A100 | A10 | A100,
+    # tests/test_type_order.py), so aceso returns such plans; two stage sizes on one type stay
+    # outside it (the exact planners give a type one stage size).
+    split = State(1, (StageState(0, 1, 1, 2), StageState(1, 1, 1, 2), StageState(0, 1, 1, 2)))
+    assert aceso.in_exact_space(split)
+    two_sizes = State(1, (StageState(0, 1, 1, 3), StageState(0, 2, 1, 3)))
+    assert not aceso.in_exact_space(two_sizes)

@@ -98,9 +98,9 @@ def scalar_weak_bound(coef: Coefficients, limits: Limits, variants) -> float | N
     least_work = min(price[o] * t[o][0].a for o in O)
     dp = min(d(v) for d in [coef.dp_time(o, 0)[0] for o in O] for v in vpps)   # piece 0 (bounds.py)
     opt = min(coef.opt_time(o, 0).a for o in O) * math.ceil(L / cfg.pp)
-    got = [bounds._finish_bound(slots, cfg, L, 1, [], 0.0, least, dp + opt + 0.0, ends + cfg.pp * rho, gpu_usd,
+    got = [bounds._finish_bound(slots, cfg, L, 1, [], 0.0, least, dp + opt + offset, ends + cfg.pp * rho, gpu_usd,
                                 w_z, w_sum, limits, False, least_work)
-           for w_z, w_sum, _ in pairs]
+           for w_z, w_sum, _, offset in pairs]
     return None if None in got else max(got)
 
 

@@ -18,7 +18,7 @@ from milp_plan import costmodel, predict
 from milp_plan.instance import build_instance
 from milp_plan.job import Limits
 from milp_plan.solvers.driver import solve
-from milp_plan.schedules import schedule_of
+from milp_plan.schedules import ForwardShare, schedule_of
 from milp_plan.sim.pipeline import PipelineSpec, longest_path, simulate_pipeline
 from instances import BACKENDS, write_instance
 
@@ -95,9 +95,12 @@ def test_a_path_bounds_every_spec_with_the_same_graph(schedule):
 
 @pytest.mark.parametrize("schedule", ("1f1b", "gpipe", "interleaved"))
 def test_every_path_weight_pair_bounds_the_simulation(schedule):
-    """T_sim >= w_z max_s t_s + w_sum sum_s t_s + [path_p2p] + dp_0 + max opt for every triple
-    (the first run of this test caught the transfers added to the chain path's pair, which
-    crosses only the hops above its stage)."""
+    """T_sim >= w_z max_s t_s + w_sum sum_s t_s + [path_p2p] + offset + dp_0 + max opt for
+    every quadruple (the first run of this test caught the transfers added to the chain path's
+    pair, which crosses only the hops above its stage). The forward share is given both ways:
+    hi the largest f_s / t_s (excess 0), and a hi below some stages' shares with the excess
+    they need (f_s <= hi t_s + excess), as Coefficients.forward_share gives it when the ends'
+    constant parts are forward-heavy."""
     rng = random.Random(f"weights-{schedule}")
     tight = 0
     for _ in range(400):
@@ -107,12 +110,49 @@ def test_every_path_weight_pair_bounds_the_simulation(schedule):
         t = [f + b for f, b in zip(spec.fwd_s, spec.bwd_s)]
         shares = [f / x for f, x in zip(spec.fwd_s, t)]
         rest = spec.dp_s[0] + max(spec.opt_s)
-        for w_z, w_sum, hops in sched.path_weights(spec.num_microbatches, spec.pp, (min(shares), max(shares))):
-            lb = w_z * max(t) + w_sum * sum(t) + rest + (sched.path_p2p(spec.hop_s, spec.wrap_hop_s) if hops else 0.0)
-            assert lb <= sim * (1 + 1e-12), (spec, w_z, w_sum, lb, sim)
-            tight += lb >= sim * (1 - 1e-9)
+        hi = rng.uniform(min(shares), max(shares))
+        excess = max(f - hi * x for f, x in zip(spec.fwd_s, t))
+        for phi in (ForwardShare(min(shares), max(shares)), ForwardShare(min(shares), hi, max(excess, 0.0))):
+            for w_z, w_sum, hops, offset in sched.path_weights(spec.num_microbatches, spec.pp, phi):
+                lb = (w_z * max(t) + w_sum * sum(t) + rest + offset
+                      + (sched.path_p2p(spec.hop_s, spec.wrap_hop_s) if hops else 0.0))
+                assert lb <= sim * (1 + 1e-12), (spec, phi, w_z, w_sum, offset, lb, sim)
+                tight += lb >= sim * (1 - 1e-9)
     if schedule != "interleaved":
         assert tight > 0  # the bound is attained on some pipelines (last stage the slowest)
+
+
+@pytest.mark.parametrize("cluster,model,gbs,fix", [
+    ("default", "gpt3-2.7b", 80, {}),
+    ("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1}),
+    ("two-type-32", "llama2-7b", 64, {"recompute": "full"}),
+])
+def test_the_forward_share_holds_on_every_stage(cluster, model, gbs, fix):
+    """lo t_s <= f_s <= hi t_s + excess (Coefficients.forward_share) on every option, stage
+    position, layer count and recomputed count of sampled configs, from the cost model's own
+    stage times (costmodel.stage_compute_s through Coefficients.time), and the excess is
+    needed somewhere (the embedding's forward-heavy constant) on GPT-3."""
+    from milp_plan.formulations.space import parse_fix
+    from milp_plan.instance import InstanceSpec
+    from milp_plan.solvers.driver import prepare
+    inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
+    prep = prepare(inst, {**parse_fix(None), **fix}, "megatron")
+    rng, L, needed = random.Random(cluster), inst.model.num_layers, 0.0
+    for i in rng.sample(range(len(prep.configs)), min(12, len(prep.configs))):
+        coef = prep.coef(i)
+        phi = coef.forward_share()
+        for o in range(len(coef.options)):
+            for s in sorted({0, coef.cfg.pp // 2, coef.cfg.pp - 1}):
+                t, b = coef.time(o, s)
+                for n in (1, 2, L // 2, L):
+                    for r in ((0, 1, n) if coef.options[o].recompute == "full" else (0,)):
+                        total, fwd = t(n, r), t(n, r) - b(n, r)
+                        assert phi.lo * total <= fwd * (1 + 1e-9) + 1e-15
+                        assert fwd <= (phi.hi * total + phi.excess) * (1 + 1e-9) + 1e-15
+                        needed = max(needed, fwd - phi.hi * total)
+    assert 0.0 <= phi.hi <= 1.0 and phi.excess >= 0.0
+    if model.startswith("gpt3"):
+        assert needed > 0.0   # some stage's forward share is above hi: the excess is not slack
 
 
 def _hand(tmp_path, **kw):

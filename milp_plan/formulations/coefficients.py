@@ -25,7 +25,7 @@ from milp_plan.formulations.space import (LIST_KEYS, Config, Placement, StageOpt
                                           stage_options)
 from milp_plan.instance import Instance
 from milp_plan.predict import SIMULATED, seed_paths, step_basis
-from milp_plan.schedules import PathTerms, Schedule
+from milp_plan.schedules import ForwardShare, PathTerms, Schedule
 
 _TOL = 1e-6
 
@@ -204,7 +204,7 @@ class Coefficients:
         shared.check(inst)
         self.shared = shared
         self._local: dict = {}
-        self._phi: tuple[float, float] | None = None
+        self._phi: ForwardShare | None = None
         self.kind = inst.model.block_kind(0)
         if shared.mixed_kinds:
             from milp_plan.errors import InputError
@@ -456,31 +456,42 @@ class Coefficients:
         predict.CLOSED_FORM (predict.step_basis)."""
         return step_basis(self.inst)
 
-    def forward_share(self) -> tuple[float, float]:
-        """(lo, hi) with lo <= f_s / t_s <= hi on every stage of every plan: per option and
-        stage kind, f / t of a sum of non-negative parts lies between the parts' least and
-        largest forward shares (recompute, at most one per layer, adds backward only)."""
+    def forward_share(self) -> ForwardShare:
+        """(lo, hi, excess) with lo t_s <= f_s <= hi t_s + excess on every stage of every plan
+        (schedules.ForwardShare). t = a n + rho r + c, f = a_f n + rho_f r + c_f per option and
+        stage kind: lo, the least share of any part of f over the same part with the
+        recompute added (recompute, at most one per layer, adds backward only); hi, the
+        largest per-layer share a_f / a, rho_f / rho; and since a_f n + rho_f r <= hi (a n +
+        rho r) = hi (t - c), f <= hi t + (c_f - hi c): excess, the largest c_f - hi c (or 0).
+        The ends' constant parts (the embedding's forward-heavy lookup) would otherwise raise
+        hi for every stage."""
         if self._phi is not None:
             return self._phi
-        lo, hi = 1.0, 0.0
+        lo, hi, parts = 1.0, 0.0, []
         for o in range(len(self.options)):
             for s in sorted({0, min(1, self.cfg.pp - 1), self.cfg.pp - 1}):
                 t, b = self.time(o, s)
+                parts.append((t, b))
                 rho = max(t.rho, 0.0)
                 for part, whole, fwd in ((t.a, t.a + rho, t.a - b.a), (t.c, t.c, t.c - b.c)):
                     if part > 0:
-                        lo, hi = min(lo, fwd / whole), max(hi, fwd / part)
-        self._phi = (max(lo, 0.0), min(hi, 1.0))
+                        lo = min(lo, fwd / whole)
+                for part, fwd in ((t.a, t.a - b.a), (t.rho, t.rho - b.rho)):
+                    if part > 0:
+                        hi = max(hi, fwd / part)
+        hi = min(hi, 1.0)
+        excess = max([(t.c - b.c) - hi * t.c for t, b in parts] + [0.0])
+        self._phi = ForwardShare(max(lo, 0.0), hi, excess)
         return self._phi
 
-    def step_weights(self, sched: Schedule | None = None) -> list[tuple[float, float, bool]]:
-        """Triples (w_z, w_sum, with the transfers) of the step's lower bounds w_z z + w_sum S
-        + ... (solvers/bounds.py): the closed form's own weights, or the simulated step's
-        (Schedule.path_weights)."""
+    def step_weights(self, sched: Schedule | None = None) -> list[tuple[float, float, bool, float]]:
+        """Quadruples (w_z, w_sum, with the transfers, offset) of the step's lower bounds w_z z
+        + w_sum S + offset + ... (solvers/bounds.py): the closed form's own weights, or the
+        simulated step's (Schedule.path_weights)."""
         sched = sched or self.cfg.sched
         if self.basis() == SIMULATED:
             return sched.path_weights(self.m, self.cfg.pp, self.forward_share())
-        return [(sched.z_weight(self.m), sched.sum_weight(), True)]
+        return [(sched.z_weight(self.m), sched.sum_weight(), True, 0.0)]
 
     def step_p2p(self, hop_s: list[float], wrap_hop_s: float) -> float:
         """The transfers the step's lower bound counts (closed form or paths) for these hops."""

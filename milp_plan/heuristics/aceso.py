@@ -47,8 +47,8 @@ Where it departs from Aceso:
 - Stages never change node type (Aceso plans for one GPU type); the heterogeneous
   grouping comes from the start points.
 - The plan returned lies in the exact planners' space (`in_exact_space`: each node type's
-  stages one stage size, one run where they share nodes); the chain of actions may pass
-  outside it.
+  stages one stage size; its runs may split, as in the exact space); the chain of actions may
+  pass outside it.
 - Schedule: 1F1B only (Aceso's). A fix that pins another schedule or vpp > 1 is refused.
 - For min-cost an extra action halves the fastest stage's dp or tp (its GPUs are given
   back, which is what lowers $/step); Aceso minimises time only.
@@ -160,19 +160,15 @@ def valid(sx: Search, state: State) -> bool:
     return fits_nodes(inst, state.stages)
 
 
-def in_exact_space(inst: Instance, state: State) -> bool:
+def in_exact_space(state: State) -> bool:
     """Whether the state lies in the space the exact planners prove optimality over
-    (formulations/pipeline.md): each node type's stages have one stage size, and form one
-    run where they share nodes. The search may pass through other states (two stage sizes on
+    (formulations/pipeline.md): each node type's stages have one stage size (a type's stages
+    may form several runs, as in the exact space; fits_nodes checks that they fit). The search may pass through other states (two stage sizes on
     a type, on the way to one), but only plans in this space are returned, so that `compare`
     measures every planner on the same space and a heuristic plan below a proven bound always
     means a bug."""
     types = {st.k for st in state.stages}
-    if any(len({st.group for st in state.stages if st.k == k}) != 1 for k in types):
-        return False
-    runs = [st.k for i, st in enumerate(state.stages) if i == 0 or state.stages[i - 1].k != st.k]
-    shared = {st.k for st in state.stages if st.group < inst.cluster.node_types[st.k].gpus_per_node}
-    return all(runs.count(k) == 1 for k in shared)
+    return all(len({st.group for st in state.stages if st.k == k}) == 1 for k in types)
 
 
 def fits_nodes(inst: Instance, stages: tuple[StageState, ...]) -> bool:
@@ -257,7 +253,7 @@ def realise(sx: Search, state: State) -> Plan | None:
         plan = _build(sx, state)
         sx.deadline.charge(WORK.plan)
         sx.evaluated += 1
-        if (sx.limits.admit(plan) and in_exact_space(sx.inst, state)
+        if (sx.limits.admit(plan) and in_exact_space(state)
                 and (sx.best is None or objective_of(plan, sx.limits) < objective_of(sx.best, sx.limits))):
             sx.best = plan
     else:

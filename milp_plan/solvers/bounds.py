@@ -286,6 +286,28 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     return coef.step_p2p(hops, wrap)
 
 
+def _tied_sync_lower_bound(coef: Coefficients, caps: dict[int, int], usable: list[int]) -> float:
+    """At least the tied embedding's all-reduce E of any plan of the config (stage 0's and the
+    last stage's tails hold it, PlanCosts.tail_s; costmodel.tied_embedding_sync_s): the ends
+    run options o0 and o1 with a layer of room, from pools with a stage to offer (two stages
+    where they share a pool), and E is the slower direction, max(E(o0 -> k1), E(o1 -> k0)),
+    within one node only where one pool's node holds all pp stages (a second run of a pool
+    starts on a fresh node). 0 without tied embeddings or at pp = 1. On the default cluster a
+    32-GPU pp 2 config must put one end on the A10 nodes: E >= 165 ms over their links."""
+    cfg = coef.cfg
+    if cfg.pp < 2 or not coef.inst.model.tied_embeddings:
+        return 0.0
+    ends = {(coef.pool_of[o], coef.options[o].tp, coef.options[o].k): o for o in usable}
+    best = math.inf
+    for (q0, tp0, k0), o0 in ends.items():
+        for (q1, tp1, k1), o1 in ends.items():
+            if q0 == q1 and caps[q0] < 2:
+                continue
+            same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp
+            best = min(best, max(coef.embedding_sync(o0, k1, same), coef.embedding_sync(o1, k0, same)))
+    return 0.0 if best == math.inf else best
+
+
 def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
     """(breakpoints, bottleneck bound, (least layer sum, least $/h) at unbounded z, the joint
     bound's points `_Sweep`)."""
@@ -510,19 +532,20 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     least_work, dp0 = terms.least_work, terms.dp0
     opt = terms.opt_a * biggest
     p2p = _p2p_lower_bound(coef) if memory else 0.0
+    sync = _tied_sync_lower_bound(coef, caps, usable) if memory else 0.0
     extra = terms.ends + cfg.pp * terms.rho
 
-    def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool]],
+    def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool, float]],
                placed=(unit, cands, z, least, sweep)) -> float | None:
         # the reduction is affine in the layers: its least over a range of vpp is at an end;
-        # each weight triple gives a valid bound (the largest counts; None: no plan meets the limits)
+        # each weight quadruple gives a valid bound (the largest counts; None: no plan meets the limits)
         u, c, zz, lst, swp = placed
         if zz is None:
             return None
-        dp = min(d(v) for d in dp0 for v in vpps)
-        got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0),
+        dp = min(d(v) for d in dp0 for v in vpps) + sync   # stage 0's tail: its reduction, then the tied all-reduce
+        got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0) + offset,
                              extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp)
-               for w_z, w_sum, hops in pairs]
+               for w_z, w_sum, hops, offset in pairs]
         return None if None in got else max(got)
     if _family is not None:
         return finish(_family[1], _family[0])
@@ -554,11 +577,12 @@ def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config
     return config_lower_bound(coef, limits, memory=False, variants=None, _family=(pairs, vpps))
 
 
-def _family_terms(coef: Coefficients, variants: list[Config]) -> tuple[list[tuple[float, float, bool]],
+def _family_terms(coef: Coefficients, variants: list[Config]) -> tuple[list[tuple[float, float, bool, float]],
                                                                          tuple[int, int]]:
     """(the least weight pairs, the least and largest vpp) of a family's variants."""
     weights = [coef.step_weights(v.sched) for v in variants]
-    pairs = sorted({(min(w[i][0] for w in weights), min(w[i][1] for w in weights), all(w[i][2] for w in weights))
+    pairs = sorted({(min(w[i][0] for w in weights), min(w[i][1] for w in weights), all(w[i][2] for w in weights),
+                     min(w[i][3] for w in weights))
                     for i in (0, -1)})
     vpps = sorted({v.vpp for v in variants})
     return pairs, (vpps[0], vpps[-1])
@@ -638,9 +662,9 @@ class WeakFamilyBounds:
             dp = group.dp[vpps] = min(d(v) for d in terms.dp0 for v in vpps)
         opt = terms.opt_a * math.ceil(L / pp)  # some stage holds at least ceil(L / pp) layers
         extra = terms.ends + pp * terms.rho
-        got = [_finish_bound(group.slots, cfg, L, 1, [], 0.0, group.least, dp + opt + 0.0, extra, gpu_usd, w_z,
+        got = [_finish_bound(group.slots, cfg, L, 1, [], 0.0, group.least, dp + opt + offset, extra, gpu_usd, w_z,
                              w_sum, limits, False, terms.least_work)
-               for w_z, w_sum, _ in pairs]
+               for w_z, w_sum, _, offset in pairs]
         return None if None in got else max(got)
 
     def _group(self, rep: Coefficients, O: list[int], caps: list[int], pp: int) -> _WeakGroup | None:

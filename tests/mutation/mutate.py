@@ -46,13 +46,14 @@ MUTATIONS = [
     (PIPE, "a path's forward and backward swapped",
      "for part, share in ((2, path.fwd[s]), (1, path.bwd[s])):", "for part, share in ((1, path.fwd[s]), (2, path.bwd[s])):"),
     (SCHED, "1F1B bound takes the closed form's weights (not valid for the simulation)",
-     "return [(float(m), 0.0, False), (m - 1.0 - (min(pp, m) - 1) * phi[1], 1.0, True)]", "return [(m - 1.0, 1.0, True)]"),
+     "return [(float(m), 0.0, False, 0.0), (m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, -(w0 - 1) * phi.excess)]",
+     "return [(m - 1.0, 1.0, True, 0.0)]"),
     (SCHED, "interleaved bound drops the warm-up correction",
-     "(m - 1.0 / v - w0 * phi[1] / v, 1.0 / v + (1 - 1.0 / v) * phi[0], True)",
-     "(m - 1.0 / v, 1.0 / v + (1 - 1.0 / v) * phi[0], True)"),
+     "(m - 1.0 / v - w0 * phi.hi / v, 1.0 / v + (1 - 1.0 / v) * phi.lo, True, -w0 * phi.excess / v)",
+     "(m - 1.0 / v, 1.0 / v + (1 - 1.0 / v) * phi.lo, True, 0.0)"),
     (SCHED, "the interleaved chain path's bound counts every hop (the bug test_paths found)",
-     "return [(float(m), 0.0, False), (m - 1.0 / v - w0 * phi[1] / v,",
-     "return [(float(m), 0.0, True), (m - 1.0 / v - w0 * phi[1] / v,"),
+     "return [(float(m), 0.0, False, 0.0),\n                (m - 1.0 / v",
+     "return [(float(m), 0.0, True, 0.0),\n                (m - 1.0 / v"),
     (PIPE, "driver never sees a plan the model underestimates",
      "        return raw_step < p.step_time_s * self.v.scale * self.res.tps - err - 1", "        return False"),
 
@@ -126,6 +127,15 @@ MUTATIONS = [
     ("milp_plan/costmodel.py", "a mixed-type stage's optimizer step at its fastest GPU",
      "        return max(optimizer_s(inst, params_updated, nt) for nt, _ in node_type.members)",
      "        return min(optimizer_s(inst, params_updated, nt) for nt, _ in node_type.members)"),
+    (SCHED, "1F1B bound drops the forward share's excess",
+     "(m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, -(w0 - 1) * phi.excess)", "(m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, 0.0)"),
+    (COEF, "the forward share's hi read from the per-layer parts alone, with no excess for the ends",
+     "        self._phi = ForwardShare(max(lo, 0.0), hi, excess)", "        self._phi = ForwardShare(max(lo, 0.0), hi, 0.0)"),
+    ("milp_plan/solvers/bounds.py", "the tied all-reduce bound adds both directions (E is the slower one)",
+     "best = min(best, max(coef.embedding_sync(o0, k1, same), coef.embedding_sync(o1, k0, same)))",
+     "best = min(best, coef.embedding_sync(o0, k1, same) + coef.embedding_sync(o1, k0, same))"),
+    ("milp_plan/solvers/bounds.py", "the tied all-reduce bound never lets both ends share a node",
+     "same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp", "same = False"),
 ]
 
 PROBE = r'''
@@ -147,6 +157,14 @@ from test_paths import test_every_path_weight_pair_bounds_the_simulation, test_e
 for sched in ("1f1b", "gpipe", "interleaved"):
     test_every_path_weight_pair_bounds_the_simulation(sched)
     test_every_stage_path_is_a_path(sched)
+# the tied embedding's all-reduce in the full bound, where it is 40% of the step (tests/test_bounds.py)
+import test_bounds
+test_bounds.test_bounds_hold_where_the_tied_all_reduce_is_most_of_the_step(Path(tempfile.mkdtemp()), "megatron",
+                                                                            "min-time")
+test_bounds.test_the_tied_all_reduce_term_is_tight(Path(tempfile.mkdtemp()))
+# the forward share (lo t <= f <= hi t + excess) on every stage of real configs
+from test_paths import test_the_forward_share_holds_on_every_stage
+test_the_forward_share_holds_on_every_stage("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1})
 # GPU-type order: a type in two runs where stages take whole nodes, never where they share
 # them (the hand test's 27 ms is the simulated step)
 import test_type_order
