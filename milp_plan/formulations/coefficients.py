@@ -155,6 +155,13 @@ class RecomputePiecesKey(NamedTuple):
     room: int
 
 
+class TiedSyncKey(NamedTuple):
+    """The bounds' least tied-embedding all-reduce (solvers/bounds.py, `_tied_sync_lower_bound`):
+    each end option's (node type, stage size, tp, its pool holds two stages, one node holds
+    every stage)."""
+    ends: tuple
+
+
 class PathKey(NamedTuple):
     """The paths of a step graph (Coefficients.paths): it is fixed by these four."""
     schedule: str

@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from milp_plan.formulations.coefficients import Coefficients, OptionTermsKey, PlacementKey, RecomputePiecesKey
+from milp_plan.formulations.coefficients import (Coefficients, OptionTermsKey, PlacementKey, RecomputePiecesKey,
+                                                  TiedSyncKey)
 from milp_plan.predict import SIMULATED
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
@@ -298,14 +299,21 @@ def _tied_sync_lower_bound(coef: Coefficients, caps: dict[int, int], usable: lis
     if cfg.pp < 2 or not coef.inst.model.tied_embeddings:
         return 0.0
     ends = {(coef.pool_of[o], coef.options[o].tp, coef.options[o].k): o for o in usable}
-    best = math.inf
-    for (q0, tp0, k0), o0 in ends.items():
-        for (q1, tp1, k1), o1 in ends.items():
-            if q0 == q1 and caps[q0] < 2:
-                continue
-            same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp
-            best = min(best, max(coef.embedding_sync(o0, k1, same), coef.embedding_sync(o1, k0, same)))
-    return 0.0 if best == math.inf else best
+    # E reads of an end its pool (node type, stage size), tp, whether the pool holds two stages
+    # and whether one node holds all pp: configs that agree on these share the bound
+    key = TiedSyncKey(tuple(sorted({(coef.pools[q].k, coef.pools[q].group, tp, caps[q] >= 2,
+                                     coef.pools[q].place.stages_per_node >= cfg.pp) for q, tp, _ in ends})))
+
+    def least() -> float:
+        best = math.inf
+        for (q0, tp0, k0), o0 in ends.items():
+            for (q1, tp1, k1), o1 in ends.items():
+                if q0 == q1 and caps[q0] < 2:
+                    continue
+                same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp
+                best = min(best, max(coef.embedding_sync(o0, k1, same), coef.embedding_sync(o1, k0, same)))
+        return 0.0 if best == math.inf else best
+    return coef.shared.get(key, least)
 
 
 def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):
@@ -437,7 +445,7 @@ def stage_slots(coef: Coefficients, limits: Limits, memory: bool, caps: dict[int
         alts.setdefault(coef.pool_of[o], []).extend(pieces(o) if pieces else [(per_layer(o), rooms[o])])
     by_type: dict[int, list] = {}
     for q in sorted(alts):
-        by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
+        by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], _front(alts[q])))
     if memory:
         return _slots(coef, by_type, limits, gpu_hour)
     return [SlotType(_type_gpus(coef, k, limits), (pool,), k in coef.required_types, gpu_hour[k])
@@ -482,6 +490,18 @@ def _recompute_pieces(coef: Coefficients, o: int, positions: tuple[int, ...], ro
             out.append((e[start - 1], n - 1))
             start = n
     out.append((e[start - 1], room))
+    return tuple(out)
+
+
+def _front(alts: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
+    """The alternatives (a, room) no other beats in both (a no larger and room no smaller), by
+    a: a stage's most layers at z, max over them of min(floor(z / a), room), reads no other, so
+    every term of the bound is the same over the front (and the bottleneck bound's breakpoints
+    a j of a dropped alternative are no thresholds)."""
+    out: list[tuple[float, int]] = []
+    for a, room in sorted(alts, key=lambda x: (x[0], -x[1])):
+        if not out or room > out[-1][1]:
+            out.append((a, room))
     return tuple(out)
 
 
