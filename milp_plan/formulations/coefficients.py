@@ -162,6 +162,26 @@ class TiedSyncKey(NamedTuple):
     ends: tuple
 
 
+class PositionMemoryKey(NamedTuple):
+    """A stage option's memory fit at a position (Coefficients.memory): the config fields that
+    fix its MemoryKey, so a config finds the fit without recomputing its in-flight counts."""
+    option: StageOption
+    stage: int
+    schedule: str
+    pp: int
+    vpp: int
+    m: int
+    sequence_parallel: bool
+    distributed_optimizer: bool
+
+
+class ForwardShareKey(NamedTuple):
+    """Coefficients.forward_share: the options (their time fits) and min(pp, 3), which fixes
+    the ends of the positions it reads (first, a middle one, last)."""
+    options: tuple
+    depth: int
+
+
 class PathKey(NamedTuple):
     """The paths of a step graph (Coefficients.paths): it is fixed by these four."""
     schedule: str
@@ -299,7 +319,13 @@ class Coefficients:
     def _memory(self, opt: StageOption, s: int) -> Affine:
         # costmodel.stage_memory_bytes depends on the position only through the ends it holds,
         # pp == 1 and the micro-batches in flight, so configs of other pp, m or schedule share
-        # the fit wherever these agree
+        # the fit wherever these agree (MemoryKey); PositionMemoryKey finds it without working
+        # out the in-flight counts again
+        cfg = self.cfg
+        return self.shared.get(PositionMemoryKey(opt, s, cfg.schedule, cfg.pp, cfg.vpp, self.m, cfg.sequence_parallel,
+                                                 cfg.distributed_optimizer), lambda: self._memory_at(opt, s))
+
+    def _memory_at(self, opt: StageOption, s: int) -> Affine:
         cfg = self.cfg
         inflight = cm.inflight_microbatches(cfg.schedule, cfg.pp, s, self.m, cfg.vpp)
         key = MemoryKey(opt, *self._ends(s), cfg.pp == 1, inflight,
@@ -472,8 +498,12 @@ class Coefficients:
         rho r) = hi (t - c), f <= hi t + (c_f - hi c): excess, the largest c_f - hi c (or 0).
         The ends' constant parts (the embedding's forward-heavy lookup) would otherwise raise
         hi for every stage."""
-        if self._phi is not None:
-            return self._phi
+        if self._phi is None:
+            # it reads the options' times at the positions below, whose ends min(pp, 3) fixes
+            self._phi = self.shared.get(ForwardShareKey(tuple(self.options), min(self.cfg.pp, 3)), self._forward_share)
+        return self._phi
+
+    def _forward_share(self) -> ForwardShare:
         lo, hi, parts = 1.0, 0.0, []
         for o in range(len(self.options)):
             for s in sorted({0, min(1, self.cfg.pp - 1), self.cfg.pp - 1}):
@@ -488,8 +518,7 @@ class Coefficients:
                         hi = max(hi, fwd / part)
         hi = min(hi, 1.0)
         excess = max([(t.c - b.c) - hi * t.c for t, b in parts] + [0.0])
-        self._phi = ForwardShare(max(lo, 0.0), hi, excess)
-        return self._phi
+        return ForwardShare(max(lo, 0.0), hi, excess)
 
     def step_weights(self, sched: Schedule | None = None) -> list[tuple[float, float, bool, float]]:
         """Quadruples (w_z, w_sum, with the transfers, offset) of the step's lower bounds w_z z
