@@ -189,3 +189,91 @@ def test_the_tied_all_reduce_term_is_tight(tmp_path):
             config_optimum(inst, coef, Limits())
         tight += sync > 0.3 * best and lb >= 0.99 * best
     assert tight > 0
+
+
+def test_the_least_layer_sum_couples_the_stage_counts():
+    """Hand case (bounds._least_layer_sum): type A forms at most 2 stages (a = 1 s per layer,
+    room 10), type B 8 (a = 3, room 10); 4 stages of 10 layers. Uncoupled, all 10 layers sit on
+    A: 10 s. Coupled, B hosts at least 4 - 2 = 2 stages of >= 1 layer: 2 x 3 + 8 x 1 = 14 s.
+    With B forming one stage at most, 4 stages cannot be formed: inf."""
+    from milp_plan.solvers.bounds import SlotType, _least_layer_sum
+    a = SlotType(2, ((1, 2, ((1.0, 10),)),))
+    b = SlotType(8, ((1, 8, ((3.0, 10),)),))
+    assert _least_layer_sum(math.inf, [a, b], 4, 10, 1, coupled=False) == 10.0
+    assert _least_layer_sum(math.inf, [a, b], 4, 10, 1) == 14.0
+    assert _least_layer_sum(math.inf, [a, SlotType(1, ((1, 1, ((3.0, 10),)),))], 4, 10, 1) == math.inf
+    # at z = 4.5 a B stage holds at most 1 layer and an A stage 4: B's 2 stages take 2 layers
+    assert _least_layer_sum(4.5, [a, b], 4, 10, 1) == 14.0
+
+
+def test_the_front_keeps_every_stage_capacity():
+    """bounds._front drops the (a, room) alternatives another beats in both: a stage's most
+    layers at any z (max over them of min(z / a, room)) is the same over the front."""
+    import random
+    from milp_plan.solvers.bounds import _front, _stage_layers
+    rng = random.Random(5)
+    for _ in range(200):
+        alts = tuple((rng.choice([0.5, 1.0, 1.5, 2.0, 3.0]), rng.randint(0, 12)) for _ in range(rng.randint(1, 6)))
+        front = _front(list(alts))
+        assert len(front) <= len(alts) and all(x in alts for x in front)
+        for z in [0.4, 1.0, 2.5, 4.0, 7.5, 12.0, 30.0, math.inf]:
+            for unit in (1, 2, 3):
+                assert _stage_layers(z, front, unit) == _stage_layers(z, alts, unit)
+
+
+def test_recompute_pieces_bound_every_stage_that_fits():
+    """A full-recompute option's pieces (bounds._recompute_pieces) on the default instance,
+    where the A10's 24 GB force recomputing: for every position s of the pipeline, layer count
+    n and recompute count 1 <= r <= n that fit in memory at s, the piece holding n has
+    a_piece n <= a n + rho (r - 1) (the stage's time less its fixed part and first recompute),
+    and n is at most the option's room. Some piece must be above a (load-bearing)."""
+    import random
+    from milp_plan.instance import build_instance as build
+    from milp_plan.solvers.bounds import _recompute_pieces, usable_options
+    inst = build(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
+    prepared = prepare(inst, None, "free")
+    rng = random.Random(3)
+    complete = [cfg for coef in rng.sample(prepared.coefs, 12) for cfg in _completions(prepared, coef)]
+    raised = 0
+    for cfg in rng.sample(complete, min(24, len(complete))):
+        coef = _coef(prepared, cfg)
+        found = usable_options(coef, Limits())
+        if found is None:
+            continue
+        _, _, rooms, usable = found
+        positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
+        for o in usable:
+            if not coef.full(o):
+                continue
+            pieces = _recompute_pieces(coef, o, positions, rooms[o])
+            t = coef.time(o, 0)[0]
+            raised += pieces[-1][0] > t.a * (1 + 1e-9)
+            cap = coef.capacity(o)
+            for s in range(cfg.pp):
+                mem = coef.memory(o, s)
+                for n in range(1, coef.inst.model.num_layers + 1):
+                    fits = [r for r in range(1, n + 1) if mem(n, r) <= cap]
+                    if not fits:
+                        continue
+                    assert n <= rooms[o], (cfg.label(), o, s, n)
+                    a_piece = next(a for a, room in pieces if n <= room)
+                    assert a_piece * n <= t.a * n + t.rho * (min(fits) - 1) + 1e-9, (cfg.label(), o, s, n, pieces)
+    assert raised > 0
+
+
+def _completions(prepared, coef):
+    from milp_plan.formulations.space import free_completions
+    return list(free_completions(prepared.inst, coef.cfg, prepared.fix))
+
+
+def _coef(prepared, cfg):
+    from milp_plan.formulations.coefficients import Coefficients
+    return Coefficients(prepared.inst, cfg, prepared.shared, prepared.fix)
+
+
+def test_interleaving_needs_vpp_to_divide_the_layers():
+    """Every stage holds a multiple of vpp layers, so their sum L is one too: 32 layers at pp 2
+    interleave with vpp 2, 4, 8 and 16 only (3, 5, ... left no plan and were solved as empty)."""
+    from milp_plan.formulations.space import virtual_stages
+    assert virtual_stages({}, 2, 8, 32) == [2, 4, 8, 16]
+    assert virtual_stages({}, 4, 8, 6) == []

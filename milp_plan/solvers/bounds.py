@@ -136,8 +136,9 @@ def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int
     formed = sum(stages for _, _, stages in rows)
     total, left, room = 0.0, L, []
     for (a, cap, stages), slot in zip(rows, slots):
-        least = max(1 if slot.required else 0, pp - (formed - stages) if coupled else 0) * unit
-        if least > cap:
+        need = max(1 if slot.required else 0, pp - (formed - stages) if coupled else 0)
+        least = need * unit
+        if need > stages or least > cap:
             return math.inf
         total, left = total + a * least, left - least
         room.append((a, cap - least))

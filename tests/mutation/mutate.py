@@ -130,12 +130,20 @@ MUTATIONS = [
     (SCHED, "1F1B bound drops the forward share's excess",
      "(m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, -(w0 - 1) * phi.excess)", "(m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, 0.0)"),
     (COEF, "the forward share's hi read from the per-layer parts alone, with no excess for the ends",
-     "        self._phi = ForwardShare(max(lo, 0.0), hi, excess)", "        self._phi = ForwardShare(max(lo, 0.0), hi, 0.0)"),
+     "        return ForwardShare(max(lo, 0.0), hi, excess)", "        return ForwardShare(max(lo, 0.0), hi, 0.0)"),
     ("milp_plan/solvers/bounds.py", "the tied all-reduce bound adds both directions (E is the slower one)",
      "best = min(best, max(coef.embedding_sync(o0, k1, same), coef.embedding_sync(o1, k0, same)))",
      "best = min(best, coef.embedding_sync(o0, k1, same) + coef.embedding_sync(o1, k0, same))"),
     ("milp_plan/solvers/bounds.py", "the tied all-reduce bound never lets both ends share a node",
      "same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp", "same = False"),
+    ("milp_plan/solvers/bounds.py", "the least layer sum asks each node type for one stage more than the others leave",
+     "need = max(1 if slot.required else 0, pp - (formed - stages) if coupled else 0)",
+     "need = max(1 if slot.required else 0, pp - (formed - stages) + 1 if coupled else 0)"),
+    ("milp_plan/solvers/bounds.py", "a full-recompute stage's pieces count its first recompute twice",
+     "    e = [a + rho * (r_min(n) - 1) / n for n in range(1, room + 1)]",
+     "    e = [a + rho * r_min(n) / n for n in range(1, room + 1)]"),
+    ("milp_plan/solvers/bounds.py", "a full-recompute stage's pieces take the most recomputes any position needs",
+     "        return min(need, default=1)", "        return max(need, default=1)"),
 ]
 
 PROBE = r'''
@@ -162,6 +170,9 @@ import test_bounds
 test_bounds.test_bounds_hold_where_the_tied_all_reduce_is_most_of_the_step(Path(tempfile.mkdtemp()), "megatron",
                                                                             "min-time")
 test_bounds.test_the_tied_all_reduce_term_is_tight(Path(tempfile.mkdtemp()))
+# the free search's bound terms: stage counts coupled across node types, recompute pieces
+test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
+test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
 # the forward share (lo t <= f <= hi t + excess) on every stage of real configs
 from test_paths import test_the_forward_share_holds_on_every_stage
 test_the_forward_share_holds_on_every_stage("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1})
