@@ -37,6 +37,7 @@ Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.pipeline import PipelineModel
 from milp_plan.job import Limits
 from milp_plan.formulations.space import (Config, StageOption, coverage_gap, enumerate_configs,
-                                          explain_fix, free_children, matches_pins)
+                                          explain_fix, free_children, free_completions, matches_pins)
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, relative_gap
@@ -67,6 +68,7 @@ HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a pla
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
 BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this share of the time limit
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
+FREE_COMPLETIONS = 64        # free mode: a parent with at most this many complete configs below it opens into them
 
 
 def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config, pins: dict | None = None) -> None:
@@ -129,9 +131,13 @@ class Prepared:
     truncated: bool = False  # the deadline cut the enumeration short: the configs are not all here
 
     def children(self, coef: Coefficients) -> list[Coefficients]:
-        """Free mode: a config with open stage sizes, branched on its first open node type."""
-        return [Coefficients(coef.inst, child, self.shared, self.fix)
-                for child in free_children(coef.inst, coef.cfg, self.fix)]
+        """Free mode: a config with open stage sizes, branched at once into its complete configs
+        where they are at most FREE_COMPLETIONS (each then bounded on its own, no open config
+        between), else on its first open node type."""
+        kids = list(itertools.islice(free_completions(coef.inst, coef.cfg, self.fix), FREE_COMPLETIONS + 1))
+        if len(kids) > FREE_COMPLETIONS:
+            kids = list(free_children(coef.inst, coef.cfg, self.fix))
+        return [Coefficients(coef.inst, child, self.shared, self.fix) for child in kids]
 
 
 def within(new: Limits, old: Limits) -> bool:
