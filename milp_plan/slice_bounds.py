@@ -59,6 +59,7 @@ slices", gives the proofs; tests/test_slice_search.py checks each part against e
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from typing import Iterable, Sequence
 
@@ -75,6 +76,7 @@ MAX_ENUM_UNITS = 16   # slicings are enumerated (2^(U-1) of them); slicing.units
 BISECT_STEPS = 40     # ConfigBounds._bottleneck: z to within 2^-40 of its range
 GRID_RATIO, GRID_STEPS = 1.04, 6   # ConfigBounds._refined: bottleneck intervals z 1.04^j, j <= 6, then beyond
 REFINE_CHUNK = 1024   # ConfigBounds._refine_lazily: slicing rows refined at a time
+WORK_PER_COUNT = 2e-4   # work charged per slice count x option of WorkBounds.config (about its wall time)
 SECONDS_PER_CELL = 6e-8   # work charged per row x option x step of the bounds' numpy passes (about its wall time)
 
 
@@ -356,6 +358,7 @@ class ConfigBounds:
 
     def __init__(self, inst: Instance, limits: Limits, counts: Iterable[int]):
         self.inst, self.limits = inst, limits
+        counts = sorted(set(counts))
         self.units, self.unit = unit_tokens(inst)
         self.arcs, self.rows = slicing_rows(self.units, counts)
         self.valid = self.rows < len(self.arcs)
@@ -364,6 +367,7 @@ class ConfigBounds:
         self.arcs_memo: dict = {}
         self.row_bounds: dict = {}     # config -> the bound per slicing row (full)
         self.work = 0.0                # work units (deadline.py) of the last `full`, beyond WORK.bound
+        self.work_bounds = WorkBounds(inst, limits, counts)
 
     def _terms(self, coef, full: bool = True) -> dict:
         """The gathered per-arc terms of the config's options (what the arc times read: node
@@ -482,7 +486,9 @@ class ConfigBounds:
         return self._finish(coef, m * (-(-L // K) * t["A"] + t["Phi"]) + self._dp(coef, 1 if K > 1 else L), K)
 
     def full(self, coef, cutoff: float = math.inf) -> float | None:
-        """The config's bound (module docstring): at least `cheap`. With `cutoff`, rows whose
+        """The config's bound (module docstring): at least `cheap` and the work bound
+        (`WorkBounds.config`: the heaviest stage's machine path, which the paths P(s, k) miss at
+        m = 1, and the per-count sums with context). With `cutoff`, rows whose
         bound before the layer sums already reaches it are not refined (the bound stays valid;
         it only matters below the cutoff)."""
         K, L = coef.cfg.pp, self.inst.model.num_layers
@@ -520,7 +526,9 @@ class ConfigBounds:
         self.row_bounds[coef.cfg] = T
         got = self._finish(coef, T, K)
         cheap = self.cheap(coef)
-        return None if got is None or cheap is None else max(got, cheap)
+        work, _ = self.work_bounds.config(coef, self)
+        self.work += len(self.work_bounds.counts) * len(coef.options) * WORK_PER_COUNT
+        return None if got is None or cheap is None or work is None else max(got, cheap, work)
 
     def balanced(self, coef, per_count: int = 2) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """Candidate placements (option per stage, layers per stage) that balance the per-type
@@ -619,34 +627,112 @@ def least_slice_sum(inst: Instance, nt, tp: int, mbs: int) -> float:
     return min(t[n] + f[units - n] for n in range(1, units)) if units > 1 else math.inf
 
 
-def _quick_bottleneck(coef, limits: Limits, per: dict[int, float]) -> float | None:
-    """At least max_s n_s A*_{o(s)} (seconds) of any placement of the config (the unsliced
-    bounds' bottleneck over the node types' slots, memory rooms included: solvers.bounds), the
-    per-layer time of option o at least A*_o; None: no placement fits."""
-    from milp_plan.solvers import bounds
-    found = bounds.usable_options(coef, limits, memory=True)
-    if found is None:
-        return None
-    caps, _, rooms, usable = found
-    slots = bounds.stage_slots(coef, limits, True, caps, rooms, usable, lambda o: per[o])
-    L = coef.inst.model.num_layers
-    return bounds._bottleneck_bound(slots, coef.cfg.pp, L, 1, bounds._breakpoints(slots, L, 1))
+def count_sums(inst: Instance, nt, tp: int, mbs: int) -> list[float]:
+    """A*_n for n = 0..U: at most the per-layer f + b summed over the slices of every slicing
+    into exactly n slices at the planner's units, with context (node type nt, tp, micro-batch
+    size; each slice at the least over the model's block kinds, costmodel.layer_times with
+    its context): the least over the compositions of n slices, a shortest path over (unit,
+    slices used): F[j][c] = min_{c-1 <= i < j} F[i][c-1] + t(i, j), A*_n = F[U][n] (Bellman: the
+    slice times add and each depends on its own start and end alone). A*_0 = inf."""
+    units, unit = unit_tokens(inst)
+    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    t = {(i, j): min(lt.fwd_s + lt.bwd_s for kd in kinds
+                     for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit)])
+         for i in range(units) for j in range(i + 1, units + 1)}
+    F = [[math.inf] * (units + 1) for _ in range(units + 1)]
+    F[0][0] = 0.0
+    for j in range(1, units + 1):
+        for c in range(1, j + 1):
+            F[j][c] = min(F[i][c - 1] + t[i, j] for i in range(c - 1, j))
+    return F[units]
+
+
+class WorkBounds:
+    """The work bound of the sliced plans of GPipe configs (`config`), with the per-option count
+    sums (`count_sums`) memoised across configs. For a slice count n, every option o's per-layer
+    sum is at least A*_{o,n}, so every stage has W_s >= n_s A*_{o(s),n}, and
+
+        T >= max(m Z_n, (m - 1) Z_n + S_n / n) + stage 0's tail + the optimizer term,
+
+    Z_n = the least max_s n_s A*_{o(s),n} over the config's placements within the memory rooms
+    (the unsliced bounds' bottleneck, solvers/bounds.py, with A*_{o,n} as per-layer times) and
+    S_n = their least layer sum (every type at most the layers its stages hold): the machine path
+    of the heaviest stage, T >= m W_max (slice_bounds docstring, M(s)), and its path through the
+    slice k of most work, T >= (m - 1) W_max + max_k C_k >= (m - 1) W_max + sum_r W_r / n (C_k
+    sums to sum_r W_r over the n slices; P(s, k) with R_k and the hops dropped). The config's
+    bound is the least over the allowed counts: slicing finer shrinks the bubble term S_n / n,
+    and each slice's own work (A*_{o,n}) grows. No slicing is enumerated: a few dozen arcs per
+    option."""
+
+    def __init__(self, inst: Instance, limits: Limits, counts: Iterable[int]):
+        self.inst, self.limits = inst, limits
+        self.counts = sorted(set(counts))
+        self.sums: dict = {}
+
+    def per_count(self, coef, o: int) -> list[float]:
+        opt = coef.options[o]
+        nt = coef.types[opt.k]
+        key = (nt.name, opt.tp, opt.mbs)
+        if key not in self.sums:
+            self.sums[key] = count_sums(self.inst, nt, opt.tp, opt.mbs)
+        return self.sums[key]
+
+    def quick(self, coef) -> dict[int, float]:
+        """Per count n: the work bound's step term with every layer at the fastest option's
+        A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds)."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        a = {n: min(self.per_count(coef, o)[n] for o in range(len(coef.options))) for n in self.counts}
+        return {n: max(m * -(-L // K) * a[n], (m - 1) * -(-L // K) * a[n] + L * a[n] / n)
+                for n in self.counts if a[n] < math.inf}
+
+    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf) -> tuple[float | None, bool]:
+        """(the least over the counts of the work bound (class docstring) of the config's plans,
+        as an objective: T plus stage 0's tail (cb._dp) and the optimizer term, priced
+        (cb._finish); whether it is the whole bound). None: no placement fits or none meets the
+        limits. Counts whose `quick` term (plus the tail) reaches `cutoff` are not placed: then
+        the value is a bound at least `cutoff`, not the whole one (False)."""
+        from milp_plan.solvers import bounds
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        quick = self.quick(coef)
+        if not quick:
+            return None, True
+        limit = cb._time_cutoff(coef, cutoff) - cb._opt(coef)    # a step (seconds) at or above it cannot matter
+        if min(quick.values()) >= limit:
+            return cb._finish(coef, np.array([min(quick.values())]), K), False
+        found = bounds.usable_options(coef, self.limits, memory=True)
+        if found is None:
+            return None, True
+        caps, _, rooms, usable = found
+        tail = cb._dp(coef, 1 if K > 1 else L)
+        best, whole = math.inf, True
+        for n, q in sorted(quick.items(), key=lambda x: (x[1], x[0])):
+            if q + tail >= best:
+                break      # the counts left bound at least as high
+            if q + tail >= limit:
+                best, whole = q + tail, False
+                break
+            slots = bounds.stage_slots(coef, self.limits, True, caps, rooms, usable,
+                                       lambda o: self.per_count(coef, o)[n])
+            z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
+            if z is not None:
+                S = bounds._least_layer_sum(math.inf, slots, K, L, 1)
+                best = min(best, max(m * z, (m - 1) * z + S / n) + tail)
+        return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
 
 
 def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
-    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs read): the work path of
-    `ConfigBounds.cheap` with its slicing term relaxed so that no slicing is enumerated. A
-    slice's layer time is at least that of a sequence of its length (the context only adds,
-    costmodel.slice_context_s), so every slicing's per-layer sum
-    A_o >= A*_o = min over compositions (l_1..l_n), n >= 2, of sum_k t_o(l_k) (a 1-D DP over the
-    U lengths, per stage option o), and every plan has
-        T >= m max(ceil(L / K) min_o A*_o, Z) + stage 0's reduction and embedding all-reduce
-             + the optimizer term,
-    Z = the least max_s n_s A*_{o(s)} over the config's placements within the memory rooms (the
-    unsliced bounds' bottleneck, solvers/bounds.py, with A*_o as the per-layer times).
-    For the default's decision (`default_line`): cheap enough to run after every solve. None: no
-    GPipe config (or none meets the limits)."""
+    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound was
+    computed): the least over the configs of `WorkBounds.config`, found best first over three
+    bounds of rising cost, each at most the next: the key m ceil(L / K) min_o A*_o + the
+    optimizer term, A*_o the least per-layer sum over slicings of >= 2 slices without context
+    (`least_slice_sum`, U arcs per option: the context only adds, costmodel.slice_context_s); then
+    `WorkBounds.quick` (the count sums with context, no placement); then `WorkBounds.config`. A
+    config is refined when it is the least on the heap; when the least is a final bound, no other
+    config can lower it. For the default's decision (`default_line`): cheap enough to run after
+    every solve. None: no GPipe config (or none meets the limits)."""
     from milp_plan.solve import job_fix
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solvers import driver
@@ -655,39 +741,40 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
         prepared = driver.prepare(inst, job_fix(inst, parse_fix(fix)), "megatron")
     except InputError:   # no GPipe config passes the pins: nothing to bound
         return None, 0
-    bounds = ConfigBounds.__new__(ConfigBounds)
-    bounds.inst, bounds.limits = inst, limits
-    memo: dict = {}
-
-    def least_sum(nt, tp: int, mbs: int) -> float:
-        key = (nt.name, tp, mbs)
-        if key not in memo:
-            memo[key] = least_slice_sum(inst, nt, tp, mbs)
-        return memo[key]
+    units, _ = unit_tokens(inst)
+    cb = ConfigBounds.__new__(ConfigBounds)
+    cb.inst, cb.limits = inst, limits
+    work = WorkBounds(inst, limits, range(2, units + 1))
+    least: dict = {}
     L = inst.model.num_layers
-    simple = []   # (bound without the bottleneck, config index, per-option A*, m)
+    heap = []   # (bound, config index, stage): 0 the key, 1 WorkBounds.quick, 2 WorkBounds.config
     for i, cfg in enumerate(prepared.configs):
         if not cfg.sched.slices_ok:
             continue
         coef = prepared.coef(i)
-        per = {o: least_sum(coef.types[opt.k], opt.tp, opt.mbs) for o, opt in enumerate(coef.options)}
-        a = min(per.values())
-        if a == math.inf:
-            continue
-        m = cfg.num_microbatches(inst.job.global_batch_size)
-        dp = bounds._dp(coef, 1 if cfg.pp > 1 else L)
-        got = bounds._finish(coef, np.array([m * -(-L // cfg.pp) * a + dp]), cfg.pp)
+        a = math.inf
+        for opt in coef.options:
+            nt = coef.types[opt.k]
+            if (nt.name, opt.tp, opt.mbs) not in least:
+                least[nt.name, opt.tp, opt.mbs] = least_slice_sum(inst, nt, opt.tp, opt.mbs)
+            a = min(a, least[nt.name, opt.tp, opt.mbs])
+        got = None if a == math.inf else \
+            cb._finish(coef, np.array([cfg.num_microbatches(inst.job.global_batch_size) * -(-L // cfg.pp) * a]), cfg.pp)
         if got is not None:
-            simple.append((got, i, per, m, dp))
-    best = math.inf
-    for got, i, per, m, dp in sorted(simple, key=lambda x: (x[0], x[1])):
-        if got >= best:
-            break   # the rest bound at least as high
+            heap.append((got, i, 0))
+    heapq.heapify(heap)
+    read = 0
+    while heap:
+        key, i, stage = heapq.heappop(heap)
+        if stage == 2:
+            return key, read
         coef = prepared.coef(i)
-        z = _quick_bottleneck(coef, limits, per)
-        if z is not None:
-            full = bounds._finish(coef, np.array([m * max(-(-L // coef.cfg.pp) * min(per.values()), z) + dp]),
-                                  coef.cfg.pp)
-            if full is not None:
-                best = min(best, max(full, got))
-    return (None if best == math.inf else best), len(simple)
+        if stage == 0:
+            quick = work.quick(coef)
+            got = cb._finish(coef, np.array([min(quick.values())]), coef.cfg.pp) if quick else None
+        else:
+            read += 1
+            got, _ = work.config(coef, cb)
+        if got is not None:
+            heapq.heappush(heap, (max(got, key), i, stage + 1))
+    return None, read
