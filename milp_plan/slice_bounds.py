@@ -627,24 +627,36 @@ def least_slice_sum(inst: Instance, nt, tp: int, mbs: int) -> float:
     return min(t[n] + f[units - n] for n in range(1, units)) if units > 1 else math.inf
 
 
+def least_sums(units: int, t) -> list[float]:
+    """For n = 0..units: the least sum_k t(x_{k-1}, x_k) over the slicings 0 = x_0 < ... < x_n =
+    units into exactly n slices (inf at n = 0): a shortest path over (unit, slices used),
+    F[j][c] = min_{c-1 <= i < j} F[i][c-1] + t(i, j), the answer F[units][n] (Bellman: the slice
+    times add, and each depends on its own start and end alone)."""
+    F = [[math.inf] * (units + 1) for _ in range(units + 1)]
+    F[0][0] = 0.0
+    for j in range(1, units + 1):
+        for c in range(1, j + 1):
+            F[j][c] = min(F[i][c - 1] + t(i, j) for i in range(c - 1, j))
+    return F[units]
+
+
 def count_sums(inst: Instance, nt, tp: int, mbs: int) -> list[float]:
-    """A*_n for n = 0..U: at most the per-layer f + b summed over the slices of every slicing
-    into exactly n slices at the planner's units, with context (node type nt, tp, micro-batch
-    size; each slice at the least over the model's block kinds, costmodel.layer_times with
-    its context): the least over the compositions of n slices, a shortest path over (unit,
-    slices used): F[j][c] = min_{c-1 <= i < j} F[i][c-1] + t(i, j), A*_n = F[U][n] (Bellman: the
-    slice times add and each depends on its own start and end alone). A*_0 = inf."""
+    """A*_n for n = 0..U (`least_sums`): at most the per-layer f + b summed over the slices of
+    every slicing into exactly n slices at the planner's units, with context (node type nt, tp,
+    micro-batch size; each slice at the least over the model's block kinds of
+    costmodel.layer_times with its context). A*_0 = inf."""
     units, unit = unit_tokens(inst)
     kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
     t = {(i, j): min(lt.fwd_s + lt.bwd_s for kd in kinds
                      for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit)])
          for i in range(units) for j in range(i + 1, units + 1)}
-    F = [[math.inf] * (units + 1) for _ in range(units + 1)]
-    F[0][0] = 0.0
-    for j in range(1, units + 1):
-        for c in range(1, j + 1):
-            F[j][c] = min(F[i][c - 1] + t[i, j] for i in range(c - 1, j))
-    return F[units]
+    return least_sums(units, lambda i, j: t[i, j])
+
+
+def work_step(m: int, z: float, S: float, n: int) -> float:
+    """The work bound's step term (WorkBounds): T >= max(m Z, (m - 1) Z + S / n) for m
+    micro-batches, the heaviest stage's work Z and the stages' work S, cut into n slices."""
+    return max(m * z, (m - 1) * z + S / n)
 
 
 class WorkBounds:
@@ -683,8 +695,7 @@ class WorkBounds:
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
         a = {n: min(self.per_count(coef, o)[n] for o in range(len(coef.options))) for n in self.counts}
-        return {n: max(m * -(-L // K) * a[n], (m - 1) * -(-L // K) * a[n] + L * a[n] / n)
-                for n in self.counts if a[n] < math.inf}
+        return {n: work_step(m, -(-L // K) * a[n], L * a[n], n) for n in self.counts if a[n] < math.inf}
 
     def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf) -> tuple[float | None, bool]:
         """(the least over the counts of the work bound (class docstring) of the config's plans,
@@ -718,7 +729,7 @@ class WorkBounds:
             z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
             if z is not None:
                 S = bounds._least_layer_sum(math.inf, slots, K, L, 1)
-                best = min(best, max(m * z, (m - 1) * z + S / n) + tail)
+                best = min(best, work_step(m, z, S, n) + tail)
         return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
 
 
