@@ -53,8 +53,14 @@ option o on a slicing, the heaviest stage takes at least z, the least max_s n_s 
 every placement within the pools' stage counts and the memory rooms (`ConfigBounds._bottleneck`),
 and sum_r p_{r,k}'s layers at least LS_k(Y), the least sum_s n_s alpha_{o(s),k} with every stage
 under the plan's own bottleneck Y >= z, taken over a grid of intervals of Y (`_refined`). Stage
-0's tail holds the tied embedding's all-reduce (`_embedding_sync`). The default's decision reads
-a cheaper bound with no slicing enumerated (`quick_bound`). formulations/pipeline.md, "Token
+0's tail holds the tied embedding's all-reduce (`_embedding_sync`).
+
+**The work bound** (`WorkBounds`, no slicing enumerated): per option and slice count n the least
+per-layer sum A*_{o,n} over the cuts into n slices (`count_sums`, a shortest path), the bottleneck
+Z_n and least layer sum S_n of the placements at those times, and T >= max(m Z_n, (m - 1) Z_n +
+S_n / n) + tails (`work_step`: the machine path M(s) of the heaviest stage, and P(s, k) at the
+slice of most work). `full` takes it too (the paths have no m W term at m = 1); the default's
+decision reads its least over the configs (`quick_bound`). formulations/pipeline.md, "Token
 slices", gives the proofs; tests/test_slice_search.py checks each part against enumeration."""
 from __future__ import annotations
 
@@ -66,6 +72,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from milp_plan import costmodel
+from milp_plan.cluster import MixedNodeType
 from milp_plan.instance import Instance
 from milp_plan.job import Limits
 from milp_plan.plan import Plan
@@ -613,44 +620,55 @@ def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:
 def least_slice_sum(inst: Instance, nt, tp: int, mbs: int) -> float:
     """A*: at most the per-layer f + b summed over the slices of any slicing of >= 2 slices at
     the planner's units (node type nt, tp, micro-batch size; the least over the block kinds):
-    min over compositions (l_1..l_n), n >= 2, of sum_k t(l_k), t(l) a sequence of l tokens
-    without context (the context only adds, costmodel.slice_context_s). A DP over the lengths:
-    f(u) = min_n t(n) + f(u - n), A* = min_{n < U} t(n) + f(U - n); inf at U = 1."""
-    units, unit = unit_tokens(inst)
-    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
-    t = [0.0] + [min(lt.fwd_s + lt.bwd_s for kd in kinds
-                     for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit)])
-                 for n in range(1, units + 1)]
-    f = [0.0] + [math.inf] * units          # f[u]: least sum over compositions of u units
-    for u in range(1, units + 1):
-        f[u] = min(t[n] + f[u - n] for n in range(1, u + 1))
-    return min(t[n] + f[units - n] for n in range(1, units)) if units > 1 else math.inf
+    the least over n >= 2 of count_sums without context (the context only adds,
+    costmodel.slice_context_s); inf at U = 1."""
+    return min(count_sums(inst, nt, tp, mbs, context=False)[2:], default=math.inf)
 
 
 def least_sums(units: int, t) -> list[float]:
     """For n = 0..units: the least sum_k t(x_{k-1}, x_k) over the slicings 0 = x_0 < ... < x_n =
     units into exactly n slices (inf at n = 0): a shortest path over (unit, slices used),
-    F[j][c] = min_{c-1 <= i < j} F[i][c-1] + t(i, j), the answer F[units][n] (Bellman: the slice
-    times add, and each depends on its own start and end alone)."""
-    F = [[math.inf] * (units + 1) for _ in range(units + 1)]
-    F[0][0] = 0.0
-    for j in range(1, units + 1):
-        for c in range(1, j + 1):
-            F[j][c] = min(F[i][c - 1] + t(i, j) for i in range(c - 1, j))
-    return F[units]
+    F_c[j] = min_{i < j} F_{c-1}[i] + t(i, j), F_0 = (0, inf, ..., inf), the answer F_n[units]
+    (Bellman: the slice times add, and each depends on its own start and end alone); one numpy
+    pass over the (i, j) table per slice count."""
+    T = np.full((units + 1, units + 1), np.inf)
+    for i in range(units):
+        for j in range(i + 1, units + 1):
+            T[i, j] = t(i, j)
+    F = np.full(units + 1, np.inf)
+    F[0] = 0.0
+    out = [math.inf]
+    for _ in range(units):
+        F = (F[:, None] + T).min(axis=0)
+        out.append(float(F[units]))
+    return out
 
 
-def count_sums(inst: Instance, nt, tp: int, mbs: int) -> list[float]:
+def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> list[float]:
     """A*_n for n = 0..U (`least_sums`): at most the per-layer f + b summed over the slices of
     every slicing into exactly n slices at the planner's units, with context (node type nt, tp,
     micro-batch size; each slice at the least over the model's block kinds of
-    costmodel.layer_times with its context). A*_0 = inf."""
+    costmodel.layer_times with its context). A*_0 = inf. context=False: each slice as a
+    sequence of its length (at most the above: the context only adds, costmodel.slice_context_s;
+    U cost-model calls instead of U (U + 1) / 2)."""
     units, unit = unit_tokens(inst)
     kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
-    t = {(i, j): min(lt.fwd_s + lt.bwd_s for kd in kinds
-                     for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, (j - i) * unit, i * unit)])
-         for i in range(units) for j in range(i + 1, units + 1)}
-    return least_sums(units, lambda i, j: t[i, j])
+    base = {(kd, n): costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit) for kd in kinds for n in range(1, units + 1)}
+
+    def least(n: int, c: int) -> float:
+        """min over kinds of layer_times(n units after c units of context).fwd + .bwd; on a plain
+        node type its parts, the sequence's time and slice_context_s (costmodel.layer_times adds
+        them so), each length's sequence once; a mixed type (its members' maxima) whole."""
+        if c == 0 or isinstance(nt, MixedNodeType):
+            return min(lt.fwd_s + lt.bwd_s for kd in kinds for lt in
+                       [base[kd, n] if c == 0 else costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit, c * unit)])
+        return min(base[kd, n].fwd_s + base[kd, n].bwd_s +
+                   sum(costmodel.slice_context_s(inst, nt, tp, mbs, kd, costmodel.row_tokens(inst, n * unit), c * unit))
+                   for kd in kinds)
+    if context:
+        t = {(i, j): least(j - i, i) for i in range(units) for j in range(i + 1, units + 1)}
+        return least_sums(units, lambda i, j: t[i, j])
+    return least_sums(units, lambda i, j: least(j - i, 0))
 
 
 def work_step(m: int, z: float, S: float, n: int) -> float:
@@ -680,22 +698,31 @@ class WorkBounds:
         self.inst, self.limits = inst, limits
         self.counts = sorted(set(counts))
         self.sums: dict = {}
+        self.quicks: dict = {}
 
-    def per_count(self, coef, o: int) -> list[float]:
+    def per_count(self, coef, o: int, context: bool = True) -> list[float]:
+        """count_sums of option o (memoised by node type, tp, micro-batch size)."""
         opt = coef.options[o]
         nt = coef.types[opt.k]
-        key = (nt.name, opt.tp, opt.mbs)
+        key = (nt.name, opt.tp, opt.mbs, context)
         if key not in self.sums:
-            self.sums[key] = count_sums(self.inst, nt, opt.tp, opt.mbs)
+            self.sums[key] = count_sums(self.inst, nt, opt.tp, opt.mbs, context)
         return self.sums[key]
 
-    def quick(self, coef) -> dict[int, float]:
+    def quick(self, coef, context: bool = True) -> dict[int, float]:
         """Per count n: the work bound's step term with every layer at the fastest option's
-        A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds)."""
+        A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds);
+        context=False: with count_sums without context (lower, cheaper)."""
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
-        a = {n: min(self.per_count(coef, o)[n] for o in range(len(coef.options))) for n in self.counts}
-        return {n: work_step(m, -(-L // K) * a[n], L * a[n], n) for n in self.counts if a[n] < math.inf}
+        key = (frozenset((coef.types[o.k].name, o.tp, o.mbs) for o in coef.options), m, K, context)
+        got = self.quicks.get(key)
+        if got is None:
+            rows = [self.per_count(coef, o, context) for o in range(len(coef.options))]
+            a = {n: min(r[n] for r in rows) for n in self.counts}
+            got = self.quicks[key] = {n: work_step(m, -(-L // K) * a[n], L * a[n], n)
+                                      for n in self.counts if a[n] < math.inf}
+        return got
 
     def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf) -> tuple[float | None, bool]:
         """(the least over the counts of the work bound (class docstring) of the config's plans,
@@ -737,12 +764,12 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
     (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound was
     computed): the least over the configs of `WorkBounds.config`, found best first over three
-    bounds of rising cost, each at most the next: the key m ceil(L / K) min_o A*_o + the
-    optimizer term, A*_o the least per-layer sum over slicings of >= 2 slices without context
-    (`least_slice_sum`, U arcs per option: the context only adds, costmodel.slice_context_s); then
-    `WorkBounds.quick` (the count sums with context, no placement); then `WorkBounds.config`. A
-    config is refined when it is the least on the heap; when the least is a final bound, no other
-    config can lower it. For the default's decision (`default_line`): cheap enough to run after
+    bounds of rising cost, each at most the next: `WorkBounds.quick` without context (every layer
+    at the fastest option, slices priced as sequences of their length: U cost-model calls per
+    option), the same with context, then `WorkBounds.config` (placed within the memory rooms).
+    A config is refined when it is the least on the heap; the first final bound popped is the
+    least (no other config can lower it), and a config whose bound reaches the least final
+    bound pushed so far is dropped. For the default's decision (`default_line`): cheap enough to run after
     every solve. None: no GPipe config (or none meets the limits)."""
     from milp_plan.solve import job_fix
     from milp_plan.formulations.space import parse_fix
@@ -756,25 +783,16 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
     cb = ConfigBounds.__new__(ConfigBounds)
     cb.inst, cb.limits = inst, limits
     work = WorkBounds(inst, limits, range(2, units + 1))
-    least: dict = {}
-    L = inst.model.num_layers
-    heap = []   # (bound, config index, stage): 0 the key, 1 WorkBounds.quick, 2 WorkBounds.config
+    heap = []   # (bound, config index, stage): 0 quick without context, 1 with, 2 WorkBounds.config
     for i, cfg in enumerate(prepared.configs):
-        if not cfg.sched.slices_ok:
-            continue
-        coef = prepared.coef(i)
-        a = math.inf
-        for opt in coef.options:
-            nt = coef.types[opt.k]
-            if (nt.name, opt.tp, opt.mbs) not in least:
-                least[nt.name, opt.tp, opt.mbs] = least_slice_sum(inst, nt, opt.tp, opt.mbs)
-            a = min(a, least[nt.name, opt.tp, opt.mbs])
-        got = None if a == math.inf else \
-            cb._finish(coef, np.array([cfg.num_microbatches(inst.job.global_batch_size) * -(-L // cfg.pp) * a]), cfg.pp)
-        if got is not None:
-            heap.append((got, i, 0))
+        if cfg.sched.slices_ok:
+            coef = prepared.coef(i)
+            quick = work.quick(coef, context=False)
+            got = cb._finish(coef, np.array([min(quick.values())]), cfg.pp) if quick else None
+            if got is not None:
+                heap.append((got, i, 0))
     heapq.heapify(heap)
-    read = 0
+    read, final = 0, math.inf    # final: the least work bound pushed; the answer is at most it
     while heap:
         key, i, stage = heapq.heappop(heap)
         if stage == 2:
@@ -785,7 +803,10 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
             got = cb._finish(coef, np.array([min(quick.values())]), coef.cfg.pp) if quick else None
         else:
             read += 1
-            got, _ = work.config(coef, cb)
-        if got is not None:
+            # cut at `final`: a value at or above it (whole or not) cannot be the least
+            got, _ = work.config(coef, cb, final)
+        if got is not None and max(got, key) < final:
             heapq.heappush(heap, (max(got, key), i, stage + 1))
+            if stage == 1:
+                final = max(got, key)
     return None, read

@@ -2,8 +2,10 @@
 
 off (the default)  nothing changes: the plan is the exact search's, byte for byte; the CLI
                    prints the decision (default_line): a quick proven bound on every sliced
-                   plan against the plan, so it says whether slicing cannot pay, or at most how
-                   much it could save and that --slices auto finds out.
+                   plan (slice_bounds.quick_bound) against the plan says that slicing cannot
+                   beat it or is not worth it; else the plan's own stages, sliced, show it is
+                   worth it, or it stays undecided with the most slicing could save, and
+                   --slices auto finds out.
 N (>= 2)           the space is every GPipe plan with each sequence cut into exactly N slices.
 auto               the space is every unsliced plan (the exact search as asked, plan A) and
                    every GPipe plan cut into 2..U slices.
