@@ -309,16 +309,20 @@ def test_work_step_below_terapipe_optimum_by_hand():
     assert sb.work_step(3, 32, 128, 4) == 96 <= 129
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", [*range(4), "two slices"])
 def test_work_bound_never_exceeds_any_sliced_plan(tmp_path_factory, seed):
     """Random small instances (the two-speed tiny instance, global batch 1..4, either objective,
-    slice counts 2..5 or a random subset): every GPipe config's work bound (WorkBounds.config) is
-    at most the objective of every plan of it that fits memory, over every slicing of an allowed
-    count (brute force, simulated step), and quick_bound at most their least."""
+    slice counts 2..5 or a random subset; and one micro-batch cut into exactly 2 slices, where the
+    bubble term S_n / n of three stages is the largest): every GPipe config's work bound
+    (WorkBounds.config) is at most the objective of every plan of it that fits memory, over every
+    slicing of an allowed count (brute force, simulated step), and quick_bound at most their least."""
     import random
-    rng = random.Random(seed)
-    batch, objective = rng.randint(1, 4), rng.choice(["min-time", "min-cost"])
-    counts = sorted(rng.sample(range(2, SEQ + 1), rng.randint(1, 4))) if seed % 2 else list(range(2, SEQ + 1))
+    if seed == "two slices":
+        batch, objective, counts = 1, "min-time", [2]
+    else:
+        rng = random.Random(seed)
+        batch, objective = rng.randint(1, 4), rng.choice(["min-time", "min-cost"])
+        counts = sorted(rng.sample(range(2, SEQ + 1), rng.randint(1, 4))) if seed % 2 else list(range(2, SEQ + 1))
     inst = two_speed(str(tmp_path_factory.mktemp("t")), batch)
     limits = Limits(objective)
     bounds = sb.ConfigBounds(inst, limits, counts)
