@@ -617,14 +617,6 @@ def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:
     return ConfigBounds(coef.inst, limits, counts).full(coef)
 
 
-def least_slice_sum(inst: Instance, nt, tp: int, mbs: int) -> float:
-    """A*: at most the per-layer f + b summed over the slices of any slicing of >= 2 slices at
-    the planner's units (node type nt, tp, micro-batch size; the least over the block kinds):
-    the least over n >= 2 of count_sums without context (the context only adds,
-    costmodel.slice_context_s); inf at U = 1."""
-    return min(count_sums(inst, nt, tp, mbs, context=False)[2:], default=math.inf)
-
-
 def least_sums(units: int, t) -> list[float]:
     """For n = 0..units: the least sum_k t(x_{k-1}, x_k) over the slicings 0 = x_0 < ... < x_n =
     units into exactly n slices (inf at n = 0): a shortest path over (unit, slices used),

@@ -412,10 +412,11 @@ def test_count_sums_are_the_enumerated_least(tmp_path_factory):
                 assert got[n] == pytest.approx(min(t(x) for x in compositions(SEQ) if len(x) == n), rel=1e-12)
 
 
-def test_least_slice_sum_is_the_enumerated_least(tmp_path_factory):
-    """slice_bounds.least_slice_sum (the default's per-layer A*) equals the least over the 15
-    compositions of 5 units with >= 2 slices of sum_k t(l_k) without context, and is at most the
-    per-layer sum with context of every such slicing (ConfigBounds' per-option rows)."""
+def test_count_sums_without_context_are_the_enumerated_least(tmp_path_factory):
+    """slice_bounds.count_sums(context=False) (the order key of quick_bound) equals, per count,
+    the least over the compositions of 5 units of sum_k t(l_k) without context, and is at most the
+    per-layer sum with context of every such slicing (count_sums with context, ConfigBounds'
+    per-option rows)."""
     from milp_plan import costmodel as cm
     inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
     kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
@@ -428,7 +429,8 @@ def test_least_slice_sum_is_the_enumerated_least(tmp_path_factory):
                                for lt in [cm.layer_times(inst, nt, tp, mbs, kd, n, c if ctx else 0)])
                     c += n
                 return out
-            many = [x for x in compositions(SEQ) if len(x) >= 2]
-            got = sb.least_slice_sum(inst, nt, tp, mbs)
-            assert got == pytest.approx(min(t(x, False) for x in many), rel=1e-12)
-            assert all(got <= t(x, True) * (1 + 1e-12) for x in many)
+            got = sb.count_sums(inst, nt, tp, mbs, context=False)
+            for n in range(1, SEQ + 1):
+                cut = [x for x in compositions(SEQ) if len(x) == n]
+                assert got[n] == pytest.approx(min(t(x, False) for x in cut), rel=1e-12)
+                assert all(got[n] <= t(x, True) * (1 + 1e-12) for x in cut)
