@@ -414,13 +414,11 @@ QUIET_SAVING = 0.01   # default_line: a possible saving below this share is not 
 def _own_slicing(inst: Instance, plan: Plan, limits: Limits, below: float) -> Candidate | None:
     """The plan's own stages under GPipe, cut by the best slicing of each count (slice_candidates),
     when one is admitted by the limits (memory included: GPipe holds every micro-batch) and its
-    objective is below `below`; None otherwise (pp = 1: no bubble to shrink)."""
-    if plan.pp < 2:
+    objective is below `below`; None otherwise (pp = 1: no bubble to shrink; vpp > 1)."""
+    if plan.pp < 2 or plan.vpp != 1:     # interleaved stages hold chunks GPipe does not run
         return None
     gplan = plan if schedule_of(plan.schedule, plan.vpp).slices_ok else \
-        plan.with_(schedule=TOKEN_SLICED, vpp=1, predicted=None, solver=None)
-    if gplan.vpp != 1:
-        return None
+        plan.with_(schedule=TOKEN_SLICED, predicted=None, solver=None)
     try:
         cands = slice_candidates(inst, gplan, limits)
     except (InputError, ValueError):
