@@ -648,3 +648,10 @@ def budget_bound(coef: Coefficients, limits: Limits, lb: float) -> float | None:
             return max(lb, got)
         lb = got
     return lb
+
+
+def full_bound(coef: Coefficients, limits: Limits) -> float | None:
+    """The bound the search prunes a popped config by: config_lower_bound with the memory rooms,
+    tightened by budget_bound under a $/step budget (None: no plan)."""
+    lb = config_lower_bound(coef, limits, memory=True)
+    return lb if limits.budget_usd_per_step is None else budget_bound(coef, limits, lb)

@@ -56,7 +56,7 @@ from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, relative_gap
 from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
-from milp_plan.solvers.bounds import WeakFamilyBounds, budget_bound, config_lower_bound, family_lower_bound
+from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound, full_bound
 from milp_plan.solvers.parallel import Ahead, Trace, paths_of
 
 REL_EPS = 1e-9
@@ -469,11 +469,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
                 heap.push((lb, cfg, 0, coef))
                 continue
-            full_lb = config_lower_bound(coef, limits, memory=True)
-            dl.charge(WORK.bound)
-            if limits.budget_usd_per_step is not None and full_lb is not None:
-                full_lb = budget_bound(coef, limits, full_lb)  # what the config's GPUs cost at least
-                dl.charge(2 * WORK.bound)
+            full_lb = full_bound(coef, limits)
+            dl.charge(WORK.bound * (1 if limits.budget_usd_per_step is None else 3))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 continue  # no plan fits in memory, or none can beat the incumbent
             carried = prepared.carried(cfg, limits)

@@ -126,6 +126,11 @@ MUTATIONS = [
     ("milp_plan/costmodel.py", "a mixed-type stage's optimizer step at its fastest GPU",
      "        return max(optimizer_s(inst, params_updated, nt) for nt, _ in node_type.members)",
      "        return min(optimizer_s(inst, params_updated, nt) for nt, _ in node_type.members)"),
+    ("milp_plan/solvers/bounds.py", "budget_bound's $/h cap (3600 B / lb) halved",
+     "        cap = SECONDS_PER_HOUR * budget * (1 + 1e-9) / lb", "        cap = 0.5 * SECONDS_PER_HOUR * budget * (1 + 1e-9) / lb"),
+    ("milp_plan/solvers/bounds.py", "least_usd_per_hour takes the dearest GPUs first",
+     "sorted(physical, key=lambda nt: (nt.usd_per_gpu_hour, nt.name))",
+     "sorted(physical, key=lambda nt: (-nt.usd_per_gpu_hour, nt.name))"),
 ]
 
 PROBE = r'''
