@@ -371,10 +371,17 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
     """Megatron mode's first step: the best of the `known` plans, then the heuristic's plans of
     the configs of least bound, HEURISTIC_CONFIGS of them, or on until the first plan (so that a
     short limit returns one), within HEURISTIC_SHARE of the budget and the deadline. It looks
-    ahead on a copy of the heap."""
+    ahead on a copy of the heap. Under a $/step budget the configs of least bound are mostly
+    fast and over the budget (a Pareto sweep's min-time solves), so the first plan is often far
+    from the optimum: there it skips the configs whose full bound (bounds.full_bound) admits no
+    plan or none below the incumbent, and counts HEURISTIC_CONFIGS from the first plan."""
     inc, ahead, h0 = Incumbent(), heap.copy(), dl.mark()
     inc.offer_known(known, limits)
-    for tried in range(HEURISTIC_MAX_CONFIGS):
+    budget = limits.budget_usd_per_step is not None
+    tried = calls = 0  # configs tried (under a budget: since the first plan), and all tried
+    for _ in range(HEURISTIC_MAX_CONFIGS * (4 if budget else 1)):  # skipped configs cost a bound each
+        if calls >= HEURISTIC_MAX_CONFIGS:
+            break
         got = ahead.pop_config()
         if got is None:
             break
@@ -385,6 +392,12 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
             break
         if dl.expired():
             break
+        if budget:
+            full = full_bound(coef, limits)
+            dl.charge(3 * WORK.bound)
+            if full is None or full >= inc.objective * (1 - REL_EPS):
+                continue
+        tried, calls = tried + (1 if inc.plan is not None or not budget else 0), calls + 1
         got = heuristic.best_plan(coef, limits, dl)
         if got is None:
             continue
