@@ -30,6 +30,27 @@ def test_within_is_the_subset_order_of_the_limits():
                          Limits("min-cost", time_limit_s=1.0, budget_usd_per_step=1.0))
 
 
+def test_a_min_time_bound_above_a_time_limit_proves_the_config_empty():
+    """A min-time solve under a 1.0 $/step budget proved a config no faster than 2.0 s: a
+    min-cost solve that admits fewer plans (budget <= 1.0) and wants at most 1.9 s has none of
+    it; at 2.0 s a plan of exactly 2.0 s may exist; a looser budget admits plans the proof did
+    not cover; a min-cost bound says nothing about time."""
+    from types import SimpleNamespace
+    cfg = object()
+    prepared = SimpleNamespace(proven={cfg: [(Limits("min-time", budget_usd_per_step=1.0), 2.0),
+                                             (Limits("min-cost", time_limit_s=5.0), 9.0)]})
+
+    def too_slow(limits):
+        return driver.Prepared.too_slow(prepared, cfg, limits)
+    assert too_slow(Limits("min-cost", time_limit_s=1.9, budget_usd_per_step=0.9))
+    assert too_slow(Limits("min-cost", time_limit_s=1.9, budget_usd_per_step=1.0))
+    assert not too_slow(Limits("min-cost", time_limit_s=2.0, budget_usd_per_step=0.9))
+    assert not too_slow(Limits("min-cost", time_limit_s=1.9, budget_usd_per_step=1.1))
+    assert not too_slow(Limits("min-cost", time_limit_s=1.9))
+    assert not too_slow(Limits("min-time", budget_usd_per_step=0.9))   # no time limit
+    assert not driver.Prepared.too_slow(prepared, object(), Limits("min-cost", time_limit_s=0.1))
+
+
 def sweep(inst, monkeypatch, remember: bool):
     solved = []
     run = solving.run
@@ -43,6 +64,7 @@ def sweep(inst, monkeypatch, remember: bool):
         if not remember:
             m.setattr(driver, "known", lambda prepared, limits: [])
             m.setattr(driver.Prepared, "carried", lambda self, cfg, limits: 0.0)
+            m.setattr(driver.Prepared, "too_slow", lambda self, cfg, limits: False)
         front = pareto_front(inst, SolveRequest("cpsat", None, 600.0, work_limit=60.0))
     return front, solved
 

@@ -29,7 +29,8 @@ bound 0 and are bounded when popped, so the search stays exact.
 
 Several solves on one Prepared (a Pareto sweep, pareto.py) share what they proved: the plans
 found (a first incumbent where the limits admit one) and each solved config's lower bound,
-reused under limits within those it was proven under (`within`).
+reused under limits within those it was proven under (`within`); a min-time bound above a
+later solve's time limit proves the config empty there (`Prepared.too_slow`).
 
 Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 (solvers/bounds.py).
@@ -118,6 +119,15 @@ class Prepared:
         these, of the same objective (its plans include this problem's: within)."""
         return max((lb for old, lb in self.proven.get(cfg, ()) if within(limits, old)), default=0.0)
 
+    def too_slow(self, cfg: Config, limits: Limits) -> bool:
+        """An earlier min-time solve, under limits that admit every plan these admit, proved
+        that no plan of `cfg` is faster than a bound above this solve's time limit: `cfg` has
+        no plan here (the sweep's min-cost solve after a min-time one). Strictly above: a
+        plan exactly at the bound may exist."""
+        t = limits.time_limit_s
+        return t is not None and any(old.objective == "min-time" and admits_fewer(limits, old) and lb > t
+                                     for old, lb in self.proven.get(cfg, ()))
+
     def families(self) -> list[list[int]]:
         """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
         mode each config alone), in enumeration order: the members share a cheap bound's terms."""
@@ -134,14 +144,18 @@ class Prepared:
                 for child in free_children(coef.inst, coef.cfg, self.fix)]
 
 
+def admits_fewer(new: Limits, old: Limits) -> bool:
+    """Every plan `new` admits, `old` admits too (each limit of `new` at least as tight)."""
+    def tighter(a: float | None, b: float | None) -> bool:
+        return b is None or (a is not None and a <= b)
+    return (tighter(new.time_limit_s, old.time_limit_s) and tighter(new.budget_usd_per_hour, old.budget_usd_per_hour)
+            and tighter(new.budget_usd_per_step, old.budget_usd_per_step))
+
+
 def within(new: Limits, old: Limits) -> bool:
     """Every plan `new` admits, `old` admits too, and both minimise the same: a config's optimum
     under `new` is at least its optimum under `old`."""
-    def tighter(a: float | None, b: float | None) -> bool:
-        return b is None or (a is not None and a <= b)
-    return (new.objective == old.objective and tighter(new.time_limit_s, old.time_limit_s)
-            and tighter(new.budget_usd_per_hour, old.budget_usd_per_hour)
-            and tighter(new.budget_usd_per_step, old.budget_usd_per_step))
+    return new.objective == old.objective and admits_fewer(new, old)
 
 
 def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl: Deadline | None = None) -> Prepared:
@@ -486,6 +500,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             dl.charge(WORK.bound * (1 if limits.budget_usd_per_step is None else 3))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 continue  # no plan fits in memory, or none can beat the incumbent
+            if prepared.too_slow(cfg, limits):
+                continue  # an earlier min-time solve proved it has no plan within the time limit
             carried = prepared.carried(cfg, limits)
             if carried > lb and cfg.complete:  # an earlier solve of the sweep proved more: back in the heap
                 if carried < inc.objective * (1 - REL_EPS):

@@ -148,7 +148,8 @@ class Ahead:
         for lb, cfg, kind, coef in smallest(heap.entries, LOOKAHEAD):
             if free <= 0 or lb >= limit:
                 break
-            if kind != 0 or not cfg.complete or cfg in self.pending or self.prepared.carried(cfg, self.limits) > lb:
+            if (kind != 0 or not cfg.complete or cfg in self.pending or self.prepared.carried(cfg, self.limits) > lb
+                    or self.prepared.too_slow(cfg, self.limits)):
                 continue
             full = self.full.get(cfg, False)
             if full is False:
