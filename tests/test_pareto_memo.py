@@ -73,9 +73,10 @@ def test_sweep_with_memory_finds_the_same_front_with_fewer_solves(tmp_path, monk
     """The same 6-layer instance as test_trust's front test (2 x 2 fast GPUs at 8 $/node-h,
     2 x 2 slow at 2 $/GPU-h): both sweeps complete, with the same points, and the one with
     memory does less work (each later solve starts from the plans found before and skips
-    configs an earlier min-time solve, under a looser budget, proved no better): 18.07 work
-    units against 18.42. (It solves 671 configs against 668: its first incumbents differ. Before
-    pareto.NEXT_POINT_REL it solved fewer, most of the saving being the last point's twins.)"""
+    configs an earlier min-time solve, under a looser budget, proved no better, and configs a
+    min-time solve proved slower than the next min-cost solve's time limit): 11.26 work units
+    against 13.17 (18.07 against 18.42 before bounds.budget_bound and Prepared.too_slow). Before
+    pareto.NEXT_POINT_REL it solved fewer configs, most of the saving being the last point's twins."""
     spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), bw=COMPARABLE_BW[0],
                           billing=("node", "gpu"))
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
