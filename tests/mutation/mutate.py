@@ -136,6 +136,11 @@ MUTATIONS = [
      "best = min(best, coef.embedding_sync(o0, k1, same) + coef.embedding_sync(o1, k0, same))"),
     ("milp_plan/solvers/bounds.py", "the tied all-reduce bound never lets both ends share a node",
      "same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp", "same = False"),
+    ("milp_plan/solvers/bounds.py", "budget_bound's $/h cap (3600 B / lb) halved",
+     "        cap = SECONDS_PER_HOUR * budget * (1 + 1e-9) / lb", "        cap = 0.5 * SECONDS_PER_HOUR * budget * (1 + 1e-9) / lb"),
+    ("milp_plan/solvers/bounds.py", "least_usd_per_hour takes the dearest GPUs first",
+     "sorted(physical, key=lambda nt: (nt.usd_per_gpu_hour, nt.name))",
+     "sorted(physical, key=lambda nt: (-nt.usd_per_gpu_hour, nt.name))"),
 ]
 
 PROBE = r'''
