@@ -31,7 +31,14 @@ The solves share one driver.Prepared (configs and coefficients) and what each pr
 - a config's lower bound proven under some limits (Prepared.proven) holds under limits that
   admit no more plans and minimise the same (driver.within): the min-time solves' budgets
   only shrink, so each min-time solve skips the configs an earlier one proved no better
-  than its incumbent, without building their models.
+  than its incumbent, without building their models;
+- a min-time solve's bound on a config above the next min-cost solve's time limit T_i
+  (strictly: a plan at exactly the bound may exist) proves the config has no plan there
+  (Prepared.too_slow).
+
+Under a $/step budget each solve also prunes by what a config's GPUs cost at least
+(bounds.budget_bound), and its heuristic start skips configs that bound refutes
+(driver.heuristic_start).
 
 Both only prune or seed; every point is still each solve's proven optimum.
 """

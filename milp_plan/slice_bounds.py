@@ -53,18 +53,26 @@ option o on a slicing, the heaviest stage takes at least z, the least max_s n_s 
 every placement within the pools' stage counts and the memory rooms (`ConfigBounds._bottleneck`),
 and sum_r p_{r,k}'s layers at least LS_k(Y), the least sum_s n_s alpha_{o(s),k} with every stage
 under the plan's own bottleneck Y >= z, taken over a grid of intervals of Y (`_refined`). Stage
-0's tail holds the tied embedding's all-reduce (`_embedding_sync`). The default's decision reads
-a cheaper bound with no slicing enumerated (`quick_bound`). formulations/pipeline.md, "Token
+0's tail holds the tied embedding's all-reduce (`_embedding_sync`).
+
+**The work bound** (`WorkBounds`, no slicing enumerated): per option and slice count n the least
+per-layer sum A*_{o,n} over the cuts into n slices (`count_sums`, a shortest path), the bottleneck
+Z_n and least layer sum S_n of the placements at those times, and T >= max(m Z_n, (m - 1) Z_n +
+S_n / n) + tails (`work_step`: the machine path M(s) of the heaviest stage, and P(s, k) at the
+slice of most work). `full` takes it too (the paths have no m W term at m = 1); the default's
+decision reads its least over the configs (`quick_bound`). formulations/pipeline.md, "Token
 slices", gives the proofs; tests/test_slice_search.py checks each part against enumeration."""
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from milp_plan import costmodel
+from milp_plan.cluster import MixedNodeType
 from milp_plan.instance import Instance
 from milp_plan.job import Limits
 from milp_plan.plan import Plan
@@ -75,6 +83,7 @@ MAX_ENUM_UNITS = 16   # slicings are enumerated (2^(U-1) of them); slicing.units
 BISECT_STEPS = 40     # ConfigBounds._bottleneck: z to within 2^-40 of its range
 GRID_RATIO, GRID_STEPS = 1.04, 6   # ConfigBounds._refined: bottleneck intervals z 1.04^j, j <= 6, then beyond
 REFINE_CHUNK = 1024   # ConfigBounds._refine_lazily: slicing rows refined at a time
+WORK_PER_COUNT = 2e-4   # work charged per slice count x option of WorkBounds.config (about its wall time)
 SECONDS_PER_CELL = 6e-8   # work charged per row x option x step of the bounds' numpy passes (about its wall time)
 
 
@@ -356,6 +365,7 @@ class ConfigBounds:
 
     def __init__(self, inst: Instance, limits: Limits, counts: Iterable[int]):
         self.inst, self.limits = inst, limits
+        counts = sorted(set(counts))
         self.units, self.unit = unit_tokens(inst)
         self.arcs, self.rows = slicing_rows(self.units, counts)
         self.valid = self.rows < len(self.arcs)
@@ -364,6 +374,7 @@ class ConfigBounds:
         self.arcs_memo: dict = {}
         self.row_bounds: dict = {}     # config -> the bound per slicing row (full)
         self.work = 0.0                # work units (deadline.py) of the last `full`, beyond WORK.bound
+        self.work_bounds = WorkBounds(inst, limits, counts)
 
     def _terms(self, coef, full: bool = True) -> dict:
         """The gathered per-arc terms of the config's options (what the arc times read: node
@@ -482,7 +493,9 @@ class ConfigBounds:
         return self._finish(coef, m * (-(-L // K) * t["A"] + t["Phi"]) + self._dp(coef, 1 if K > 1 else L), K)
 
     def full(self, coef, cutoff: float = math.inf) -> float | None:
-        """The config's bound (module docstring): at least `cheap`. With `cutoff`, rows whose
+        """The config's bound (module docstring): at least `cheap` and the work bound
+        (`WorkBounds.config`: the heaviest stage's machine path, which the paths P(s, k) miss at
+        m = 1, and the per-count sums with context). With `cutoff`, rows whose
         bound before the layer sums already reaches it are not refined (the bound stays valid;
         it only matters below the cutoff)."""
         K, L = coef.cfg.pp, self.inst.model.num_layers
@@ -520,7 +533,9 @@ class ConfigBounds:
         self.row_bounds[coef.cfg] = T
         got = self._finish(coef, T, K)
         cheap = self.cheap(coef)
-        return None if got is None or cheap is None else max(got, cheap)
+        work, _ = self.work_bounds.config(coef, self)
+        self.work += len(self.work_bounds.counts) * len(coef.options) * WORK_PER_COUNT
+        return None if got is None or cheap is None or work is None else max(got, cheap, work)
 
     def balanced(self, coef, per_count: int = 2) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """Candidate placements (option per stage, layers per stage) that balance the per-type
@@ -602,51 +617,152 @@ def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:
     return ConfigBounds(coef.inst, limits, counts).full(coef)
 
 
-def least_slice_sum(inst: Instance, nt, tp: int, mbs: int) -> float:
-    """A*: at most the per-layer f + b summed over the slices of any slicing of >= 2 slices at
-    the planner's units (node type nt, tp, micro-batch size; the least over the block kinds):
-    min over compositions (l_1..l_n), n >= 2, of sum_k t(l_k), t(l) a sequence of l tokens
-    without context (the context only adds, costmodel.slice_context_s). A DP over the lengths:
-    f(u) = min_n t(n) + f(u - n), A* = min_{n < U} t(n) + f(U - n); inf at U = 1."""
+def least_sums(units: int, t) -> list[float]:
+    """For n = 0..units: the least sum_k t(x_{k-1}, x_k) over the slicings 0 = x_0 < ... < x_n =
+    units into exactly n slices (inf at n = 0): a shortest path over (unit, slices used),
+    F_c[j] = min_{i < j} F_{c-1}[i] + t(i, j), F_0 = (0, inf, ..., inf), the answer F_n[units]
+    (Bellman: the slice times add, and each depends on its own start and end alone); one numpy
+    pass over the (i, j) table per slice count."""
+    T = np.full((units + 1, units + 1), np.inf)
+    for i in range(units):
+        for j in range(i + 1, units + 1):
+            T[i, j] = t(i, j)
+    F = np.full(units + 1, np.inf)
+    F[0] = 0.0
+    out = [math.inf]
+    for _ in range(units):
+        F = (F[:, None] + T).min(axis=0)
+        out.append(float(F[units]))
+    return out
+
+
+def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> list[float]:
+    """A*_n for n = 0..U (`least_sums`): at most the per-layer f + b summed over the slices of
+    every slicing into exactly n slices at the planner's units, with context (node type nt, tp,
+    micro-batch size; each slice at the least over the model's block kinds of
+    costmodel.layer_times with its context). A*_0 = inf. context=False: each slice as a
+    sequence of its length (at most the above: the context only adds, costmodel.slice_context_s;
+    U cost-model calls instead of U (U + 1) / 2)."""
     units, unit = unit_tokens(inst)
     kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
-    t = [0.0] + [min(lt.fwd_s + lt.bwd_s for kd in kinds
-                     for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit)])
-                 for n in range(1, units + 1)]
-    f = [0.0] + [math.inf] * units          # f[u]: least sum over compositions of u units
-    for u in range(1, units + 1):
-        f[u] = min(t[n] + f[u - n] for n in range(1, u + 1))
-    return min(t[n] + f[units - n] for n in range(1, units)) if units > 1 else math.inf
+    base = {(kd, n): costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit) for kd in kinds for n in range(1, units + 1)}
+
+    def least(n: int, c: int) -> float:
+        """min over kinds of layer_times(n units after c units of context).fwd + .bwd; on a plain
+        node type its parts, the sequence's time and slice_context_s (costmodel.layer_times adds
+        them so), each length's sequence once; a mixed type (its members' maxima) whole."""
+        if c == 0 or isinstance(nt, MixedNodeType):
+            return min(lt.fwd_s + lt.bwd_s for kd in kinds for lt in
+                       [base[kd, n] if c == 0 else costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit, c * unit)])
+        return min(base[kd, n].fwd_s + base[kd, n].bwd_s +
+                   sum(costmodel.slice_context_s(inst, nt, tp, mbs, kd, costmodel.row_tokens(inst, n * unit), c * unit))
+                   for kd in kinds)
+    if context:
+        t = {(i, j): least(j - i, i) for i in range(units) for j in range(i + 1, units + 1)}
+        return least_sums(units, lambda i, j: t[i, j])
+    return least_sums(units, lambda i, j: least(j - i, 0))
 
 
-def _quick_bottleneck(coef, limits: Limits, per: dict[int, float]) -> float | None:
-    """At least max_s n_s A*_{o(s)} (seconds) of any placement of the config (the unsliced
-    bounds' bottleneck over the node types' slots, memory rooms included: solvers.bounds), the
-    per-layer time of option o at least A*_o; None: no placement fits."""
-    from milp_plan.solvers import bounds
-    found = bounds.usable_options(coef, limits, memory=True)
-    if found is None:
-        return None
-    caps, _, rooms, usable = found
-    slots = bounds.stage_slots(coef, limits, True, caps, rooms, usable, lambda o: per[o])
-    L = coef.inst.model.num_layers
-    return bounds._bottleneck_bound(slots, coef.cfg.pp, L, 1, bounds._breakpoints(slots, L, 1))
+def work_step(m: int, z: float, S: float, n: int) -> float:
+    """The work bound's step term (WorkBounds): T >= max(m Z, (m - 1) Z + S / n) for m
+    micro-batches, the heaviest stage's work Z and the stages' work S, cut into n slices."""
+    return max(m * z, (m - 1) * z + S / n)
+
+
+class WorkBounds:
+    """The work bound of the sliced plans of GPipe configs (`config`), with the per-option count
+    sums (`count_sums`) memoised across configs. For a slice count n, every option o's per-layer
+    sum is at least A*_{o,n}, so every stage has W_s >= n_s A*_{o(s),n}, and
+
+        T >= max(m Z_n, (m - 1) Z_n + S_n / n) + stage 0's tail + the optimizer term,
+
+    Z_n = the least max_s n_s A*_{o(s),n} over the config's placements within the memory rooms
+    (the unsliced bounds' bottleneck, solvers/bounds.py, with A*_{o,n} as per-layer times) and
+    S_n = their least layer sum (every type at most the layers its stages hold): the machine path
+    of the heaviest stage, T >= m W_max (slice_bounds docstring, M(s)), and its path through the
+    slice k of most work, T >= (m - 1) W_max + max_k C_k >= (m - 1) W_max + sum_r W_r / n (C_k
+    sums to sum_r W_r over the n slices; P(s, k) with R_k and the hops dropped). The config's
+    bound is the least over the allowed counts: slicing finer shrinks the bubble term S_n / n,
+    and each slice's own work (A*_{o,n}) grows. No slicing is enumerated: a few dozen arcs per
+    option."""
+
+    def __init__(self, inst: Instance, limits: Limits, counts: Iterable[int]):
+        self.inst, self.limits = inst, limits
+        self.counts = sorted(set(counts))
+        self.sums: dict = {}
+        self.quicks: dict = {}
+
+    def per_count(self, coef, o: int, context: bool = True) -> list[float]:
+        """count_sums of option o (memoised by node type, tp, micro-batch size)."""
+        opt = coef.options[o]
+        nt = coef.types[opt.k]
+        key = (nt.name, opt.tp, opt.mbs, context)
+        if key not in self.sums:
+            self.sums[key] = count_sums(self.inst, nt, opt.tp, opt.mbs, context)
+        return self.sums[key]
+
+    def quick(self, coef, context: bool = True) -> dict[int, float]:
+        """Per count n: the work bound's step term with every layer at the fastest option's
+        A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds);
+        context=False: with count_sums without context (lower, cheaper)."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        key = (frozenset((coef.types[o.k].name, o.tp, o.mbs) for o in coef.options), m, K, context)
+        got = self.quicks.get(key)
+        if got is None:
+            rows = [self.per_count(coef, o, context) for o in range(len(coef.options))]
+            a = {n: min(r[n] for r in rows) for n in self.counts}
+            got = self.quicks[key] = {n: work_step(m, -(-L // K) * a[n], L * a[n], n)
+                                      for n in self.counts if a[n] < math.inf}
+        return got
+
+    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf) -> tuple[float | None, bool]:
+        """(the least over the counts of the work bound (class docstring) of the config's plans,
+        as an objective: T plus stage 0's tail (cb._dp) and the optimizer term, priced
+        (cb._finish); whether it is the whole bound). None: no placement fits or none meets the
+        limits. Counts whose `quick` term (plus the tail) reaches `cutoff` are not placed: then
+        the value is a bound at least `cutoff`, not the whole one (False)."""
+        from milp_plan.solvers import bounds
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        quick = self.quick(coef)
+        if not quick:
+            return None, True
+        limit = cb._time_cutoff(coef, cutoff) - cb._opt(coef)    # a step (seconds) at or above it cannot matter
+        if min(quick.values()) >= limit:
+            return cb._finish(coef, np.array([min(quick.values())]), K), False
+        found = bounds.usable_options(coef, self.limits, memory=True)
+        if found is None:
+            return None, True
+        caps, _, rooms, usable = found
+        tail = cb._dp(coef, 1 if K > 1 else L)
+        best, whole = math.inf, True
+        for n, q in sorted(quick.items(), key=lambda x: (x[1], x[0])):
+            if q + tail >= best:
+                break      # the counts left bound at least as high
+            if q + tail >= limit:
+                best, whole = q + tail, False
+                break
+            slots = bounds.stage_slots(coef, self.limits, True, caps, rooms, usable,
+                                       lambda o: self.per_count(coef, o)[n])
+            z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
+            if z is not None:
+                S = bounds._least_layer_sum(math.inf, slots, K, L, 1)
+                best = min(best, work_step(m, z, S, n) + tail)
+        return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
 
 
 def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
-    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs read): the work path of
-    `ConfigBounds.cheap` with its slicing term relaxed so that no slicing is enumerated. A
-    slice's layer time is at least that of a sequence of its length (the context only adds,
-    costmodel.slice_context_s), so every slicing's per-layer sum
-    A_o >= A*_o = min over compositions (l_1..l_n), n >= 2, of sum_k t_o(l_k) (a 1-D DP over the
-    U lengths, per stage option o), and every plan has
-        T >= m max(ceil(L / K) min_o A*_o, Z) + stage 0's reduction and embedding all-reduce
-             + the optimizer term,
-    Z = the least max_s n_s A*_{o(s)} over the config's placements within the memory rooms (the
-    unsliced bounds' bottleneck, solvers/bounds.py, with A*_o as the per-layer times).
-    For the default's decision (`default_line`): cheap enough to run after every solve. None: no
-    GPipe config (or none meets the limits)."""
+    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound was
+    computed): the least over the configs of `WorkBounds.config`, found best first over three
+    bounds of rising cost, each at most the next: `WorkBounds.quick` without context (every layer
+    at the fastest option, slices priced as sequences of their length: U cost-model calls per
+    option), the same with context, then `WorkBounds.config` (placed within the memory rooms).
+    A config is refined when it is the least on the heap; the first final bound popped is the
+    least (no other config can lower it), and a config whose bound reaches the least final
+    bound pushed so far is dropped. For the default's decision (`default_line`): cheap enough to run after
+    every solve. None: no GPipe config (or none meets the limits)."""
     from milp_plan.solve import job_fix
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solvers import driver
@@ -655,39 +771,34 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
         prepared = driver.prepare(inst, job_fix(inst, parse_fix(fix)), "megatron")
     except InputError:   # no GPipe config passes the pins: nothing to bound
         return None, 0
-    bounds = ConfigBounds.__new__(ConfigBounds)
-    bounds.inst, bounds.limits = inst, limits
-    memo: dict = {}
-
-    def least_sum(nt, tp: int, mbs: int) -> float:
-        key = (nt.name, tp, mbs)
-        if key not in memo:
-            memo[key] = least_slice_sum(inst, nt, tp, mbs)
-        return memo[key]
-    L = inst.model.num_layers
-    simple = []   # (bound without the bottleneck, config index, per-option A*, m)
+    units, _ = unit_tokens(inst)
+    cb = ConfigBounds.__new__(ConfigBounds)
+    cb.inst, cb.limits = inst, limits
+    work = WorkBounds(inst, limits, range(2, units + 1))
+    heap = []   # (bound, config index, stage): 0 quick without context, 1 with, 2 WorkBounds.config
     for i, cfg in enumerate(prepared.configs):
-        if not cfg.sched.slices_ok:
-            continue
+        if cfg.sched.slices_ok:
+            coef = prepared.coef(i)
+            quick = work.quick(coef, context=False)
+            got = cb._finish(coef, np.array([min(quick.values())]), cfg.pp) if quick else None
+            if got is not None:
+                heap.append((got, i, 0))
+    heapq.heapify(heap)
+    read, final = 0, math.inf    # final: the least work bound pushed; the answer is at most it
+    while heap:
+        key, i, stage = heapq.heappop(heap)
+        if stage == 2:
+            return key, read
         coef = prepared.coef(i)
-        per = {o: least_sum(coef.types[opt.k], opt.tp, opt.mbs) for o, opt in enumerate(coef.options)}
-        a = min(per.values())
-        if a == math.inf:
-            continue
-        m = cfg.num_microbatches(inst.job.global_batch_size)
-        dp = bounds._dp(coef, 1 if cfg.pp > 1 else L)
-        got = bounds._finish(coef, np.array([m * -(-L // cfg.pp) * a + dp]), cfg.pp)
-        if got is not None:
-            simple.append((got, i, per, m, dp))
-    best = math.inf
-    for got, i, per, m, dp in sorted(simple, key=lambda x: (x[0], x[1])):
-        if got >= best:
-            break   # the rest bound at least as high
-        coef = prepared.coef(i)
-        z = _quick_bottleneck(coef, limits, per)
-        if z is not None:
-            full = bounds._finish(coef, np.array([m * max(-(-L // coef.cfg.pp) * min(per.values()), z) + dp]),
-                                  coef.cfg.pp)
-            if full is not None:
-                best = min(best, max(full, got))
-    return (None if best == math.inf else best), len(simple)
+        if stage == 0:
+            quick = work.quick(coef)
+            got = cb._finish(coef, np.array([min(quick.values())]), coef.cfg.pp) if quick else None
+        else:
+            read += 1
+            # cut at `final`: a value at or above it (whole or not) cannot be the least
+            got, _ = work.config(coef, cb, final)
+        if got is not None and max(got, key) < final:
+            heapq.heappush(heap, (max(got, key), i, stage + 1))
+            if stage == 1:
+                final = max(got, key)
+    return None, read

@@ -2,8 +2,10 @@
 
 off (the default)  nothing changes: the plan is the exact search's, byte for byte; the CLI
                    prints the decision (default_line): a quick proven bound on every sliced
-                   plan against the plan, so it says whether slicing cannot pay, or at most how
-                   much it could save and that --slices auto finds out.
+                   plan (slice_bounds.quick_bound) against the plan says that slicing cannot
+                   beat it or is not worth it; else the plan's own stages, sliced, show it is
+                   worth it, or it stays undecided with the most slicing could save, and
+                   --slices auto finds out.
 N (>= 2)           the space is every GPipe plan with each sequence cut into exactly N slices.
 auto               the space is every unsliced plan (the exact search as asked, plan A) and
                    every GPipe plan cut into 2..U slices.
@@ -409,13 +411,31 @@ def _restated(a: SolveResult, bound: float | None) -> SolveResult:
 QUIET_SAVING = 0.01   # default_line: a possible saving below this share is not worth a slicing runtime
 
 
+def _own_slicing(inst: Instance, plan: Plan, limits: Limits, below: float) -> Candidate | None:
+    """The plan's own stages under GPipe, cut by the best slicing of each count (slice_candidates),
+    when one is admitted by the limits (memory included: GPipe holds every micro-batch) and its
+    objective is below `below`; None otherwise (pp = 1: no bubble to shrink; vpp > 1)."""
+    if plan.pp < 2 or plan.vpp != 1:     # interleaved stages hold chunks GPipe does not run
+        return None
+    gplan = plan if schedule_of(plan.schedule, plan.vpp).slices_ok else \
+        plan.with_(schedule=TOKEN_SLICED, predicted=None, solver=None)
+    try:
+        cands = slice_candidates(inst, gplan, limits)
+    except (InputError, ValueError):
+        return None
+    good = [c for c in cands if c.count > 1 and limits.admit(c.plan) and c.objective < below]
+    return min(good, key=lambda c: (c.objective, c.count)) if good else None
+
+
 def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> str:
     """The default's decision on token slices (no --slices; the plan and plan.json are the exact
-    search's, unsliced): a quick proven bound on every sliced plan (slice_bounds.quick_bound,
-    about a tenth of a second) against the plan's objective. At or above it: slicing cannot beat
-    the plan, with the figure. Below it by less than QUIET_SAVING: not worth a runtime that can
-    slice. Else: at most how much a sliced plan could save, and how to find out (--slices auto:
-    the joint search, with a bound)."""
+    search's, unsliced), from a quick proven bound on every sliced plan (slice_bounds.quick_bound:
+    the work bound of every GPipe config, no slicing enumerated) against the plan's objective:
+      * at or above it: slicing cannot beat the plan (proven);
+      * below it by less than QUIET_SAVING: not worth a runtime that can slice (proven);
+      * else, when the plan's own stages cut into token slices (GPipe) beat it by QUIET_SAVING or
+        more: worth it, with that plan's figure (simulated), and --slices auto to search them all;
+      * else undecided: at most how much a sliced plan could save, and --slices auto settles it."""
     if result.plan is None or limits.objective not in ("min-time", "min-cost"):
         return DEFAULT_LINE
     obj = objective_of(result.plan, limits)
@@ -427,18 +447,24 @@ def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> st
     unit = "$/step" if limits.objective == "min-cost" else "s/step"
     units = units_for(inst.job.seq_length)
     space = f"every GPipe plan cut into 2..{units} token slices"
+    why = "the heaviest stage's sliced work on every micro-batch, and the bubble that slices leave"
     if lb is None:
         return f"token slices: off; no plan can be sliced here ({space} is empty or breaks the limits)"
     if lb >= obj * (1 - REL_EPS):
-        return (f"token slices: off; slicing cannot beat this plan: {space} takes at least {lb:.4g} {unit} "
-                f"(a bound: the heaviest stage's work on every sequence, no bubble)")
+        return (f"token slices: off; slicing cannot beat this plan (proven): {space} takes at least {lb:.4g} "
+                f"{unit} ({why})")
     saving = 1 - lb / obj
     if saving < QUIET_SAVING:
-        return (f"token slices: off; slicing could save at most {saving:.2%} here ({space} takes at least "
-                f"{lb:.4g} {unit}): not worth a runtime that pipelines slices")
+        return (f"token slices: off; not worth it: slicing could save at most {saving:.2%} here (proven: {space} "
+                f"takes at least {lb:.4g} {unit}), too little for a runtime that pipelines slices")
+    own = _own_slicing(inst, result.plan, limits, obj * (1 - QUIET_SAVING))
+    if own is not None:
+        return (f"token slices: off (stock Megatron-LM cannot pipeline token slices); worth it: this plan's stages "
+                f"under GPipe cut into {own.count} slices {list(own.slices)} take {own.objective:.4g} {unit} "
+                f"({own.objective / obj - 1:+.1%}); --slices auto searches every sliced plan and proves the best")
     return (f"token slices: off (the plan runs on stock Megatron-LM, which cannot pipeline token slices); "
-            f"{space} takes at least {lb:.4g} {unit}, so slicing could save at most {saving:.0%} here; "
-            f"--slices auto searches them and proves whether one pays")
+            f"undecided: {space} takes at least {lb:.4g} {unit} ({why}), so slicing could save at most "
+            f"{saving:.0%} here; --slices auto searches them and proves whether one pays")
 
 
 DEFAULT_LINE = ("token slices: off (the default: the plan runs on stock Megatron-LM, which cannot pipeline token "

@@ -30,6 +30,27 @@ def test_within_is_the_subset_order_of_the_limits():
                          Limits("min-cost", time_limit_s=1.0, budget_usd_per_step=1.0))
 
 
+def test_a_min_time_bound_above_a_time_limit_proves_the_config_empty():
+    """A min-time solve under a 1.0 $/step budget proved a config no faster than 2.0 s: a
+    min-cost solve that admits fewer plans (budget <= 1.0) and wants at most 1.9 s has none of
+    it; at 2.0 s a plan of exactly 2.0 s may exist; a looser budget admits plans the proof did
+    not cover; a min-cost bound says nothing about time."""
+    from types import SimpleNamespace
+    cfg = object()
+    prepared = SimpleNamespace(proven={cfg: [(Limits("min-time", budget_usd_per_step=1.0), 2.0),
+                                             (Limits("min-cost", time_limit_s=5.0), 9.0)]})
+
+    def too_slow(limits):
+        return driver.Prepared.too_slow(prepared, cfg, limits)
+    assert too_slow(Limits("min-cost", time_limit_s=1.9, budget_usd_per_step=0.9))
+    assert too_slow(Limits("min-cost", time_limit_s=1.9, budget_usd_per_step=1.0))
+    assert not too_slow(Limits("min-cost", time_limit_s=2.0, budget_usd_per_step=0.9))
+    assert not too_slow(Limits("min-cost", time_limit_s=1.9, budget_usd_per_step=1.1))
+    assert not too_slow(Limits("min-cost", time_limit_s=1.9))
+    assert not too_slow(Limits("min-time", budget_usd_per_step=0.9))   # no time limit
+    assert not driver.Prepared.too_slow(prepared, object(), Limits("min-cost", time_limit_s=0.1))
+
+
 def sweep(inst, monkeypatch, remember: bool):
     solved = []
     run = solving.run
@@ -43,6 +64,7 @@ def sweep(inst, monkeypatch, remember: bool):
         if not remember:
             m.setattr(driver, "known", lambda prepared, limits: [])
             m.setattr(driver.Prepared, "carried", lambda self, cfg, limits: 0.0)
+            m.setattr(driver.Prepared, "too_slow", lambda self, cfg, limits: False)
         front = pareto_front(inst, SolveRequest("cpsat", None, 600.0, work_limit=60.0))
     return front, solved
 
@@ -51,9 +73,10 @@ def test_sweep_with_memory_finds_the_same_front_with_fewer_solves(tmp_path, monk
     """The same 6-layer instance as test_trust's front test (2 x 2 fast GPUs at 8 $/node-h,
     2 x 2 slow at 2 $/GPU-h): both sweeps complete, with the same points, and the one with
     memory does less work (each later solve starts from the plans found before and skips
-    configs an earlier min-time solve, under a looser budget, proved no better): 18.07 work
-    units against 18.42. (It solves 671 configs against 668: its first incumbents differ. Before
-    pareto.NEXT_POINT_REL it solved fewer, most of the saving being the last point's twins.)"""
+    configs an earlier min-time solve, under a looser budget, proved no better, and configs a
+    min-time solve proved slower than the next min-cost solve's time limit): 11.26 work units
+    against 13.17 (18.07 against 18.42 before bounds.budget_bound and Prepared.too_slow). Before
+    pareto.NEXT_POINT_REL it solved fewer configs, most of the saving being the last point's twins."""
     spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), bw=COMPARABLE_BW[0],
                           billing=("node", "gpu"))
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))

@@ -272,22 +272,89 @@ def test_bottleneck_and_layer_sums_against_enumeration(tmp_path_factory):
 @pytest.mark.parametrize("objective", ["min-time", "min-cost"])
 def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
     """The default's bound (slice_bounds.quick_bound: no slicing enumerated) is at most the
-    brute-force optimum over every sliced plan of every GPipe config of pp <= 2 (2..5 slices),
-    and at most every config's enumerated cheap bound's least (it relaxes it)."""
+    brute-force optimum over every sliced plan of every GPipe config of pp <= 2 (2..5 slices), and
+    it is exactly the least work bound over the configs (WorkBounds.config on each; its best-first
+    order skips none that could lower it)."""
     inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
     limits = Limits(objective)
     counts = list(range(2, SEQ + 1))
     lb, read = sb.quick_bound(inst, limits, FIX + ",schedule=gpipe")
-    assert read > 10 and lb is not None
+    assert read >= 1 and lb is not None
     assert lb <= brute_force(inst, limits, counts, max_pp=2) * (1 + 1e-9)
     bounds = sb.ConfigBounds(inst, limits, counts)
-    assert lb <= min(b for c in gpipe_configs(inst, 8) for b in [bounds.cheap(c)] if b is not None) * (1 + 1e-9)
+    every = [b for c in gpipe_configs(inst, 8) for b in [bounds.work_bounds.config(c, bounds)[0]] if b is not None]
+    assert lb == pytest.approx(min(every), rel=1e-12)
+
+
+def test_least_sums_by_hand():
+    """slice_bounds.least_sums on 4 units. With test_slicing's t(l, c) = 4 + l^2 + 2 l c every
+    cut into n slices sums to 4 n + 16 (sum_k (l_k^2 + 2 l_k c_k) = (sum_k l_k)^2 = 16; the table
+    in test_slicing: 20; 24, 24, 24; 28, 28, 28; 32). With t(l) = 1 + l^2 (no context) the least
+    is the balanced cut: n = 1: 17; n = 2: [2,2] 2 + 8 = 10 ([1,3]: 12); n = 3: [2,1,1] 3 + 6 = 9;
+    n = 4: 4 + 4 = 8."""
+    assert sb.least_sums(4, hand_t) == [math.inf, 20, 24, 28, 32]
+    assert sb.least_sums(4, lambda i, j: 1 + (j - i) ** 2) == [math.inf, 17, 10, 9, 8]
+
+
+def test_work_step_below_terapipe_optimum_by_hand():
+    """The work bound's step term at the hand instance (4 equal stages of one layer, t = test_slicing's
+    hand_t, m = 1): W_n = 4 n + 16 per stage, S_n = 4 W_n, so T >= max(W_n, S_n / n): n = 2: 48,
+    n = 3: 37.33, n = 4: 32. The optima of each count (test_slicing's table, J = sum + 3 max): n = 2
+    [3,1] 24 + 39 = 63, n = 3 [2,1,1] 28 + 33 = 61, n = 4 32 + 33 = 65: each above its bound. At
+    m = 3 and n = 4: max(96, 64 + 32) = 96 against [1,1,1,1]'s 3 x 32 + 3 x 11 = 129."""
+    for n, want, optimum in ((2, 48, 63), (3, 112 / 3, 61), (4, 32, 65)):
+        w = 4 * n + 16
+        got = sb.work_step(1, w, 4 * w, n)
+        assert got == pytest.approx(want) and got <= optimum
+    assert sb.work_step(3, 32, 128, 4) == 96 <= 129
+
+
+@pytest.mark.parametrize("seed", [*range(4), "two slices"])
+def test_work_bound_never_exceeds_any_sliced_plan(tmp_path_factory, seed):
+    """Random small instances (the two-speed tiny instance, global batch 1..4, either objective,
+    slice counts 2..5 or a random subset; and one micro-batch cut into exactly 2 slices, where the
+    bubble term S_n / n of three stages is the largest): every GPipe config's work bound
+    (WorkBounds.config) is at most the objective of every plan of it that fits memory, over every
+    slicing of an allowed count (brute force, simulated step), and quick_bound at most their least."""
+    import random
+    if seed == "two slices":
+        batch, objective, counts = 1, "min-time", [2]
+    else:
+        rng = random.Random(seed)
+        batch, objective = rng.randint(1, 4), rng.choice(["min-time", "min-cost"])
+        counts = sorted(rng.sample(range(2, SEQ + 1), rng.randint(1, 4))) if seed % 2 else list(range(2, SEQ + 1))
+    inst = two_speed(str(tmp_path_factory.mktemp("t")), batch)
+    limits = Limits(objective)
+    bounds = sb.ConfigBounds(inst, limits, counts)
+    prep = driver.prepare(inst, parse_fix("schedule=gpipe,extrapolate=on"), "megatron")
+    least, checked = math.inf, 0
+    for i, cfg in enumerate(prep.configs):
+        coef = prep.coef(i)
+        if not cfg.sched.slices_ok or cfg.pp > 3:
+            continue
+        work, whole = bounds.work_bounds.config(coef, bounds)
+        assert whole
+        for plan in every_plan(inst, coef):
+            for lengths in compositions(SEQ):
+                if len(lengths) not in counts:
+                    continue
+                p = sliced(plan, lengths)
+                p = p.with_(predicted=predict.evaluate(inst, p, basis=predict.SIMULATED))
+                if not all(sp.peak_memory_gib <= sp.capacity_gib * (1 + 1e-9) for sp in p.predicted.stages):
+                    continue
+                value = objective_of(p, limits)
+                assert work is not None and work <= value * (1 + 1e-9), (cfg.label(), plan.stages, lengths)
+                least = min(least, value)
+                checked += 1
+    assert checked > 100
+    if counts == list(range(2, SEQ + 1)):
+        assert sb.quick_bound(inst, limits, "schedule=gpipe,extrapolate=on")[0] <= least * (1 + 1e-9)
 
 
 def test_default_line_decides_with_its_figure(tmp_path_factory, monkeypatch):
-    """The default's line (slice_plan.default_line) on the three sides of its bound: at or above
-    the plan (slicing cannot beat it), within 1% below (not worth a slicing runtime), further
-    below (at most that saving; --slices auto finds out); plan.json is not touched."""
+    """The default's line (slice_plan.default_line) on the sides of its bound: at or above the
+    plan (slicing cannot beat it, proven), within 1% below (not worth it, proven), further below
+    (undecided: at most that saving; --slices auto finds out); plan.json is not touched."""
     from milp_plan import slice_plan
     inst = tiny(str(tmp_path_factory.mktemp("t")), 4)
     req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
@@ -295,21 +362,61 @@ def test_default_line_decides_with_its_figure(tmp_path_factory, monkeypatch):
     res = solving.run(inst, req, limits)
     before = res.plan.to_json()
     obj = res.objective
-    for lb, want in ((obj, "slicing cannot beat this plan"), (obj * 0.995, "not worth a runtime"),
-                     (obj * 0.5, "could save at most 50% here; --slices auto")):
+    monkeypatch.setattr(slice_plan, "_own_slicing", lambda *a: None)
+    for lb, want in ((obj, "slicing cannot beat this plan (proven)"), (obj * 0.995, "not worth it: slicing could "
+                     "save at most 0.50%"), (obj * 0.5, "undecided")):
         monkeypatch.setattr(sb, "quick_bound", lambda *a, lb=lb: (lb, 1))
         line = slice_plan.default_line(inst, req, limits, res)
         assert want in line and f"{lb:.4g}" in line, line
+    assert "could save at most 50% here; --slices auto" in line
     monkeypatch.undo()
     line = slice_plan.default_line(inst, req, limits, res)
     assert "token slices: off" in line and f"{sb.quick_bound(inst, limits, FIX + ',schedule=gpipe')[0]:.4g}" in line
     assert res.plan.to_json() == before
 
 
-def test_least_slice_sum_is_the_enumerated_least(tmp_path_factory):
-    """slice_bounds.least_slice_sum (the default's per-layer A*) equals the least over the 15
-    compositions of 5 units with >= 2 slices of sum_k t(l_k) without context, and is at most the
-    per-layer sum with context of every such slicing (ConfigBounds' per-option rows)."""
+def test_default_line_says_worth_it_with_the_plans_own_slicing(tmp_path_factory):
+    """Global batch 1 on the tiny instance, the unsliced plan pinned to 1F1B over pp = 2: one
+    micro-batch, so its pipeline is all bubble; its own stages under GPipe, sliced, are faster
+    (slice_plan._own_slicing, simulated), so the default says slicing is worth it, with that
+    figure below the plan's, and the candidate is a sliced GPipe plan of the same stages."""
+    from milp_plan import slice_plan
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 1)
+    req = solving.SolveRequest("auto", FIX + ",pp=2", 60, 1, 1, 30)
+    limits = inst.objective.limits()
+    res = solving.run(inst, req, limits)
+    own = slice_plan._own_slicing(inst, res.plan, limits, res.objective)
+    assert own is not None and own.objective < res.objective and own.plan.slices
+    assert [st.devices for st in own.plan.stages] == [st.devices for st in res.plan.stages]
+    line = slice_plan.default_line(inst, req, limits, res)
+    assert "worth it" in line and f"{own.objective:.4g}" in line, line
+
+
+def test_count_sums_are_the_enumerated_least(tmp_path_factory):
+    """slice_bounds.count_sums (the work bound's A*_n) equals, for each count n, the least over
+    the compositions of 5 units into n slices of the per-layer sum with context (the cost model's
+    layer_times), for each node type, tp and micro-batch size tried."""
+    from milp_plan import costmodel as cm
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
+    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    for nt in inst.cluster.node_types:
+        for tp, mbs in ((1, 1), (2, 1), (1, 2)):
+            def t(lengths):
+                out, c = 0.0, 0
+                for n in lengths:
+                    out += min(lt.fwd_s + lt.bwd_s for kd in kinds for lt in [cm.layer_times(inst, nt, tp, mbs, kd, n, c)])
+                    c += n
+                return out
+            got = sb.count_sums(inst, nt, tp, mbs)
+            for n in range(1, SEQ + 1):
+                assert got[n] == pytest.approx(min(t(x) for x in compositions(SEQ) if len(x) == n), rel=1e-12)
+
+
+def test_count_sums_without_context_are_the_enumerated_least(tmp_path_factory):
+    """slice_bounds.count_sums(context=False) (the order key of quick_bound) equals, per count,
+    the least over the compositions of 5 units of sum_k t(l_k) without context, and is at most the
+    per-layer sum with context of every such slicing (count_sums with context, ConfigBounds'
+    per-option rows)."""
     from milp_plan import costmodel as cm
     inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
     kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
@@ -322,7 +429,8 @@ def test_least_slice_sum_is_the_enumerated_least(tmp_path_factory):
                                for lt in [cm.layer_times(inst, nt, tp, mbs, kd, n, c if ctx else 0)])
                     c += n
                 return out
-            many = [x for x in compositions(SEQ) if len(x) >= 2]
-            got = sb.least_slice_sum(inst, nt, tp, mbs)
-            assert got == pytest.approx(min(t(x, False) for x in many), rel=1e-12)
-            assert all(got <= t(x, True) * (1 + 1e-12) for x in many)
+            got = sb.count_sums(inst, nt, tp, mbs, context=False)
+            for n in range(1, SEQ + 1):
+                cut = [x for x in compositions(SEQ) if len(x) == n]
+                assert got[n] == pytest.approx(min(t(x, False) for x in cut), rel=1e-12)
+                assert all(got[n] <= t(x, True) * (1 + 1e-12) for x in cut)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
 from milp_plan.formulations.coefficients import (Coefficients, OptionTermsKey, PlacementKey, RecomputePiecesKey,
@@ -723,3 +723,68 @@ def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_
     if limits.budget_usd_per_step is not None and work > limits.budget_usd_per_step * (1 + 1e-9):
         return None
     return max(bound, work) if limits.objective == "min-cost" else bound
+
+
+BUDGET_ROUNDS = 4  # budget_bound: tightenings of the step-time bound by the $/h a $/step budget leaves
+
+
+def least_usd_per_hour(coef: Coefficients) -> float:
+    """At least the $/h of any plan of the config: its pp stages use at least pp g GPUs (g the
+    fewest GPUs of a stage option, tp dp), each GPU of node type t pays at least t's
+    usd_per_gpu_hour (node billing rents whole nodes, a mixed bundle its members' nodes), and
+    no type gives more than its count x gpus_per_node: the cheapest pp g GPUs of the node types
+    the options use (a fractional knapsack; inf when they hold fewer)."""
+    need = coef.cfg.pp * min(o.tp * o.dp for o in coef.options)
+    physical = {nt for k in {o.k for o in coef.options}
+                for nt in ([m for m, _ in coef.types[k].members] if hasattr(coef.types[k], "members")
+                           else [coef.types[k]])}
+    usd = 0.0
+    for nt in sorted(physical, key=lambda nt: (nt.usd_per_gpu_hour, nt.name)):
+        take = min(need, nt.count * nt.gpus_per_node)
+        usd, need = usd + take * nt.usd_per_gpu_hour, need - take
+        if need == 0:
+            return usd
+    return math.inf
+
+
+def budget_bound(coef: Coefficients, limits: Limits, lb: float) -> float | None:
+    """The config's full bound `lb` (config_lower_bound, memory=True) tightened by the least $/h
+    of its GPUs, P_min = least_usd_per_hour, where a $/step budget B binds (None: no plan):
+
+    - min-time: a plan of step time T >= lb pays P T / 3600 <= B with P >= P_min, so none
+      exists when P_min lb / 3600 > B; else each pays P <= 3600 B / lb, a $/h budget under
+      which config_lower_bound may prove a larger lb (repeated, BUDGET_ROUNDS times at most);
+    - min-cost: $/step = P T / 3600 >= P_min T_lb / 3600, T_lb the min-time bound under the
+      same limits."""
+    budget = limits.budget_usd_per_step
+    if budget is None or lb is None:
+        return lb
+    p_min = least_usd_per_hour(coef)
+    if limits.objective == "min-cost":
+        t_lb = config_lower_bound(coef, replace(limits, objective="min-time"), memory=True)
+        if t_lb is None:
+            return None
+        usd = p_min * t_lb / SECONDS_PER_HOUR
+        return None if usd > budget * (1 + 1e-9) else max(lb, usd)
+    for _ in range(BUDGET_ROUNDS):
+        if p_min * lb / SECONDS_PER_HOUR > budget * (1 + 1e-9):
+            return None
+        if lb <= 0:
+            return lb
+        cap = SECONDS_PER_HOUR * budget * (1 + 1e-9) / lb
+        if limits.budget_usd_per_hour is not None and limits.budget_usd_per_hour <= cap:
+            return lb
+        got = config_lower_bound(coef, replace(limits, budget_usd_per_hour=cap), memory=True)
+        if got is None:
+            return None
+        if got <= lb * (1 + 1e-6):
+            return max(lb, got)
+        lb = got
+    return lb
+
+
+def full_bound(coef: Coefficients, limits: Limits) -> float | None:
+    """The bound the search prunes a popped config by: config_lower_bound with the memory rooms,
+    tightened by budget_bound under a $/step budget (None: no plan)."""
+    lb = config_lower_bound(coef, limits, memory=True)
+    return lb if limits.budget_usd_per_step is None else budget_bound(coef, limits, lb)

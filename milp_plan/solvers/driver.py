@@ -30,7 +30,8 @@ bound 0 and are bounded when popped, so the search stays exact.
 
 Several solves on one Prepared (a Pareto sweep, pareto.py) share what they proved: the plans
 found (a first incumbent where the limits admit one) and each solved config's lower bound,
-reused under limits within those it was proven under (`within`).
+reused under limits within those it was proven under (`within`); a min-time bound above a
+later solve's time limit proves the config empty there (`Prepared.too_slow`).
 
 Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 (solvers/bounds.py).
@@ -58,7 +59,7 @@ from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, relative_gap
 from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
-from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound
+from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound, full_bound
 from milp_plan.solvers.parallel import Ahead, Trace, paths_of
 
 REL_EPS = 1e-9
@@ -121,6 +122,15 @@ class Prepared:
         these, of the same objective (its plans include this problem's: within)."""
         return max((lb for old, lb in self.proven.get(cfg, ()) if within(limits, old)), default=0.0)
 
+    def too_slow(self, cfg: Config, limits: Limits) -> bool:
+        """An earlier min-time solve, under limits that admit every plan these admit, proved
+        that no plan of `cfg` is faster than a bound above this solve's time limit: `cfg` has
+        no plan here (the sweep's min-cost solve after a min-time one). Strictly above: a
+        plan exactly at the bound may exist."""
+        t = limits.time_limit_s
+        return t is not None and any(old.objective == "min-time" and admits_fewer(limits, old) and lb > t
+                                     for old, lb in self.proven.get(cfg, ()))
+
     def families(self) -> list[list[int]]:
         """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
         mode each config alone), in enumeration order: the members share a cheap bound's terms."""
@@ -141,14 +151,18 @@ class Prepared:
         return [Coefficients(coef.inst, child, self.shared, self.fix) for child in kids]
 
 
+def admits_fewer(new: Limits, old: Limits) -> bool:
+    """Every plan `new` admits, `old` admits too (each limit of `new` at least as tight)."""
+    def tighter(a: float | None, b: float | None) -> bool:
+        return b is None or (a is not None and a <= b)
+    return (tighter(new.time_limit_s, old.time_limit_s) and tighter(new.budget_usd_per_hour, old.budget_usd_per_hour)
+            and tighter(new.budget_usd_per_step, old.budget_usd_per_step))
+
+
 def within(new: Limits, old: Limits) -> bool:
     """Every plan `new` admits, `old` admits too, and both minimise the same: a config's optimum
     under `new` is at least its optimum under `old`."""
-    def tighter(a: float | None, b: float | None) -> bool:
-        return b is None or (a is not None and a <= b)
-    return (new.objective == old.objective and tighter(new.time_limit_s, old.time_limit_s)
-            and tighter(new.budget_usd_per_hour, old.budget_usd_per_hour)
-            and tighter(new.budget_usd_per_step, old.budget_usd_per_step))
+    return new.objective == old.objective and admits_fewer(new, old)
 
 
 def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl: Deadline | None = None) -> Prepared:
@@ -378,10 +392,17 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
     """Megatron mode's first step: the best of the `known` plans, then the heuristic's plans of
     the configs of least bound, HEURISTIC_CONFIGS of them, or on until the first plan (so that a
     short limit returns one), within HEURISTIC_SHARE of the budget and the deadline. It looks
-    ahead on a copy of the heap."""
+    ahead on a copy of the heap. Under a $/step budget the configs of least bound are mostly
+    fast and over the budget (a Pareto sweep's min-time solves), so the first plan is often far
+    from the optimum: there it skips the configs whose full bound (bounds.full_bound) admits no
+    plan or none below the incumbent, and counts HEURISTIC_CONFIGS from the first plan."""
     inc, ahead, h0 = Incumbent(), heap.copy(), dl.mark()
     inc.offer_known(known, limits)
-    for tried in range(HEURISTIC_MAX_CONFIGS):
+    budget = limits.budget_usd_per_step is not None
+    tried = calls = 0  # configs tried (under a budget: since the first plan), and all tried
+    for _ in range(HEURISTIC_MAX_CONFIGS * (4 if budget else 1)):  # skipped configs cost a bound each
+        if calls >= HEURISTIC_MAX_CONFIGS:
+            break
         got = ahead.pop_config()
         if got is None:
             break
@@ -392,6 +413,12 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
             break
         if dl.expired():
             break
+        if budget:
+            full = full_bound(coef, limits)
+            dl.charge(3 * WORK.bound)
+            if full is None or full >= inc.objective * (1 - REL_EPS):
+                continue
+        tried, calls = tried + (1 if inc.plan is not None or not budget else 0), calls + 1
         got = heuristic.best_plan(coef, limits, dl)
         if got is None:
             continue
@@ -476,10 +503,12 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
                 heap.push((lb, cfg, 0, coef))
                 continue
-            full_lb = config_lower_bound(coef, limits, memory=True)
-            dl.charge(WORK.bound)
+            full_lb = full_bound(coef, limits)
+            dl.charge(WORK.bound * (1 if limits.budget_usd_per_step is None else 3))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 continue  # no plan fits in memory, or none can beat the incumbent
+            if prepared.too_slow(cfg, limits):
+                continue  # an earlier min-time solve proved it has no plan within the time limit
             carried = prepared.carried(cfg, limits)
             if carried > lb and cfg.complete:  # an earlier solve of the sweep proved more: back in the heap
                 if carried < inc.objective * (1 - REL_EPS):

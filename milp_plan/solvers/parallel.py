@@ -121,7 +121,7 @@ class Ahead:
         self.prepared, self.limits, self.backend, self.seed = prepared, limits, backend, seed
         self.solve_config = solve_config
         self.size = workers
-        self.full: dict = {}      # Config -> its full bound (memory=True) under these limits
+        self.full: dict = {}      # Config -> its full bound (bounds.full_bound) under these limits
         self.pool = None
         self.pending: dict = {}   # Config -> (inputs, AsyncResult)
         self.running: list = []   # every job not known to be done (taken, dropped or pending)
@@ -143,16 +143,17 @@ class Ahead:
         free = QUEUE * self.size - self._busy()
         if free <= 0 or dl.expired():
             return
-        from milp_plan.solvers.bounds import config_lower_bound
+        from milp_plan.solvers.bounds import full_bound
         limit = objective * (1 - rel_eps)
         for lb, cfg, kind, coef in smallest(heap.entries, LOOKAHEAD):
             if free <= 0 or lb >= limit:
                 break
-            if kind != 0 or not cfg.complete or cfg in self.pending or self.prepared.carried(cfg, self.limits) > lb:
+            if (kind != 0 or not cfg.complete or cfg in self.pending or self.prepared.carried(cfg, self.limits) > lb
+                    or self.prepared.too_slow(cfg, self.limits)):
                 continue
             full = self.full.get(cfg, False)
             if full is False:
-                full = self.full[cfg] = config_lower_bound(coef, self.limits, memory=True)
+                full = self.full[cfg] = full_bound(coef, self.limits)
             if full is None or full >= limit:
                 continue
             inputs = inputs_of(coef)

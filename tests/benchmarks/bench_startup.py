@@ -9,7 +9,9 @@ rusage) and wall time of
 - `milp-plan solve` on the shipped default: the whole command, the search (solve.run: the
   planner, from its configs to its plan, timed inside the process) and the difference, the
   time outside the search (target < 0.5 s): interpreter start, imports, option parsing,
-  building the instance, the checks and the simulation of the plan, rendering, writing.
+  building the instance, the checks and the simulation of the plan, rendering, writing, and
+  the default's decision on token slices (slice_plan.default_line, a proven bound over every
+  sliced config, timed on its own line too).
 
 and which heavy third-party packages each call imported. Not a test (pytest does not collect
 tests/benchmarks); the numbers move with the load of a shared machine, CPU less than wall.
@@ -33,7 +35,7 @@ HEAVY = ("numpy", "pandas", "ortools", "pulp", "highspy", "jsonschema", "scipy",
 # packages it imported recorded at exit
 CHILD = r"""
 import atexit, json, os, sys, time
-acc = {"search_wall_s": 0.0, "search_cpu_s": 0.0}
+acc = {"search_wall_s": 0.0, "search_cpu_s": 0.0, "slices_wall_s": 0.0, "slices_cpu_s": 0.0}
 heavy = set(sys.argv.pop(1).split(","))
 sys.argv[0] = "milp-plan"
 if os.environ.get("BENCH_TIME_SEARCH"):
@@ -47,6 +49,16 @@ if os.environ.get("BENCH_TIME_SEARCH"):
             acc["search_wall_s"] += time.perf_counter() - w
             acc["search_cpu_s"] += time.process_time() - c
     _solve.run = _timed
+    import milp_plan.slice_plan as _sp   # the default's decision on token slices: a bound search of its own
+    _line = _sp.default_line
+    def _timed_line(*a, **k):
+        w, c = time.perf_counter(), time.process_time()
+        try:
+            return _line(*a, **k)
+        finally:
+            acc["slices_wall_s"] += time.perf_counter() - w
+            acc["slices_cpu_s"] += time.process_time() - c
+    _sp.default_line = _timed_line
 def _record():
     acc["modules"] = sorted({m.split(".")[0] for m in sys.modules} & heavy)
     with open(os.environ["BENCH_RECORD"], "w") as f:
@@ -101,6 +113,14 @@ def main() -> None:
           f"{median_of(runs, 'search_cpu_s'):6.3f} s")
     print(f"  outside the search      wall {median_of(runs, 'outside_wall_s'):6.3f} s  cpu "
           f"{median_of(runs, 'outside_cpu_s'):6.3f} s   (target < 0.5 s)   imports: {', '.join(runs[-1]['modules'])}")
+    for r in runs:
+        r["rest_wall_s"] = r["outside_wall_s"] - r["slices_wall_s"]
+        r["rest_cpu_s"] = r["outside_cpu_s"] - r["slices_cpu_s"]
+    print(f"    of it, the decision on token slices (slice_plan.default_line, a bound search over the sliced "
+          f"configs)\n                          wall {median_of(runs, 'slices_wall_s'):6.3f} s  cpu "
+          f"{median_of(runs, 'slices_cpu_s'):6.3f} s")
+    print(f"    the rest (start-up, imports, instance, checks, simulation, output)\n"
+          f"                          wall {median_of(runs, 'rest_wall_s'):6.3f} s  cpu {median_of(runs, 'rest_cpu_s'):6.3f} s")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,11 @@ MUTATIONS = [
      "    e = [a + rho * r_min(n) / n for n in range(1, room + 1)]"),
     ("milp_plan/solvers/bounds.py", "a full-recompute stage's pieces take the most recomputes any position needs",
      "        return min(need, default=1)", "        return max(need, default=1)"),
+    ("milp_plan/solvers/bounds.py", "budget_bound's $/h cap (3600 B / lb) halved",
+     "        cap = SECONDS_PER_HOUR * budget * (1 + 1e-9) / lb", "        cap = 0.5 * SECONDS_PER_HOUR * budget * (1 + 1e-9) / lb"),
+    ("milp_plan/solvers/bounds.py", "least_usd_per_hour takes the dearest GPUs first",
+     "sorted(physical, key=lambda nt: (nt.usd_per_gpu_hour, nt.name))",
+     "sorted(physical, key=lambda nt: (-nt.usd_per_gpu_hour, nt.name))"),
 ]
 
 PROBE = r'''
