@@ -14,7 +14,6 @@ import math
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from milp_plan import check
 
 from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
