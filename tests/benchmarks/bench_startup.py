@@ -38,27 +38,20 @@ import atexit, json, os, sys, time
 acc = {"search_wall_s": 0.0, "search_cpu_s": 0.0, "slices_wall_s": 0.0, "slices_cpu_s": 0.0}
 heavy = set(sys.argv.pop(1).split(","))
 sys.argv[0] = "milp-plan"
+def _time(module, name, label):   # module.name's wall and CPU time add up under acc[label + "_wall_s"/"_cpu_s"]
+    fn = getattr(module, name)
+    def timed(*a, **k):
+        w, c = time.perf_counter(), time.process_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            acc[label + "_wall_s"] += time.perf_counter() - w
+            acc[label + "_cpu_s"] += time.process_time() - c
+    setattr(module, name, timed)
 if os.environ.get("BENCH_TIME_SEARCH"):
-    import milp_plan.solve as _solve
-    _run = _solve.run
-    def _timed(*a, **k):
-        w, c = time.perf_counter(), time.process_time()
-        try:
-            return _run(*a, **k)
-        finally:
-            acc["search_wall_s"] += time.perf_counter() - w
-            acc["search_cpu_s"] += time.process_time() - c
-    _solve.run = _timed
-    import milp_plan.slice_plan as _sp   # the default's decision on token slices: a bound search of its own
-    _line = _sp.default_line
-    def _timed_line(*a, **k):
-        w, c = time.perf_counter(), time.process_time()
-        try:
-            return _line(*a, **k)
-        finally:
-            acc["slices_wall_s"] += time.perf_counter() - w
-            acc["slices_cpu_s"] += time.process_time() - c
-    _sp.default_line = _timed_line
+    import milp_plan.solve, milp_plan.slice_plan
+    _time(milp_plan.solve, "run", "search")
+    _time(milp_plan.slice_plan, "default_line", "slices")   # the default's decision on token slices
 def _record():
     acc["modules"] = sorted({m.split(".")[0] for m in sys.modules} & heavy)
     with open(os.environ["BENCH_RECORD"], "w") as f:
