@@ -299,20 +299,21 @@ def _tied_sync_lower_bound(coef: Coefficients, caps: dict[int, int], usable: lis
     cfg = coef.cfg
     if cfg.pp < 2 or not coef.inst.model.tied_embeddings:
         return 0.0
-    ends = {(coef.pool_of[o], coef.options[o].tp, coef.options[o].k): o for o in usable}
-    # E reads of an end its pool (node type, stage size), tp, whether the pool holds two stages
-    # and whether one node holds all pp: configs that agree on these share the bound
+    ends = {(coef.pool_of[o], coef.options[o].tp): o for o in usable}   # E reads an end's pool and tp
+    # ... the pool's node type and stage size, whether it holds two stages and whether one node
+    # holds all pp: configs that agree on these share the bound
     key = TiedSyncKey(tuple(sorted({(coef.pools[q].k, coef.pools[q].group, tp, caps[q] >= 2,
-                                     coef.pools[q].place.stages_per_node >= cfg.pp) for q, tp, _ in ends})))
+                                     coef.pools[q].place.stages_per_node >= cfg.pp) for q, tp in ends})))
 
     def least() -> float:
         best = math.inf
-        for (q0, tp0, k0), o0 in ends.items():
-            for (q1, tp1, k1), o1 in ends.items():
+        for (q0, _), o0 in ends.items():
+            for (q1, _), o1 in ends.items():
                 if q0 == q1 and caps[q0] < 2:
                     continue
                 same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp
-                best = min(best, max(coef.embedding_sync(o0, k1, same), coef.embedding_sync(o1, k0, same)))
+                best = min(best, max(coef.embedding_sync(o0, coef.pools[q1].k, same),
+                                     coef.embedding_sync(o1, coef.pools[q0].k, same)))
         return 0.0 if best == math.inf else best
     return coef.shared.get(key, least)
 
