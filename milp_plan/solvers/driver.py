@@ -102,6 +102,7 @@ class Prepared:
     # found, and each solved config's lower bound under the limits it was solved with
     found: list[Plan] = field(default_factory=list)
     proven: dict = field(default_factory=dict)   # Config -> [(Limits, lower bound)]
+    _families: list | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.shared is None:
@@ -133,12 +134,15 @@ class Prepared:
 
     def families(self) -> list[list[int]]:
         """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
-        mode each config alone), in enumeration order: the members share a cheap bound's terms."""
-        groups: dict = {}
-        for i, c in enumerate(self.configs):
-            key = (c.uniform, c.pp, c.sequence_parallel, c.distributed_optimizer) if c.uniform else i
-            groups.setdefault(key, []).append(i)
-        return list(groups.values())
+        mode each config alone), in enumeration order: the members share a cheap bound's terms.
+        Made once (a Pareto sweep bounds them in every solve)."""
+        if self._families is None:
+            groups: dict = {}
+            for i, c in enumerate(self.configs):
+                key = (c.uniform, c.pp, c.sequence_parallel, c.distributed_optimizer) if c.uniform else i
+                groups.setdefault(key, []).append(i)
+            self._families = list(groups.values())
+        return self._families
     truncated: bool = False  # the deadline cut the enumeration short: the configs are not all here
 
     def children(self, coef: Coefficients) -> list[Coefficients]:
@@ -281,13 +285,14 @@ class _Heap:
     config and its Coefficients; kind 1 a family (configs that differ in schedule and vpp alone,
     their indices) at a bound of all its members (family_lower_bound), opened into configs when
     popped; kind 2 the same at the weak family bound (or at 0, cut from the cheap bounding by the
-    time limit), tightened when popped. A sorted list is a heap."""
+    time limit), tightened when popped; kind 3 the same at its work bound (`weak`.work_bound),
+    weakly bounded when popped. A sorted list is a heap."""
 
-    def __init__(self, prepared: Prepared, limits: Limits, entries: list, dl: Deadline):
-        self.prepared, self.limits, self.entries, self.dl = prepared, limits, entries, dl
+    def __init__(self, prepared: Prepared, limits: Limits, entries: list, dl: Deadline, weak: WeakFamilyBounds):
+        self.prepared, self.limits, self.entries, self.dl, self.weak = prepared, limits, entries, dl, weak
 
     def copy(self) -> "_Heap":
-        return _Heap(self.prepared, self.limits, list(self.entries), self.dl)
+        return _Heap(self.prepared, self.limits, list(self.entries), self.dl, self.weak)
 
     def push(self, entry: tuple) -> None:
         heapq.heappush(self.entries, entry)
@@ -307,7 +312,14 @@ class _Heap:
             if self.dl.expired():
                 return None  # the families stay in the heap at their bounds
             flb, cfg, kind, members = heapq.heappop(heap)
-            self.dl.charge(WORK.bound * (1 if kind == 2 else len(members)))
+            self.dl.charge(WORK.bound * (1 if kind >= 2 else len(members)))
+            if kind == 3:  # at its work bound: the weak family bound
+                lb = self.weak.bound(cfg, [prep.configs[i] for i in members], make=lambda _, i=members[0]: prep.coef(i))
+                if lb is not None:
+                    heapq.heappush(heap, (max(lb, flb), cfg, 2, members))
+                if not heap:
+                    return None
+                continue
             if kind == 2:  # a weakly bounded family: tighten (the bottleneck bound) and push it back
                 lb = family_lower_bound(prep.coef(members[0]), self.limits, [prep.configs[i] for i in members])
                 if lb is not None:
@@ -335,27 +347,26 @@ class _Heap:
         return None
 
 
-def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline) -> tuple[list, list]:
-    """(bounded, later): every family and config at its cheap bound, sorted; the families the
-    bounding did not reach (BOUNDING_SHARE of the limit) at bound 0, bounded when popped."""
+def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFamilyBounds) -> tuple[list, list]:
+    """(bounded, later): every config at its cheap bound and every family at its work bound
+    (`weak`, whose shared terms are computed once per group), sorted; the families the bounding
+    did not reach (BOUNDING_SHARE of the limit) at bound 0, bounded when popped."""
     bounded, later = [], []
     families = prepared.families()
-    weak = WeakFamilyBounds(limits)  # the weak family bounds, their shared terms computed once per group
     for f, members in enumerate(families):
         if f % 16 == 0 and (dl.expired() or dl.spent() > BOUNDING_SHARE):
             later = [(0.0, prepared.configs[ms[0]], 2, ms) for ms in families[f:]]  # the heuristic gets the rest
             break
-        dl.charge(WORK.bound)
         if len(members) == 1:
+            dl.charge(WORK.bound)
             head = prepared.coef(members[0])
             lb = config_lower_bound(head, limits, memory=False)
             if lb is not None:
                 bounded.append((lb, head.cfg, 0, head))
             continue
+        dl.charge(WORK.work_bound)
         cfg = prepared.configs[members[0]]
-        lb = weak.bound(cfg, [prepared.configs[i] for i in members], make=lambda _, i=members[0]: prepared.coef(i))
-        if lb is not None:
-            bounded.append((lb, cfg, 2, members))
+        bounded.append((weak.work_bound(cfg, make=lambda _, i=members[0]: prepared.coef(i)), cfg, 3, members))
     bounded.sort(key=lambda x: x[:3])
     return bounded, later
 
@@ -457,14 +468,15 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                          "wall-clock limit alone", field="work-limit")
     t0 = dl.start
     prepared = prepared or prepare(inst, fix, mode, dl)
-    bounded, later = _cheap_bounds(prepared, limits, dl)
+    weak = WeakFamilyBounds(limits)
+    bounded, later = _cheap_bounds(prepared, limits, dl, weak)
     if prepared.base is not None:
         start = "Megatron-mode"
         inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
         inc.offer_known(known(prepared, limits), limits)
     else:
         start = "heuristic"
-        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl), dl, known(prepared, limits))
+        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl, weak), dl, known(prepared, limits))
     heuristic_obj = inc.objective if inc.plan is not None else None
     warm = inc.plan if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
     # the deadline cut the enumeration short: bound 0 stays open
@@ -472,7 +484,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     solved = pruned = 0
     # Best-first over the configs: a free config with open stage sizes is expanded when it is
     # popped (its children inherit its bound), a complete one is solved.
-    heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]), dl)
+    heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]), dl, weak)
     total = len(prepared.configs)  # and, in free mode, every child made
 
     def report() -> None:

@@ -149,6 +149,11 @@ MUTATIONS = [
     ("milp_plan/solvers/bounds.py", "least_usd_per_hour takes the dearest GPUs first",
      "sorted(physical, key=lambda nt: (nt.usd_per_gpu_hour, nt.name))",
      "sorted(physical, key=lambda nt: (-nt.usd_per_gpu_hour, nt.name))"),
+    (COEF, "a family's work bound takes the slowest per-layer time of any option",
+     "        return min(self._time(opt, *ends)[0].a for opt in self.options for ends in self._all_ends())",
+     "        return max(self._time(opt, *ends)[0].a for opt in self.options for ends in self._all_ends())"),
+    ("milp_plan/solvers/bounds.py", "a family's work bound spreads the layers over one stage fewer",
+     "        return work if cost else work / cfg.pp", "        return work if cost else work / max(1, cfg.pp - 1)"),
 ]
 
 PROBE = r'''
@@ -178,6 +183,8 @@ test_bounds.test_the_tied_all_reduce_term_is_tight(Path(tempfile.mkdtemp()))
 # the free search's bound terms: stage counts coupled across node types, recompute pieces
 test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
 test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
+# the work bound that orders the families before their weak bound (both objectives, by hand)
+test_bounds.test_work_bound_by_hand(Path(tempfile.mkdtemp()))
 # the forward share (lo t <= f <= hi t + excess) on every stage of real configs
 from test_paths import test_the_forward_share_holds_on_every_stage
 test_the_forward_share_holds_on_every_stage("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1})
