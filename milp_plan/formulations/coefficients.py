@@ -203,6 +203,7 @@ class SharedCoefficients:
         self._values: dict[tuple, object] = {}
         self.mixed_kinds = any(inst.model.block_kind(i) != inst.model.block_kind(0)
                                for i in range(inst.model.num_layers))
+        self.types = tuple(host_types(inst, {"mixed": True}))   # node types, then mixed bundles (space.host_types)
 
     def check(self, inst: Instance) -> None:
         if inst is not self.inst:
@@ -237,7 +238,7 @@ class Coefficients:
             from milp_plan.errors import InputError
             raise InputError(f"model '{inst.model.name}' mixes block kinds (encoder-decoder); the exact formulations "
                              "need one block kind: use --solver brute-force", field="model")
-        self.types = list(host_types(inst, {"mixed": True}))   # node types, then mixed bundles (space.host_types)
+        self.types = shared.types
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
         self.pins = {k: fix[k] for k in LIST_KEYS if fix and k in fix}   # per-stage layers / GPU type order
         # the options depend on the uniform choice, the samples per micro-batch, the stage sizes

@@ -643,7 +643,8 @@ class WeakFamilyBounds:
         self.limits = limits
         self._reps: dict[tuple, Coefficients] = {}
         self._groups: dict[tuple, _WeakGroup | None] = {}
-        self._work: dict[tuple, float] = {}
+        self._work: dict[tuple, tuple[float, bool]] = {}
+        self._family: dict[Config, float | None] = {}
 
     @staticmethod
     def _key(cfg: Config) -> tuple:
@@ -671,6 +672,14 @@ class WeakFamilyBounds:
                 rep.least_layer_work() / SECONDS_PER_HOUR if cost else rep.least_layer_time()), cost)
         work, cost = got
         return work if cost else work / cfg.pp
+
+    def family(self, cfg: Config, variants: list[Config], make: Callable[[Config], Coefficients]) -> float | None:
+        """`bound` of the family headed by `cfg`, memoised by its head (the heuristic start's
+        look-ahead and the search open the same families)."""
+        got = self._family.get(cfg, False)
+        if got is False:
+            got = self._family[cfg] = self.bound(cfg, variants, make=make)
+        return got
 
     def bound(self, cfg: Config, variants: list[Config], coef: Coefficients | None = None,
               make: Callable[[Config], Coefficients] | None = None) -> float | None:

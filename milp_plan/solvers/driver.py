@@ -314,7 +314,7 @@ class _Heap:
             flb, cfg, kind, members = heapq.heappop(heap)
             self.dl.charge(WORK.weak_bound if kind == 3 else WORK.bound * (1 if kind == 2 else len(members)))
             if kind == 3:  # at its work bound: the weak family bound
-                lb = self.weak.bound(cfg, [prep.configs[i] for i in members], make=lambda _, i=members[0]: prep.coef(i))
+                lb = self.weak.family(cfg, [prep.configs[i] for i in members], make=lambda _, i=members[0]: prep.coef(i))
                 if lb is not None:
                     heapq.heappush(heap, (max(lb, flb), cfg, 2, members))
                 if not heap:
