@@ -53,7 +53,7 @@ option o on a slicing, the heaviest stage takes at least z, the least max_s n_s 
 every placement within the pools' stage counts and the memory rooms (`ConfigBounds._bottleneck`),
 and sum_r p_{r,k}'s layers at least LS_k(Y), the least sum_s n_s alpha_{o(s),k} with every stage
 under the plan's own bottleneck Y >= z, taken over a grid of intervals of Y (`_refined`). Stage
-0's tail holds the tied embedding's all-reduce (`_embedding_sync`).
+0's tail holds the tied embedding's all-reduce (`_embedding_sync`: the unsliced bound's term, one formula).
 
 **The work bound** (`WorkBounds`, no slicing enumerated): per option and slice count n the least
 per-layer sum A*_{o,n} over the cuts into n slices (`count_sums`, a shortest path), the bottleneck
@@ -278,21 +278,16 @@ def _least_hop_per_token(coef) -> float:
     return min(hops) / coef.inst.job.seq_length
 
 
-def _embedding_sync(coef) -> float:
-    """At least the tied embedding's all-reduce of any plan of the config (seconds;
-    costmodel.tied_embedding_sync_s, the slower of two directions, so at least either): the
-    least over the options of one end and the node type of the other end, on the same node
-    only where the option's pool fits two stages on a node (else another node)."""
-    if coef.cfg.pp < 2 or not coef.inst.model.tied_embeddings:
-        return 0.0
-    types = sorted({pool.k for pool in coef.pools})
-    got = []
-    for o in range(len(coef.options)):
-        pool = coef.pools[coef.pool_of[o]]
-        if pool.place.stages_per_node >= 2:
-            got.append(coef.embedding_sync(o, pool.k, True))
-        got += [coef.embedding_sync(o, k2, False) for k2 in types]
-    return min(got)
+def _embedding_sync(coef, limits: Limits) -> float:
+    """At least the tied embedding's all-reduce of any sliced plan of the config (seconds): the
+    unsliced bound's term, solvers/bounds._tied_sync_lower_bound (one formula: the ends run
+    usable options of pools with a stage to offer, within one node only where one pool's node
+    holds all pp stages), over the config's usable options within the memory rooms (a sliced
+    plan holds what unsliced GPipe holds, and its tail is PlanCosts.tail_s, as unsliced). 0 where
+    no placement fits (the bound's other parts say so)."""
+    from milp_plan.solvers import bounds
+    found = bounds.usable_options(coef, limits, memory=True)
+    return 0.0 if found is None else bounds._tied_sync_lower_bound(coef, found[0], found[3])
 
 
 def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], list[float], list[float], list[float],
@@ -483,7 +478,7 @@ class ConfigBounds:
         of its exposed reduction (Coefficients.dp_time; it never decreases with the layers)
         plus the tied embedding's all-reduce, which follows it (`_embedding_sync`)."""
         return max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options)))) + \
-            _embedding_sync(coef)
+            _embedding_sync(coef, self.limits)
 
     def cheap(self, coef) -> float | None:
         """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
