@@ -617,11 +617,15 @@ def least_sums(units: int, t) -> list[float]:
     units into exactly n slices (inf at n = 0): a shortest path over (unit, slices used),
     F_c[j] = min_{i < j} F_{c-1}[i] + t(i, j), F_0 = (0, inf, ..., inf), the answer F_n[units]
     (Bellman: the slice times add, and each depends on its own start and end alone); one numpy
-    pass over the (i, j) table per slice count."""
-    T = np.full((units + 1, units + 1), np.inf)
-    for i in range(units):
-        for j in range(i + 1, units + 1):
-            T[i, j] = t(i, j)
+    pass over the (i, j) table per slice count. `t`: a callable t(i, j), or the table itself
+    ((units + 1) x (units + 1), inf off the arcs)."""
+    if callable(t):
+        T = np.full((units + 1, units + 1), np.inf)
+        for i in range(units):
+            for j in range(i + 1, units + 1):
+                T[i, j] = t(i, j)
+    else:
+        T = t
     F = np.full(units + 1, np.inf)
     F[0] = 0.0
     out = [math.inf]
@@ -631,37 +635,75 @@ def least_sums(units: int, t) -> list[float]:
     return out
 
 
-def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> list[float]:
-    """A*_n for n = 0..U (`least_sums`): at most the per-layer f + b summed over the slices of
-    every slicing into exactly n slices at the planner's units, with context (node type nt, tp,
-    micro-batch size; each slice at the least over the model's block kinds of
-    costmodel.layer_times with its context). A*_0 = inf. context=False: each slice as a
-    sequence of its length (at most the above: the context only adds, costmodel.slice_context_s;
-    U cost-model calls instead of U (U + 1) / 2)."""
+def arc_times(inst: Instance, nt, tp: int, mbs: int, kinds: Sequence[str] | None = None,
+              context: bool = True) -> np.ndarray:
+    """The per-layer f + b of every slice at the planner's units: T[i, j] for the slice of units
+    i..j-1 after i units of context, the least over `kinds` (default: the model's block kinds) of
+    costmodel.layer_times (node type nt, tp, micro-batch size); inf off the arcs (j <= i).
+    context=False: each slice as a sequence of its length (at most the above: the context only
+    adds, costmodel.slice_context_s). On a plain node type its parts, the sequence's time and
+    slice_context_s (costmodel.layer_times adds them so), each length's sequence once; a mixed
+    type (its members' maxima) whole."""
     units, unit = unit_tokens(inst)
-    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    if kinds is None:
+        kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
     base = {(kd, n): costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit) for kd in kinds for n in range(1, units + 1)}
+    mixed = isinstance(nt, MixedNodeType)
+    if context and not mixed:   # slice_context_s is linear in the slice's tokens times its context
+        ones = {kd: sum(costmodel.slice_context_s(inst, nt, tp, mbs, kd, unit, unit)) for kd in kinds}
+    T = np.full((units + 1, units + 1), np.inf)
+    for i in range(units):
+        for j in range(i + 1, units + 1):
+            n = j - i
+            if not context or i == 0:
+                T[i, j] = min(base[kd, n].fwd_s + base[kd, n].bwd_s for kd in kinds)
+            elif mixed:
+                T[i, j] = min(lt.fwd_s + lt.bwd_s for kd in kinds
+                              for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit, i * unit)])
+            else:
+                T[i, j] = min(base[kd, n].fwd_s + base[kd, n].bwd_s + ones[kd] * n * i for kd in kinds)
+    return T
 
-    def least(n: int, c: int) -> float:
-        """min over kinds of layer_times(n units after c units of context).fwd + .bwd; on a plain
-        node type its parts, the sequence's time and slice_context_s (costmodel.layer_times adds
-        them so), each length's sequence once; a mixed type (its members' maxima) whole."""
-        if c == 0 or isinstance(nt, MixedNodeType):
-            return min(lt.fwd_s + lt.bwd_s for kd in kinds for lt in
-                       [base[kd, n] if c == 0 else costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit, c * unit)])
-        return min(base[kd, n].fwd_s + base[kd, n].bwd_s +
-                   sum(costmodel.slice_context_s(inst, nt, tp, mbs, kd, costmodel.row_tokens(inst, n * unit), c * unit))
-                   for kd in kinds)
-    if context:
-        t = {(i, j): least(j - i, i) for i in range(units) for j in range(i + 1, units + 1)}
-        return least_sums(units, lambda i, j: t[i, j])
-    return least_sums(units, lambda i, j: least(j - i, 0))
+
+def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> list[float]:
+    """A*_n for n = 0..U (`least_sums` over `arc_times`): at most the per-layer f + b summed over
+    the slices of every slicing into exactly n slices at the planner's units, with context (node
+    type nt, tp, micro-batch size; each slice at the least over the model's block kinds of
+    costmodel.layer_times with its context). A*_0 = inf. context=False: each slice as a sequence
+    of its length (at most the above)."""
+    units, _ = unit_tokens(inst)
+    return least_sums(units, arc_times(inst, nt, tp, mbs, context=context))
 
 
 def work_step(m: int, z: float, S: float, n: int) -> float:
     """The work bound's step term (WorkBounds): T >= max(m Z, (m - 1) Z + S / n) for m
     micro-batches, the heaviest stage's work Z and the stages' work S, cut into n slices."""
     return max(m * z, (m - 1) * z + S / n)
+
+
+def fill_step(m: int, z: float, L: int, u: float, least: float, extra: float) -> float:
+    """The machine path of the heaviest stage s with its fill and drain (slice_bounds docstring,
+    M(s)): T >= m W_s + sum_{r<s} p_{r,0} + sum_{r>s} p_{r,n-1} + the hops. Every other stage's
+    layers each take at least u on a first or last slice (u: the least per-layer f + b of a
+    slice 0..j or i..U, any option), so the fill is at least (L - n_s) u, plus `extra` (the
+    embedding's first slice or the head's last, whichever end is not s, and the 2 (K - 1) hops of
+    at least one unit of tokens). n_s u <= rho W_s with rho = u / least, `least` the least per-
+    layer sum A*_{o,n} of any option (W_s >= n_s A*_{o(s),n}), so
+        T >= m W_s + (L - n_s) u + extra >= (m - rho) W_s + L u + extra >= (m - rho) Z + L u + extra
+    (m >= 1 >= rho: u is one slice of a per-layer sum)."""
+    return (m - u / least) * z + L * u + extra
+
+
+def ends_step(m: int, z: float, S: float, n: int, Q: float, hops: float) -> float:
+    """The path through the end stages and the slice k of most work (slice_bounds docstring,
+    P(s, k)): T >= (m - 1) W_s + C_k + R_k + the hops, with R_k = sum_{i<k} p_{0,i} + sum_{i>k}
+    p_{K-1,i} >= sum_{i != k} q_i, q_i = min(p_{0,i}, p_{K-1,i}). Taking k of the largest C_k - q_k
+    (at least the mean, (S - Q) / n over the n slices, S = sum_r W_r, Q = sum_i q_i):
+        T >= (m - 1) Z + (S - Q) / n + Q + hops = (m - 1) Z + S / n + (1 - 1 / n) Q + hops,
+    non-decreasing in Z, S and Q, so their lower bounds give a bound (Q >= Q_n: every end stage
+    holds a layer and its embedding or head, WorkBounds.ends; hops: 2 (K - 1) transfers of at
+    least one unit of tokens)."""
+    return (m - 1) * z + S / n + (1 - 1 / n) * Q + hops
 
 
 class WorkBounds:
@@ -686,20 +728,53 @@ class WorkBounds:
         self.counts = sorted(set(counts))
         self.sums: dict = {}
         self.quicks: dict = {}
+        self.tables: dict = {}
+        self.end_terms: dict = {}
+
+    def table(self, coef, o: int, context: bool = True, kind: str | None = None) -> np.ndarray:
+        """arc_times of option o (its blocks, or `kind`: "embedding", "head"), memoised by node
+        type, tp and micro-batch size."""
+        opt = coef.options[o]
+        nt = coef.types[opt.k]
+        key = (nt.name, opt.tp, opt.mbs, context, kind)
+        if key not in self.tables:
+            self.tables[key] = arc_times(self.inst, nt, opt.tp, opt.mbs, None if kind is None else [kind], context)
+        return self.tables[key]
 
     def per_count(self, coef, o: int, context: bool = True) -> list[float]:
         """count_sums of option o (memoised by node type, tp, micro-batch size)."""
         opt = coef.options[o]
-        nt = coef.types[opt.k]
-        key = (nt.name, opt.tp, opt.mbs, context)
+        key = (coef.types[opt.k].name, opt.tp, opt.mbs, context)
         if key not in self.sums:
-            self.sums[key] = count_sums(self.inst, nt, opt.tp, opt.mbs, context)
+            self.sums[key] = least_sums(len(self.table(coef, o, context)) - 1, self.table(coef, o, context))
         return self.sums[key]
+
+    def ends(self, coef, usable: list[int], context: bool = True) -> tuple[float, float, list[float]]:
+        """(u, v, Q_n) of the usable options, memoised by their (node type, tp, micro-batch size):
+        u = the least per-layer f + b of a first slice (units 0..j) or a last slice (i..U) of any
+        option, v = the least of the embedding's time on a first slice and the head's on a last
+        one, and Q_n (n = 0..U) = the least over the slicings into n slices of sum_k (alpha_k
+        + min(emb_k, head_k)), alpha_k the least per-layer time of slice k over the options and
+        emb_k, head_k the least embedding and head times (`fill_step`, `ends_step`); context=False:
+        each slice as a sequence of its length (lower)."""
+        key = (frozenset((coef.types[coef.options[o].k].name, coef.options[o].tp, coef.options[o].mbs)
+                         for o in usable), context)
+        got = self.end_terms.get(key)
+        if got is None:
+            block = np.min([self.table(coef, o, context) for o in usable], axis=0)
+            emb = np.min([self.table(coef, o, context, "embedding") for o in usable], axis=0)
+            head = np.min([self.table(coef, o, context, "head") for o in usable], axis=0)
+            units = len(block) - 1
+            u = float(min(block[0, 1:].min(), block[:units, units].min()))
+            v = float(min(emb[0, 1:].min(), head[:units, units].min()))
+            got = self.end_terms[key] = (u, v, least_sums(units, block + np.minimum(emb, head)))
+        return got
 
     def quick(self, coef, context: bool = True) -> dict[int, float]:
         """Per count n: the work bound's step term with every layer at the fastest option's
-        A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds);
-        context=False: with count_sums without context (lower, cheaper)."""
+        A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds), and (K > 1)
+        the fill and end paths (`fill_step`, `ends_step`) over every option, without the hops
+        and the ends' own fill; context=False: with count_sums without context (lower, cheaper)."""
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
         key = (frozenset((coef.types[o.k].name, o.tp, o.mbs) for o in coef.options), m, K, context)
@@ -707,8 +782,16 @@ class WorkBounds:
         if got is None:
             rows = [self.per_count(coef, o, context) for o in range(len(coef.options))]
             a = {n: min(r[n] for r in rows) for n in self.counts}
-            got = self.quicks[key] = {n: work_step(m, -(-L // K) * a[n], L * a[n], n)
-                                      for n in self.counts if a[n] < math.inf}
+            ends = self.ends(coef, list(range(len(coef.options))), context) if K > 1 else None
+
+            def step(n: int) -> float:
+                z, S = -(-L // K) * a[n], L * a[n]
+                got = work_step(m, z, S, n)
+                if ends is None:
+                    return got
+                u, _, Q = ends
+                return max(got, fill_step(m, z, L, u, a[n], 0.0), ends_step(m, z, S, n, Q[n], 0.0))
+            got = self.quicks[key] = {n: step(n) for n in self.counts if a[n] < math.inf}
         return got
 
     def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf) -> tuple[float | None, bool]:
@@ -731,6 +814,9 @@ class WorkBounds:
             return None, True
         caps, _, rooms, usable = found
         tail = cb._dp(coef, 1 if K > 1 else L)
+        if K > 1:
+            u, v, Q = self.ends(coef, usable)
+            hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
         best, whole = math.inf, True
         for n, q in sorted(quick.items(), key=lambda x: (x[1], x[0])):
             if q + tail >= best:
@@ -743,7 +829,12 @@ class WorkBounds:
             z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
             if z is not None:
                 S = bounds._least_layer_sum(math.inf, slots, K, L, 1)
-                best = min(best, work_step(m, z, S, n) + tail)
+                step = work_step(m, z, S, n)
+                if K > 1:
+                    least = min(self.per_count(coef, o)[n] for o in usable)
+                    step = max(step, fill_step(m, z, L, u, least, v + hops),
+                               ends_step(m, z, S, n, Q[n], hops))
+                best = min(best, step + tail)
         return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
 
 
