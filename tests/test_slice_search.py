@@ -434,3 +434,84 @@ def test_count_sums_without_context_are_the_enumerated_least(tmp_path_factory):
                 cut = [x for x in compositions(SEQ) if len(x) == n]
                 assert got[n] == pytest.approx(min(t(x, False) for x in cut), rel=1e-12)
                 assert all(got[n] <= t(x, True) * (1 + 1e-12) for x in cut)
+
+
+def _sliced_spec(rng, K: int, m: int, n: int, layers: list[int], tight: bool):
+    """A random sliced GPipe pipeline (sim.pipeline.PipelineSpec) of K stages: stage r holds
+    layers[r] layers of per-layer slice times a[r][k] (f = a / 3, b = 2 a / 3), stage 0 adds an
+    embedding time per slice and stage K - 1 a head time, hops per slice; tight: every stage
+    alike, slice times equal but the first and last (small), no ends or hops (the fill path is
+    the step)."""
+    from milp_plan.sim.pipeline import PipelineSpec
+    if tight:
+        row = [0.1] + [1.0] * (n - 2) + [0.1] if n > 2 else [0.1] * n
+        a = [row] * K
+        emb = head = [0.0] * n
+        hop = [[0.0] * n for _ in range(K - 1)]
+    else:
+        a = [[rng.uniform(0.2, 1.0) for _ in range(n)] for _ in range(K)]
+        emb = [rng.uniform(0, 0.3) for _ in range(n)]
+        head = [rng.uniform(0, 0.6) for _ in range(n)]
+        hop = [[rng.uniform(0, 0.2) for _ in range(n)] for _ in range(K - 1)]
+    p = [[layers[r] * a[r][k] + (emb[k] if r == 0 else 0.0) + (head[k] if r == K - 1 else 0.0) for k in range(n)]
+         for r in range(K)]
+    spec = PipelineSpec(schedule="gpipe", num_microbatches=m, fwd_s=tuple(sum(x) / 3 for x in p),
+                        bwd_s=tuple(2 * sum(x) / 3 for x in p), hop_s=tuple(sum(h) for h in hop),
+                        slice_fwd_s=tuple(tuple(x / 3 for x in row) for row in p),
+                        slice_bwd_s=tuple(tuple(2 * x / 3 for x in row) for row in p),
+                        slice_hop_s=tuple(tuple(h) for h in hop))
+    return spec, a, p, emb, head, hop
+
+
+@pytest.mark.parametrize("tight", [False, True])
+def test_fill_and_end_paths_never_exceed_the_simulated_step(tight):
+    """slice_bounds.fill_step and ends_step (the work bound's fill and end paths) against the
+    simulator on random sliced GPipe pipelines (K 2..5 stages of 1..6 layers, m 1..3, n 2..6
+    slices, random per-layer slice times, embedding, head and hops): with u the least per-layer
+    time of a first or last slice, `least` the least per-layer sum, Z = max_s W_s, S = sum_s W_s,
+    Q = sum_k min(p_{0,k}, p_{K-1,k}) and the extras (the least embedding-first or head-last
+    time, 2 (K - 1) least hops), neither exceeds the simulated step. tight: equal stages whose
+    first and last slices are small, the heaviest stage one of many layers: the fill path is
+    the step (m Z + (L - n_s) u), so dropping its - rho Z term (or counting Q whole) breaks it."""
+    import random
+    from milp_plan.sim.pipeline import simulate_pipeline
+    rng = random.Random(17)
+    hit = 0
+    for _ in range(300):
+        K, m, n = rng.randint(2, 5), rng.randint(1, 3), rng.randint(2, 6)
+        layers = [rng.randint(1, 6) for _ in range(K)]
+        if tight:
+            layers[rng.randrange(K)] = 12
+        spec, a, p, emb, head, hop = _sliced_spec(rng, K, m, n, layers, tight)
+        sim = simulate_pipeline(spec).step_time_s
+        L = sum(layers)
+        W = [sum(row) for row in p]
+        Z, S = max(W), sum(W)
+        u = min(min(row[0], row[-1]) for row in a)
+        least = min(sum(row) for row in a)
+        hops = 2 * (K - 1) * min(min(h) for h in hop)
+        v = min(emb[0], head[-1])
+        Q = sum(min(p[0][k], p[K - 1][k]) for k in range(n))
+        fill = sb.fill_step(m, Z, L, u, least, v + hops)
+        ends = sb.ends_step(m, Z, S, n, Q, hops)
+        assert fill <= sim * (1 + 1e-9) and ends <= sim * (1 + 1e-9), (K, m, n, layers, fill, ends, sim)
+        hit += fill >= sim * (1 - 1e-9)
+    assert not tight or hit > 50      # the fill path is the step: the bound is exact there (70 of 300)
+
+
+def test_fill_and_end_paths_by_hand():
+    """The hand instance (test_slicing's t(l, c) = 4 + l^2 + 2 l c per layer, 4 units; K = 4
+    stages of one layer, m = 1): u = 5 (the first unit alone, t(1, 0); the last unit costs
+    t(1, 3) = 11), A*_n = 4 n + 16 (test_least_sums_by_hand), Z = A*_n, S = 4 A*_n, Q = A*_n (no
+    embedding or head).
+      fill: (1 - 5 / A) A + 4 x 5 = A + 15: n = 2: 39, n = 3: 43, n = 4: 47;
+      ends: S / n + (1 - 1 / n) Q = A (1 + 3 / n): n = 2: 60, n = 3: 56, n = 4: 56
+    (at equal slices TeraPipe's m sum t + (K - 1) max t), against the optima of each count: 63
+    ([3,1]), 61 ([2,1,1]), 65 ([1,1,1,1]). At m = 3, n = 4: fill (3 - 5 / 32) 32 + 20 = 111,
+    ends 2 x 32 + 32 + 24 = 120, against [1,1,1,1]'s 3 x 32 + 3 x 11 = 129."""
+    for n, fill, ends, optimum in ((2, 39, 60, 63), (3, 43, 56, 61), (4, 47, 56, 65)):
+        A = 4 * n + 16
+        assert sb.fill_step(1, A, 4, 5, A, 0.0) == pytest.approx(fill) and fill <= optimum
+        assert sb.ends_step(1, A, 4 * A, n, A, 0.0) == pytest.approx(ends) and ends <= optimum
+    assert sb.fill_step(3, 32, 4, 5, 32, 0.0) == pytest.approx(111)
+    assert sb.ends_step(3, 32, 128, 4, 32, 0.0) == pytest.approx(120) and 120 <= 129
