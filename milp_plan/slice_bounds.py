@@ -278,15 +278,16 @@ def _least_hop_per_token(coef) -> float:
     return min(hops) / coef.inst.job.seq_length
 
 
-def _embedding_sync(coef, limits: Limits) -> float:
+def _embedding_sync(coef, limits: Limits, memory: bool = True) -> float:
     """At least the tied embedding's all-reduce of any sliced plan of the config (seconds): the
     unsliced bound's term, solvers/bounds._tied_sync_lower_bound (one formula: the ends run
     usable options of pools with a stage to offer, within one node only where one pool's node
     holds all pp stages), over the config's usable options within the memory rooms (a sliced
     plan holds what unsliced GPipe holds, and its tail is PlanCosts.tail_s, as unsliced). 0 where
-    no placement fits (the bound's other parts say so)."""
+    no placement fits (the bound's other parts say so). memory=False: every option with a stage
+    to offer may be an end (lower, without the rooms' memory fits)."""
     from milp_plan.solvers import bounds
-    found = bounds.usable_options(coef, limits, memory=True)
+    found = bounds.usable_options(coef, limits, memory=memory)
     return 0.0 if found is None else bounds._tied_sync_lower_bound(coef, found[0], found[3])
 
 
@@ -473,12 +474,13 @@ class ConfigBounds:
         best = float(vals.min()) if len(vals) else math.inf
         return None if best == math.inf else best
 
-    def _dp(self, coef, layers: int) -> float:
+    def _dp(self, coef, layers: int, memory: bool = True) -> float:
         """At least stage 0's tail (PlanCosts.tail_s) when it holds >= `layers` layers: piece 0
         of its exposed reduction (Coefficients.dp_time; it never decreases with the layers)
-        plus the tied embedding's all-reduce, which follows it (`_embedding_sync`)."""
+        plus the tied embedding's all-reduce, which follows it (`_embedding_sync`; memory=False:
+        without the memory rooms, lower and cheaper)."""
         return max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options)))) + \
-            _embedding_sync(coef, self.limits)
+            _embedding_sync(coef, self.limits, memory)
 
     def cheap(self, coef) -> float | None:
         """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
@@ -635,34 +637,38 @@ def least_sums(units: int, t) -> list[float]:
     return out
 
 
+def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool) -> np.ndarray:
+    """arc_times of one kind: T[i, j] = t(j - i units) + ctx(j - i, i) on a plain node type, with
+    t(l) = layer_times(l).fwd + .bwd (U cost-model calls) and the context term linear in the
+    slice's tokens times its context, ctx(l, c) = l c ctx(1, 1) (costmodel.slice_context_s:
+    kappa core_f(L) l c / L^2, and backward a fixed multiple); on a mixed type (its members'
+    maxima) each arc whole."""
+    units, unit = unit_tokens(inst)
+    T = np.full((units + 1, units + 1), np.inf)
+    i, j = np.triu_indices(units + 1, 1)
+    n = j - i
+    if context and isinstance(nt, MixedNodeType):
+        for a, b in zip(i, j):
+            lt = costmodel.layer_times(inst, nt, tp, mbs, kind, int(b - a) * unit, int(a) * unit)
+            T[a, b] = lt.fwd_s + lt.bwd_s
+        return T
+    base = np.array([0.0] + [lt.fwd_s + lt.bwd_s for lt in
+                             (costmodel.layer_times(inst, nt, tp, mbs, kind, x * unit) for x in range(1, units + 1))])
+    one = sum(costmodel.slice_context_s(inst, nt, tp, mbs, kind, unit, unit)) if context else 0.0
+    T[i, j] = base[n] + one * n * i
+    return T
+
+
 def arc_times(inst: Instance, nt, tp: int, mbs: int, kinds: Sequence[str] | None = None,
               context: bool = True) -> np.ndarray:
     """The per-layer f + b of every slice at the planner's units: T[i, j] for the slice of units
     i..j-1 after i units of context, the least over `kinds` (default: the model's block kinds) of
-    costmodel.layer_times (node type nt, tp, micro-batch size); inf off the arcs (j <= i).
-    context=False: each slice as a sequence of its length (at most the above: the context only
-    adds, costmodel.slice_context_s). On a plain node type its parts, the sequence's time and
-    slice_context_s (costmodel.layer_times adds them so), each length's sequence once; a mixed
-    type (its members' maxima) whole."""
-    units, unit = unit_tokens(inst)
+    costmodel.layer_times (node type nt, tp, micro-batch size; `_kind_arcs`); inf off the arcs
+    (j <= i). context=False: each slice as a sequence of its length (at most the above: the
+    context only adds, costmodel.slice_context_s)."""
     if kinds is None:
         kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
-    base = {(kd, n): costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit) for kd in kinds for n in range(1, units + 1)}
-    mixed = isinstance(nt, MixedNodeType)
-    if context and not mixed:   # slice_context_s is linear in the slice's tokens times its context
-        ones = {kd: sum(costmodel.slice_context_s(inst, nt, tp, mbs, kd, unit, unit)) for kd in kinds}
-    T = np.full((units + 1, units + 1), np.inf)
-    for i in range(units):
-        for j in range(i + 1, units + 1):
-            n = j - i
-            if not context or i == 0:
-                T[i, j] = min(base[kd, n].fwd_s + base[kd, n].bwd_s for kd in kinds)
-            elif mixed:
-                T[i, j] = min(lt.fwd_s + lt.bwd_s for kd in kinds
-                              for lt in [costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit, i * unit)])
-            else:
-                T[i, j] = min(base[kd, n].fwd_s + base[kd, n].bwd_s + ones[kd] * n * i for kd in kinds)
-    return T
+    return np.min([_kind_arcs(inst, nt, tp, mbs, kd, context) for kd in kinds], axis=0)
 
 
 def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> list[float]:
@@ -845,7 +851,8 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
     bounds of rising cost, each at most the next: `WorkBounds.quick` without context (every layer
     at the fastest option, slices priced as sequences of their length: U cost-model calls per
     option), the same with context, then `WorkBounds.config` (placed within the memory rooms).
-    A config is refined when it is the least on the heap; the first final bound popped is the
+    The second adds stage 0's tail without the memory rooms (ConfigBounds._dp). A config is
+    refined when it is the least on the heap; the first final bound popped is the
     least (no other config can lower it), and a config whose bound reaches the least final
     bound pushed so far is dropped. For the default's decision (`default_line`): cheap enough to run after
     every solve. None: no GPipe config (or none meets the limits)."""
@@ -876,9 +883,10 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
         if stage == 2:
             return key, read
         coef = prepared.coef(i)
-        if stage == 0:
+        if stage == 0:   # with context, and stage 0's tail without the memory rooms (at most config's)
             quick = work.quick(coef)
-            got = cb._finish(coef, np.array([min(quick.values())]), coef.cfg.pp) if quick else None
+            tail = cb._dp(coef, 1 if coef.cfg.pp > 1 else inst.model.num_layers, memory=False)
+            got = cb._finish(coef, np.array([min(quick.values()) + tail]), coef.cfg.pp) if quick else None
         else:
             read += 1
             # cut at `final`: a value at or above it (whole or not) cannot be the least
