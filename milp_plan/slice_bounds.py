@@ -844,7 +844,7 @@ class WorkBounds:
         return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
 
 
-def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None, int]:
+def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
     (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound was
     computed): the least over the configs of `WorkBounds.config`, found best first over three
@@ -855,7 +855,8 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
     refined when it is the least on the heap; the first final bound popped is the
     least (no other config can lower it), and a config whose bound reaches the least final
     bound pushed so far is dropped. For the default's decision (`default_line`): cheap enough to run after
-    every solve. None: no GPipe config (or none meets the limits)."""
+    every solve. None: no GPipe config (or none meets the limits). `where` (a list): the config
+    whose bound is returned is appended to it, as its coefficients."""
     from milp_plan.solve import job_fix
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solvers import driver
@@ -881,6 +882,8 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
     while heap:
         key, i, stage = heapq.heappop(heap)
         if stage == 2:
+            if where is not None:
+                where.append(prepared.coef(i))
             return key, read
         coef = prepared.coef(i)
         if stage == 0:   # with context, and stage 0's tail without the memory rooms (at most config's)

@@ -515,3 +515,25 @@ def test_fill_and_end_paths_by_hand():
         assert sb.ends_step(1, A, 4 * A, n, A, 0.0) == pytest.approx(ends) and ends <= optimum
     assert sb.fill_step(3, 32, 4, 5, 32, 0.0) == pytest.approx(111)
     assert sb.ends_step(3, 32, 128, 4, 32, 0.0) == pytest.approx(120) and 120 <= 129
+
+
+def test_default_line_says_worth_it_with_the_least_configs_plan(tmp_path_factory, monkeypatch):
+    """Where the plan's own stages cannot be sliced (here: _own_slicing says nothing, as for an
+    interleaved plan), the default slices the heuristic plan of the GPipe config of least sliced
+    bound (slice_plan._least_config_slicing): at global batch 1 on the tiny instance, with the
+    unsliced plan pinned to 1F1B over pp = 2 (one micro-batch: all bubble), that plan cut into
+    slices is faster, so the line says worth it with its figure, which is the simulated
+    objective of a sliced GPipe plan that the checker accepts."""
+    from milp_plan import slice_plan
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 1)
+    req = solving.SolveRequest("auto", FIX + ",pp=2", 60, 1, 1, 30)
+    limits = inst.objective.limits()
+    res = solving.run(inst, req, limits)
+    monkeypatch.setattr(slice_plan, "_own_slicing", lambda *a: None)
+    where = []
+    sb.quick_bound(inst, limits, slice_plan._gpipe_fix(req.fix), where)
+    other = slice_plan._least_config_slicing(inst, where[0], limits, res.objective)
+    assert other is not None and other.plan.slices and other.objective < res.objective * 0.99
+    assert check.check_plan(inst, other.plan) == []
+    line = slice_plan.default_line(inst, req, limits, res)
+    assert f"worth it: a GPipe plan of pp {other.plan.pp}" in line and f"{other.objective:.4g}" in line, line
