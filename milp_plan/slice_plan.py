@@ -155,7 +155,7 @@ def _best_sliced(inst: Instance, plan: Plan, limits: Limits, counts: list[int], 
     if not _fits_memory(plan):
         return None, math.inf     # slicing keeps the plan's memory
     by_count = slice_bounds.plan_bounds(inst, plan, limits, counts)
-    dl.charge(WORK.bound)
+    dl.charge(WORK.bound + slice_bounds.plan_bounds_work(inst, plan.pp, counts))
     bound = min(b for b, _ in by_count.values())
     best = None
     todo = sorted((b, c, x) for c, (b, x) in by_count.items() if b < cutoff * (1 - REL_EPS))
@@ -236,7 +236,8 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
 def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,
                   seeds: Iterable[Plan] = ()) -> SlicedSearch:
     """Best-first over the GPipe configs by their sliced bound (slice_bounds.ConfigBounds: the
-    cheap bound first, the full one when a config reaches the top): each config whose bound
+    cheap bound first, then the work bound (WorkBounds.config, no slicing enumerated), the full
+    one when a config reaches the top again): each config whose bound
     beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and the best
     slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
     next bound cannot beat it. Every config not examined within the deadline keeps its bound."""
@@ -254,7 +255,7 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
     if prepared.truncated:
         found.open_bounds.append(0.0)
     bounds = slice_bounds.ConfigBounds(inst, limits, counts)
-    heap = []          # (bound, config index, full?): the cheap bound first, the full one when popped
+    heap = []          # (bound, config index, stage): 0 cheap, 1 the work bound, 2 the full one
     for i, cfg in enumerate(prepared.configs):
         if not cfg.sched.slices_ok:
             continue
@@ -265,10 +266,10 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
         lb = bounds.cheap(prepared.coef(i))
         dl.charge(WORK.bound)
         if lb is not None:
-            heap.append((lb, i, False))
+            heap.append((lb, i, 0))
     heapq.heapify(heap)
     while heap:
-        lb, i, full = heap[0]
+        lb, i, stage = heap[0]
         if lb >= found.objective * (1 - REL_EPS):
             found.pruned += len(heap)
             break
@@ -276,11 +277,16 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
             found.open_bounds += [b for b, _, _ in heap]
             break
         heapq.heappop(heap)
-        if not full:
-            got = bounds.full(prepared.coef(i), found.objective)
-            dl.charge(WORK.bound + bounds.work)
+        if stage < 2:
+            coef = prepared.coef(i)
+            if stage == 0:   # the work bound (no slicing enumerated) before the full one
+                got, _ = bounds.work_bounds.config(coef, bounds, found.objective)
+                dl.charge(WORK.bound + len(bounds.work_bounds.counts) * len(coef.options) * slice_bounds.WORK_PER_COUNT)
+            else:
+                got = bounds.full(coef, found.objective)
+                dl.charge(WORK.bound + bounds.work)
             if got is not None:
-                heapq.heappush(heap, (max(got, lb), i, True))
+                heapq.heappush(heap, (max(got, lb), i, stage + 1))
             continue
         found.examined += 1
         found.open_bounds.append(_examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds))
