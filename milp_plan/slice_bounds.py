@@ -73,6 +73,7 @@ import numpy as np
 
 from milp_plan import costmodel
 from milp_plan.cluster import MixedNodeType
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.instance import Instance
 from milp_plan.job import Limits
 from milp_plan.plan import Plan
@@ -854,7 +855,8 @@ class WorkBounds:
         return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
 
 
-def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None) -> tuple[float | None, int]:
+def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None, refine: float = 0.0
+                ) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
     (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound was
     computed): the least over the configs of `WorkBounds.config`, found best first over three
@@ -866,7 +868,9 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     least (no other config can lower it), and a config whose bound reaches the least final
     bound pushed so far is dropped. For the default's decision (`default_line`): cheap enough to run after
     every solve. None: no GPipe config (or none meets the limits). `where` (a list): the config
-    whose bound is returned is appended to it, as its coefficients."""
+    whose bound is returned is appended to it, as its coefficients. refine > 0: a fourth stage,
+    `ConfigBounds.full` (every slicing enumerated), within `refine` work units (deadline.py);
+    when they run out, the least key on the heap (every config's bound is at least it)."""
     from milp_plan.solve import job_fix
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solvers import driver
@@ -879,7 +883,10 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     cb = ConfigBounds.__new__(ConfigBounds)
     cb.inst, cb.limits = inst, limits
     work = WorkBounds(inst, limits, range(2, units + 1))
-    heap = []   # (bound, config index, stage): 0 quick without context, 1 with, 2 WorkBounds.config
+    heap = []   # (bound, config index, stage): 0 quick without context, 1 with, 2 WorkBounds.config, 3 full
+    last = 3 if refine > 0 else 2
+    dl = Deadline(math.inf, work=refine) if refine > 0 else None
+    full = None
     for i, cfg in enumerate(prepared.configs):
         if cfg.sched.slices_ok:
             coef = prepared.coef(i)
@@ -888,10 +895,10 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
             if got is not None:
                 heap.append((got, i, 0))
     heapq.heapify(heap)
-    read, final = 0, math.inf    # final: the least work bound pushed; the answer is at most it
+    read, final = 0, math.inf    # final: the least last-stage bound pushed; the answer is at most it
     while heap:
         key, i, stage = heapq.heappop(heap)
-        if stage == 2:
+        if stage == last or (dl is not None and dl.expired()):
             if where is not None:
                 where.append(prepared.coef(i))
             return key, read
@@ -900,12 +907,16 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
             quick = work.quick(coef)
             tail = cb._dp(coef, 1 if coef.cfg.pp > 1 else inst.model.num_layers, memory=False)
             got = cb._finish(coef, np.array([min(quick.values()) + tail]), coef.cfg.pp) if quick else None
-        else:
+        elif stage == 1:
             read += 1
             # cut at `final`: a value at or above it (whole or not) cannot be the least
             got, _ = work.config(coef, cb, final)
+        else:
+            full = full or ConfigBounds(inst, limits, range(2, units + 1))
+            got = full.full(coef, final)
+            dl.charge(WORK.bound + full.work)
         if got is not None and max(got, key) < final:
             heapq.heappush(heap, (max(got, key), i, stage + 1))
-            if stage == 1:
+            if stage + 1 == last:
                 final = max(got, key)
     return None, read

@@ -415,6 +415,8 @@ def _restated(a: SolveResult, bound: float | None) -> SolveResult:
 
 
 QUIET_SAVING = 0.01   # default_line: a possible saving below this share is not worth a slicing runtime
+REFINE_SAVING = 0.10  # ... below this share the quick bound is refined (every slicing, REFINE_WORK units)
+REFINE_WORK = 5.0     # work units (deadline.py; about CPU seconds) of that refinement
 
 
 def _own_slicing(inst: Instance, plan: Plan, limits: Limits, below: float) -> Candidate | None:
@@ -463,7 +465,9 @@ LEAST_CONFIG_WORK = 0.5   # work units (deadline.py) of the heuristic plan defau
 def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> str:
     """The default's decision on token slices (no --slices; the plan and plan.json are the exact
     search's, unsliced), from a quick proven bound on every sliced plan (slice_bounds.quick_bound:
-    the work bound of every GPipe config, no slicing enumerated) against the plan's objective:
+    the work bound of every GPipe config, no slicing enumerated; where it leaves a saving of
+    QUIET_SAVING..REFINE_SAVING, refined by the full bound of the configs of least bound within
+    REFINE_WORK work units) against the plan's objective:
       * at or above it: slicing cannot beat the plan (proven);
       * below it by less than QUIET_SAVING: not worth a runtime that can slice (proven);
       * else, when the plan's own stages cut into token slices (GPipe), or the heuristic plan of the
@@ -485,6 +489,10 @@ def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> st
     why = "the heaviest stage's sliced work on every micro-batch, and the bubble that slices leave"
     if lb is None:
         return f"token slices: off; no plan can be sliced here ({space} is empty or breaks the limits)"
+    if QUIET_SAVING <= 1 - lb / obj < REFINE_SAVING:   # close: every slicing of the configs of least bound
+        where = []
+        lb = max(lb, slice_bounds.quick_bound(inst, limits, fix, where, refine=REFINE_WORK)[0])
+        why += "; every slicing enumerated on the configs of least bound"
     if lb >= obj * (1 - REL_EPS):
         return (f"token slices: off; slicing cannot beat this plan (proven): {space} takes at least {lb:.4g} "
                 f"{unit} ({why})")

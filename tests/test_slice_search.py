@@ -537,3 +537,49 @@ def test_default_line_says_worth_it_with_the_least_configs_plan(tmp_path_factory
     assert check.check_plan(inst, other.plan) == []
     line = slice_plan.default_line(inst, req, limits, res)
     assert f"worth it: a GPipe plan of pp {other.plan.pp}" in line and f"{other.objective:.4g}" in line, line
+
+
+def test_quick_bound_refined_by_the_full_bound(tmp_path_factory):
+    """quick_bound with `refine` work units (a fourth stage, ConfigBounds.full on the configs of
+    least bound): at least the work bound's least, at most the brute-force optimum over every
+    sliced plan of pp <= 2 (2..5 slices; the tiny instance's configs are pp <= 2 under these
+    pins), and equal to the least over the configs of max(work bound, full bound); a budget
+    spent at once still gives a bound at most that."""
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
+    limits = Limits("min-time")
+    counts = list(range(2, SEQ + 1))
+    fix = FIX + ",schedule=gpipe"
+    lb, _ = sb.quick_bound(inst, limits, fix)
+    refined, _ = sb.quick_bound(inst, limits, fix, refine=1e6)
+    assert lb <= refined <= brute_force(inst, limits, counts, max_pp=2) * (1 + 1e-9)
+    bounds = sb.ConfigBounds(inst, limits, counts)
+    every = [max(w, f) for c in gpipe_configs(inst, 8) for w in [bounds.work_bounds.config(c, bounds)[0]]
+             for f in [bounds.full(c)] if w is not None and f is not None]
+    assert refined == pytest.approx(min(every), rel=1e-12)
+    assert sb.quick_bound(inst, limits, fix, refine=1e-12)[0] <= refined
+
+
+def test_default_line_refines_a_close_bound(tmp_path_factory, monkeypatch):
+    """Where the quick bound leaves a saving of 1..10%, the default refines it (quick_bound with
+    REFINE_WORK units): here the refined bound meets the plan, so the line says slicing cannot
+    beat it (proven), naming the enumerated slicings; a quick bound 20% below is not refined."""
+    from milp_plan import slice_plan
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 4)
+    req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
+    limits = inst.objective.limits()
+    res = solving.run(inst, req, limits)
+    obj, calls = res.objective, []
+
+    def fake(inst, limits, fix, where=None, refine=0.0, lb=None):
+        calls.append(refine)
+        return (obj if refine else lb, 1)
+    monkeypatch.setattr(slice_plan, "_own_slicing", lambda *a: None)
+    monkeypatch.setattr(slice_plan, "_least_config_slicing", lambda *a: None)
+    monkeypatch.setattr(sb, "quick_bound", functools.partial(fake, lb=obj * 0.95))
+    line = slice_plan.default_line(inst, req, limits, res)
+    assert "cannot beat this plan (proven)" in line and "every slicing enumerated" in line, line
+    assert calls == [0.0, slice_plan.REFINE_WORK]
+    calls.clear()
+    monkeypatch.setattr(sb, "quick_bound", functools.partial(fake, lb=obj * 0.8))
+    line = slice_plan.default_line(inst, req, limits, res)
+    assert "undecided" in line and "at most 20%" in line and calls == [0.0], line
