@@ -648,30 +648,42 @@ def least_sums(units: int, t) -> list[float]:
     return out
 
 
-def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool) -> np.ndarray:
+def _kind_parts(inst: Instance, nt, tp: int, mbs: int, kind: str) -> tuple[np.ndarray, float]:
+    """(t(l) = layer_times(l units).fwd + .bwd for l = 0..U (t(0) = 0), ctx(1, 1): the context
+    term of one unit after one unit, costmodel.slice_context_s) of one kind on a plain node type:
+    U + 1 cost-model calls, shared by the tables with and without context."""
+    units, unit = unit_tokens(inst)
+    base = np.array([0.0] + [lt.fwd_s + lt.bwd_s for lt in
+                             (costmodel.layer_times(inst, nt, tp, mbs, kind, x * unit) for x in range(1, units + 1))])
+    return base, sum(costmodel.slice_context_s(inst, nt, tp, mbs, kind, unit, unit))
+
+
+def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool, memo: dict | None = None
+               ) -> np.ndarray:
     """arc_times of one kind: T[i, j] = t(j - i units) + ctx(j - i, i) on a plain node type, with
-    t(l) = layer_times(l).fwd + .bwd (U cost-model calls) and the context term linear in the
-    slice's tokens times its context, ctx(l, c) = l c ctx(1, 1) (costmodel.slice_context_s:
-    kappa core_f(L) l c / L^2, and backward a fixed multiple); on a mixed type (its members'
-    maxima) each arc whole."""
+    the context term linear in the slice's tokens times its context, ctx(l, c) = l c ctx(1, 1)
+    (costmodel.slice_context_s: kappa core_f(L) l c / L^2, and backward a fixed multiple;
+    `_kind_parts`, kept in `memo` by node type, tp, micro-batch size and kind when given); on a
+    mixed type (its members' maxima) each arc whole."""
     units, unit = unit_tokens(inst)
     T = np.full((units + 1, units + 1), np.inf)
     i, j = np.triu_indices(units + 1, 1)
-    n = j - i
     if context and isinstance(nt, MixedNodeType):
         for a, b in zip(i, j):
             lt = costmodel.layer_times(inst, nt, tp, mbs, kind, int(b - a) * unit, int(a) * unit)
             T[a, b] = lt.fwd_s + lt.bwd_s
         return T
-    base = np.array([0.0] + [lt.fwd_s + lt.bwd_s for lt in
-                             (costmodel.layer_times(inst, nt, tp, mbs, kind, x * unit) for x in range(1, units + 1))])
-    one = sum(costmodel.slice_context_s(inst, nt, tp, mbs, kind, unit, unit)) if context else 0.0
-    T[i, j] = base[n] + one * n * i
+    memo = {} if memo is None else memo
+    key = (nt.name, tp, mbs, kind)
+    if key not in memo:
+        memo[key] = _kind_parts(inst, nt, tp, mbs, kind)
+    base, one = memo[key]
+    T[i, j] = base[j - i] + (one * (j - i) * i if context else 0.0)
     return T
 
 
 def arc_times(inst: Instance, nt, tp: int, mbs: int, kinds: Sequence[str] | None = None,
-              context: bool = True) -> np.ndarray:
+              context: bool = True, memo: dict | None = None) -> np.ndarray:
     """The per-layer f + b of every slice at the planner's units: T[i, j] for the slice of units
     i..j-1 after i units of context, the least over `kinds` (default: the model's block kinds) of
     costmodel.layer_times (node type nt, tp, micro-batch size; `_kind_arcs`); inf off the arcs
@@ -679,7 +691,7 @@ def arc_times(inst: Instance, nt, tp: int, mbs: int, kinds: Sequence[str] | None
     context only adds, costmodel.slice_context_s)."""
     if kinds is None:
         kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
-    return np.min([_kind_arcs(inst, nt, tp, mbs, kd, context) for kd in kinds], axis=0)
+    return np.min([_kind_arcs(inst, nt, tp, mbs, kd, context, memo) for kd in kinds], axis=0)
 
 
 def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> list[float]:
@@ -746,6 +758,7 @@ class WorkBounds:
         self.sums: dict = {}
         self.quicks: dict = {}
         self.tables: dict = {}
+        self.parts: dict = {}       # _kind_parts by node type, tp, micro-batch size and kind
         self.end_terms: dict = {}
 
     def table(self, coef, o: int, context: bool = True, kind: str | None = None) -> np.ndarray:
@@ -755,7 +768,8 @@ class WorkBounds:
         nt = coef.types[opt.k]
         key = (nt.name, opt.tp, opt.mbs, context, kind)
         if key not in self.tables:
-            self.tables[key] = arc_times(self.inst, nt, opt.tp, opt.mbs, None if kind is None else [kind], context)
+            self.tables[key] = arc_times(self.inst, nt, opt.tp, opt.mbs, None if kind is None else [kind], context,
+                                         self.parts)
         return self.tables[key]
 
     def per_count(self, coef, o: int, context: bool = True) -> list[float]:

@@ -438,7 +438,8 @@ def _own_slicing(inst: Instance, plan: Plan, limits: Limits, below: float) -> Ca
 def _least_config_slicing(inst: Instance, coef, limits: Limits, below: float) -> Candidate | None:
     """The heuristic plan of the GPipe config of least sliced bound (`coef`, from quick_bound;
     heuristics/warmstart.best_plan within LEAST_CONFIG_WORK work units) cut by the slicing of
-    least TeraPipe step J over the counts 2..U (slicing.best_slices on the plan's slowest stage),
+    least TeraPipe step J over the counts 1..U (slicing.best_slices on the plan's slowest stage;
+    none when one slice is least),
     evaluated (predict.evaluate), when the limits admit it and its objective is below `below`;
     None otherwise. Where slicing pays, the config the bound ranks first is where a sliced plan
     is likeliest (GPT-3 175B on 16 x 8 A100: GPipe pp 16 cut into 4 slices beats the
@@ -453,8 +454,9 @@ def _least_config_slicing(inst: Instance, coef, limits: Limits, below: float) ->
     units = units_for(inst.job.seq_length)
     unit = inst.job.seq_length // units
     t = _slice_time_table(inst, plan, unit)
-    dp = min((best_slices(units, t, plan.pp, plan.num_microbatches, count=c) for c in range(2, units + 1)),
-             key=lambda x: (x.objective, x.count))
+    dp = best_slices(units, t, plan.pp, plan.num_microbatches)   # every count: one DP
+    if dp.count < 2:
+        return None     # by TeraPipe's step, slicing this plan does not pay
     cand = _candidate(inst, plan, limits, tuple(n * unit for n in dp.lengths))
     return cand if limits.admit(cand.plan) and cand.objective < below else None
 
