@@ -58,8 +58,9 @@ under the plan's own bottleneck Y >= z, taken over a grid of intervals of Y (`_r
 **The work bound** (`WorkBounds`, no slicing enumerated): per option and slice count n the least
 per-layer sum A*_{o,n} over the cuts into n slices (`count_sums`, a shortest path), the bottleneck
 Z_n and least layer sum S_n of the placements at those times, and T >= max(m Z_n, (m - 1) Z_n +
-S_n / n) + tails (`work_step`: the machine path M(s) of the heaviest stage, and P(s, k) at the
-slice of most work). `full` takes it too (the paths have no m W term at m = 1); the default's
+S_n / n, fill, ends) + tails (`work_step`: the machine path M(s) of the heaviest stage, and P(s, k)
+at the slice of most work; `fill_step`: M(s) with the other stages' first or last slices;
+`ends_step`: P(s, k) with R_k through the end stages). `full` takes it too (the paths have no m W term at m = 1); the default's
 decision reads its least over the configs (`quick_bound`). formulations/pipeline.md, "Token
 slices", gives the proofs; tests/test_slice_search.py checks each part against enumeration."""
 from __future__ import annotations
@@ -747,8 +748,10 @@ class WorkBounds:
     S_n = their least layer sum (every type at most the layers its stages hold): the machine path
     of the heaviest stage, T >= m W_max (slice_bounds docstring, M(s)), and its path through the
     slice k of most work, T >= (m - 1) W_max + max_k C_k >= (m - 1) W_max + sum_r W_r / n (C_k
-    sums to sum_r W_r over the n slices; P(s, k) with R_k and the hops dropped). The config's
-    bound is the least over the allowed counts: slicing finer shrinks the bubble term S_n / n,
+    sums to sum_r W_r over the n slices; P(s, k) with R_k and the hops dropped); and, K > 1, the
+    same paths with the fill and the end stages kept (`fill_step`, `ends_step`, with `ends`' u, v
+    and Q_n and 2 (K - 1) hops of one unit of tokens). The config's bound is the least over the
+    allowed counts: slicing finer shrinks the bubble term S_n / n,
     and each slice's own work (A*_{o,n}) grows. No slicing is enumerated: a few dozen arcs per
     option."""
 
