@@ -852,23 +852,36 @@ class WorkBounds:
             u, v, Q = self.ends(coef, usable)
             hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
         best, whole = math.inf, True
+        rows = [self.per_count(coef, o) for o in usable]
+        # every option's per-layer sum non-decreasing in the count: then so are Z_n and S_n (the
+        # bottleneck and the least layer sum only grow with the per-layer times), and a count's
+        # terms at a smaller count's Z and S bound it from below (each term is non-decreasing
+        # in Z and S): a count whose bound so read cannot beat the best is not placed
+        mono = all(r[a] <= r[b] for r in rows for a, b in zip(self.counts, self.counts[1:]))
+        placed: dict[int, tuple[float, float]] = {}
+
+        def step(n: int, z: float, S: float) -> float:
+            got = work_step(m, z, S, n)
+            if K > 1:
+                least = min(r[n] for r in rows)
+                got = max(got, fill_step(m, z, L, u, least, v + hops), ends_step(m, z, S, n, Q[n], hops))
+            return got
         for n, q in sorted(quick.items(), key=lambda x: (x[1], x[0])):
             if q + tail >= best:
                 break      # the counts left bound at least as high
             if q + tail >= limit:
                 best, whole = q + tail, False
                 break
+            below = [c for c in placed if c < n] if mono else []
+            if below and step(n, *placed[max(below)]) + tail >= best:
+                continue
             slots = bounds.stage_slots(coef, self.limits, True, caps, rooms, usable,
                                        lambda o: self.per_count(coef, o)[n])
             z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
             if z is not None:
                 S = bounds._least_layer_sum(math.inf, slots, K, L, 1)
-                step = work_step(m, z, S, n)
-                if K > 1:
-                    least = min(self.per_count(coef, o)[n] for o in usable)
-                    step = max(step, fill_step(m, z, L, u, least, v + hops),
-                               ends_step(m, z, S, n, Q[n], hops))
-                best = min(best, step + tail)
+                placed[n] = (z, S)
+                best = min(best, step(n, z, S) + tail)
         return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
 
 
