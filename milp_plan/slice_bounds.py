@@ -53,13 +53,14 @@ option o on a slicing, the heaviest stage takes at least z, the least max_s n_s 
 every placement within the pools' stage counts and the memory rooms (`ConfigBounds._bottleneck`),
 and sum_r p_{r,k}'s layers at least LS_k(Y), the least sum_s n_s alpha_{o(s),k} with every stage
 under the plan's own bottleneck Y >= z, taken over a grid of intervals of Y (`_refined`). Stage
-0's tail holds the tied embedding's all-reduce (`_embedding_sync`).
+0's tail holds the tied embedding's all-reduce (`_embedding_sync`: the unsliced bound's term, one formula).
 
 **The work bound** (`WorkBounds`, no slicing enumerated): per option and slice count n the least
 per-layer sum A*_{o,n} over the cuts into n slices (`count_sums`, a shortest path), the bottleneck
 Z_n and least layer sum S_n of the placements at those times, and T >= max(m Z_n, (m - 1) Z_n +
-S_n / n) + tails (`work_step`: the machine path M(s) of the heaviest stage, and P(s, k) at the
-slice of most work). `full` takes it too (the paths have no m W term at m = 1); the default's
+S_n / n, fill, ends) + tails (`work_step`: the machine path M(s) of the heaviest stage, and P(s, k)
+at the slice of most work; `fill_step`: M(s) with the other stages' first or last slices;
+`ends_step`: P(s, k) with R_k through the end stages). `full` takes it too (the paths have no m W term at m = 1); the default's
 decision reads its least over the configs (`quick_bound`). formulations/pipeline.md, "Token
 slices", gives the proofs; tests/test_slice_search.py checks each part against enumeration."""
 from __future__ import annotations
@@ -73,6 +74,7 @@ import numpy as np
 
 from milp_plan import costmodel
 from milp_plan.cluster import MixedNodeType
+from milp_plan.deadline import WORK, Deadline
 from milp_plan.instance import Instance
 from milp_plan.job import Limits
 from milp_plan.plan import Plan
@@ -252,6 +254,16 @@ def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int
     return out
 
 
+def plan_bounds_work(inst: Instance, pp: int, counts: Iterable[int]) -> float:
+    """Work units (deadline.py) of one `plan_bounds` of a pp-stage plan: its numpy passes touch
+    every slicing row x unit about pp + 2 times (the stages' gathers and the running maxima),
+    at SECONDS_PER_CELL each (0.12, 0.20 and 0.35 s measured at pp 2, 4 and 8 on U = 16 units,
+    32,767 slicings; this charges 0.13, 0.19 and 0.31)."""
+    units, _ = unit_tokens(inst)
+    _, rows = slicing_rows(units, counts)
+    return rows.size * (pp + 2) * SECONDS_PER_CELL
+
+
 def plan_bound(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]) -> tuple[float, tuple[int, ...]]:
     """(the least objective any slicing of `plan` with a count in `counts` can reach, by the
     path bounds; the slicing (tokens) where it is least)."""
@@ -278,21 +290,17 @@ def _least_hop_per_token(coef) -> float:
     return min(hops) / coef.inst.job.seq_length
 
 
-def _embedding_sync(coef) -> float:
-    """At least the tied embedding's all-reduce of any plan of the config (seconds;
-    costmodel.tied_embedding_sync_s, the slower of two directions, so at least either): the
-    least over the options of one end and the node type of the other end, on the same node
-    only where the option's pool fits two stages on a node (else another node)."""
-    if coef.cfg.pp < 2 or not coef.inst.model.tied_embeddings:
-        return 0.0
-    types = sorted({pool.k for pool in coef.pools})
-    got = []
-    for o in range(len(coef.options)):
-        pool = coef.pools[coef.pool_of[o]]
-        if pool.place.stages_per_node >= 2:
-            got.append(coef.embedding_sync(o, pool.k, True))
-        got += [coef.embedding_sync(o, k2, False) for k2 in types]
-    return min(got)
+def _embedding_sync(coef, limits: Limits, memory: bool = True) -> float:
+    """At least the tied embedding's all-reduce of any sliced plan of the config (seconds): the
+    unsliced bound's term, solvers/bounds._tied_sync_lower_bound (one formula: the ends run
+    usable options of pools with a stage to offer, within one node only where one pool's node
+    holds all pp stages), over the config's usable options within the memory rooms (a sliced
+    plan holds what unsliced GPipe holds, and its tail is PlanCosts.tail_s, as unsliced). 0 where
+    no placement fits (the bound's other parts say so). memory=False: every option with a stage
+    to offer may be an end (lower, without the rooms' memory fits)."""
+    from milp_plan.solvers import bounds
+    found = bounds.usable_options(coef, limits, memory=memory)
+    return 0.0 if found is None else bounds._tied_sync_lower_bound(coef, found[0], found[3])
 
 
 def _option_arcs(inst: Instance, coef, arcs, unit: int) -> tuple[list[float], list[float], list[float], list[float],
@@ -478,12 +486,13 @@ class ConfigBounds:
         best = float(vals.min()) if len(vals) else math.inf
         return None if best == math.inf else best
 
-    def _dp(self, coef, layers: int) -> float:
+    def _dp(self, coef, layers: int, memory: bool = True) -> float:
         """At least stage 0's tail (PlanCosts.tail_s) when it holds >= `layers` layers: piece 0
         of its exposed reduction (Coefficients.dp_time; it never decreases with the layers)
-        plus the tied embedding's all-reduce, which follows it (`_embedding_sync`)."""
+        plus the tied embedding's all-reduce, which follows it (`_embedding_sync`; memory=False:
+        without the memory rooms, lower and cheaper)."""
         return max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options)))) + \
-            _embedding_sync(coef)
+            _embedding_sync(coef, self.limits, memory)
 
     def cheap(self, coef) -> float | None:
         """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
@@ -622,11 +631,15 @@ def least_sums(units: int, t) -> list[float]:
     units into exactly n slices (inf at n = 0): a shortest path over (unit, slices used),
     F_c[j] = min_{i < j} F_{c-1}[i] + t(i, j), F_0 = (0, inf, ..., inf), the answer F_n[units]
     (Bellman: the slice times add, and each depends on its own start and end alone); one numpy
-    pass over the (i, j) table per slice count."""
-    T = np.full((units + 1, units + 1), np.inf)
-    for i in range(units):
-        for j in range(i + 1, units + 1):
-            T[i, j] = t(i, j)
+    pass over the (i, j) table per slice count. `t`: a callable t(i, j), or the table itself
+    ((units + 1) x (units + 1), inf off the arcs)."""
+    if callable(t):
+        T = np.full((units + 1, units + 1), np.inf)
+        for i in range(units):
+            for j in range(i + 1, units + 1):
+                T[i, j] = t(i, j)
+    else:
+        T = t
     F = np.full(units + 1, np.inf)
     F[0] = 0.0
     out = [math.inf]
@@ -636,37 +649,91 @@ def least_sums(units: int, t) -> list[float]:
     return out
 
 
-def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> list[float]:
-    """A*_n for n = 0..U (`least_sums`): at most the per-layer f + b summed over the slices of
-    every slicing into exactly n slices at the planner's units, with context (node type nt, tp,
-    micro-batch size; each slice at the least over the model's block kinds of
-    costmodel.layer_times with its context). A*_0 = inf. context=False: each slice as a
-    sequence of its length (at most the above: the context only adds, costmodel.slice_context_s;
-    U cost-model calls instead of U (U + 1) / 2)."""
+def _kind_parts(inst: Instance, nt, tp: int, mbs: int, kind: str) -> tuple[np.ndarray, float]:
+    """(t(l) = layer_times(l units).fwd + .bwd for l = 0..U (t(0) = 0), ctx(1, 1): the context
+    term of one unit after one unit, costmodel.slice_context_s) of one kind on a plain node type:
+    U + 1 cost-model calls, shared by the tables with and without context."""
     units, unit = unit_tokens(inst)
-    kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
-    base = {(kd, n): costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit) for kd in kinds for n in range(1, units + 1)}
+    base = np.array([0.0] + [lt.fwd_s + lt.bwd_s for lt in
+                             (costmodel.layer_times(inst, nt, tp, mbs, kind, x * unit) for x in range(1, units + 1))])
+    return base, sum(costmodel.slice_context_s(inst, nt, tp, mbs, kind, unit, unit))
 
-    def least(n: int, c: int) -> float:
-        """min over kinds of layer_times(n units after c units of context).fwd + .bwd; on a plain
-        node type its parts, the sequence's time and slice_context_s (costmodel.layer_times adds
-        them so), each length's sequence once; a mixed type (its members' maxima) whole."""
-        if c == 0 or isinstance(nt, MixedNodeType):
-            return min(lt.fwd_s + lt.bwd_s for kd in kinds for lt in
-                       [base[kd, n] if c == 0 else costmodel.layer_times(inst, nt, tp, mbs, kd, n * unit, c * unit)])
-        return min(base[kd, n].fwd_s + base[kd, n].bwd_s +
-                   sum(costmodel.slice_context_s(inst, nt, tp, mbs, kd, costmodel.row_tokens(inst, n * unit), c * unit))
-                   for kd in kinds)
-    if context:
-        t = {(i, j): least(j - i, i) for i in range(units) for j in range(i + 1, units + 1)}
-        return least_sums(units, lambda i, j: t[i, j])
-    return least_sums(units, lambda i, j: least(j - i, 0))
+
+def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool, memo: dict | None = None
+               ) -> np.ndarray:
+    """arc_times of one kind: T[i, j] = t(j - i units) + ctx(j - i, i) on a plain node type, with
+    the context term linear in the slice's tokens times its context, ctx(l, c) = l c ctx(1, 1)
+    (costmodel.slice_context_s: kappa core_f(L) l c / L^2, and backward a fixed multiple;
+    `_kind_parts`, kept in `memo` by node type, tp, micro-batch size and kind when given); on a
+    mixed type (its members' maxima) each arc whole."""
+    units, unit = unit_tokens(inst)
+    T = np.full((units + 1, units + 1), np.inf)
+    i, j = np.triu_indices(units + 1, 1)
+    if context and isinstance(nt, MixedNodeType):
+        for a, b in zip(i, j):
+            lt = costmodel.layer_times(inst, nt, tp, mbs, kind, int(b - a) * unit, int(a) * unit)
+            T[a, b] = lt.fwd_s + lt.bwd_s
+        return T
+    memo = {} if memo is None else memo
+    key = (nt.name, tp, mbs, kind)
+    if key not in memo:
+        memo[key] = _kind_parts(inst, nt, tp, mbs, kind)
+    base, one = memo[key]
+    T[i, j] = base[j - i] + (one * (j - i) * i if context else 0.0)
+    return T
+
+
+def arc_times(inst: Instance, nt, tp: int, mbs: int, kinds: Sequence[str] | None = None,
+              context: bool = True, memo: dict | None = None) -> np.ndarray:
+    """The per-layer f + b of every slice at the planner's units: T[i, j] for the slice of units
+    i..j-1 after i units of context, the least over `kinds` (default: the model's block kinds) of
+    costmodel.layer_times (node type nt, tp, micro-batch size; `_kind_arcs`); inf off the arcs
+    (j <= i). context=False: each slice as a sequence of its length (at most the above: the
+    context only adds, costmodel.slice_context_s)."""
+    if kinds is None:
+        kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
+    return np.min([_kind_arcs(inst, nt, tp, mbs, kd, context, memo) for kd in kinds], axis=0)
+
+
+def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> list[float]:
+    """A*_n for n = 0..U (`least_sums` over `arc_times`): at most the per-layer f + b summed over
+    the slices of every slicing into exactly n slices at the planner's units, with context (node
+    type nt, tp, micro-batch size; each slice at the least over the model's block kinds of
+    costmodel.layer_times with its context). A*_0 = inf. context=False: each slice as a sequence
+    of its length (at most the above)."""
+    units, _ = unit_tokens(inst)
+    return least_sums(units, arc_times(inst, nt, tp, mbs, context=context))
 
 
 def work_step(m: int, z: float, S: float, n: int) -> float:
     """The work bound's step term (WorkBounds): T >= max(m Z, (m - 1) Z + S / n) for m
     micro-batches, the heaviest stage's work Z and the stages' work S, cut into n slices."""
     return max(m * z, (m - 1) * z + S / n)
+
+
+def fill_step(m: int, z: float, L: int, u: float, least: float, extra: float) -> float:
+    """The machine path of the heaviest stage s with its fill and drain (slice_bounds docstring,
+    M(s)): T >= m W_s + sum_{r<s} p_{r,0} + sum_{r>s} p_{r,n-1} + the hops. Every other stage's
+    layers each take at least u on a first or last slice (u: the least per-layer f + b of a
+    slice 0..j or i..U, any option), so the fill is at least (L - n_s) u, plus `extra` (the
+    embedding's first slice or the head's last, whichever end is not s, and the 2 (K - 1) hops of
+    at least one unit of tokens). n_s u <= rho W_s with rho = u / least, `least` the least per-
+    layer sum A*_{o,n} of any option (W_s >= n_s A*_{o(s),n}), so
+        T >= m W_s + (L - n_s) u + extra >= (m - rho) W_s + L u + extra >= (m - rho) Z + L u + extra
+    (m >= 1 >= rho: u is one slice of a per-layer sum)."""
+    return (m - u / least) * z + L * u + extra
+
+
+def ends_step(m: int, z: float, S: float, n: int, Q: float, hops: float) -> float:
+    """The path through the end stages and the slice k of most work (slice_bounds docstring,
+    P(s, k)): T >= (m - 1) W_s + C_k + R_k + the hops, with R_k = sum_{i<k} p_{0,i} + sum_{i>k}
+    p_{K-1,i} >= sum_{i != k} q_i, q_i = min(p_{0,i}, p_{K-1,i}). Taking k of the largest C_k - q_k
+    (at least the mean, (S - Q) / n over the n slices, S = sum_r W_r, Q = sum_i q_i):
+        T >= (m - 1) Z + (S - Q) / n + Q + hops = (m - 1) Z + S / n + (1 - 1 / n) Q + hops,
+    non-decreasing in Z, S and Q, so their lower bounds give a bound (Q >= Q_n: every end stage
+    holds a layer and its embedding or head, WorkBounds.ends; hops: 2 (K - 1) transfers of at
+    least one unit of tokens)."""
+    return (m - 1) * z + S / n + (1 - 1 / n) * Q + hops
 
 
 class WorkBounds:
@@ -681,8 +748,10 @@ class WorkBounds:
     S_n = their least layer sum (every type at most the layers its stages hold): the machine path
     of the heaviest stage, T >= m W_max (slice_bounds docstring, M(s)), and its path through the
     slice k of most work, T >= (m - 1) W_max + max_k C_k >= (m - 1) W_max + sum_r W_r / n (C_k
-    sums to sum_r W_r over the n slices; P(s, k) with R_k and the hops dropped). The config's
-    bound is the least over the allowed counts: slicing finer shrinks the bubble term S_n / n,
+    sums to sum_r W_r over the n slices; P(s, k) with R_k and the hops dropped); and, K > 1, the
+    same paths with the fill and the end stages kept (`fill_step`, `ends_step`, with `ends`' u, v
+    and Q_n and 2 (K - 1) hops of one unit of tokens). The config's bound is the least over the
+    allowed counts: slicing finer shrinks the bubble term S_n / n,
     and each slice's own work (A*_{o,n}) grows. No slicing is enumerated: a few dozen arcs per
     option."""
 
@@ -691,20 +760,55 @@ class WorkBounds:
         self.counts = sorted(set(counts))
         self.sums: dict = {}
         self.quicks: dict = {}
+        self.tables: dict = {}
+        self.parts: dict = {}       # _kind_parts by node type, tp, micro-batch size and kind
+        self.end_terms: dict = {}
+
+    def table(self, coef, o: int, context: bool = True, kind: str | None = None) -> np.ndarray:
+        """arc_times of option o (its blocks, or `kind`: "embedding", "head"), memoised by node
+        type, tp and micro-batch size."""
+        opt = coef.options[o]
+        nt = coef.types[opt.k]
+        key = (nt.name, opt.tp, opt.mbs, context, kind)
+        if key not in self.tables:
+            self.tables[key] = arc_times(self.inst, nt, opt.tp, opt.mbs, None if kind is None else [kind], context,
+                                         self.parts)
+        return self.tables[key]
 
     def per_count(self, coef, o: int, context: bool = True) -> list[float]:
         """count_sums of option o (memoised by node type, tp, micro-batch size)."""
         opt = coef.options[o]
-        nt = coef.types[opt.k]
-        key = (nt.name, opt.tp, opt.mbs, context)
+        key = (coef.types[opt.k].name, opt.tp, opt.mbs, context)
         if key not in self.sums:
-            self.sums[key] = count_sums(self.inst, nt, opt.tp, opt.mbs, context)
+            self.sums[key] = least_sums(len(self.table(coef, o, context)) - 1, self.table(coef, o, context))
         return self.sums[key]
+
+    def ends(self, coef, usable: list[int], context: bool = True) -> tuple[float, float, list[float]]:
+        """(u, v, Q_n) of the usable options, memoised by their (node type, tp, micro-batch size):
+        u = the least per-layer f + b of a first slice (units 0..j) or a last slice (i..U) of any
+        option, v = the least of the embedding's time on a first slice and the head's on a last
+        one, and Q_n (n = 0..U) = the least over the slicings into n slices of sum_k (alpha_k
+        + min(emb_k, head_k)), alpha_k the least per-layer time of slice k over the options and
+        emb_k, head_k the least embedding and head times (`fill_step`, `ends_step`); context=False:
+        each slice as a sequence of its length (lower)."""
+        key = (frozenset((coef.types[coef.options[o].k].name, coef.options[o].tp, coef.options[o].mbs)
+                         for o in usable), context)
+        got = self.end_terms.get(key)
+        if got is None:
+            block = np.min([self.table(coef, o, context) for o in usable], axis=0)
+            emb = np.min([self.table(coef, o, context, "embedding") for o in usable], axis=0)
+            head = np.min([self.table(coef, o, context, "head") for o in usable], axis=0)
+            units = len(block) - 1
+            u = float(min(block[0, 1:].min(), block[:units, units].min()))
+            v = float(min(emb[0, 1:].min(), head[:units, units].min()))
+            got = self.end_terms[key] = (u, v, least_sums(units, block + np.minimum(emb, head)))
+        return got
 
     def quick(self, coef, context: bool = True) -> dict[int, float]:
         """Per count n: the work bound's step term with every layer at the fastest option's
-        A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds);
-        context=False: with count_sums without context (lower, cheaper)."""
+        A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds), and (K > 1)
+        the fill and end paths (`fill_step`, `ends_step`) over every option, without the hops
+        and the ends' own fill; context=False: with count_sums without context (lower, cheaper)."""
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
         key = (frozenset((coef.types[o.k].name, o.tp, o.mbs) for o in coef.options), m, K, context)
@@ -712,8 +816,16 @@ class WorkBounds:
         if got is None:
             rows = [self.per_count(coef, o, context) for o in range(len(coef.options))]
             a = {n: min(r[n] for r in rows) for n in self.counts}
-            got = self.quicks[key] = {n: work_step(m, -(-L // K) * a[n], L * a[n], n)
-                                      for n in self.counts if a[n] < math.inf}
+            ends = self.ends(coef, list(range(len(coef.options))), context) if K > 1 else None
+
+            def step(n: int) -> float:
+                z, S = -(-L // K) * a[n], L * a[n]
+                got = work_step(m, z, S, n)
+                if ends is None:
+                    return got
+                u, _, Q = ends
+                return max(got, fill_step(m, z, L, u, a[n], 0.0), ends_step(m, z, S, n, Q[n], 0.0))
+            got = self.quicks[key] = {n: step(n) for n in self.counts if a[n] < math.inf}
         return got
 
     def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf) -> tuple[float | None, bool]:
@@ -736,33 +848,59 @@ class WorkBounds:
             return None, True
         caps, _, rooms, usable = found
         tail = cb._dp(coef, 1 if K > 1 else L)
+        if K > 1:
+            u, v, Q = self.ends(coef, usable)
+            hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
         best, whole = math.inf, True
+        rows = [self.per_count(coef, o) for o in usable]
+        # every option's per-layer sum non-decreasing in the count: then so are Z_n and S_n (the
+        # bottleneck and the least layer sum only grow with the per-layer times), and a count's
+        # terms at a smaller count's Z and S bound it from below (each term is non-decreasing
+        # in Z and S): a count whose bound so read cannot beat the best is not placed
+        mono = all(r[a] <= r[b] for r in rows for a, b in zip(self.counts, self.counts[1:]))
+        placed: dict[int, tuple[float, float]] = {}
+
+        def step(n: int, z: float, S: float) -> float:
+            got = work_step(m, z, S, n)
+            if K > 1:
+                least = min(r[n] for r in rows)
+                got = max(got, fill_step(m, z, L, u, least, v + hops), ends_step(m, z, S, n, Q[n], hops))
+            return got
         for n, q in sorted(quick.items(), key=lambda x: (x[1], x[0])):
             if q + tail >= best:
                 break      # the counts left bound at least as high
             if q + tail >= limit:
                 best, whole = q + tail, False
                 break
+            below = [c for c in placed if c < n] if mono else []
+            if below and step(n, *placed[max(below)]) + tail >= best:
+                continue
             slots = bounds.stage_slots(coef, self.limits, True, caps, rooms, usable,
                                        lambda o: self.per_count(coef, o)[n])
             z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
             if z is not None:
                 S = bounds._least_layer_sum(math.inf, slots, K, L, 1)
-                best = min(best, work_step(m, z, S, n) + tail)
+                placed[n] = (z, S)
+                best = min(best, step(n, z, S) + tail)
         return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
 
 
-def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None, int]:
+def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None, refine: float = 0.0
+                ) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
     (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound was
     computed): the least over the configs of `WorkBounds.config`, found best first over three
     bounds of rising cost, each at most the next: `WorkBounds.quick` without context (every layer
     at the fastest option, slices priced as sequences of their length: U cost-model calls per
     option), the same with context, then `WorkBounds.config` (placed within the memory rooms).
-    A config is refined when it is the least on the heap; the first final bound popped is the
+    The second adds stage 0's tail without the memory rooms (ConfigBounds._dp). A config is
+    refined when it is the least on the heap; the first final bound popped is the
     least (no other config can lower it), and a config whose bound reaches the least final
     bound pushed so far is dropped. For the default's decision (`default_line`): cheap enough to run after
-    every solve. None: no GPipe config (or none meets the limits)."""
+    every solve. None: no GPipe config (or none meets the limits). `where` (a list): the config
+    whose bound is returned is appended to it, as its coefficients. refine > 0: a fourth stage,
+    `ConfigBounds.full` (every slicing enumerated), within `refine` work units (deadline.py);
+    when they run out, the least key on the heap (every config's bound is at least it)."""
     from milp_plan.solve import job_fix
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solvers import driver
@@ -775,7 +913,10 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
     cb = ConfigBounds.__new__(ConfigBounds)
     cb.inst, cb.limits = inst, limits
     work = WorkBounds(inst, limits, range(2, units + 1))
-    heap = []   # (bound, config index, stage): 0 quick without context, 1 with, 2 WorkBounds.config
+    heap = []   # (bound, config index, stage): 0 quick without context, 1 with, 2 WorkBounds.config, 3 full
+    last = 3 if refine > 0 else 2
+    dl = Deadline(math.inf, work=refine) if refine > 0 else None
+    full = None
     for i, cfg in enumerate(prepared.configs):
         if cfg.sched.slices_ok:
             coef = prepared.coef(i)
@@ -784,21 +925,28 @@ def quick_bound(inst: Instance, limits: Limits, fix: str) -> tuple[float | None,
             if got is not None:
                 heap.append((got, i, 0))
     heapq.heapify(heap)
-    read, final = 0, math.inf    # final: the least work bound pushed; the answer is at most it
+    read, final = 0, math.inf    # final: the least last-stage bound pushed; the answer is at most it
     while heap:
         key, i, stage = heapq.heappop(heap)
-        if stage == 2:
+        if stage == last or (dl is not None and dl.expired()):
+            if where is not None:
+                where.append(prepared.coef(i))
             return key, read
         coef = prepared.coef(i)
-        if stage == 0:
+        if stage == 0:   # with context, and stage 0's tail without the memory rooms (at most config's)
             quick = work.quick(coef)
-            got = cb._finish(coef, np.array([min(quick.values())]), coef.cfg.pp) if quick else None
-        else:
+            tail = cb._dp(coef, 1 if coef.cfg.pp > 1 else inst.model.num_layers, memory=False)
+            got = cb._finish(coef, np.array([min(quick.values()) + tail]), coef.cfg.pp) if quick else None
+        elif stage == 1:
             read += 1
             # cut at `final`: a value at or above it (whole or not) cannot be the least
             got, _ = work.config(coef, cb, final)
+        else:
+            full = full or ConfigBounds(inst, limits, range(2, units + 1))
+            got = full.full(coef, final)
+            dl.charge(WORK.bound + full.work)
         if got is not None and max(got, key) < final:
             heapq.heappush(heap, (max(got, key), i, stage + 1))
-            if stage == 1:
+            if stage + 1 == last:
                 final = max(got, key)
     return None, read

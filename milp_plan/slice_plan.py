@@ -155,7 +155,7 @@ def _best_sliced(inst: Instance, plan: Plan, limits: Limits, counts: list[int], 
     if not _fits_memory(plan):
         return None, math.inf     # slicing keeps the plan's memory
     by_count = slice_bounds.plan_bounds(inst, plan, limits, counts)
-    dl.charge(WORK.bound)
+    dl.charge(WORK.bound + slice_bounds.plan_bounds_work(inst, plan.pp, counts))
     bound = min(b for b, _ in by_count.values())
     best = None
     todo = sorted((b, c, x) for c, (b, x) in by_count.items() if b < cutoff * (1 - REL_EPS))
@@ -236,7 +236,8 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
 def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,
                   seeds: Iterable[Plan] = ()) -> SlicedSearch:
     """Best-first over the GPipe configs by their sliced bound (slice_bounds.ConfigBounds: the
-    cheap bound first, the full one when a config reaches the top): each config whose bound
+    cheap bound first, then the work bound (WorkBounds.config, no slicing enumerated), the full
+    one when a config reaches the top again): each config whose bound
     beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and the best
     slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
     next bound cannot beat it. Every config not examined within the deadline keeps its bound."""
@@ -254,7 +255,7 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
     if prepared.truncated:
         found.open_bounds.append(0.0)
     bounds = slice_bounds.ConfigBounds(inst, limits, counts)
-    heap = []          # (bound, config index, full?): the cheap bound first, the full one when popped
+    heap = []          # (bound, config index, stage): 0 cheap, 1 the work bound, 2 the full one
     for i, cfg in enumerate(prepared.configs):
         if not cfg.sched.slices_ok:
             continue
@@ -265,10 +266,10 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
         lb = bounds.cheap(prepared.coef(i))
         dl.charge(WORK.bound)
         if lb is not None:
-            heap.append((lb, i, False))
+            heap.append((lb, i, 0))
     heapq.heapify(heap)
     while heap:
-        lb, i, full = heap[0]
+        lb, i, stage = heap[0]
         if lb >= found.objective * (1 - REL_EPS):
             found.pruned += len(heap)
             break
@@ -276,11 +277,16 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
             found.open_bounds += [b for b, _, _ in heap]
             break
         heapq.heappop(heap)
-        if not full:
-            got = bounds.full(prepared.coef(i), found.objective)
-            dl.charge(WORK.bound + bounds.work)
+        if stage < 2:
+            coef = prepared.coef(i)
+            if stage == 0:   # the work bound (no slicing enumerated) before the full one
+                got, _ = bounds.work_bounds.config(coef, bounds, found.objective)
+                dl.charge(WORK.bound + len(bounds.work_bounds.counts) * len(coef.options) * slice_bounds.WORK_PER_COUNT)
+            else:
+                got = bounds.full(coef, found.objective)
+                dl.charge(WORK.bound + bounds.work)
             if got is not None:
-                heapq.heappush(heap, (max(got, lb), i, True))
+                heapq.heappush(heap, (max(got, lb), i, stage + 1))
             continue
         found.examined += 1
         found.open_bounds.append(_examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds))
@@ -409,6 +415,8 @@ def _restated(a: SolveResult, bound: float | None) -> SolveResult:
 
 
 QUIET_SAVING = 0.01   # default_line: a possible saving below this share is not worth a slicing runtime
+REFINE_SAVING = 0.10  # ... below this share the quick bound is refined (every slicing, REFINE_WORK units)
+REFINE_WORK = 5.0     # work units (deadline.py; about CPU seconds) of that refinement
 
 
 def _own_slicing(inst: Instance, plan: Plan, limits: Limits, below: float) -> Candidate | None:
@@ -427,13 +435,45 @@ def _own_slicing(inst: Instance, plan: Plan, limits: Limits, below: float) -> Ca
     return min(good, key=lambda c: (c.objective, c.count)) if good else None
 
 
+def _least_config_slicing(inst: Instance, coef, limits: Limits, below: float) -> Candidate | None:
+    """The heuristic plan of the GPipe config of least sliced bound (`coef`, from quick_bound;
+    heuristics/warmstart.best_plan within LEAST_CONFIG_WORK work units) cut by the slicing of
+    least TeraPipe step J over the counts 1..U (slicing.best_slices on the plan's slowest stage;
+    none when one slice is least),
+    evaluated (predict.evaluate), when the limits admit it and its objective is below `below`;
+    None otherwise. Where slicing pays, the config the bound ranks first is where a sliced plan
+    is likeliest (GPT-3 175B on 16 x 8 A100: GPipe pp 16 cut into 4 slices beats the
+    interleaved pp 8 plan by 20%); one plan and one evaluation keep it cheap."""
+    from milp_plan.heuristics import warmstart
+    if coef.cfg.pp < 2:
+        return None
+    got = warmstart.best_plan(coef, limits, Deadline(math.inf, work=LEAST_CONFIG_WORK))
+    if got is None or not _fits_memory(got[0]):
+        return None
+    plan = got[0]
+    units = units_for(inst.job.seq_length)
+    unit = inst.job.seq_length // units
+    t = _slice_time_table(inst, plan, unit)
+    dp = best_slices(units, t, plan.pp, plan.num_microbatches)   # every count: one DP
+    if dp.count < 2:
+        return None     # by TeraPipe's step, slicing this plan does not pay
+    cand = _candidate(inst, plan, limits, tuple(n * unit for n in dp.lengths))
+    return cand if limits.admit(cand.plan) and cand.objective < below else None
+
+
+LEAST_CONFIG_WORK = 0.5   # work units (deadline.py) of the heuristic plan default_line slices
+
+
 def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> str:
     """The default's decision on token slices (no --slices; the plan and plan.json are the exact
     search's, unsliced), from a quick proven bound on every sliced plan (slice_bounds.quick_bound:
-    the work bound of every GPipe config, no slicing enumerated) against the plan's objective:
+    the work bound of every GPipe config, no slicing enumerated; where it leaves a saving of
+    QUIET_SAVING..REFINE_SAVING, refined by the full bound of the configs of least bound within
+    REFINE_WORK work units) against the plan's objective:
       * at or above it: slicing cannot beat the plan (proven);
       * below it by less than QUIET_SAVING: not worth a runtime that can slice (proven);
-      * else, when the plan's own stages cut into token slices (GPipe) beat it by QUIET_SAVING or
+      * else, when the plan's own stages cut into token slices (GPipe), or the heuristic plan of the
+        GPipe config of least bound so cut (_least_config_slicing), beat it by QUIET_SAVING or
         more: worth it, with that plan's figure (simulated), and --slices auto to search them all;
       * else undecided: at most how much a sliced plan could save, and --slices auto settles it."""
     if result.plan is None or limits.objective not in ("min-time", "min-cost"):
@@ -443,13 +483,18 @@ def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> st
         fix = _gpipe_fix(req.fix)
     except InputError:     # the pins rule out GPipe: no sliced plan
         fix = None
-    lb = None if fix is None else slice_bounds.quick_bound(inst, limits, fix)[0]
+    where: list = []
+    lb = None if fix is None else slice_bounds.quick_bound(inst, limits, fix, where)[0]
     unit = "$/step" if limits.objective == "min-cost" else "s/step"
     units = units_for(inst.job.seq_length)
     space = f"every GPipe plan cut into 2..{units} token slices"
     why = "the heaviest stage's sliced work on every micro-batch, and the bubble that slices leave"
     if lb is None:
         return f"token slices: off; no plan can be sliced here ({space} is empty or breaks the limits)"
+    if QUIET_SAVING <= 1 - lb / obj < REFINE_SAVING:   # close: every slicing of the configs of least bound
+        where = []
+        lb = max(lb, slice_bounds.quick_bound(inst, limits, fix, where, refine=REFINE_WORK)[0])
+        why += "; every slicing enumerated on the configs of least bound"
     if lb >= obj * (1 - REL_EPS):
         return (f"token slices: off; slicing cannot beat this plan (proven): {space} takes at least {lb:.4g} "
                 f"{unit} ({why})")
@@ -462,6 +507,13 @@ def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> st
         return (f"token slices: off (stock Megatron-LM cannot pipeline token slices); worth it: this plan's stages "
                 f"under GPipe cut into {own.count} slices {list(own.slices)} take {own.objective:.4g} {unit} "
                 f"({own.objective / obj - 1:+.1%}); --slices auto searches every sliced plan and proves the best")
+    other = _least_config_slicing(inst, where[0], limits, obj * (1 - QUIET_SAVING)) if where else None
+    if other is not None:
+        p = other.plan
+        return (f"token slices: off (stock Megatron-LM cannot pipeline token slices); worth it: a GPipe plan of pp "
+                f"{p.pp} (tp {p.stages[0].tp}, dp {p.stages[0].dp}, {p.num_microbatches} micro-batches) cut into "
+                f"{other.count} slices {list(other.slices)} takes {other.objective:.4g} {unit} "
+                f"({other.objective / obj - 1:+.1%}); --slices auto searches every sliced plan and proves the best")
     return (f"token slices: off (the plan runs on stock Megatron-LM, which cannot pipeline token slices); "
             f"undecided: {space} takes at least {lb:.4g} {unit} ({why}), so slicing could save at most "
             f"{saving:.0%} here; --slices auto searches them and proves whether one pays")

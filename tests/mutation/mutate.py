@@ -29,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPE = "milp_plan/formulations/pipeline.py"
+SLICE = "milp_plan/slice_bounds.py"
 COEF = "milp_plan/formulations/coefficients.py"
 SCHED = "milp_plan/schedules.py"
 CLOSED = "closed-form"   # probed with every plan predicted by the closed form (the large plans' basis)
@@ -154,6 +155,10 @@ MUTATIONS = [
      "        return max(self._time(opt, *ends)[0].a for opt in self.options for ends in self._all_ends())"),
     ("milp_plan/solvers/bounds.py", "a family's work bound spreads the layers over one stage fewer",
      "        return work if cost else work / cfg.pp", "        return work if cost else work / max(1, cfg.pp - 1)"),
+    (SLICE, "the sliced work bound's fill path keeps the heaviest stage's own first or last slices (no - rho Z)",
+     "    return (m - u / least) * z + L * u + extra", "    return m * z + L * u + extra"),
+    (SLICE, "the sliced work bound's end path counts the ends' slices whole (Q for (1 - 1 / n) Q)",
+     "    return (m - 1) * z + S / n + (1 - 1 / n) * Q + hops", "    return (m - 1) * z + S / n + Q + hops"),
 ]
 
 PROBE = r'''
@@ -185,6 +190,10 @@ test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
 test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
 # the work bound that orders the families before their weak bound (both objectives, by hand)
 test_bounds.test_work_bound_by_hand(Path(tempfile.mkdtemp()))
+# the sliced work bound's fill and end paths against the simulator (tests/test_slice_search.py)
+import test_slice_search
+for tight in (False, True):
+    test_slice_search.test_fill_and_end_paths_never_exceed_the_simulated_step(tight)
 # the forward share (lo t <= f <= hi t + excess) on every stage of real configs
 from test_paths import test_the_forward_share_holds_on_every_stage
 test_the_forward_share_holds_on_every_stage("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1})
