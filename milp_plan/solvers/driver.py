@@ -252,6 +252,7 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
             predict.learn_path(coef.paths(), path)
             if trace is not None:
                 trace.paths.append(path)
+
             paths += 1
             if paths > MAX_PATHS or dl.expired():
                 # out of rounds: the plan is still a plan (its objective is the cost model's),
@@ -503,13 +504,15 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
                 heap.push((lb, cfg, 0, coef))
                 continue
-            full_lb = full_bound(coef, limits)
+            carried = prepared.carried(cfg, limits)
+            full_lb = full_bound(coef, limits, max(lb, carried) if cfg.complete else lb)
             dl.charge(WORK.bound * (1 if limits.budget_usd_per_step is None else 3))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
+                if cfg.complete:  # what the bound proved, for later solves (a sweep's: too_slow, carried)
+                    prepared.proven.setdefault(cfg, []).append((limits, math.inf if full_lb is None else full_lb))
                 continue  # no plan fits in memory, or none can beat the incumbent
             if prepared.too_slow(cfg, limits):
                 continue  # an earlier min-time solve proved it has no plan within the time limit
-            carried = prepared.carried(cfg, limits)
             if carried > lb and cfg.complete:  # an earlier solve of the sweep proved more: back in the heap
                 if carried < inc.objective * (1 - REL_EPS):
                     heap.push((carried, cfg, 0, coef))

@@ -149,6 +149,10 @@ MUTATIONS = [
     ("milp_plan/solvers/bounds.py", "least_usd_per_hour takes the dearest GPUs first",
      "sorted(physical, key=lambda nt: (nt.usd_per_gpu_hour, nt.name))",
      "sorted(physical, key=lambda nt: (-nt.usd_per_gpu_hour, nt.name))"),
+    ("milp_plan/solvers/bounds.py", "coupled_budget_bound caps the dear type's stages one below what the budget allows",
+     "                                 type_caps={dear: d_max})", "                                 type_caps={dear: d_max - 1})"),
+    ("milp_plan/solvers/bounds.py", "least_usd_per_hour_with fills the other stages from the dearest pool first",
+     "key=lambda q: (price[q], q)):", "key=lambda q: (-price[q], q)):"),
 ]
 
 PROBE = r'''
@@ -178,6 +182,11 @@ test_bounds.test_the_tied_all_reduce_term_is_tight(Path(tempfile.mkdtemp()))
 # the free search's bound terms: stage counts coupled across node types, recompute pieces
 test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
 test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
+# the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
+import test_coupled_bound as tcb
+tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
+for kw in tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites.pytestmark[0].args[1]:
+    tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites(Path(tempfile.mkdtemp()), kw)
 # the forward share (lo t <= f <= hi t + excess) on every stage of real configs
 from test_paths import test_the_forward_share_holds_on_every_stage
 test_the_forward_share_holds_on_every_stage("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1})

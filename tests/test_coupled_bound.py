@@ -1,0 +1,92 @@
+"""bounds.coupled_budget_bound: under a $/step budget B a plan with d stages on the dearest node
+type pays at least P(d) (least_usd_per_hour_with), so P(d) T <= 3600 B caps d, and the config's
+bound over the plans with at most that many dear stages bounds them all. It prunes, so it must
+never exceed the config's best admitted plan (brute force, at budgets on every plan's own
+$/step), and must bite where the fast GPUs are the dear ones."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.job import Limits
+from milp_plan.solvers import bruteforce
+from milp_plan.solvers.bounds import (budget_bound, config_lower_bound, coupled_budget_bound, dear_type, full_bound,
+                                      least_usd_per_hour_with)
+from milp_plan.solvers.driver import prepare
+from instances import write_instance
+from test_bounds import REL
+
+BUDGETS = 6   # budgets per config in the brute-force check: on plans' own $/step, spread over their range
+
+
+def _coef(prepared, pp, tp, dp):
+    return next(c for c in prepared.coefs if c.cfg.pp == pp and (c.cfg.uniform.tp, c.cfg.uniform.dp) == (tp, dp))
+
+
+def test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(tmp_path):
+    """2 nodes x 2 GPUs of each type: fast 8 $/node-h (4 $/GPU-h, the dear type), slow 2 $/node-h
+    (1 $/GPU-h). pp 3, 1-GPU stages: P(d) = 4 d + (3 - d) = 3, 6, 9, 12. pp 6: the slow type holds
+    at most 4 stages, so d >= 2: P(2) = 8 + 4 = 12, P(4) = 16 + 2 = 18; d = 5 needs 5 fast GPUs
+    of 4: inf. dp 2, pp 3 (2-GPU stages): P(1) = 8 + 2 x 2 = 12."""
+    spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    prepared = prepare(inst)
+    c3 = _coef(prepared, pp=3, tp=1, dp=1)
+    assert dear_type(c3) == 0   # 'fast'
+    assert [least_usd_per_hour_with(c3, 0, d) for d in range(4)] == pytest.approx([3.0, 6.0, 9.0, 12.0])
+    c6 = _coef(prepared, pp=6, tp=1, dp=1)
+    assert [least_usd_per_hour_with(c6, 0, d) for d in range(7)] == \
+        [math.inf, math.inf, pytest.approx(12.0), pytest.approx(15.0), pytest.approx(18.0), math.inf, math.inf]
+    assert least_usd_per_hour_with(_coef(prepared, pp=3, tp=1, dp=2), 0, 1) == pytest.approx(12.0)
+
+
+def _budgets(plans) -> list[float]:
+    """At most BUDGETS of the plans' own $/step values, spread over their range, each also one
+    hair below (the plan at it just out)."""
+    costs = sorted({p.predicted.usd_per_step for p in plans})
+    picked = {costs[round(i * (len(costs) - 1) / max(BUDGETS - 1, 1))] for i in range(min(BUDGETS, len(costs)))}
+    return sorted(b for c in picked for b in (c, c * (1 - 1e-7)))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), fast_ms=(1.0, 2.0), slow_ms=(2.5, 5.0)),
+    dict(layers=5, gpn=2, counts=(2, 1), prices=(8.0, 1.0), fast_ms=(1.0, 2.0), slow_ms=(1.5, 3.0), billing=("gpu", "node")),
+])
+def test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites(tmp_path, kw):
+    """Every config with both types (pp >= 2), at budgets on its plans' own $/step: the full
+    bound (with the coupling; floor: the config's optimum without a budget, which holds under
+    one) is at most the best admitted plan, None only where none is admitted; and somewhere the
+    coupling raises it above budget_bound's (so a wrong coupling has something to break)."""
+    spec = write_instance(tmp_path, **kw)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    bites = 0
+    for coef in prepare(inst).coefs:
+        if coef.cfg.pp < 2 or dear_type(coef) is None:
+            continue
+        plans = list(bruteforce.candidate_plans(inst, coef.cfg, None))
+        if not plans:
+            continue
+        floor = min(p.predicted.step_time_s for p in plans)
+        for budget in _budgets(plans):
+            limits = Limits("min-time", budget_usd_per_step=budget)
+            best = min([p.predicted.step_time_s for p in plans if limits.admit(p)], default=math.inf)
+            got = full_bound(coef, limits, floor)
+            if got is None:
+                assert best == math.inf, (coef.cfg.label(), budget, "None but a plan exists", best)
+                continue
+            assert got <= best * (1 + REL), (coef.cfg.label(), budget, got, best)
+            lb = config_lower_bound(coef, limits, memory=True)
+            bites += got > budget_bound(coef, limits, max(lb, floor)) * (1 + 1e-6)
+    assert bites > 0
+
+
+def test_the_coupled_bound_leaves_other_limits_alone(tmp_path):
+    """No $/step budget, min-cost, or no bound: the bound comes back as it went in."""
+    spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    coef = _coef(prepare(inst), pp=3, tp=1, dp=1)
+    assert coupled_budget_bound(coef, Limits("min-time"), 0.5) == 0.5
+    assert coupled_budget_bound(coef, Limits("min-cost", budget_usd_per_step=1e-9), 0.5) == 0.5
+    assert coupled_budget_bound(coef, Limits("min-time", budget_usd_per_step=1.0), None) is None
