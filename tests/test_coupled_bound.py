@@ -42,6 +42,18 @@ def test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(tmp_path):
     assert least_usd_per_hour_with(_coef(prepared, pp=3, tp=1, dp=2), 0, 1) == pytest.approx(12.0)
 
 
+def test_the_price_of_the_other_stages_takes_the_cheapest_type_first(tmp_path):
+    """The same with a third type, one 'mid' node of 2 GPUs at 3 $/node-h (1.5 $/GPU-h). pp 5,
+    1-GPU stages: d = 0 takes the 4 slow GPUs and one mid, 4 + 1.5 = 5.5 (the mid ones first:
+    3 + 3 = 6); d = 1: 4 + 4 = 8; d = 2: 8 + 3 = 11; d = 4: 16 + 1 = 17; d = 5: inf."""
+    spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), third=True)
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    c5 = _coef(prepare(inst), pp=5, tp=1, dp=1)
+    assert dear_type(c5) == 0
+    assert [least_usd_per_hour_with(c5, 0, d) for d in range(6)] == \
+        [pytest.approx(5.5), pytest.approx(8.0), pytest.approx(11.0), pytest.approx(14.0), pytest.approx(17.0), math.inf]
+
+
 def _budgets(plans) -> list[float]:
     """At most BUDGETS of the plans' own $/step values, spread over their range, each also one
     hair below (the plan at it just out)."""

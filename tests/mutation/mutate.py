@@ -185,6 +185,7 @@ test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
+tcb.test_the_price_of_the_other_stages_takes_the_cheapest_type_first(Path(tempfile.mkdtemp()))
 for kw in tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites.pytestmark[0].args[1]:
     tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites(Path(tempfile.mkdtemp()), kw)
 # the forward share (lo t <= f <= hi t + excess) on every stage of real configs
