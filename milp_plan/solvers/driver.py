@@ -258,6 +258,8 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
                 # out of rounds: the plan is still a plan (its objective is the cost model's),
                 # and the config stays open at its proven bound
                 return (plan if limits.admit(plan) else None), bound
+            if backend == "cpsat" and run.bound is not None and limits.budget_usd_per_step is not None:
+                model.add_objective_floor(run.bound)  # what this run proved holds for the next
             continue
         value = objective_of(plan, limits)
         err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
@@ -295,6 +297,16 @@ class _Heap:
 
     def least(self) -> float:
         return self.entries[0][0]
+
+    def record(self, proven: dict) -> None:
+        """What the heap's bounds prove, into `proven` (Prepared.proven): each complete config's
+        bound, and a family's for each member, under this heap's limits (a later solve of a
+        sweep reads them: Prepared.carried, Prepared.too_slow)."""
+        configs = self.prepared.configs
+        for lb, cfg, kind, payload in self.entries:
+            for c in ([cfg] if kind == 0 else [configs[i] for i in payload]):
+                if c.complete:
+                    proven.setdefault(c, []).append((self.limits, lb))
 
     def count(self) -> int:
         """Configs in the heap (a family counts its members)."""
@@ -415,12 +427,12 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
         if dl.expired():
             break
         if budget:
-            full = full_bound(coef, limits)
+            full = full_bound(coef, limits, max(lb, heap.prepared.carried(cfg, limits)) if cfg.complete else lb)
             dl.charge(3 * WORK.bound)
             if full is None or full >= inc.objective * (1 - REL_EPS):
                 continue
         tried, calls = tried + (1 if inc.plan is not None or not budget else 0), calls + 1
-        got = heuristic.best_plan(coef, limits, dl)
+        got = heuristic.best_plan(coef, limits, dl, full if budget and limits.objective == "min-time" else 0.0)
         if got is None:
             continue
         plan, inc.hints[cfg] = got
@@ -492,6 +504,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             report()  # before each step too: a long config solve or bounding does not leave the user in silence
             if heap.least() >= inc.objective * (1 - REL_EPS):
                 pruned += heap.count()
+                heap.record(prepared.proven)
                 break
             if dl.expired():
                 open_bounds += [e[0] for e in heap.entries]
