@@ -102,3 +102,56 @@ def test_the_coupled_bound_leaves_other_limits_alone(tmp_path):
     assert coupled_budget_bound(coef, Limits("min-time"), 0.5) == 0.5
     assert coupled_budget_bound(coef, Limits("min-cost", budget_usd_per_step=1e-9), 0.5) == 0.5
     assert coupled_budget_bound(coef, Limits("min-time", budget_usd_per_step=1.0), None) is None
+
+
+def test_the_warm_start_skips_only_candidates_over_budget(tmp_path):
+    """warmstart.over_price: every heuristic candidate it skips, built, is over a budget (the
+    $/h one, or the $/step one at the config's proven step bound), at budgets on the plans' own
+    values; and it skips some."""
+    from milp_plan.formulations.placement import build_plan
+    from milp_plan.heuristics import warmstart
+    spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), fast_ms=(1.0, 2.0),
+                          slow_ms=(2.5, 5.0))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    skipped = 0
+    for coef in prepare(inst).coefs:
+        built = [(c, build_plan(inst, coef.cfg, [coef.options[o] for o in c[0]], c[1], c[2], None))
+                 for c in warmstart.candidates(coef)]
+        for plan in [p for _, p in built][:2]:
+            for limits in (Limits("min-time", budget_usd_per_step=plan.predicted.usd_per_step * (1 - 1e-7)),
+                           Limits("min-time", budget_usd_per_hour=plan.predicted.usd_per_hour * (1 - 1e-7))):
+                least = full_bound(coef, limits) or 0.0
+                for (opts, _, _), p in built:
+                    if warmstart.over_price(coef, limits, opts, least):
+                        skipped += 1
+                        assert not limits.admit(p), (coef.cfg.label(), limits)
+    assert skipped > 0
+
+
+def test_path_rounds_under_a_budget_keep_every_config_optimum(tmp_path, monkeypatch):
+    """Under a $/step budget each CP-SAT round after a critical path is added starts from the
+    bound the last round proved (PipelineModel.add_objective_floor). Every config's model solved
+    on its own (cutoff just above its optimum, so the $/step big-M proves fast) must still end
+    at brute force's optimum of that config: transfers comparable to stage time, so plans'
+    critical paths differ and rounds happen (counted)."""
+    from milp_plan import predict
+    from milp_plan.deadline import Deadline
+    from milp_plan.solvers import driver
+    from instances import COMPARABLE_BW
+    from test_bounds import config_optimum
+    spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), bw=COMPARABLE_BW[0],
+                          billing=("node", "gpu"))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    rounds = []
+    real = predict.critical_path
+    monkeypatch.setattr(predict, "critical_path", lambda i, p: rounds.append(1) or real(i, p))
+    fastest = bruteforce.solve(inst, Limits()).plan
+    limits = Limits("min-time", budget_usd_per_step=fastest.predicted.usd_per_step * 0.93)
+    for coef in prepare(inst).coefs:
+        best = config_optimum(inst, coef, limits)
+        if not coef.options or best == math.inf:
+            continue
+        plan, bound = driver._solve_config(coef, limits, "cpsat", best * 1.01, None, Deadline(60.0), 1, 0.0)
+        assert plan is not None, coef.cfg.label()
+        assert best * (1 - 1e-9) <= plan.predicted.step_time_s <= best * (1 + 1e-4), (coef.cfg.label(), best)
+    assert rounds

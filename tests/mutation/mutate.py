@@ -153,6 +153,9 @@ MUTATIONS = [
      "                                 type_caps={dear: d_max})", "                                 type_caps={dear: d_max - 1})"),
     ("milp_plan/solvers/bounds.py", "least_usd_per_hour_with fills the other stages from the dearest pool first",
      "key=lambda q: (price[q], q)):", "key=lambda q: (-price[q], q)):"),
+    (PIPE, "a path round's objective floor 1% above what the last run proved",
+     "            self.be.add(self.v.objective >= math.ceil(bound - 1e-9))",
+     "            self.be.add(self.v.objective >= math.ceil(bound * 1.01))"),
 ]
 
 PROBE = r'''
@@ -188,6 +191,10 @@ tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfi
 tcb.test_the_price_of_the_other_stages_takes_the_cheapest_type_first(Path(tempfile.mkdtemp()))
 for kw in tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites.pytestmark[0].args[1]:
     tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites(Path(tempfile.mkdtemp()), kw)
+if sys.argv[3] == "simulated":   # critical-path rounds under a budget (the closed form has none)
+    import pytest
+    with pytest.MonkeyPatch.context() as mp:
+        tcb.test_path_rounds_under_a_budget_keep_every_config_optimum(Path(tempfile.mkdtemp()), mp)
 # the forward share (lo t <= f <= hi t + excess) on every stage of real configs
 from test_paths import test_the_forward_share_holds_on_every_stage
 test_the_forward_share_holds_on_every_stage("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1})
