@@ -37,8 +37,11 @@ The solves share one driver.Prepared (configs and coefficients) and what each pr
   (Prepared.too_slow).
 
 Under a $/step budget each solve also prunes by what a config's GPUs cost at least
-(bounds.budget_bound), and its heuristic start skips configs that bound refutes
-(driver.heuristic_start).
+(bounds.budget_bound) and by what the budget leaves of its dearest GPUs (a stage count on
+them, bounds.coupled_budget_bound), its heuristic start skips configs those refute and
+candidates whose GPUs cost more than the budget allows (driver.heuristic_start,
+warmstart.over_price); a solve records what its bounds proved of the configs it did not
+solve (the heap at the stop, every config a full bound pruned), for the solves after it.
 
 Both only prune or seed; every point is still each solve's proven optimum.
 """

@@ -407,8 +407,10 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
     short limit returns one), within HEURISTIC_SHARE of the budget and the deadline. It looks
     ahead on a copy of the heap. Under a $/step budget the configs of least bound are mostly
     fast and over the budget (a Pareto sweep's min-time solves), so the first plan is often far
-    from the optimum: there it skips the configs whose full bound (bounds.full_bound) admits no
-    plan or none below the incumbent, and counts HEURISTIC_CONFIGS from the first plan."""
+    from the optimum: there it skips the configs whose full bound (bounds.full_bound, at least
+    what an earlier solve proved) admits no plan or none below the incumbent, counts
+    HEURISTIC_CONFIGS from the first plan, and (min-time) builds no candidate whose GPUs cost
+    more than the budget allows at that bound (warmstart.over_price)."""
     inc, ahead, h0 = Incumbent(), heap.copy(), dl.mark()
     inc.offer_known(known, limits)
     budget = limits.budget_usd_per_step is not None
