@@ -155,3 +155,34 @@ def test_path_rounds_under_a_budget_keep_every_config_optimum(tmp_path, monkeypa
         assert plan is not None, coef.cfg.label()
         assert best * (1 - 1e-9) <= plan.predicted.step_time_s <= best * (1 + 1e-4), (coef.cfg.label(), best)
     assert rounds
+
+
+def test_a_recomputing_config_is_never_better_than_its_dominating_twin(tmp_path):
+    """driver.Prepared.twin: where a recomputing Megatron config has a twin (recompute none)
+    that holds a stage's most layers at every position, the twin's best admitted plan is at
+    least as good under every objective and limit (brute force over both configs), so a bound
+    proved for the twin holds for it; with binding memory (a few MiB a GPU) some configs have
+    no twin, and some do."""
+    from test_bounds import config_optimum
+    spec = write_instance(tmp_path, layers=4, gpn=2, counts=(2, 2), prices=(8.0, 2.0), fast_ms=(1.0, 2.0),
+                          slow_ms=(2.5, 5.0), memory_gib=(0.004, 0.003, None))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    prepared = prepare(inst)
+    fastest = bruteforce.solve(inst, Limits()).plan
+    t, usd = fastest.predicted.step_time_s, fastest.predicted.usd_per_step
+    every = [Limits(), Limits("min-cost", time_limit_s=1.5 * t), Limits("min-time", budget_usd_per_step=0.9 * usd),
+             Limits("min-time", budget_usd_per_hour=10.0)]
+    twins = lonely = 0
+    for i, cfg in enumerate(prepared.configs):
+        if cfg.uniform.recompute == "none":
+            continue
+        twin = prepared.twin(cfg)
+        if twin is None:
+            lonely += 1
+            continue
+        twins += 1
+        mine, theirs = prepared.coef(i), prepared.coef(prepared.configs.index(twin))
+        for limits in every:
+            assert config_optimum(inst, theirs, limits) <= config_optimum(inst, mine, limits) * (1 + REL), \
+                (cfg.label(), limits)
+    assert twins > 0 and lonely > 0

@@ -38,6 +38,7 @@ Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -51,7 +52,7 @@ from milp_plan.errors import InputError, InternalError
 from milp_plan.formulations.placement import build_plan
 from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.pipeline import PipelineModel
-from milp_plan.job import Limits
+from milp_plan.job import OVERLAP_FIELDS, Limits
 from milp_plan.formulations.space import (Config, StageOption, coverage_gap, enumerate_configs,
                                           explain_fix, free_children, free_completions, matches_pins)
 from milp_plan.instance import Instance
@@ -102,6 +103,8 @@ class Prepared:
     # found, and each solved config's lower bound under the limits it was solved with
     found: list[Plan] = field(default_factory=list)
     proven: dict = field(default_factory=dict)   # Config -> [(Limits, lower bound)]
+    _twins: dict = field(default_factory=dict)   # Config -> its dominating twin or None (twin)
+    _index: dict = field(default_factory=dict)   # Config -> its index in configs (filled on first use)
 
     def __post_init__(self) -> None:
         if self.shared is None:
@@ -118,18 +121,59 @@ class Prepared:
         return [self.coef(i) for i in range(len(self.configs))]
 
     def carried(self, cfg: Config, limits: Limits) -> float:
-        """The best lower bound an earlier solve proved for `cfg` under limits no tighter than
-        these, of the same objective (its plans include this problem's: within)."""
-        return max((lb for old, lb in self.proven.get(cfg, ()) if within(limits, old)), default=0.0)
+        """The best lower bound a solve proved for `cfg` (an earlier one, or this one so far)
+        under limits no tighter than these, of the same objective (its plans include this
+        problem's: within), or for its dominating twin (`twin`: its optimum is at most cfg's)."""
+        return max((lb for c in self._and_twin(cfg) for old, lb in self.proven.get(c, ()) if within(limits, old)),
+                   default=0.0)
 
     def too_slow(self, cfg: Config, limits: Limits) -> bool:
         """An earlier min-time solve, under limits that admit every plan these admit, proved
-        that no plan of `cfg` is faster than a bound above this solve's time limit: `cfg` has
-        no plan here (the sweep's min-cost solve after a min-time one). Strictly above: a
-        plan exactly at the bound may exist."""
+        that no plan of `cfg` (or of its dominating twin, `twin`: no slower) is faster than a
+        bound above this solve's time limit: `cfg` has no plan here (the sweep's min-cost solve
+        after a min-time one). Strictly above: a plan exactly at the bound may exist."""
         t = limits.time_limit_s
         return t is not None and any(old.objective == "min-time" and admits_fewer(limits, old) and lb > t
-                                     for old, lb in self.proven.get(cfg, ()))
+                                     for c in self._and_twin(cfg) for old, lb in self.proven.get(c, ()))
+
+    def _and_twin(self, cfg: Config) -> tuple[Config, ...]:
+        twin = self.twin(cfg)
+        return (cfg,) if twin is None else (cfg, twin)
+
+    def twin(self, cfg: Config) -> Config | None:
+        """Megatron mode, a config that recomputes: the config that differs from it in
+        recompute "none" alone, where it dominates it (None elsewhere). Every plan of `cfg`
+        with its recompute dropped is then a plan of the twin: the same GPUs (so the same
+        $/h), transfers, reduction and optimizer step, never a longer forward or backward
+        (the argument of Coefficients._undominated, free mode's rule for one option; no
+        overlap, which lets a reduction hide in a backward), and it fits in memory: each of
+        the twin's options holds the most layers a stage of cfg holds, L - (pp - 1) vpp, at
+        every position (memory falls with the position among the middle stages, so the
+        first, the second and the last are the tightest). So the twin's optimum under any
+        limits is at most cfg's, and a bound proved for the twin holds for cfg."""
+        if cfg in self._twins:
+            return self._twins[cfg]
+        got = self._twins[cfg] = self._dominating_twin(cfg)
+        return got
+
+    def _dominating_twin(self, cfg: Config) -> Config | None:
+        job = self.inst.job
+        if cfg.uniform is None or cfg.uniform.recompute == "none" or any(getattr(job, f) for f in OVERLAP_FIELDS):
+            return None
+        if not self._index:
+            self._index.update({c: i for i, c in enumerate(self.configs)})
+        twin = dataclasses.replace(cfg, uniform=dataclasses.replace(cfg.uniform, recompute="none"))
+        if twin not in self._index or cfg not in self._index:
+            return None
+        mine, theirs = self.coef(self._index[cfg]), self.coef(self._index[twin])
+        most = self.inst.model.num_layers - (cfg.pp - 1) * cfg.vpp
+        worst = sorted({0, min(1, cfg.pp - 1), cfg.pp - 1})
+        index = {(o.k, o.tp, o.dp, o.mbs): j for j, o in enumerate(theirs.options)}
+        for o in mine.options:
+            j = index.get((o.k, o.tp, o.dp, o.mbs))
+            if j is None or min(theirs.layer_room(j, s) for s in worst) < most:
+                return None
+        return twin
 
     def families(self) -> list[list[int]]:
         """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
