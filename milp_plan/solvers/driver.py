@@ -296,7 +296,6 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
             predict.learn_path(coef.paths(), path)
             if trace is not None:
                 trace.paths.append(path)
-
             paths += 1
             if paths > MAX_PATHS or dl.expired():
                 # out of rounds: the plan is still a plan (its objective is the cost model's),
