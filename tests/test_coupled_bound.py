@@ -186,3 +186,33 @@ def test_a_recomputing_config_is_never_better_than_its_dominating_twin(tmp_path)
             assert config_optimum(inst, theirs, limits) <= config_optimum(inst, mine, limits) * (1 + REL), \
                 (cfg.label(), limits)
     assert twins > 0 and lonely > 0
+
+
+def test_the_coupled_cost_bound_never_exceeds_the_config_optimum_and_bites(tmp_path):
+    """coupled_cost_bound (min-cost under a time limit and a $/step budget): at time limits on
+    the plans' own step times, the full bound is at most the config's cheapest admitted plan,
+    None only where none is admitted, and somewhere above budget_bound's."""
+    spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), fast_ms=(1.0, 2.0),
+                          slow_ms=(2.5, 5.0))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    bites = 0
+    for coef in prepare(inst).coefs:
+        if coef.cfg.pp < 2 or dear_type(coef) is None:
+            continue
+        plans = list(bruteforce.candidate_plans(inst, coef.cfg, None))
+        if not plans:
+            continue
+        times = sorted({p.predicted.step_time_s for p in plans})
+        loose = 2 * max(p.predicted.usd_per_step for p in plans)
+        for t in {times[round(i * (len(times) - 1) / (BUDGETS - 1))] for i in range(BUDGETS)}:
+            for limit in (t, t * (1 - 1e-7)):
+                limits = Limits("min-cost", time_limit_s=limit, budget_usd_per_step=loose)
+                best = min([p.predicted.usd_per_step for p in plans if limits.admit(p)], default=math.inf)
+                got = full_bound(coef, limits)
+                if got is None:
+                    assert best == math.inf, (coef.cfg.label(), limit, "None but a plan exists", best)
+                    continue
+                assert got <= best * (1 + REL), (coef.cfg.label(), limit, got, best)
+                lb = config_lower_bound(coef, limits, memory=True)
+                bites += got > budget_bound(coef, limits, lb) * (1 + 1e-6)
+    assert bites > 0

@@ -862,6 +862,40 @@ def coupled_budget_bound(coef: Coefficients, limits: Limits, lb: float | None) -
     return lb
 
 
+def coupled_cost_bound(coef: Coefficients, limits: Limits, lb: float | None) -> float | None:
+    """A min-cost bound `lb` ($/step) under a time limit T_max, tightened by the stage count on
+    the dearest node type k (dear_type), as coupled_budget_bound does for min-time (None: no
+    plan). T_lb(j), the min-time bound of the plans with at most j stages on k
+    (config_lower_bound with type_caps), does not rise with j, so d_min, the least j with
+    T_lb(j) <= T_max, is found by bisection: a plan with d < d_min stages on k is slower than
+    T_max. One with d >= d_min pays at least P(d) T_lb / 3600 $/step, with P(d) =
+    least_usd_per_hour_with(d) and T_lb the min-time bound of all plans; so every admitted
+    plan pays at least min_{d >= d_min} P(d) T_lb / 3600."""
+    t_max = limits.time_limit_s
+    if lb is None or limits.objective != "min-cost" or t_max is None:
+        return lb
+    dear = dear_type(coef)
+    if dear is None:
+        return lb
+    timing = replace(limits, objective="min-time")
+
+    def fast_enough(j: int) -> bool:
+        t = config_lower_bound(coef, timing, memory=True, type_caps={dear: j})
+        return t is not None and t <= t_max * (1 + 1e-6)
+    most = min(sum(coef.max_stages(q) for q, pool in enumerate(coef.pools) if pool.k == dear), coef.cfg.pp)
+    if not fast_enough(most):
+        return None
+    lo, hi = 0, most   # fast_enough(hi); the least such j lies in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fast_enough(mid) else (mid + 1, hi)
+    t_lb = config_lower_bound(coef, timing, memory=True)
+    least = min(least_usd_per_hour_with(coef, dear, d) for d in range(lo, most + 1))
+    if t_lb is None or least == math.inf:
+        return None
+    return max(lb, least * t_lb / SECONDS_PER_HOUR)
+
+
 def full_bound(coef: Coefficients, limits: Limits, floor: float = 0.0) -> float | None:
     """The bound the search prunes a popped config by: config_lower_bound with the memory rooms,
     at least `floor` (a bound already proven for the config under these limits: its place in
@@ -870,4 +904,5 @@ def full_bound(coef: Coefficients, limits: Limits, floor: float = 0.0) -> float 
     lb = config_lower_bound(coef, limits, memory=True)
     if limits.budget_usd_per_step is None or lb is None:
         return lb
-    return coupled_budget_bound(coef, limits, budget_bound(coef, limits, max(lb, floor)))
+    lb = budget_bound(coef, limits, max(lb, floor))
+    return coupled_budget_bound(coef, limits, lb) if limits.objective == "min-time" else coupled_cost_bound(coef, limits, lb)

@@ -156,6 +156,9 @@ MUTATIONS = [
     (PIPE, "a path round's objective floor 1% above what the last run proved",
      "            self.be.add(self.v.objective >= math.ceil(bound - 1e-9))",
      "            self.be.add(self.v.objective >= math.ceil(bound * 1.01))"),
+    ("milp_plan/solvers/bounds.py", "coupled_cost_bound prices from one dear stage above the fewest a plan needs",
+     "    least = min(least_usd_per_hour_with(coef, dear, d) for d in range(lo, most + 1))",
+     "    least = min(least_usd_per_hour_with(coef, dear, d) for d in range(lo + 1, most + 2))"),
     ("milp_plan/solvers/driver.py", "a recomputing config's twin dominates it whatever its memory",
      "            if j is None or min(theirs.layer_room(j, s) for s in worst) < most:",
      "            if j is None or min(theirs.layer_room(j, s) for s in worst) < 0:"),
@@ -195,6 +198,7 @@ tcb.test_the_price_of_the_other_stages_takes_the_cheapest_type_first(Path(tempfi
 for kw in tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites.pytestmark[0].args[1]:
     tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites(Path(tempfile.mkdtemp()), kw)
 tcb.test_a_recomputing_config_is_never_better_than_its_dominating_twin(Path(tempfile.mkdtemp()))
+tcb.test_the_coupled_cost_bound_never_exceeds_the_config_optimum_and_bites(Path(tempfile.mkdtemp()))
 if sys.argv[3] == "simulated":   # critical-path rounds under a budget (the closed form has none)
     import pytest
     with pytest.MonkeyPatch.context() as mp:
