@@ -899,8 +899,9 @@ def coupled_cost_bound(coef: Coefficients, limits: Limits, lb: float | None) -> 
 def full_bound(coef: Coefficients, limits: Limits, floor: float = 0.0) -> float | None:
     """The bound the search prunes a popped config by: config_lower_bound with the memory rooms,
     at least `floor` (a bound already proven for the config under these limits: its place in
-    the heap, what an earlier solve proved), tightened by budget_bound and coupled_budget_bound
-    under a $/step budget (None: no plan)."""
+    the heap, what an earlier solve proved), tightened under a $/step budget by budget_bound
+    and by the dear type's stage count: coupled_budget_bound (min-time), coupled_cost_bound
+    (min-cost under a time limit). None: no plan."""
     lb = config_lower_bound(coef, limits, memory=True)
     if limits.budget_usd_per_step is None or lb is None:
         return lb
