@@ -866,11 +866,12 @@ def coupled_cost_bound(coef: Coefficients, limits: Limits, lb: float | None) -> 
     """A min-cost bound `lb` ($/step) under a time limit T_max, tightened by the stage count on
     the dearest node type k (dear_type), as coupled_budget_bound does for min-time (None: no
     plan). T_lb(j), the min-time bound of the plans with at most j stages on k
-    (config_lower_bound with type_caps), does not rise with j, so d_min, the least j with
-    T_lb(j) <= T_max, is found by bisection: a plan with d < d_min stages on k is slower than
-    T_max. One with d >= d_min pays at least P(d) T_lb / 3600 $/step, with P(d) =
-    least_usd_per_hour_with(d) and T_lb the min-time bound of all plans; so every admitted
-    plan pays at least min_{d >= d_min} P(d) T_lb / 3600."""
+    (config_lower_bound with type_caps), falls as j grows, so a bisection finds d_min with
+    T_lb(d_min - 1) > T_max (or d_min = 0): a plan with d < d_min stages on k has at most
+    d_min - 1 there, so it is slower than T_max (this reads T_lb at d_min - 1 alone: valid
+    even where T_lb would not fall). One with d >= d_min pays at least P(d) T_lb / 3600
+    $/step, with P(d) = least_usd_per_hour_with(d) and T_lb the min-time bound of all plans;
+    so every admitted plan pays at least min_{d >= d_min} P(d) T_lb / 3600."""
     t_max = limits.time_limit_s
     if lb is None or limits.objective != "min-cost" or t_max is None:
         return lb
