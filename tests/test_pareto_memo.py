@@ -38,7 +38,8 @@ def test_a_min_time_bound_above_a_time_limit_proves_the_config_empty():
     from types import SimpleNamespace
     cfg = object()
     prepared = SimpleNamespace(proven={cfg: [(Limits("min-time", budget_usd_per_step=1.0), 2.0),
-                                             (Limits("min-cost", time_limit_s=5.0), 9.0)]})
+                                             (Limits("min-cost", time_limit_s=5.0), 9.0)]},
+                               _and_twin=lambda c: (c,))   # no dominating twin (driver.Prepared.twin)
 
     def too_slow(limits):
         return driver.Prepared.too_slow(prepared, cfg, limits)
