@@ -139,6 +139,8 @@ def run_native(fn: Callable[[], T], stop: Callable[[], None]) -> T:
 class WorkCosts:
     """Work units charged per operation (about seconds on the reference machine)."""
     bound: float = 4e-4       # a config's or a family's lower bound (solvers/bounds.py)
+    work_bound: float = 1e-5  # a family's work bound, a division (bounds.WeakFamilyBounds.work_bound)
+    weak_bound: float = 5e-5  # a family's weak bound, its group's terms shared (WeakFamilyBounds.bound: 15-70 us)
     model: float = 2e-2       # a per-config model built (formulations/pipeline.py) and handed to CP-SAT
     step: float = 1e-4        # a heuristic step that builds no plan: a layer partition, a state rejected
     plan: float = 3.7e-3      # a plan built and scored by the cost model (placement.build_plan)

@@ -15,11 +15,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 
+from milp_plan.formulations.coefficients import Coefficients
+from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
 from milp_plan.result import objective_of
-from milp_plan.solvers.bounds import config_lower_bound, family_lower_bound
+from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound
 from milp_plan.solvers.driver import prepare, solve
 from instances import BACKENDS, EXAMPLES, assert_agrees, limits_for, small_free_instances, small_instances, \
     write_instance
@@ -70,6 +72,9 @@ def check_instance(kw, gbs, objective, flash, tmp, mode, most, fix=None):
         for weak in (True, False):
             lb = family_lower_bound(prepared.coef(members[0]), limits, variants, weak)
             assert (best == math.inf) if lb is None else lb <= best * (1 + REL), (members, weak, lb, best)
+        # the work bound the driver orders families by before it bounds them weakly
+        work = WeakFamilyBounds(limits).work_bound(variants[0], make=lambda _, i=members[0]: prepared.coef(i))
+        assert work <= best * (1 + REL), (members, work, best)
         # each member's own cheap bound as the opened family computes it (whole chunks of its vpp)
         for i, lb in zip(members, config_lower_bound(prepared.coef(members[0]), limits, False, variants)):
             assert (optima[i] == math.inf) if lb is None else lb <= optima[i] * (1 + REL), (i, lb, optima[i])
@@ -95,6 +100,20 @@ def test_megatron_config_bounds_hold_where_memory_binds(tmp_path_factory, case):
 @given(small_free_instances())
 def test_free_config_bounds_never_exceed_the_config_optimum(tmp_path_factory, case):
     check_instance(*case, tmp_path_factory.mktemp("inst"), "free", 6_000)
+
+
+def test_work_bound_by_hand(tmp_path):
+    """6 blocks; A100 f + b = 1 + 2 ms, A10 2 + 4 ms (tp 1, micro-batch 1); a node of 2 GPUs
+    costs 8 $/h (A100) and 2 $/h (A10). Batch 4 at dp 2, micro-batch 1: m = 2. The busiest of
+    pp = 2 stages runs both micro-batches of at least 3 layers at 3 ms or more:
+    T >= 2 x 6 x 3 ms / 2 = 18 ms. Per step, a stage of 2 GPUs pays 8 $/h x 3 ms (A100) or
+    2 $/h x 6 ms (A10) per layer and micro-batch, the least 0.012 $ s / h:
+    $ >= 2 x 6 x 0.012 / 3600 = 4e-5 $."""
+    inst = build_instance(InstanceSpec(**{**write_instance(tmp_path, layers=6).__dict__, "global_batch_size": 4}))
+    cfg = Config.megatron(1, 2, 1, 2, "none")
+    for objective, want in (("min-time", 0.018), ("min-cost", 4e-5)):
+        got = WeakFamilyBounds(Limits(objective=objective)).work_bound(cfg, make=lambda c: Coefficients(inst, c))
+        assert got == pytest.approx(want, rel=1e-9), objective
 
 
 @pytest.mark.parametrize("mode", ["megatron", "free"])

@@ -111,7 +111,7 @@ BAD = {
     "unknown profile column": (["inspect", *TINY, "--profiles", "col.csv"], ["col.csv", "attn_core_fwd_ms_x"]),
     "missing profile dir": (["inspect", "--profiles", "no-such-dir"], ["no-such-dir", "not found"]),
     "global batch 0": (["inspect", "--global-batch", "0"], ["'global-batch'", "> 0, got 0"]),
-    "global batch text": (["inspect", "--global-batch", "256k"], ["'--global-batch'", "integer"]),
+    "global batch text": (["inspect", "--global-batch", "256k"], ["'--global-batch'", "'256k'", "int"]),
     "negative seq len": (["inspect", "--seq-len", "-5"], ["'seq-len'", "got -5"]),
     "budget in euros": (["solve", "--budget", "40€/h"], ["'budget'", "40€/h", "40$/h"]),
     "time in parsecs": (["solve", "--objective", "min-cost", "--time-limit", "1.2parsecs"],

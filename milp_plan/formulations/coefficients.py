@@ -203,6 +203,7 @@ class SharedCoefficients:
         self._values: dict[tuple, object] = {}
         self.mixed_kinds = any(inst.model.block_kind(i) != inst.model.block_kind(0)
                                for i in range(inst.model.num_layers))
+        self.types = tuple(host_types(inst, {"mixed": True}))   # node types, then mixed bundles (space.host_types)
 
     def check(self, inst: Instance) -> None:
         if inst is not self.inst:
@@ -237,7 +238,7 @@ class Coefficients:
             from milp_plan.errors import InputError
             raise InputError(f"model '{inst.model.name}' mixes block kinds (encoder-decoder); the exact formulations "
                              "need one block kind: use --solver brute-force", field="model")
-        self.types = list(host_types(inst, {"mixed": True}))   # node types, then mixed bundles (space.host_types)
+        self.types = shared.types
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
         self.pins = {k: fix[k] for k in LIST_KEYS if fix and k in fix}   # per-stage layers / GPU type order
         # the options depend on the uniform choice, the samples per micro-batch, the stage sizes
@@ -292,6 +293,20 @@ class Coefficients:
     def time(self, o: int, s: int) -> tuple[Affine, Affine]:
         """(t = f + b, b) of stage position s run as option o, seconds per micro-batch."""
         return self._time(self.options[o], *self._ends(s))
+
+    def least_layer_time(self) -> float:
+        """The least f + b per layer and micro-batch (s) of any option at any stage position of
+        any pp (pp == 1, or not, as this config's): the slope of `time`."""
+        return min(self._time(opt, *ends)[0].a for opt in self.options for ends in self._all_ends())
+
+    def least_layer_work(self) -> float:
+        """The least $/h x s per layer and micro-batch of any option at any position: the
+        option's GPUs' $/h (usd_per_gpu_hour x tp dp) times its least per-layer time."""
+        return min(self.types[opt.k].usd_per_gpu_hour * opt.group * self._time(opt, *ends)[0].a
+                   for opt in self.options for ends in self._all_ends())
+
+    def _all_ends(self) -> tuple[tuple[bool, bool], ...]:
+        return ((True, True),) if self.cfg.pp == 1 else ((True, False), (False, False), (False, True))
 
     def _time(self, opt: StageOption, first: bool, last: bool) -> tuple[Affine, Affine]:
         nt, full = self.types[opt.k], opt.recompute == "full"

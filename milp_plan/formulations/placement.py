@@ -18,16 +18,33 @@ from __future__ import annotations
 from typing import Sequence
 
 from milp_plan import predict
-from milp_plan.cluster import MixedNodeType
+from milp_plan.cluster import Cluster, MixedNodeType, Node
 from milp_plan.formulations.space import Config, StageOption, host_types, placement
 from milp_plan.instance import Instance
 from milp_plan.plan import Device, Plan, SolverRecord, Stage
 
 
+_SLOTS: dict[int, tuple] = {}   # id(cluster) -> (cluster, its nodes and GPUs by node type)
+
+
+def _slots(cluster: Cluster) -> tuple[dict[int, list[Node]], dict[int, tuple[Device, ...]]]:
+    """(each node type's nodes, and their GPUs slot by slot: node by node, local GPU fastest),
+    in cluster order, made once per cluster (place_stages builds every plan from them)."""
+    got = _SLOTS.get(id(cluster))
+    if got is None or got[0] is not cluster:
+        if len(_SLOTS) >= 16:
+            _SLOTS.clear()
+        nodes_of = {k: [n for n in cluster.nodes if n.type is nt] for k, nt in enumerate(cluster.node_types)}
+        gpus_of = {k: tuple(Device(n.index, g) for n in nodes for g in range(cluster.node_types[k].gpus_per_node))
+                   for k, nodes in nodes_of.items()}
+        got = _SLOTS[id(cluster)] = (cluster, nodes_of, gpus_of)
+    return got[1], got[2]
+
+
 def place_stages(inst: Instance, options: Sequence[StageOption]) -> list[tuple[Device, ...]]:
     """Each stage's devices in the canonical placement; ValueError when a type's nodes run out
     (more mixed bundles than the nodes their runs leave)."""
-    nodes_of = {k: [n for n in inst.cluster.nodes if n.type is nt] for k, nt in enumerate(inst.cluster.node_types)}
+    nodes_of, gpus_of = _slots(inst.cluster)
     cursor = {k: 0 for k in nodes_of}  # next free GPU slot (global, over the type's nodes)
     back = {k: len(v) for k, v in nodes_of.items()}  # mixed bundles take nodes below this, from the back
     hosts = host_types(inst, {"mixed": True})
@@ -42,8 +59,7 @@ def place_stages(inst: Instance, options: Sequence[StageOption]) -> list[tuple[D
             for member, n in nt.members:
                 k = index[member]
                 back[k] -= n
-                devs += [Device(node.index, g) for node in nodes_of[k][back[k]:back[k] + n]
-                         for g in range(member.gpus_per_node)]
+                devs += gpus_of[k][back[k] * member.gpus_per_node:(back[k] + n) * member.gpus_per_node]
             out.append(tuple(devs))
             prev = (opt.k, opt.group)
             continue
@@ -57,8 +73,7 @@ def place_stages(inst: Instance, options: Sequence[StageOption]) -> list[tuple[D
         cursor[opt.k] = start + opt.group
         if cursor[opt.k] > len(nodes_of[opt.k]) * gpn:
             raise ValueError(f"{nt.name}: the stages' runs need more than its {nt.count} nodes")
-        out.append(tuple(Device(nodes_of[opt.k][slot // gpn].index, slot % gpn)
-                         for slot in range(start, start + opt.group)))
+        out.append(gpus_of[opt.k][start:start + opt.group])
     for k, nt in enumerate(inst.cluster.node_types):
         if -(-cursor[k] // nt.gpus_per_node) > back[k]:
             raise ValueError(f"{nt.name}: the stages need more than its {nt.count} nodes")

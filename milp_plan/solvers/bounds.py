@@ -649,6 +649,43 @@ class WeakFamilyBounds:
         self.limits = limits
         self._reps: dict[tuple, Coefficients] = {}
         self._groups: dict[tuple, _WeakGroup | None] = {}
+        self._work: dict[tuple, tuple[float, bool]] = {}
+        self._family: dict[Config, float | None] = {}
+
+    @staticmethod
+    def _key(cfg: Config) -> tuple:
+        return cfg.uniform, cfg.samples, cfg.sizes, cfg.pp == 1, cfg.distributed_optimizer
+
+    def work_bound(self, cfg: Config, make: Callable[[Config], Coefficients]) -> float:
+        """At most `bound` of any family headed by `cfg` (and so of its configs), at the cost of a
+        division: the driver bounds every family by it first and computes the weak bound only
+        for those that reach the top of the heap. Every schedule runs each of the m micro-
+        batches' forward and backward of a stage on that stage's ranks, so T >= m z (z: the
+        slowest stage's f + b per micro-batch), and some of the pp stages holds L / pp layers
+        or more, each at no less than the least per-layer time a_min of any option at any
+        position: T >= m L a_min / pp. Per step, $ = (sum_s p_s) T / 3600 >= m L min_o(p_o a_o)
+        / 3600 (p_o: the $/h of option o's GPUs; _finish_bound's work term at w_z = m)."""
+        wkey = (cfg.uniform, cfg.samples, cfg.sizes, cfg.pp == 1)   # what the options and positions read
+        got = self._work.get(wkey)
+        if got is None:
+            key = self._key(cfg)
+            rep = self._reps.get(key)
+            if rep is None:
+                rep = self._reps[key] = make(cfg)
+            # m L x the least work of a layer for one micro-batch: s ($ x s / h where min-cost)
+            cost = self.limits.objective == "min-cost"
+            got = self._work[wkey] = (rep.m * rep.inst.model.num_layers * (
+                rep.least_layer_work() / SECONDS_PER_HOUR if cost else rep.least_layer_time()), cost)
+        work, cost = got
+        return work if cost else work / cfg.pp
+
+    def family(self, cfg: Config, variants: list[Config], make: Callable[[Config], Coefficients]) -> float | None:
+        """`bound` of the family headed by `cfg`, memoised by its head (the heuristic start's
+        look-ahead and the search open the same families)."""
+        got = self._family.get(cfg, False)
+        if got is False:
+            got = self._family[cfg] = self.bound(cfg, variants, make=make)
+        return got
 
     def bound(self, cfg: Config, variants: list[Config], coef: Coefficients | None = None,
               make: Callable[[Config], Coefficients] | None = None) -> float | None:
@@ -657,7 +694,7 @@ class WeakFamilyBounds:
         if cfg.uniform is None:
             raise ValueError("the weak family bound is for Megatron-mode families (configs of one uniform choice)")
         limits, pp = self.limits, cfg.pp
-        key = (cfg.uniform, cfg.samples, cfg.sizes, pp == 1, cfg.distributed_optimizer)
+        key = self._key(cfg)
         rep = self._reps.get(key)
         if rep is None:
             rep = self._reps[key] = coef if coef is not None else make(cfg)

@@ -103,6 +103,7 @@ class Prepared:
     # found, and each solved config's lower bound under the limits it was solved with
     found: list[Plan] = field(default_factory=list)
     proven: dict = field(default_factory=dict)   # Config -> [(Limits, lower bound)]
+    _families: list | None = field(default=None, repr=False)
     _twins: dict = field(default_factory=dict)   # Config -> its dominating twin or None (twin)
     _index: dict = field(default_factory=dict)   # Config -> its index in configs (filled on first use)
 
@@ -177,12 +178,15 @@ class Prepared:
 
     def families(self) -> list[list[int]]:
         """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
-        mode each config alone), in enumeration order: the members share a cheap bound's terms."""
-        groups: dict = {}
-        for i, c in enumerate(self.configs):
-            key = (c.uniform, c.pp, c.sequence_parallel, c.distributed_optimizer) if c.uniform else i
-            groups.setdefault(key, []).append(i)
-        return list(groups.values())
+        mode each config alone), in enumeration order: the members share a cheap bound's terms.
+        Made once (a Pareto sweep bounds them in every solve)."""
+        if self._families is None:
+            groups: dict = {}
+            for i, c in enumerate(self.configs):
+                key = (c.uniform, c.pp, c.sequence_parallel, c.distributed_optimizer) if c.uniform else i
+                groups.setdefault(key, []).append(i)
+            self._families = list(groups.values())
+        return self._families
     truncated: bool = False  # the deadline cut the enumeration short: the configs are not all here
 
     def children(self, coef: Coefficients) -> list[Coefficients]:
@@ -327,13 +331,14 @@ class _Heap:
     config and its Coefficients; kind 1 a family (configs that differ in schedule and vpp alone,
     their indices) at a bound of all its members (family_lower_bound), opened into configs when
     popped; kind 2 the same at the weak family bound (or at 0, cut from the cheap bounding by the
-    time limit), tightened when popped. A sorted list is a heap."""
+    time limit), tightened when popped; kind 3 the same at its work bound (`weak`.work_bound),
+    weakly bounded when popped. A sorted list is a heap."""
 
-    def __init__(self, prepared: Prepared, limits: Limits, entries: list, dl: Deadline):
-        self.prepared, self.limits, self.entries, self.dl = prepared, limits, entries, dl
+    def __init__(self, prepared: Prepared, limits: Limits, entries: list, dl: Deadline, weak: WeakFamilyBounds):
+        self.prepared, self.limits, self.entries, self.dl, self.weak = prepared, limits, entries, dl, weak
 
     def copy(self) -> "_Heap":
-        return _Heap(self.prepared, self.limits, list(self.entries), self.dl)
+        return _Heap(self.prepared, self.limits, list(self.entries), self.dl, self.weak)
 
     def push(self, entry: tuple) -> None:
         heapq.heappush(self.entries, entry)
@@ -363,7 +368,14 @@ class _Heap:
             if self.dl.expired():
                 return None  # the families stay in the heap at their bounds
             flb, cfg, kind, members = heapq.heappop(heap)
-            self.dl.charge(WORK.bound * (1 if kind == 2 else len(members)))
+            self.dl.charge(WORK.weak_bound if kind == 3 else WORK.bound * (1 if kind == 2 else len(members)))
+            if kind == 3:  # at its work bound: the weak family bound
+                lb = self.weak.family(cfg, [prep.configs[i] for i in members], make=lambda _, i=members[0]: prep.coef(i))
+                if lb is not None:
+                    heapq.heappush(heap, (max(lb, flb), cfg, 2, members))
+                if not heap:
+                    return None
+                continue
             if kind == 2:  # a weakly bounded family: tighten (the bottleneck bound) and push it back
                 lb = family_lower_bound(prep.coef(members[0]), self.limits, [prep.configs[i] for i in members])
                 if lb is not None:
@@ -391,27 +403,26 @@ class _Heap:
         return None
 
 
-def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline) -> tuple[list, list]:
-    """(bounded, later): every family and config at its cheap bound, sorted; the families the
-    bounding did not reach (BOUNDING_SHARE of the limit) at bound 0, bounded when popped."""
+def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFamilyBounds) -> tuple[list, list]:
+    """(bounded, later): every config at its cheap bound and every family at its work bound
+    (`weak`, whose shared terms are computed once per group), sorted; the families the bounding
+    did not reach (BOUNDING_SHARE of the limit) at bound 0, bounded when popped."""
     bounded, later = [], []
     families = prepared.families()
-    weak = WeakFamilyBounds(limits)  # the weak family bounds, their shared terms computed once per group
     for f, members in enumerate(families):
         if f % 16 == 0 and (dl.expired() or dl.spent() > BOUNDING_SHARE):
             later = [(0.0, prepared.configs[ms[0]], 2, ms) for ms in families[f:]]  # the heuristic gets the rest
             break
-        dl.charge(WORK.bound)
         if len(members) == 1:
+            dl.charge(WORK.bound)
             head = prepared.coef(members[0])
             lb = config_lower_bound(head, limits, memory=False)
             if lb is not None:
                 bounded.append((lb, head.cfg, 0, head))
             continue
+        dl.charge(WORK.work_bound)
         cfg = prepared.configs[members[0]]
-        lb = weak.bound(cfg, [prepared.configs[i] for i in members], make=lambda _, i=members[0]: prepared.coef(i))
-        if lb is not None:
-            bounded.append((lb, cfg, 2, members))
+        bounded.append((weak.work_bound(cfg, make=lambda _, i=members[0]: prepared.coef(i)), cfg, 3, members))
     bounded.sort(key=lambda x: x[:3])
     return bounded, later
 
@@ -450,15 +461,19 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
     short limit returns one), within HEURISTIC_SHARE of the budget and the deadline. It looks
     ahead on a copy of the heap. Under a $/step budget the configs of least bound are mostly
     fast and over the budget (a Pareto sweep's min-time solves), so the first plan is often far
-    from the optimum: there it skips the configs whose full bound (bounds.full_bound, at least
-    what an earlier solve proved) admits no plan or none below the incumbent, counts
-    HEURISTIC_CONFIGS from the first plan, and (min-time) builds no candidate whose GPUs cost
-    more than the budget allows at that bound (warmstart.over_price)."""
+    from the optimum: there it counts HEURISTIC_CONFIGS from the first plan. The configs go
+    by their full bound (bounds.full_bound, at least what an earlier solve proved): a config
+    popped at its cheap bound goes back at its full bound, and is skipped where that admits no
+    plan or none below the incumbent (at 1024 GPUs most configs of least cheap bound do not fit
+    in memory: the heuristic tried 29 of them before its first plan, 23.9 s against the
+    optimum's 10.57 s). Under a min-time solve's $/step budget it builds no candidate whose
+    GPUs cost more than the budget allows at the config's bound (warmstart.over_price)."""
     inc, ahead, h0 = Incumbent(), heap.copy(), dl.mark()
     inc.offer_known(known, limits)
     budget = limits.budget_usd_per_step is not None
     tried = calls = 0  # configs tried (under a budget: since the first plan), and all tried
-    for _ in range(HEURISTIC_MAX_CONFIGS * (4 if budget else 1)):  # skipped configs cost a bound each
+    fully: set[Config] = set()   # configs back in the heap at their full bound
+    for _ in range(HEURISTIC_MAX_CONFIGS * 8):  # skipped configs cost a full bound each
         if calls >= HEURISTIC_MAX_CONFIGS:
             break
         got = ahead.pop_config()
@@ -471,13 +486,18 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
             break
         if dl.expired():
             break
-        if budget:
+        if cfg not in fully:
             full = full_bound(coef, limits, max(lb, heap.prepared.carried(cfg, limits)) if cfg.complete else lb)
-            dl.charge(3 * WORK.bound)
+            dl.charge(WORK.bound * (3 if budget else 1))
             if full is None or full >= inc.objective * (1 - REL_EPS):
                 continue
+            if full > lb:
+                fully.add(cfg)
+                ahead.push((full, cfg, 0, coef))
+                continue
         tried, calls = tried + (1 if inc.plan is not None or not budget else 0), calls + 1
-        got = heuristic.best_plan(coef, limits, dl, full if budget and limits.objective == "min-time" else 0.0)
+        # lb: at least the config's full bound here (it went back at it, or it was no larger)
+        got = heuristic.best_plan(coef, limits, dl, lb if budget and limits.objective == "min-time" else 0.0)
         if got is None:
             continue
         plan, inc.hints[cfg] = got
@@ -515,14 +535,15 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                          "wall-clock limit alone", field="work-limit")
     t0 = dl.start
     prepared = prepared or prepare(inst, fix, mode, dl)
-    bounded, later = _cheap_bounds(prepared, limits, dl)
+    weak = WeakFamilyBounds(limits)
+    bounded, later = _cheap_bounds(prepared, limits, dl, weak)
     if prepared.base is not None:
         start = "Megatron-mode"
         inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
         inc.offer_known(known(prepared, limits), limits)
     else:
         start = "heuristic"
-        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl), dl, known(prepared, limits))
+        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl, weak), dl, known(prepared, limits))
     heuristic_obj = inc.objective if inc.plan is not None else None
     warm = inc.plan if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
     # the deadline cut the enumeration short: bound 0 stays open
@@ -530,7 +551,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     solved = pruned = 0
     # Best-first over the configs: a free config with open stage sizes is expanded when it is
     # popped (its children inherit its bound), a complete one is solved.
-    heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]), dl)
+    heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]), dl, weak)
     total = len(prepared.configs)  # and, in free mode, every child made
 
     def report() -> None:

@@ -149,6 +149,11 @@ MUTATIONS = [
     ("milp_plan/solvers/bounds.py", "least_usd_per_hour takes the dearest GPUs first",
      "sorted(physical, key=lambda nt: (nt.usd_per_gpu_hour, nt.name))",
      "sorted(physical, key=lambda nt: (-nt.usd_per_gpu_hour, nt.name))"),
+    (COEF, "a family's work bound takes the slowest per-layer time of any option",
+     "        return min(self._time(opt, *ends)[0].a for opt in self.options for ends in self._all_ends())",
+     "        return max(self._time(opt, *ends)[0].a for opt in self.options for ends in self._all_ends())"),
+    ("milp_plan/solvers/bounds.py", "a family's work bound spreads the layers over one stage fewer",
+     "        return work if cost else work / cfg.pp", "        return work if cost else work / max(1, cfg.pp - 1)"),
     ("milp_plan/solvers/bounds.py", "coupled_budget_bound caps the dear type's stages one below what the budget allows",
      "                                 type_caps={dear: d_max})", "                                 type_caps={dear: d_max - 1})"),
     ("milp_plan/solvers/bounds.py", "least_usd_per_hour_with fills the other stages from the dearest pool first",
@@ -191,6 +196,8 @@ test_bounds.test_the_tied_all_reduce_term_is_tight(Path(tempfile.mkdtemp()))
 # the free search's bound terms: stage counts coupled across node types, recompute pieces
 test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
 test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
+# the work bound that orders the families before their weak bound (both objectives, by hand)
+test_bounds.test_work_bound_by_hand(Path(tempfile.mkdtemp()))
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
