@@ -37,8 +37,11 @@ The solves share one driver.Prepared (configs and coefficients) and what each pr
   (Prepared.too_slow).
 
 Under a $/step budget each solve also prunes by what a config's GPUs cost at least
-(bounds.budget_bound), and its heuristic start skips configs that bound refutes
-(driver.heuristic_start).
+(bounds.budget_bound) and by what the budget leaves of its dearest GPUs (a stage count on
+them, bounds.coupled_budget_bound), its heuristic start skips configs those refute and
+candidates whose GPUs cost more than the budget allows (driver.heuristic_start,
+warmstart.over_price); a solve records what its bounds proved of the configs it did not
+solve (the heap at the stop, every config a full bound pruned), for the solves after it.
 
 Both only prune or seed; every point is still each solve's proven optimum.
 """
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from milp_plan import planners
 from milp_plan.errors import Infeasible, InputError
@@ -64,6 +67,7 @@ class Front:
     points: list[Plan]
     complete: bool          # every solve proven optimal, and the end proven (no cheaper plan)
     wall_time_s: float
+    solves: list = field(default_factory=list)   # each solve's SolveResult, in order (benchmarks print them)
 
 
 def pareto_front(inst: Instance, req) -> Front:
@@ -75,18 +79,21 @@ def pareto_front(inst: Instance, req) -> Front:
     exact = isinstance(planners.get(req.solver), planners.ExactPlanner)  # reuses configs and coefficients
     prepared = prepare(inst, solving.job_fix(inst, parse_fix(req.fix)), inst.objective.mode) if exact else None
     points: list[Plan] = []
+    solves = []
     below: float | None = None  # the next point costs at least NEXT_POINT_REL less than this
     proven = True
     ended = False
     while len(points) < MAX_POINTS:
         budget = None if below is None else below * (1 - NEXT_POINT_REL)
         fastest = solving.run(inst, req, Limits("min-time", budget_usd_per_step=budget), prepared=prepared)
+        solves.append(fastest)
         if fastest.plan is None:
             ended = fastest.status == "infeasible"
             break
         t = fastest.plan.predicted.step_time_s
         cheapest = solving.run(inst, req, Limits("min-cost", time_limit_s=t, budget_usd_per_step=budget),
                                prepared=prepared)
+        solves.append(cheapest)
         plan = cheapest.plan or fastest.plan
         proven &= fastest.status == "optimal" and cheapest.status == "optimal"
         # each plan costs strictly less than the last point; one that is no slower dominates it
@@ -95,7 +102,7 @@ def pareto_front(inst: Instance, req) -> Front:
             points.pop()
         points.append(plan)
         below = plan.predicted.usd_per_step
-    return Front(points, proven and ended, time.perf_counter() - t0)
+    return Front(points, proven and ended, time.perf_counter() - t0, solves)
 
 
 def _per_stage(plan: Plan, attr: str):

@@ -38,7 +38,8 @@ def test_a_min_time_bound_above_a_time_limit_proves_the_config_empty():
     from types import SimpleNamespace
     cfg = object()
     prepared = SimpleNamespace(proven={cfg: [(Limits("min-time", budget_usd_per_step=1.0), 2.0),
-                                             (Limits("min-cost", time_limit_s=5.0), 9.0)]})
+                                             (Limits("min-cost", time_limit_s=5.0), 9.0)]},
+                               _and_twin=lambda c: (c,))   # no dominating twin (driver.Prepared.twin)
 
     def too_slow(limits):
         return driver.Prepared.too_slow(prepared, cfg, limits)
@@ -74,8 +75,10 @@ def test_sweep_with_memory_finds_the_same_front_with_fewer_solves(tmp_path, monk
     2 x 2 slow at 2 $/GPU-h): both sweeps complete, with the same points, and the one with
     memory does less work (each later solve starts from the plans found before and skips
     configs an earlier min-time solve, under a looser budget, proved no better, and configs a
-    min-time solve proved slower than the next min-cost solve's time limit): 11.26 work units
-    against 13.17 (18.07 against 18.42 before bounds.budget_bound and Prepared.too_slow). Before
+    min-time solve proved slower than the next min-cost solve's time limit): 5.07 work units
+    against 6.29 (11.26 against 13.17 before the coupled bounds, bounds.coupled_budget_bound
+    and coupled_cost_bound, the warm start's price check, the recorded heap bounds and the
+    recomputing twins; 18.07 against 18.42 before bounds.budget_bound and Prepared.too_slow). Before
     pareto.NEXT_POINT_REL it solved fewer configs, most of the saving being the last point's twins."""
     spec = write_instance(tmp_path, layers=6, gpn=2, counts=(2, 2), prices=(8.0, 2.0), bw=COMPARABLE_BW[0],
                           billing=("node", "gpu"))

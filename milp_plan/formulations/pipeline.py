@@ -767,6 +767,13 @@ class PipelineModel:
                 if (s, o) in v.rr:
                     be.hint(v.rr[s, o], rs[s] if on else 0)
 
+    def add_objective_floor(self, bound: float) -> None:
+        """objective >= `bound` (model units), a bound a run of this model proved: the driver's
+        later rounds only add paths and no-goods, which remove solutions, so the model's
+        optimum cannot fall below it; stated, it spares the solver proving it again."""
+        if not isinstance(self.v.objective, int):
+            self.be.add(self.v.objective >= math.ceil(bound - 1e-9))
+
     def add_no_good(self, options: Sequence[int], layers: Sequence[int], rs: Sequence[int]) -> None:
         """Cut off one plan of this config (option, layers and recomputed layers per stage):
         some stage takes another option, or another layer or recomputed-layer count

@@ -31,6 +31,7 @@ from milp_plan.formulations.space import matches_pins
 from milp_plan.job import Limits
 from milp_plan.plan import Plan
 from milp_plan.result import objective_of
+from milp_plan.units import SECONDS_PER_HOUR
 
 Candidate = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (option, layers, recomputed layers) per stage
 
@@ -131,12 +132,30 @@ def candidates(coef: Coefficients, dl: Deadline | None = None) -> list[Candidate
     return out
 
 
-def best_plan(coef: Coefficients, limits: Limits, dl: Deadline | None = None) -> tuple[Plan, Candidate] | None:
+def over_price(coef: Coefficients, limits: Limits, opts: Sequence[int], least_step_s: float) -> bool:
+    """True when no plan with these stage options meets the limits' budgets: it rents at least
+    P = sum_s $/GPU-hour x GPUs of stage s (whole nodes only add: bounds.least_usd_per_hour) and,
+    with every plan of the config at least `least_step_s` long (a proven bound), pays at least
+    P least_step_s / 3600 per step."""
+    if limits.budget_usd_per_hour is None and limits.budget_usd_per_step is None:
+        return False
+    usd_h = sum(coef.types[coef.options[o].k].usd_per_gpu_hour * coef.options[o].group for o in opts)
+    return ((limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-9))
+            or (limits.budget_usd_per_step is not None
+                and usd_h * least_step_s / SECONDS_PER_HOUR > limits.budget_usd_per_step * (1 + 1e-9)))
+
+
+def best_plan(coef: Coefficients, limits: Limits, dl: Deadline | None = None,
+              least_step_s: float = 0.0) -> tuple[Plan, Candidate] | None:
     """The best heuristic plan of this Config under the limits (objective from the plan), or None
-    (also when the deadline `dl` runs out first)."""
+    (also when the deadline `dl` runs out first). `least_step_s`: a proven lower bound of the
+    step time of the config's plans; candidates whose GPUs cost more than a budget allows at
+    that step (`over_price`) are not built."""
     best = None
     for opts, layers, rs in candidates(coef, dl):
         if not fits(coef.inst, [coef.options[o] for o in opts]):  # mixed bundles share their types' nodes
+            continue
+        if over_price(coef, limits, opts, least_step_s):
             continue
         plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
         if dl is not None:

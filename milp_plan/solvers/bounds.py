@@ -411,14 +411,18 @@ def _least_at_inf(slots: list[SlotType], pp: int, L: int, unit: int, coupled: bo
     return _least_layer_sum(math.inf, slots, pp, L, unit, coupled), _least_usd_per_hour(math.inf, slots, L, unit)
 
 
-def usable_options(coef: Coefficients, limits: Limits, memory: bool = True
+def usable_options(coef: Coefficients, limits: Limits, memory: bool = True, type_caps: dict[int, int] | None = None
                    ) -> tuple[dict[int, int], list[int], dict[int, int], list[int]] | None:
     """(most stages per pool within the limits, the options with a stage to offer, the most
     layers each holds within memory (any position: memory falls with the position among middle
     stages, so the first, the last or the last middle stage offers the most; memory=False: L),
-    the options with room for a layer); None when no plan of the config can place its stages."""
+    the options with room for a layer); None when no plan of the config can place its stages.
+    `type_caps` (node type -> most stages): the plans considered host at most that many stages
+    on the type (each of its pools at most that many: a relaxation where it has several)."""
     cfg, L = coef.cfg, coef.inst.model.num_layers
     caps = {q: _affordable_stages(coef, q, limits) for q in range(len(coef.pools))}
+    if type_caps:
+        caps = {q: min(c, type_caps.get(coef.pools[q].k, c)) for q, c in caps.items()}
     O = [o for o in range(len(coef.options)) if caps[coef.pool_of[o]] > 0]
     if not O or sum(caps.values()) < cfg.pp:
         return None
@@ -509,7 +513,8 @@ def _front(alts: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
 
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
                        variants: list[Config] | None = None,
-                       _family: tuple | None = None) -> float | None | list[float | None]:
+                       _family: tuple | None = None,
+                       type_caps: dict[int, int] | None = None) -> float | None | list[float | None]:
     """Valid lower bound on the objective of any plan of this config, or None when none fits.
 
     Every minimum below is over the stage options a stage may take (one per node type in
@@ -522,11 +527,12 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     that differ from coef.cfg in schedule and vpp alone, so they share its options and every
     term but the closed form's weights and the reduction at vpp layers) it returns the list
     of their bounds, computed once. The terms that configs share (`_option_terms`, the
-    placement terms) are memoised in the instance's coefficient cache."""
+    placement terms) are memoised in the instance's coefficient cache. `type_caps`: the bound
+    of the plans with at most so many stages on each node type named (`usable_options`)."""
     assert (variants is None and _family is None) or not memory
     none = None if variants is None else [None] * len(variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
-    found = usable_options(coef, limits, memory)
+    found = usable_options(coef, limits, memory, type_caps)
     if found is None:
         return none
     caps, O, rooms, usable = found
@@ -821,8 +827,121 @@ def budget_bound(coef: Coefficients, limits: Limits, lb: float) -> float | None:
     return lb
 
 
-def full_bound(coef: Coefficients, limits: Limits) -> float | None:
+COUPLED_ROUNDS = 8  # coupled_budget_bound: tightenings at most (each a config_lower_bound)
+
+
+def dear_type(coef: Coefficients) -> int | None:
+    """The node type of the config's pools with the dearest GPU (usd_per_gpu_hour; ties: the
+    last), or None where there is no other type to trade it against or a pool is a mixed-type
+    bundle (whose GPUs are its members')."""
+    K = len(coef.inst.cluster.node_types)
+    types = {pool.k for pool in coef.pools}
+    if len(types) < 2 or max(types) >= K:
+        return None
+    return max(types, key=lambda k: (coef.types[k].usd_per_gpu_hour, k))
+
+
+def least_usd_per_hour_with(coef: Coefficients, dear: int, d: int) -> float:
+    """At least the $/h of a plan of the config with exactly d stages on node type `dear`
+    (inf where no plan has): a stage of pool q pays at least c_q = usd_per_gpu_hour x its GPUs
+    (least_usd_per_hour), so P >= d min_{q of dear} c_q + the sum of the pp - d least c_q of
+    the other pools' stages, each pool q giving at most max_stages(q) (a relaxation: the pools
+    of one type share its GPUs)."""
+    pp, pools = coef.cfg.pp, coef.pools
+    price = [coef.types[pool.k].usd_per_gpu_hour * pool.group for pool in pools]
+    mine = [q for q, pool in enumerate(pools) if pool.k == dear]
+    if d > sum(coef.max_stages(q) for q in mine) or (d > 0 and not mine):
+        return math.inf
+    usd, need = (d * min(price[q] for q in mine) if d else 0.0), pp - d
+    for q in sorted((q for q, pool in enumerate(pools) if pool.k != dear), key=lambda q: (price[q], q)):
+        take = min(need, coef.max_stages(q))
+        usd, need = usd + take * price[q], need - take
+    return usd if need == 0 else math.inf
+
+
+def coupled_budget_bound(coef: Coefficients, limits: Limits, lb: float | None) -> float | None:
+    """A min-time bound `lb` (valid for every plan of the config under `limits`) tightened by
+    coupling the stage count on the dearest node type k (dear_type) with the price under a
+    $/step budget B (None: no plan; formulations/pipeline.md, "Stage counts against the budget").
+
+    A plan with d stages on k pays P >= P(d) = least_usd_per_hour_with(d) and, at step time
+    T >= lb, P T / 3600 <= B needs P(d) lb <= 3600 B: every plan has d <= d_max, the largest d
+    that passes. The bound of the plans with at most d_max stages on k (config_lower_bound with
+    type_caps, and the $/h budget 3600 B / lb that budget_bound reads) is then a bound of them
+    all; repeated while it grows (d_max only falls), COUPLED_ROUNDS times at most. Where the
+    fast GPUs are the dear ones, the plans that could meet the budget must put stages on slow
+    GPUs, which raises the step-time bound."""
+    budget = limits.budget_usd_per_step
+    if budget is None or lb is None or limits.objective != "min-time" or lb <= 0:
+        return lb
+    dear = dear_type(coef)
+    if dear is None:
+        return lb
+    cap = SECONDS_PER_HOUR * budget * (1 + 1e-9)
+    most = sum(coef.max_stages(q) for q, pool in enumerate(coef.pools) if pool.k == dear)
+    for _ in range(COUPLED_ROUNDS):
+        allowed = [d for d in range(min(most, coef.cfg.pp) + 1) if least_usd_per_hour_with(coef, dear, d) * lb <= cap]
+        if not allowed:
+            return None
+        d_max = allowed[-1]
+        if d_max >= most:
+            return lb   # the budget caps no stage count
+        hourly = cap / lb
+        if limits.budget_usd_per_hour is not None:
+            hourly = min(hourly, limits.budget_usd_per_hour)
+        got = config_lower_bound(coef, replace(limits, budget_usd_per_hour=hourly), memory=True,
+                                 type_caps={dear: d_max})
+        if got is None:
+            return None
+        if got <= lb * (1 + 1e-6):
+            return lb
+        lb = got
+    return lb
+
+
+def coupled_cost_bound(coef: Coefficients, limits: Limits, lb: float | None) -> float | None:
+    """A min-cost bound `lb` ($/step) under a time limit T_max, tightened by the stage count on
+    the dearest node type k (dear_type), as coupled_budget_bound does for min-time (None: no
+    plan). T_lb(j), the min-time bound of the plans with at most j stages on k
+    (config_lower_bound with type_caps), falls as j grows, so a bisection finds d_min with
+    T_lb(d_min - 1) > T_max (or d_min = 0): a plan with d < d_min stages on k has at most
+    d_min - 1 there, so it is slower than T_max (this reads T_lb at d_min - 1 alone: valid
+    even where T_lb would not fall). One with d >= d_min pays at least P(d) T_lb / 3600
+    $/step, with P(d) = least_usd_per_hour_with(d) and T_lb the min-time bound of all plans;
+    so every admitted plan pays at least min_{d >= d_min} P(d) T_lb / 3600."""
+    t_max = limits.time_limit_s
+    if lb is None or limits.objective != "min-cost" or t_max is None:
+        return lb
+    dear = dear_type(coef)
+    if dear is None:
+        return lb
+    timing = replace(limits, objective="min-time")
+
+    def fast_enough(j: int) -> bool:
+        t = config_lower_bound(coef, timing, memory=True, type_caps={dear: j})
+        return t is not None and t <= t_max * (1 + 1e-6)
+    most = min(sum(coef.max_stages(q) for q, pool in enumerate(coef.pools) if pool.k == dear), coef.cfg.pp)
+    if not fast_enough(most):
+        return None
+    lo, hi = 0, most   # fast_enough(hi); the least such j lies in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fast_enough(mid) else (mid + 1, hi)
+    t_lb = config_lower_bound(coef, timing, memory=True)
+    least = min(least_usd_per_hour_with(coef, dear, d) for d in range(lo, most + 1))
+    if t_lb is None or least == math.inf:
+        return None
+    return max(lb, least * t_lb / SECONDS_PER_HOUR)
+
+
+def full_bound(coef: Coefficients, limits: Limits, floor: float = 0.0) -> float | None:
     """The bound the search prunes a popped config by: config_lower_bound with the memory rooms,
-    tightened by budget_bound under a $/step budget (None: no plan)."""
+    at least `floor` (a bound already proven for the config under these limits: its place in
+    the heap, what an earlier solve proved), tightened under a $/step budget by budget_bound
+    and by the dear type's stage count: coupled_budget_bound (min-time), coupled_cost_bound
+    (min-cost under a time limit). None: no plan."""
     lb = config_lower_bound(coef, limits, memory=True)
-    return lb if limits.budget_usd_per_step is None else budget_bound(coef, limits, lb)
+    if limits.budget_usd_per_step is None or lb is None:
+        return lb
+    lb = budget_bound(coef, limits, max(lb, floor))
+    return coupled_budget_bound(coef, limits, lb) if limits.objective == "min-time" else coupled_cost_bound(coef, limits, lb)

@@ -38,6 +38,7 @@ Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -51,7 +52,7 @@ from milp_plan.errors import InputError, InternalError
 from milp_plan.formulations.placement import build_plan
 from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
 from milp_plan.formulations.pipeline import PipelineModel
-from milp_plan.job import Limits
+from milp_plan.job import OVERLAP_FIELDS, Limits
 from milp_plan.formulations.space import (Config, StageOption, coverage_gap, enumerate_configs,
                                           explain_fix, free_children, free_completions, matches_pins)
 from milp_plan.instance import Instance
@@ -103,6 +104,8 @@ class Prepared:
     found: list[Plan] = field(default_factory=list)
     proven: dict = field(default_factory=dict)   # Config -> [(Limits, lower bound)]
     _families: list | None = field(default=None, repr=False)
+    _twins: dict = field(default_factory=dict)   # Config -> its dominating twin or None (twin)
+    _index: dict = field(default_factory=dict)   # Config -> its index in configs (filled on first use)
 
     def __post_init__(self) -> None:
         if self.shared is None:
@@ -119,18 +122,59 @@ class Prepared:
         return [self.coef(i) for i in range(len(self.configs))]
 
     def carried(self, cfg: Config, limits: Limits) -> float:
-        """The best lower bound an earlier solve proved for `cfg` under limits no tighter than
-        these, of the same objective (its plans include this problem's: within)."""
-        return max((lb for old, lb in self.proven.get(cfg, ()) if within(limits, old)), default=0.0)
+        """The best lower bound a solve proved for `cfg` (an earlier one, or this one so far)
+        under limits no tighter than these, of the same objective (its plans include this
+        problem's: within), or for its dominating twin (`twin`: its optimum is at most cfg's)."""
+        return max((lb for c in self._and_twin(cfg) for old, lb in self.proven.get(c, ()) if within(limits, old)),
+                   default=0.0)
 
     def too_slow(self, cfg: Config, limits: Limits) -> bool:
         """An earlier min-time solve, under limits that admit every plan these admit, proved
-        that no plan of `cfg` is faster than a bound above this solve's time limit: `cfg` has
-        no plan here (the sweep's min-cost solve after a min-time one). Strictly above: a
-        plan exactly at the bound may exist."""
+        that no plan of `cfg` (or of its dominating twin, `twin`: no slower) is faster than a
+        bound above this solve's time limit: `cfg` has no plan here (the sweep's min-cost solve
+        after a min-time one). Strictly above: a plan exactly at the bound may exist."""
         t = limits.time_limit_s
         return t is not None and any(old.objective == "min-time" and admits_fewer(limits, old) and lb > t
-                                     for old, lb in self.proven.get(cfg, ()))
+                                     for c in self._and_twin(cfg) for old, lb in self.proven.get(c, ()))
+
+    def _and_twin(self, cfg: Config) -> tuple[Config, ...]:
+        twin = self.twin(cfg)
+        return (cfg,) if twin is None else (cfg, twin)
+
+    def twin(self, cfg: Config) -> Config | None:
+        """Megatron mode, a config that recomputes: the config that differs from it in
+        recompute "none" alone, where it dominates it (None elsewhere). Every plan of `cfg`
+        with its recompute dropped is then a plan of the twin: the same GPUs (so the same
+        $/h), transfers, reduction and optimizer step, never a longer forward or backward
+        (the argument of Coefficients._undominated, free mode's rule for one option; no
+        overlap, which lets a reduction hide in a backward), and it fits in memory: each of
+        the twin's options holds the most layers a stage of cfg holds, L - (pp - 1) vpp, at
+        every position (memory falls with the position among the middle stages, so the
+        first, the second and the last are the tightest). So the twin's optimum under any
+        limits is at most cfg's, and a bound proved for the twin holds for cfg."""
+        if cfg in self._twins:
+            return self._twins[cfg]
+        got = self._twins[cfg] = self._dominating_twin(cfg)
+        return got
+
+    def _dominating_twin(self, cfg: Config) -> Config | None:
+        job = self.inst.job
+        if cfg.uniform is None or cfg.uniform.recompute == "none" or any(getattr(job, f) for f in OVERLAP_FIELDS):
+            return None
+        if not self._index:
+            self._index.update({c: i for i, c in enumerate(self.configs)})
+        twin = dataclasses.replace(cfg, uniform=dataclasses.replace(cfg.uniform, recompute="none"))
+        if twin not in self._index or cfg not in self._index:
+            return None
+        mine, theirs = self.coef(self._index[cfg]), self.coef(self._index[twin])
+        most = self.inst.model.num_layers - (cfg.pp - 1) * cfg.vpp
+        worst = sorted({0, min(1, cfg.pp - 1), cfg.pp - 1})
+        index = {(o.k, o.tp, o.dp, o.mbs): j for j, o in enumerate(theirs.options)}
+        for o in mine.options:
+            j = index.get((o.k, o.tp, o.dp, o.mbs))
+            if j is None or min(theirs.layer_room(j, s) for s in worst) < most:
+                return None
+        return twin
 
     def families(self) -> list[list[int]]:
         """Config indices grouped by everything but the schedule and vpp (Megatron mode; in free
@@ -261,6 +305,8 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
                 # out of rounds: the plan is still a plan (its objective is the cost model's),
                 # and the config stays open at its proven bound
                 return (plan if limits.admit(plan) else None), bound
+            if backend == "cpsat" and run.bound is not None and limits.budget_usd_per_step is not None:
+                model.add_objective_floor(run.bound)  # what this run proved holds for the next
             continue
         value = objective_of(plan, limits)
         err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
@@ -299,6 +345,16 @@ class _Heap:
 
     def least(self) -> float:
         return self.entries[0][0]
+
+    def record(self, proven: dict) -> None:
+        """What the heap's bounds prove, into `proven` (Prepared.proven): each complete config's
+        bound, and a family's for each member, under this heap's limits (a later solve of a
+        sweep reads them: Prepared.carried, Prepared.too_slow)."""
+        configs = self.prepared.configs
+        for lb, cfg, kind, payload in self.entries:
+            for c in ([cfg] if kind == 0 else [configs[i] for i in payload]):
+                if c.complete:
+                    proven.setdefault(c, []).append((self.limits, lb))
 
     def count(self) -> int:
         """Configs in the heap (a family counts its members)."""
@@ -406,10 +462,12 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
     ahead on a copy of the heap. Under a $/step budget the configs of least bound are mostly
     fast and over the budget (a Pareto sweep's min-time solves), so the first plan is often far
     from the optimum: there it counts HEURISTIC_CONFIGS from the first plan. The configs go
-    by their full bound (bounds.full_bound): a config popped at its cheap bound goes back at
-    its full bound, and is skipped where that admits no plan or none below the incumbent (at
-    1024 GPUs most configs of least cheap bound do not fit in memory: the heuristic tried 29
-    of them before its first plan, 23.9 s against the optimum's 10.57 s)."""
+    by their full bound (bounds.full_bound, at least what an earlier solve proved): a config
+    popped at its cheap bound goes back at its full bound, and is skipped where that admits no
+    plan or none below the incumbent (at 1024 GPUs most configs of least cheap bound do not fit
+    in memory: the heuristic tried 29 of them before its first plan, 23.9 s against the
+    optimum's 10.57 s). Under a min-time solve's $/step budget it builds no candidate whose
+    GPUs cost more than the budget allows at the config's bound (warmstart.over_price)."""
     inc, ahead, h0 = Incumbent(), heap.copy(), dl.mark()
     inc.offer_known(known, limits)
     budget = limits.budget_usd_per_step is not None
@@ -429,7 +487,7 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
         if dl.expired():
             break
         if cfg not in fully:
-            full = full_bound(coef, limits)
+            full = full_bound(coef, limits, max(lb, heap.prepared.carried(cfg, limits)) if cfg.complete else lb)
             dl.charge(WORK.bound * (3 if budget else 1))
             if full is None or full >= inc.objective * (1 - REL_EPS):
                 continue
@@ -438,7 +496,8 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
                 ahead.push((full, cfg, 0, coef))
                 continue
         tried, calls = tried + (1 if inc.plan is not None or not budget else 0), calls + 1
-        got = heuristic.best_plan(coef, limits, dl)
+        # lb: at least the config's full bound here (it went back at it, or it was no larger)
+        got = heuristic.best_plan(coef, limits, dl, lb if budget and limits.objective == "min-time" else 0.0)
         if got is None:
             continue
         plan, inc.hints[cfg] = got
@@ -511,6 +570,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             report()  # before each step too: a long config solve or bounding does not leave the user in silence
             if heap.least() >= inc.objective * (1 - REL_EPS):
                 pruned += heap.count()
+                heap.record(prepared.proven)
                 break
             if dl.expired():
                 open_bounds += [e[0] for e in heap.entries]
@@ -523,13 +583,15 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
                 heap.push((lb, cfg, 0, coef))
                 continue
-            full_lb = full_bound(coef, limits)
+            carried = prepared.carried(cfg, limits)
+            full_lb = full_bound(coef, limits, max(lb, carried) if cfg.complete else lb)
             dl.charge(WORK.bound * (1 if limits.budget_usd_per_step is None else 3))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
+                if cfg.complete:  # what the bound proved, for later solves (a sweep's: too_slow, carried)
+                    prepared.proven.setdefault(cfg, []).append((limits, math.inf if full_lb is None else full_lb))
                 continue  # no plan fits in memory, or none can beat the incumbent
             if prepared.too_slow(cfg, limits):
                 continue  # an earlier min-time solve proved it has no plan within the time limit
-            carried = prepared.carried(cfg, limits)
             if carried > lb and cfg.complete:  # an earlier solve of the sweep proved more: back in the heap
                 if carried < inc.objective * (1 - REL_EPS):
                     heap.push((carried, cfg, 0, coef))

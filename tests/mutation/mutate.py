@@ -159,6 +159,19 @@ MUTATIONS = [
      "    return (m - u / least) * z + L * u + extra", "    return m * z + L * u + extra"),
     (SLICE, "the sliced work bound's end path counts the ends' slices whole (Q for (1 - 1 / n) Q)",
      "    return (m - 1) * z + S / n + (1 - 1 / n) * Q + hops", "    return (m - 1) * z + S / n + Q + hops"),
+    ("milp_plan/solvers/bounds.py", "coupled_budget_bound caps the dear type's stages one below what the budget allows",
+     "                                 type_caps={dear: d_max})", "                                 type_caps={dear: d_max - 1})"),
+    ("milp_plan/solvers/bounds.py", "least_usd_per_hour_with fills the other stages from the dearest pool first",
+     "key=lambda q: (price[q], q)):", "key=lambda q: (-price[q], q)):"),
+    (PIPE, "a path round's objective floor 1% above what the last run proved",
+     "            self.be.add(self.v.objective >= math.ceil(bound - 1e-9))",
+     "            self.be.add(self.v.objective >= math.ceil(bound * 1.01))"),
+    ("milp_plan/solvers/bounds.py", "coupled_cost_bound prices from one dear stage above the fewest a plan needs",
+     "    least = min(least_usd_per_hour_with(coef, dear, d) for d in range(lo, most + 1))",
+     "    least = min(least_usd_per_hour_with(coef, dear, d) for d in range(lo + 1, most + 2))"),
+    ("milp_plan/solvers/driver.py", "a recomputing config's twin dominates it whatever its memory",
+     "            if j is None or min(theirs.layer_room(j, s) for s in worst) < most:",
+     "            if j is None or min(theirs.layer_room(j, s) for s in worst) < 0:"),
 ]
 
 PROBE = r'''
@@ -194,6 +207,18 @@ test_bounds.test_work_bound_by_hand(Path(tempfile.mkdtemp()))
 import test_slice_search
 for tight in (False, True):
     test_slice_search.test_fill_and_end_paths_never_exceed_the_simulated_step(tight)
+# the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
+import test_coupled_bound as tcb
+tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
+tcb.test_the_price_of_the_other_stages_takes_the_cheapest_type_first(Path(tempfile.mkdtemp()))
+for kw in tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites.pytestmark[0].args[1]:
+    tcb.test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites(Path(tempfile.mkdtemp()), kw)
+tcb.test_a_recomputing_config_is_never_better_than_its_dominating_twin(Path(tempfile.mkdtemp()))
+tcb.test_the_coupled_cost_bound_never_exceeds_the_config_optimum_and_bites(Path(tempfile.mkdtemp()))
+if sys.argv[3] == "simulated":   # critical-path rounds under a budget (the closed form has none)
+    import pytest
+    with pytest.MonkeyPatch.context() as mp:
+        tcb.test_path_rounds_under_a_budget_keep_every_config_optimum(Path(tempfile.mkdtemp()), mp)
 # the forward share (lo t <= f <= hi t + excess) on every stage of real configs
 from test_paths import test_the_forward_share_holds_on_every_stage
 test_the_forward_share_holds_on_every_stage("mixed-128", "gpt3-175b", 8, {"tp": 8, "dp": 1, "mbs": 1})
