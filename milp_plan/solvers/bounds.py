@@ -176,8 +176,8 @@ class PipelineTerms:
 
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
                     terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
-                    least: tuple[float, float] | None = None, sweep: "_Sweep | None" = None
-                    ) -> tuple[float, float] | None:
+                    least: tuple[float, float] | None = None, sweep: "_Sweep | None" = None,
+                    rise: "Callable[[float, float | None], float | None] | None" = None) -> tuple[float, float] | None:
     """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
     z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
     (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so
@@ -186,8 +186,11 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     S(Z) and P(Z) only fall at breakpoints, between which T(Z) rises, so the minimum is at
     z_min or a breakpoint; past the evaluated ones, T >= w_z max(Z, S_inf / pp) + w_sum S_inf
     + rest and P >= P_inf, with S_inf, P_inf at unbounded Z (every stage holds as many layers
-    as memory lets it). `sweep` (`_Sweep`): the points of this placement, shared. Returns (the
-    bound: T or $/step, S_inf), or None when no Z meets the limits."""
+    as memory lets it). `sweep` (`_Sweep`): the points of this placement, shared. `rise(Z, next)`
+    (`_StageZeroTail`): what stage 0's tail adds to `rest` in every plan whose largest a n lies
+    in [Z, next) (>= 0; None: no such plan), read at the evaluated points only (past them
+    `rest` alone, a bound for every Z). Returns (the bound: T or $/step,
+    S_inf), or None when no Z meets the limits."""
     w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
     layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
                                     _least_usd_per_hour(math.inf, slots, L, unit))
@@ -217,8 +220,11 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
         if i == steps:
             best = tail
             break
+        up = 0.0 if rise is None else rise(z, sweep.z(i + 1))
+        if up is None:
+            continue  # no plan has its largest a n at this Z
         S = terms.extra + sweep.layer_sum(i)
-        got = value(w_z * max(z, S / pp) + w_sum * S + rest,
+        got = value(w_z * max(z, S / pp) + w_sum * S + rest + up,
                     max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf)  # P matters only where priced
         if got is not None:
             best = min(best, got)
@@ -249,6 +255,115 @@ class _Sweep:
         if i not in self._usd:
             self._usd[i] = _least_usd_per_hour(self.zs[i], self.slots, self.L, self.unit)
         return self._usd[i]
+
+
+class _StageZeroTail:
+    """What stage 0's tail (its reduction, then the tied all-reduce E) adds to the full bound's
+    least one at a steady-period point Z (`_pipeline_bound`'s `rise`): a joint term per option
+    (formulations/pipeline.md, "Stage 0's tail at Z"). In a plan whose stages all have
+    a n <= Z, the other pp - 1 stages hold at most M_i(Z) layers when stage 0 is on node type i:
+    the greedy merge of the types' increments at Z (`_stage_runs`), after the first of each
+    other required type, with one stage fewer of type i (stage 0's own). So stage 0 holds
+    n0 >= n_i(Z) = max(unit, L - M_i(Z)) (in whole chunks of `unit`) layers, within what one
+    stage of type i holds at Z and the option's memory room, and its tail is at least
+        min over i, o of type i with room >= n_i(Z), a_o n_i(Z) < next of  d_o(n_i(Z)) + E_o,
+    d_o the reduction's piece 0 at stage 0 (non-decreasing in n, so its least over n0 >= n_i
+    is at n_i), E_o the least tied all-reduce with o at stage 0 (`_sync_by_end`). The cheap
+    bound counts min_o d_o(unit) + min E instead, the `base`; the rise is the excess (>= 0).
+    The runs only change at the breakpoints, so the rise at a point Z holds for every plan whose
+    largest a n lies in [Z, next), the next point (a_o: o's least per-layer time at the ends,
+    at most what the bottleneck bound reads of a stage of o). Node types only (no mixed-type bundles, whose slots join types): else no rise."""
+
+    def __init__(self, coef: Coefficients, slots: list[SlotType], by_slot: list[list[int]], rooms: dict[int, int],
+                 sync: dict[int, float], unit: int, base: float):
+        self.slots, self.by_slot, self.rooms, self.sync, self.unit, self.base = slots, by_slot, rooms, sync, unit, base
+        self.pp, self.L = coef.cfg.pp, coef.inst.model.num_layers
+        self.d = {o: coef.dp_time(o, 0)[0] for os in by_slot for o in os}
+        self.a = {o: min(coef.time(o, s)[0].a for s in {0, self.pp - 1}) for os in by_slot for o in os}
+        self._at: dict[tuple, float | None] = {}
+
+    @classmethod
+    def of(cls, coef: Coefficients, slots: list[SlotType], caps: dict[int, int], usable: list[int],
+           rooms: dict[int, int], unit: int, base: float) -> "_StageZeroTail | None":
+        """The rise of a config's full bound, or None where its slots join node types (bundles)."""
+        types = sorted({coef.pools[coef.pool_of[o]].k for o in usable})
+        if any(k >= len(coef.inst.cluster.node_types) for k in types) or len(types) != len(slots):
+            return None
+        by_slot = [[o for o in usable if coef.options[o].k == k] for k in types]
+        return cls(coef, slots, by_slot, rooms, _sync_by_end(coef, caps, usable), unit, base)
+
+    def __call__(self, z: float, below: float | None) -> float | None:
+        got = self._at.get((z, below), False)
+        if got is False:
+            got = self._at[z, below] = self._rise(z, math.inf if below is None else below)
+        return got
+
+    def _rise(self, z: float, below: float) -> float | None:
+        unit, runs = self.unit, [sorted(_stage_runs(z, slot, self.unit), reverse=True) for slot in self.slots]
+        best = math.inf
+        for i, os in enumerate(self.by_slot):
+            own = max((v for v, _ in runs[i]), default=0)   # the most one stage of type i holds at z
+            most = _others_most(runs, self.slots, i, self.pp - 1)
+            if not own or most is None:
+                continue
+            n = max(unit, -(-(self.L - most) // unit) * unit)
+            if n > own:
+                continue
+            for o in os:
+                if self.rooms[o] >= n and self.a[o] * n < below * (1 + 1e-9):
+                    best = min(best, self.d[o](n) + self.sync[o])
+        return None if best == math.inf else max(0.0, best - self.base)
+
+
+def _others_most(runs: list[list[tuple[int, int]]], slots: list[SlotType], i: int, rest: int) -> int | None:
+    """At least the most layers `rest` stages hold besides one stage of slot i (each type's
+    non-increasing increments `runs`, slot i's with one stage fewer), after the first increment
+    of each other required slot; None when they cannot form `rest` stages."""
+    total, pool = 0, []
+    for j, (slot, rs) in enumerate(zip(slots, runs)):
+        if j == i and rs:
+            v, count = rs[-1]
+            rs = rs[:-1] + [(v, count - 1)]
+        rs = [(v, c) for v, c in rs if c > 0]
+        if slot.required and j != i:
+            if not rs:
+                return None
+            (v, count), *more = rs
+            total, rest, rs = total + v, rest - 1, [(v, count - 1)] + more
+        pool += rs
+    if rest < 0:
+        return None
+    got, taken = _top_stages(pool, rest)
+    return total + got if taken == rest else None
+
+
+def _sync_by_end(coef: Coefficients, caps: dict[int, int], usable: list[int]) -> dict[int, float]:
+    """Option o0 -> at least the tied all-reduce E of any plan with o0 at stage 0: the least over
+    the last stage's options of `_tied_sync_lower_bound`'s slower direction (its least over
+    o0 is that bound)."""
+    cfg = coef.cfg
+    if cfg.pp < 2 or not coef.inst.model.tied_embeddings:
+        return dict.fromkeys(usable, 0.0)
+    ends = {(coef.pool_of[o], coef.options[o].tp): o for o in usable}   # E reads an end's pool and tp
+    spec = {(q, tp): (coef.pools[q].k, coef.pools[q].group, tp, caps[q] >= 2,
+                      coef.pools[q].place.stages_per_node >= cfg.pp) for q, tp in ends}
+    # ... and what of the pool E reads: configs that agree on these share the table (as TiedSyncKey)
+
+    def table() -> dict:
+        to = {(e, k1, same): coef.embedding_sync(o, k1, same) for e, o in ends.items()
+              for k1 in {coef.pools[q].k for q, _ in ends} for same in (False, True)}
+        least = {}
+        for (q0, tp0) in ends:
+            best = math.inf
+            for (q1, tp1) in ends:
+                if q0 == q1 and caps[q0] < 2:
+                    continue
+                same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp
+                best = min(best, max(to[(q0, tp0), coef.pools[q1].k, same], to[(q1, tp1), coef.pools[q0].k, same]))
+            least[spec[q0, tp0][:3]] = 0.0 if best == math.inf else best
+        return least
+    least = coef.shared.get(("sync by end", TiedSyncKey(tuple(sorted(set(spec.values()))))), table)
+    return {o: least[spec[coef.pool_of[o], coef.options[o].tp][:3]] for o in usable}
 
 
 def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
@@ -565,8 +680,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         if zz is None:
             return None
         dp = min(d(v) for d in dp0 for v in vpps) + sync   # stage 0's tail: its reduction, then the tied all-reduce
+        rise = _StageZeroTail.of(coef, slots, caps, usable, rooms, u, dp) if memory else None
         got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0) + offset,
-                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp)
+                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, rise)
                for w_z, w_sum, hops, offset in pairs]
         return None if None in got else max(got)
     if _family is not None:
@@ -739,10 +855,10 @@ class WeakFamilyBounds:
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
-                  least_work, sweep=None) -> float | None:
+                  least_work, sweep=None, rise=None) -> float | None:
     """config_lower_bound's last step: the joint bound (`_pipeline_bound`) and, for $, the work bound."""
     got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd),
-                          limits, JOINT_STEPS if memory else 0, least, sweep)
+                          limits, JOINT_STEPS if memory else 0, least, sweep, rise)
     if got is None:
         return None
     bound, S = got
