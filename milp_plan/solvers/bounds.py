@@ -177,7 +177,8 @@ class PipelineTerms:
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
                     terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
                     least: tuple[float, float] | None = None, sweep: "_Sweep | None" = None,
-                    rise: "Callable[[float, float | None], float | None] | None" = None) -> tuple[float, float] | None:
+                    ends: "Callable[[float, float | None], tuple[float, float] | None] | None" = None
+                    ) -> tuple[float, float] | None:
     """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
     z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
     (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so
@@ -186,10 +187,10 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     S(Z) and P(Z) only fall at breakpoints, between which T(Z) rises, so the minimum is at
     z_min or a breakpoint; past the evaluated ones, T >= w_z max(Z, S_inf / pp) + w_sum S_inf
     + rest and P >= P_inf, with S_inf, P_inf at unbounded Z (every stage holds as many layers
-    as memory lets it). `sweep` (`_Sweep`): the points of this placement, shared. `rise(Z, next)`
-    (`_StageZeroTail`): what stage 0's tail adds to `rest` in every plan whose largest a n lies
-    in [Z, next) (>= 0; None: no such plan), read at the evaluated points only (past them
-    `rest` alone, a bound for every Z). Returns (the bound: T or $/step,
+    as memory lets it). `sweep` (`_Sweep`): the points of this placement, shared. `ends(Z, next)`
+    (`_EndStages`): in every plan whose largest a n lies in [Z, next), what stage 0's tail adds
+    to `rest` (>= 0) and a floor on z (the end stages' least time), or None (no such plan);
+    read at the evaluated points only (past them `rest` alone, a bound for every Z). Returns (the bound: T or $/step,
     S_inf), or None when no Z meets the limits."""
     w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
     layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
@@ -220,12 +221,12 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
         if i == steps:
             best = tail
             break
-        up = 0.0 if rise is None else rise(z, sweep.z(i + 1))
-        if up is None:
-            continue  # no plan has its largest a n at this Z
         S = terms.extra + sweep.layer_sum(i)
-        got = value(w_z * max(z, S / pp) + w_sum * S + rest + up,
-                    max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf)  # P matters only where priced
+        T, P = w_z * max(z, S / pp) + w_sum * S + rest, max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf
+        got = value(T, P)  # P matters only where priced
+        if got is not None and got < best and ends is not None:  # the end stages only lift a point below the best
+            at = ends(z, sweep.z(i + 1))   # None: no plan has its largest a n at this Z
+            got = None if at is None else value(w_z * max(z, S / pp, at[1]) + w_sum * S + rest + at[0], P)
         if got is not None:
             best = min(best, got)
     return None if best == math.inf else (best, s_inf)
@@ -257,62 +258,125 @@ class _Sweep:
         return self._usd[i]
 
 
-class _StageZeroTail:
-    """What stage 0's tail (its reduction, then the tied all-reduce E) adds to the full bound's
-    least one at a steady-period point Z (`_pipeline_bound`'s `rise`): a joint term per option
-    (formulations/pipeline.md, "Stage 0's tail at Z"). In a plan whose stages all have
-    a n <= Z, the other pp - 1 stages hold at most M_i(Z) layers when stage 0 is on node type i:
-    the greedy merge of the types' increments at Z (`_stage_runs`), after the first of each
-    other required type, with one stage fewer of type i (stage 0's own). So stage 0 holds
-    n0 >= n_i(Z) = max(unit, L - M_i(Z)) (in whole chunks of `unit`) layers, within what one
-    stage of type i holds at Z and the option's memory room, and its tail is at least
-        min over i, o of type i with room >= n_i(Z), a_o n_i(Z) < next of  d_o(n_i(Z)) + E_o,
-    d_o the reduction's piece 0 at stage 0 (non-decreasing in n, so its least over n0 >= n_i
-    is at n_i), E_o the least tied all-reduce with o at stage 0 (`_sync_by_end`). The cheap
-    bound counts min_o d_o(unit) + min E instead, the `base`; the rise is the excess (>= 0).
-    The runs only change at the breakpoints, so the rise at a point Z holds for every plan whose
-    largest a n lies in [Z, next), the next point (a_o: o's least per-layer time at the ends,
-    at most what the bottleneck bound reads of a stage of o). Node types only (no mixed-type bundles, whose slots join types): else no rise."""
+class _EndStages:
+    """What the end stages add to the full bound at a steady-period point Z (`_pipeline_bound`'s
+    `ends`), joint terms per option (formulations/pipeline.md, "The end stages at Z"). In a plan
+    whose stages all have a n <= Z, the other pp - 1 stages hold at most M_i(Z) layers when
+    stage 0 (or the last stage) is on node type i: the greedy merge of the types' increments at
+    Z (`_stage_runs`), after the first of each other required type, with one stage fewer of
+    type i (the end's own). So the end holds n >= n_i(Z) = max(unit, L - M_i(Z)) layers (whole
+    chunks of `unit`, `_StageZeroLayers`), within what one stage of type i holds at Z, and its
+    option o has a_o n < next (the next point; a_o: o's least per-layer time at the ends, at
+    most what the bottleneck bound reads of a stage of o) and holds n layers in memory at the
+    end's position. Then
+    - stage 0's tail (reduction, then the tied all-reduce) is at least
+          min over i, o of  d_o(n_i(Z)) + E_o,
+      d_o the reduction's piece 0 at stage 0 (non-decreasing in n), E_o the least tied
+      all-reduce with o at stage 0 (`_sync_by_end`); the bound counts min_o d_o(unit) + min E
+      (`base`), so the rise is the excess (>= 0);
+    - z = max_s t_s is at least each end's least time at n_i(Z) layers within memory
+      (`_least_time`: a n + c at the position, plus the least recompute memory forces), the
+      floor.
+    The runs only change at the breakpoints, so both hold for every plan whose largest a n
+    lies in [Z, next). Node types only (no mixed-type bundles, whose slots join types)."""
 
-    def __init__(self, coef: Coefficients, slots: list[SlotType], by_slot: list[list[int]], rooms: dict[int, int],
-                 sync: dict[int, float], unit: int, base: float):
-        self.slots, self.by_slot, self.rooms, self.sync, self.unit, self.base = slots, by_slot, rooms, sync, unit, base
-        self.pp, self.L = coef.cfg.pp, coef.inst.model.num_layers
-        self.d = {o: coef.dp_time(o, 0)[0] for os in by_slot for o in os}
-        self.a = {o: min(coef.time(o, s)[0].a for s in {0, self.pp - 1}) for os in by_slot for o in os}
-        self._at: dict[tuple, float | None] = {}
+    def __init__(self, coef: Coefficients, layers: "_StageZeroLayers", by_slot: list[list[int]],
+                 sync: Callable[[], dict[int, float]], base: float):
+        self.coef, self.layers, self.by_slot, self.sync, self.base = coef, layers, by_slot, sync, base
+        self._terms: dict | None = None   # o -> (a_o, d_o, E_o), on first use
+        self._times: dict[tuple[int, int, int], float | None] = {}
+        self._at: dict[tuple, tuple[float, float] | None] = {}
 
     @classmethod
     def of(cls, coef: Coefficients, slots: list[SlotType], caps: dict[int, int], usable: list[int],
-           rooms: dict[int, int], unit: int, base: float) -> "_StageZeroTail | None":
-        """The rise of a config's full bound, or None where its slots join node types (bundles)."""
+           rooms: dict[int, int], unit: int, base: float) -> "_EndStages | None":
+        """The end stages' terms of a config's full bound, or None where its slots join node types."""
         types = sorted({coef.pools[coef.pool_of[o]].k for o in usable})
         if any(k >= len(coef.inst.cluster.node_types) for k in types) or len(types) != len(slots):
             return None
         by_slot = [[o for o in usable if coef.options[o].k == k] for k in types]
-        return cls(coef, slots, by_slot, rooms, _sync_by_end(coef, caps, usable), unit, base)
+        L = coef.inst.model.num_layers
+        layers = coef.shared.get(("stage 0 layers", PlacementKey(tuple(slots), coef.cfg.pp, L, unit)),
+                                 lambda: _StageZeroLayers(slots, coef.cfg.pp, L, unit))
+        return cls(coef, layers, by_slot, lambda: _sync_by_end(coef, caps, usable), base)
 
-    def __call__(self, z: float, below: float | None) -> float | None:
+    def __call__(self, z: float, below: float | None) -> tuple[float, float] | None:
         got = self._at.get((z, below), False)
         if got is False:
-            got = self._at[z, below] = self._rise(z, math.inf if below is None else below)
+            got = self._at[z, below] = self._terms_at(z, math.inf if below is None else below)
         return got
 
-    def _rise(self, z: float, below: float) -> float | None:
-        unit, runs = self.unit, [sorted(_stage_runs(z, slot, self.unit), reverse=True) for slot in self.slots]
-        best = math.inf
-        for i, os in enumerate(self.by_slot):
-            own = max((v for v, _ in runs[i]), default=0)   # the most one stage of type i holds at z
-            most = _others_most(runs, self.slots, i, self.pp - 1)
-            if not own or most is None:
-                continue
-            n = max(unit, -(-(self.L - most) // unit) * unit)
-            if n > own:
+    def _terms_at(self, z: float, below: float) -> tuple[float, float] | None:
+        coef = self.coef
+        if self._terms is None:
+            sync = self.sync()
+            self._terms = {o: (min(coef.time(o, s)[0].a for s in {0, coef.cfg.pp - 1}), coef.dp_time(o, 0)[0], sync[o])
+                           for os in self.by_slot for o in os}
+        tail, first, last = math.inf, math.inf, math.inf
+        for n, os in zip(self.layers.at(z), self.by_slot):
+            if not n:
                 continue
             for o in os:
-                if self.rooms[o] >= n and self.a[o] * n < below * (1 + 1e-9):
-                    best = min(best, self.d[o](n) + self.sync[o])
-        return None if best == math.inf else max(0.0, best - self.base)
+                a, d, e = self._terms[o]
+                if a * n >= below * (1 + 1e-9):
+                    continue
+                t0, t1 = self._time(o, 0, n), self._time(o, coef.cfg.pp - 1, n)
+                if t0 is not None:
+                    tail, first = min(tail, d(n) + e), min(first, t0)
+                if t1 is not None:
+                    last = min(last, t1)
+        if math.inf in (tail, first, last):
+            return None
+        return max(0.0, tail - self.base), max(first, last)
+
+    def _time(self, o: int, s: int, n: int) -> float | None:
+        key = (o, s, n)
+        if key not in self._times:
+            self._times[key] = _least_time(self.coef, o, s, n)
+        return self._times[key]
+
+
+def _least_time(coef: Coefficients, o: int, s: int, n: int) -> float | None:
+    """The least time t = a n + rho r + c of a stage at position s running option o with n
+    layers within memory (a_m n + rho_m r + c_m <= capacity, with a little slack), r the
+    recomputed layers: 0 without full recompute, else 1 <= r <= n and at least what memory
+    forces where recomputing saves memory (rho_m < 0); None when no r fits."""
+    t, m, cap = coef.time(o, s)[0], coef.memory(o, s), coef.capacity(o) * (1 + 1e-6)
+    if not coef.full(o):
+        return t(n) if m(n) <= cap else None
+    if m.rho < 0:
+        lo = max(1, math.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9))
+    else:
+        lo = 1 if m(n, 1) <= cap else n + 1
+    if lo > n:
+        return None
+    return min(t(n, lo), t(n, n))
+
+
+class _StageZeroLayers:
+    """`_EndStages`' n_i(Z) per slot of one placement (slots, pp, L, unit), at each Z on
+    first use, shared by every config of that placement: 0 where stage 0 cannot be of slot i
+    (the others cannot form pp - 1 stages, or one stage of i holds fewer than n_i(Z))."""
+
+    def __init__(self, slots: list[SlotType], pp: int, L: int, unit: int):
+        self.slots, self.pp, self.L, self.unit = slots, pp, L, unit
+        self._at: dict[float, tuple[int, ...]] = {}
+
+    def at(self, z: float) -> tuple[int, ...]:
+        got = self._at.get(z)
+        if got is None:
+            got = self._at[z] = self._layers(z)
+        return got
+
+    def _layers(self, z: float) -> tuple[int, ...]:
+        unit, runs = self.unit, [sorted(_stage_runs(z, slot, self.unit), reverse=True) for slot in self.slots]
+        out = []
+        for i in range(len(self.slots)):
+            own = max((v for v, _ in runs[i]), default=0)   # the most one stage of slot i holds at z
+            most = _others_most(runs, self.slots, i, self.pp - 1)
+            n = 0 if most is None else max(unit, -(-(self.L - most) // unit) * unit)
+            out.append(n if own and n <= own else 0)
+        return tuple(out)
 
 
 def _others_most(runs: list[list[tuple[int, int]]], slots: list[SlotType], i: int, rest: int) -> int | None:
@@ -680,9 +744,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         if zz is None:
             return None
         dp = min(d(v) for d in dp0 for v in vpps) + sync   # stage 0's tail: its reduction, then the tied all-reduce
-        rise = _StageZeroTail.of(coef, slots, caps, usable, rooms, u, dp) if memory else None
+        ends = _EndStages.of(coef, slots, caps, usable, rooms, u, dp) if memory else None
         got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0) + offset,
-                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, rise)
+                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, ends)
                for w_z, w_sum, hops, offset in pairs]
         return None if None in got else max(got)
     if _family is not None:
@@ -855,10 +919,10 @@ class WeakFamilyBounds:
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
-                  least_work, sweep=None, rise=None) -> float | None:
+                  least_work, sweep=None, ends=None) -> float | None:
     """config_lower_bound's last step: the joint bound (`_pipeline_bound`) and, for $, the work bound."""
     got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd),
-                          limits, JOINT_STEPS if memory else 0, least, sweep, rise)
+                          limits, JOINT_STEPS if memory else 0, least, sweep, ends)
     if got is None:
         return None
     bound, S = got
