@@ -154,6 +154,13 @@ MUTATIONS = [
      "        return max(self._time(opt, *ends)[0].a for opt in self.options for ends in self._all_ends())"),
     ("milp_plan/solvers/bounds.py", "a family's work bound spreads the layers over one stage fewer",
      "        return work if cost else work / cfg.pp", "        return work if cost else work / max(1, cfg.pp - 1)"),
+    ("milp_plan/solvers/bounds.py", "the end stages' others counted one stage short (pp - 2 besides the end)",
+     "most = _others_most(runs, self.slots, i, self.pp - 1)", "most = _others_most(runs, self.slots, i, self.pp - 2)"),
+    ("milp_plan/solvers/bounds.py", "an end's least time takes the most recomputes, not the fewest memory allows",
+     "    return min(t(n, lo), t(n, n))", "    return max(t(n, lo), t(n, n))"),
+    ("milp_plan/solvers/bounds.py", "stage 0's tail read a chunk past the layers the others leave",
+     "                    tail, first = min(tail, d(n) + e), min(first, t0)",
+     "                    tail, first = min(tail, d(n + 1) + e), min(first, t0)"),
 ]
 
 PROBE = r'''
@@ -180,6 +187,10 @@ import test_bounds
 test_bounds.test_bounds_hold_where_the_tied_all_reduce_is_most_of_the_step.hypothesis.inner_test(
     Path(tempfile.mkdtemp()), "megatron", "min-time", None)
 test_bounds.test_the_tied_all_reduce_term_is_tight(Path(tempfile.mkdtemp()))
+# the end stages' terms of the full bound (tests/test_end_stages.py)
+import test_end_stages
+test_end_stages.test_least_time_is_the_least_over_the_recompute_counts_that_fit()
+test_end_stages.test_end_stages_lift_free_bounds_to_their_optimum_and_never_past_it(Path(tempfile.mkdtemp()))
 # the free search's bound terms: stage counts coupled across node types, recompute pieces
 test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
 test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
