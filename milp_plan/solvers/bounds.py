@@ -177,7 +177,7 @@ class PipelineTerms:
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
                     terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
                     least: tuple[float, float] | None = None, sweep: "_Sweep | None" = None,
-                    ends: "Callable[[float, float | None], tuple[float, float] | None] | None" = None
+                    ends: "Callable[[float, float | None], tuple[float, float, float, float] | None] | None" = None
                     ) -> tuple[float, float] | None:
     """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
     z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
@@ -190,7 +190,8 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     as memory lets it). `sweep` (`_Sweep`): the points of this placement, shared. `ends(Z, next)`
     (`_EndStages`): in every plan whose largest a n lies in [Z, next), what stage 0's tail adds
     to `rest` (>= 0) and a floor on z (the end stages' least time), or None (no such plan);
-    read at the evaluated points only (past them `rest` alone, a bound for every Z). Returns (the bound: T or $/step,
+    and T >= the chain path through the last stage, at[2] S + at[3]; read at the evaluated points
+    only (past them `rest` alone, a bound for every Z). Returns (the bound: T or $/step,
     S_inf), or None when no Z meets the limits."""
     w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
     layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
@@ -226,7 +227,8 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
         got = value(T, P)  # P matters only where priced
         if got is not None and got < best and ends is not None:  # the end stages only lift a point below the best
             at = ends(z, sweep.z(i + 1))   # None: no plan has its largest a n at this Z
-            got = None if at is None else value(w_z * max(z, S / pp, at[1]) + w_sum * S + rest + at[0], P)
+            got = None if at is None else value(max(w_z * max(z, S / pp, at[1]) + w_sum * S + rest + at[0],
+                                                    at[2] * S + at[3]), P)
         if got is not None:
             best = min(best, got)
     return None if best == math.inf else (best, s_inf)
@@ -276,21 +278,30 @@ class _EndStages:
       (`base`), so the rise is the excess (>= 0);
     - z = max_s t_s is at least each end's least time at n_i(Z) layers within memory
       (`_least_time`: a n + c at the position, plus the least recompute memory forces), the
-      floor.
+      floor;
+    - on the simulated basis, the step is at least the chain path through the last stage
+      (Schedule.chain_path, s = pp - 1: every earlier stage's first chunk down, all m of the
+      last stage's micro-batches, the last backward back to stage 0 and its tail):
+          T >= (S - t_last) / v + m t_last + 2 sum_j h_j + tail + opt
+            >= S / v + (m - 1/v) t_last(n_i(Z)) + 2 sum of the least hops + tail + opt
+      (v the chunks per rank), which the pairs' m z leaves out: the `chain` (its weight on S
+      and the rest). The closed form's pairs have z >= the floor instead.
     The runs only change at the breakpoints, so both hold for every plan whose largest a n
     lies in [Z, next). Node types only (no mixed-type bundles, whose slots join types)."""
 
     def __init__(self, coef: Coefficients, layers: "_StageZeroLayers", by_slot: list[list[int]],
-                 sync: Callable[[], dict[int, float]], base: float):
+                 sync: Callable[[], dict[int, float]], base: float, chain: tuple[float, float] | None = None):
         self.coef, self.layers, self.by_slot, self.sync, self.base = coef, layers, by_slot, sync, base
+        self.chain = chain   # simulated basis: (2 sum of the least hops, the optimizer term) of the chain path
         self._terms: dict | None = None   # o -> (a_o, d_o, E_o), on first use
         self._times: dict[tuple[int, int, int], float | None] = {}
         self._at: dict[tuple, tuple[float, float] | None] = {}
 
     @classmethod
     def of(cls, coef: Coefficients, slots: list[SlotType], caps: dict[int, int], usable: list[int],
-           rooms: dict[int, int], unit: int, base: float) -> "_EndStages | None":
-        """The end stages' terms of a config's full bound, or None where its slots join node types."""
+           rooms: dict[int, int], unit: int, base: float, opt: float = 0.0) -> "_EndStages | None":
+        """The end stages' terms of a config's full bound (`base`: the bound's stage-0 tail, `opt`:
+        its optimizer term), or None where its slots join node types."""
         types = sorted({coef.pools[coef.pool_of[o]].k for o in usable})
         if any(k >= len(coef.inst.cluster.node_types) for k in types) or len(types) != len(slots):
             return None
@@ -298,15 +309,20 @@ class _EndStages:
         L = coef.inst.model.num_layers
         layers = coef.shared.get(("stage 0 layers", PlacementKey(tuple(slots), coef.cfg.pp, L, unit)),
                                  lambda: _StageZeroLayers(slots, coef.cfg.pp, L, unit))
-        return cls(coef, layers, by_slot, lambda: _sync_by_end(coef, caps, usable), base)
+        chain = None
+        if coef.basis() == SIMULATED and coef.cfg.pp >= 2:
+            chain = (2.0 * sum(_least_hops(coef)[0]), opt)
+        return cls(coef, layers, by_slot, lambda: _sync_by_end(coef, caps, usable), base, chain)
 
-    def __call__(self, z: float, below: float | None) -> tuple[float, float] | None:
+    def __call__(self, z: float, below: float | None) -> tuple[float, float, float, float] | None:
+        """(the tail's rise, the floor on z, the chain's weight on S and the rest of it; 0, 0
+        where there is none) for plans whose largest a n lies in [z, below), or None (none)."""
         got = self._at.get((z, below), False)
         if got is False:
             got = self._at[z, below] = self._terms_at(z, math.inf if below is None else below)
         return got
 
-    def _terms_at(self, z: float, below: float) -> tuple[float, float] | None:
+    def _terms_at(self, z: float, below: float) -> tuple[float, float, float, float] | None:
         coef = self.coef
         if self._terms is None:
             sync = self.sync()
@@ -327,7 +343,11 @@ class _EndStages:
                     last = min(last, t1)
         if math.inf in (tail, first, last):
             return None
-        return max(0.0, tail - self.base), max(first, last)
+        rise = max(0.0, tail - self.base)
+        if self.chain is None:
+            return rise, max(first, last), 0.0, 0.0
+        v, m, (hops, opt) = coef.cfg.sched.chunks, coef.m, self.chain
+        return rise, max(first, last), 1.0 / v, (m - 1.0 / v) * last + hops + self.base + rise + opt
 
     def _time(self, o: int, s: int, n: int) -> float | None:
         key = (o, s, n)
@@ -453,9 +473,12 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     """The transfers of the step's lower bound (Coefficients.step_p2p) at their least: pp - 1 hops, at least R - 1 of them between the R node
     types the config must use (and the interleaved wrap between two of them when R >= 2),
     each at least the cheapest transfer of its kind any pool sends."""
+    return coef.step_p2p(*_least_hops(coef)) if coef.cfg.pp >= 2 else 0.0
+
+
+def _least_hops(coef: Coefficients) -> tuple[list[float], float]:
+    """(_p2p_lower_bound's pp - 1 hops at their least, the wrap at its least); pp >= 2."""
     cfg, R = coef.cfg, len(coef.required_types)
-    if cfg.pp < 2:
-        return 0.0
     types = {pool.k for pool in coef.pools}
     inter = [coef.hop_inter(q, j) for q, pool in enumerate(coef.pools) for j in types if j != pool.k]
     same = [coef.hop_intra(q) if pool.place.stages_per_node >= 2 else coef.hop_inter(q, pool.k)
@@ -464,7 +487,7 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     crossing = max(R - 1, 0)
     hops = [least] * (cfg.pp - 1 - crossing) + [min(inter)] * crossing if inter else [least] * (cfg.pp - 1)
     wrap = min(inter) if (R >= 2 and inter) else least
-    return coef.step_p2p(hops, wrap)
+    return hops, wrap
 
 
 def _tied_sync_lower_bound(coef: Coefficients, caps: dict[int, int], usable: list[int]) -> float:
@@ -744,7 +767,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         if zz is None:
             return None
         dp = min(d(v) for d in dp0 for v in vpps) + sync   # stage 0's tail: its reduction, then the tied all-reduce
-        ends = _EndStages.of(coef, slots, caps, usable, rooms, u, dp) if memory else None
+        ends = _EndStages.of(coef, slots, caps, usable, rooms, u, dp, opt) if memory else None
         got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0) + offset,
                              extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, ends)
                for w_z, w_sum, hops, offset in pairs]
