@@ -177,7 +177,7 @@ class PipelineTerms:
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
                     terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
                     least: tuple[float, float] | None = None, sweep: "_Sweep | None" = None,
-                    ends: "Callable[[float, float | None], tuple[float, float, float, float] | None] | None" = None
+                    ends: "Callable[[float, float | None], EndTerms | None] | None" = None
                     ) -> tuple[float, float] | None:
     """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
     z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
@@ -188,10 +188,10 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     z_min or a breakpoint; past the evaluated ones, T >= w_z max(Z, S_inf / pp) + w_sum S_inf
     + rest and P >= P_inf, with S_inf, P_inf at unbounded Z (every stage holds as many layers
     as memory lets it). `sweep` (`_Sweep`): the points of this placement, shared. `ends(Z, next)`
-    (`_EndStages`): in every plan whose largest a n lies in [Z, next), what stage 0's tail adds
-    to `rest` (>= 0) and a floor on z (the end stages' least time), or None (no such plan);
-    and T >= the chain path through the last stage, at[2] S + at[3]; read at the evaluated points
-    only (past them `rest` alone, a bound for every Z). Returns (the bound: T or $/step,
+    (`_EndStages`): in every plan whose largest a n lies in [Z, next), the end stages' terms
+    (`EndTerms.step`: stage 0's time and tail per option, the last stage's time, the chain path
+    through it), or None (no such plan); read at the evaluated points only (past them `rest`
+    alone, a bound for every Z). Returns (the bound: T or $/step,
     S_inf), or None when no Z meets the limits."""
     w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
     layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
@@ -227,8 +227,7 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
         got = value(T, P)  # P matters only where priced
         if got is not None and got < best and ends is not None:  # the end stages only lift a point below the best
             at = ends(z, sweep.z(i + 1))   # None: no plan has its largest a n at this Z
-            got = None if at is None else value(max(w_z * max(z, S / pp, at[1]) + w_sum * S + rest + at[0],
-                                                    at[2] * S + at[3]), P)
+            got = None if at is None else value(at.step(w_z, w_sum, max(z, S / pp), S, rest), P)
         if got is not None:
             best = min(best, got)
     return None if best == math.inf else (best, s_inf)
@@ -270,23 +269,23 @@ class _EndStages:
     chunks of `unit`, `_StageZeroLayers`), within what one stage of type i holds at Z, and its
     option o has a_o n < next (the next point; a_o: o's least per-layer time at the ends, at
     most what the bottleneck bound reads of a stage of o) and holds n layers in memory at the
-    end's position. Then
-    - stage 0's tail (reduction, then the tied all-reduce) is at least
-          min over i, o of  d_o(n_i(Z)) + E_o,
-      d_o the reduction's piece 0 at stage 0 (non-decreasing in n), E_o the least tied
-      all-reduce with o at stage 0 (`_sync_by_end`); the bound counts min_o d_o(unit) + min E
-      (`base`), so the rise is the excess (>= 0);
-    - z = max_s t_s is at least each end's least time at n_i(Z) layers within memory
-      (`_least_time`: a n + c at the position, plus the least recompute memory forces), the
-      floor;
-    - on the simulated basis, the step is at least the chain path through the last stage
-      (Schedule.chain_path, s = pp - 1: every earlier stage's first chunk down, all m of the
-      last stage's micro-batches, the last backward back to stage 0 and its tail):
+    end's position. Then, with t_o(n) the end's least time at its position within memory
+    (`_least_time`: a n + c plus the fewest recomputes memory forces there, non-decreasing in n)
+    and stage 0's tail (reduction, then the tied all-reduce) at least d_o(n) + E_o (d_o the
+    reduction's piece 0 at stage 0, non-decreasing in n; E_o the least tied all-reduce with o
+    at stage 0, `_sync_by_end`), for each weight pair (w_z, w_sum) and the rest of its terms,
+          T >= w_sum S + rest' + min over i, o of  w_z max(z, t_o,first(n_i(Z))) + d_o(n_i(Z)) + E_o
+    (per stage-0 option, jointly: a fast option with a slow reduction no longer takes both
+    minima; rest' is the bound's rest less its stage-0 tail `base`, min_o d_o(unit) + min E),
+    z >= max(Z, S / pp, min over i, o of t_o,last(n_i(Z))) (`EndTerms.step`), and on the
+    simulated basis the chain path through the last stage (Schedule.chain_path, s = pp - 1:
+    every earlier stage's first chunk down, all m of the last stage's micro-batches, the last
+    backward back to stage 0 and its tail):
           T >= (S - t_last) / v + m t_last + 2 sum_j h_j + tail + opt
-            >= S / v + (m - 1/v) t_last(n_i(Z)) + 2 sum of the least hops + tail + opt
-      (v the chunks per rank), which the pairs' m z leaves out: the `chain` (its weight on S
-      and the rest). The closed form's pairs have z >= the floor instead.
-    The runs only change at the breakpoints, so both hold for every plan whose largest a n
+            >= S / v + (m - 1/v) t_last(n_i(Z)) + 2 sum of the least hops + least tail + opt
+    (v the chunks per rank), which the pairs' m z leaves out. The closed form's pairs take z >=
+    the ends' times alone.
+    The runs only change at the breakpoints, so all of it holds for every plan whose largest a n
     lies in [Z, next). Node types only (no mixed-type bundles, whose slots join types)."""
 
     def __init__(self, coef: Coefficients, layers: "_StageZeroLayers", by_slot: list[list[int]],
@@ -295,7 +294,7 @@ class _EndStages:
         self.chain = chain   # simulated basis: (2 sum of the least hops, the optimizer term) of the chain path
         self._terms: dict | None = None   # o -> (a_o, d_o, E_o), on first use
         self._times: dict[tuple[int, int, int], float | None] = {}
-        self._at: dict[tuple, tuple[float, float] | None] = {}
+        self._at: dict[tuple, EndTerms | None] = {}
 
     @classmethod
     def of(cls, coef: Coefficients, slots: list[SlotType], caps: dict[int, int], usable: list[int],
@@ -314,21 +313,20 @@ class _EndStages:
             chain = (2.0 * sum(_least_hops(coef)[0]), opt)
         return cls(coef, layers, by_slot, lambda: _sync_by_end(coef, caps, usable), base, chain)
 
-    def __call__(self, z: float, below: float | None) -> tuple[float, float, float, float] | None:
-        """(the tail's rise, the floor on z, the chain's weight on S and the rest of it; 0, 0
-        where there is none) for plans whose largest a n lies in [z, below), or None (none)."""
+    def __call__(self, z: float, below: float | None) -> "EndTerms | None":
+        """The terms for plans whose largest a n lies in [z, below), or None (there are none)."""
         got = self._at.get((z, below), False)
         if got is False:
             got = self._at[z, below] = self._terms_at(z, math.inf if below is None else below)
         return got
 
-    def _terms_at(self, z: float, below: float) -> tuple[float, float, float, float] | None:
+    def _terms_at(self, z: float, below: float) -> "EndTerms | None":
         coef = self.coef
         if self._terms is None:
             sync = self.sync()
             self._terms = {o: (min(coef.time(o, s)[0].a for s in {0, coef.cfg.pp - 1}), coef.dp_time(o, 0)[0], sync[o])
                            for os in self.by_slot for o in os}
-        tail, first, last = math.inf, math.inf, math.inf
+        firsts, last = [], math.inf   # stage 0's (least time, tail less `base`) per option; the last's least time
         for n, os in zip(self.layers.at(z), self.by_slot):
             if not n:
                 continue
@@ -338,22 +336,48 @@ class _EndStages:
                     continue
                 t0, t1 = self._time(o, 0, n), self._time(o, coef.cfg.pp - 1, n)
                 if t0 is not None:
-                    tail, first = min(tail, d(n) + e), min(first, t0)
+                    firsts.append((t0, max(0.0, d(n) + e - self.base)))
                 if t1 is not None:
                     last = min(last, t1)
-        if math.inf in (tail, first, last):
+        if not firsts or last == math.inf:
             return None
-        rise = max(0.0, tail - self.base)
+        front = _pairs_front(firsts)
         if self.chain is None:
-            return rise, max(first, last), 0.0, 0.0
+            return EndTerms(front, last, 0.0, 0.0)
         v, m, (hops, opt) = coef.cfg.sched.chunks, coef.m, self.chain
-        return rise, max(first, last), 1.0 / v, (m - 1.0 / v) * last + hops + self.base + rise + opt
+        return EndTerms(front, last, 1.0 / v, (m - 1.0 / v) * last + hops + self.base + front[-1][1] + opt)
 
     def _time(self, o: int, s: int, n: int) -> float | None:
         key = (o, s, n)
         if key not in self._times:
             self._times[key] = _least_time(self.coef, o, s, n)
         return self._times[key]
+
+
+class EndTerms(NamedTuple):
+    """`_EndStages` at a point Z: stage 0's (least time, tail less the bound's) per option, the
+    non-dominated ones by time; the last stage's least time; the chain path through the last
+    stage as w S + c (0, 0 off the simulated basis)."""
+    first: tuple[tuple[float, float], ...]
+    last: float
+    w_chain: float
+    c_chain: float
+
+    def step(self, w_z: float, w_sum: float, z: float, S: float, rest: float) -> float:
+        """At least the step T of a pair (w_z, w_sum, rest) at z = max(Z, S / pp): the joint per
+        stage-0 option of z >= its time and its tail, z >= the last stage's time, and the chain."""
+        z = max(z, self.last)
+        pair = w_sum * S + rest + min(w_z * max(z, t0) + up for t0, up in self.first)
+        return max(pair, self.w_chain * S + self.c_chain)
+
+
+def _pairs_front(pairs: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """The (time, tail) pairs no other beats in both, by time (tails falling)."""
+    out: list[tuple[float, float]] = []
+    for t, up in sorted(pairs):
+        if not out or up < out[-1][1]:
+            out.append((t, up))
+    return tuple(out)
 
 
 def _least_time(coef: Coefficients, o: int, s: int, n: int) -> float | None:
