@@ -159,8 +159,12 @@ MUTATIONS = [
     ("milp_plan/solvers/bounds.py", "an end's least time takes the most recomputes, not the fewest memory allows",
      "    return min(t(n, lo), t(n, n))", "    return max(t(n, lo), t(n, n))"),
     ("milp_plan/solvers/bounds.py", "stage 0's tail read a chunk past the layers the others leave",
-     "                    tail, first = min(tail, d(n) + e), min(first, t0)",
-     "                    tail, first = min(tail, d(n + 1) + e), min(first, t0)"),
+     "                    firsts.append((t0, max(0.0, d(n) + e - self.base)))",
+     "                    firsts.append((t0, max(0.0, d(n + 1) + e - self.base)))"),
+    ("milp_plan/solvers/bounds.py", "the chain path through the last stage weighs its time m times (not m - 1/v)",
+     "(m - 1.0 / v) * last + hops", "m * last + hops"),
+    ("milp_plan/solvers/bounds.py", "stage 0's options kept by time alone (the fastest's tail for all)",
+     "        if not out or up < out[-1][1]:", "        if not out:"),
 ]
 
 PROBE = r'''
