@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
-from milp_plan.formulations.coefficients import (Coefficients, OptionTermsKey, PlacementKey, RecomputePiecesKey,
+from milp_plan.formulations.coefficients import (Affine, Coefficients, OptionTermsKey, PlacementKey, RecomputePiecesKey,
                                                   TiedSyncKey)
 from milp_plan.predict import SIMULATED
 from milp_plan.formulations.space import Config
@@ -288,30 +288,33 @@ class _EndStages:
     The runs only change at the breakpoints, so all of it holds for every plan whose largest a n
     lies in [Z, next). Node types only (no mixed-type bundles, whose slots join types)."""
 
-    def __init__(self, coef: Coefficients, layers: "_StageZeroLayers", by_slot: list[list[int]],
-                 sync: Callable[[], dict[int, float]], base: float, chain: tuple[float, float] | None = None):
-        self.coef, self.layers, self.by_slot, self.sync, self.base = coef, layers, by_slot, sync, base
+    def __init__(self, coef: Coefficients, setup: Callable[[], tuple], base: float,
+                 chain: tuple[float, float] | None = None):
+        self.coef, self.base, self._setup = coef, base, setup
         self.chain = chain   # simulated basis: (2 sum of the least hops, the optimizer term) of the chain path
+        self.layers: _StageZeroLayers | None = None   # made on first use, with by_slot and sync
         self._terms: dict | None = None   # o -> (a_o, d_o, E_o), on first use
         self._times: dict[tuple[int, int, int], float | None] = {}
+        self._fits: dict[tuple[int, int], tuple] = {}   # (o, s) -> (time, memory, capacity, full recompute)
         self._at: dict[tuple, EndTerms | None] = {}
 
     @classmethod
-    def of(cls, coef: Coefficients, slots: list[SlotType], caps: dict[int, int], usable: list[int],
-           rooms: dict[int, int], unit: int, base: float, opt: float = 0.0) -> "_EndStages | None":
+    def of(cls, coef: Coefficients, slots: list[SlotType], caps: dict[int, int], usable: list[int], unit: int,
+           base: float, opt: float = 0.0, hops: float = 0.0) -> "_EndStages | None":
         """The end stages' terms of a config's full bound (`base`: the bound's stage-0 tail, `opt`:
-        its optimizer term), or None where its slots join node types."""
+        its optimizer term, `hops`: twice the sum of its least hops), or None where its slots
+        join node types. Everything else is made on first use."""
         types = sorted({coef.pools[coef.pool_of[o]].k for o in usable})
         if any(k >= len(coef.inst.cluster.node_types) for k in types) or len(types) != len(slots):
             return None
-        by_slot = [[o for o in usable if coef.options[o].k == k] for k in types]
-        L = coef.inst.model.num_layers
-        layers = coef.shared.get(("stage 0 layers", PlacementKey(tuple(slots), coef.cfg.pp, L, unit)),
-                                 lambda: _StageZeroLayers(slots, coef.cfg.pp, L, unit))
-        chain = None
-        if coef.basis() == SIMULATED and coef.cfg.pp >= 2:
-            chain = (2.0 * sum(_least_hops(coef)[0]), opt)
-        return cls(coef, layers, by_slot, lambda: _sync_by_end(coef, caps, usable), base, chain)
+
+        def setup() -> tuple:
+            L = coef.inst.model.num_layers
+            layers = coef.shared.get(("stage 0 layers", PlacementKey(tuple(slots), coef.cfg.pp, L, unit)),
+                                     lambda: _StageZeroLayers(slots, coef.cfg.pp, L, unit))
+            return layers, [[o for o in usable if coef.options[o].k == k] for k in types], _sync_by_end(coef, caps, usable)
+        chain = (hops, opt) if coef.basis() == SIMULATED and coef.cfg.pp >= 2 else None
+        return cls(coef, setup, base, chain)
 
     def __call__(self, z: float, below: float | None) -> "EndTerms | None":
         """The terms for plans whose largest a n lies in [z, below), or None (there are none)."""
@@ -322,8 +325,8 @@ class _EndStages:
 
     def _terms_at(self, z: float, below: float) -> "EndTerms | None":
         coef = self.coef
-        if self._terms is None:
-            sync = self.sync()
+        if self.layers is None:
+            self.layers, self.by_slot, sync = self._setup()
             self._terms = {o: (min(coef.time(o, s)[0].a for s in {0, coef.cfg.pp - 1}), coef.dp_time(o, 0)[0], sync[o])
                            for os in self.by_slot for o in os}
         firsts, last = [], math.inf   # stage 0's (least time, tail less `base`) per option; the last's least time
@@ -350,7 +353,11 @@ class _EndStages:
     def _time(self, o: int, s: int, n: int) -> float | None:
         key = (o, s, n)
         if key not in self._times:
-            self._times[key] = _least_time(self.coef, o, s, n)
+            fit = self._fits.get((o, s))
+            if fit is None:
+                coef = self.coef
+                fit = self._fits[o, s] = (coef.time(o, s)[0], coef.memory(o, s), coef.capacity(o), coef.full(o))
+            self._times[key] = _least_stage_time(*fit, n)
         return self._times[key]
 
 
@@ -382,11 +389,17 @@ def _pairs_front(pairs: list[tuple[float, float]]) -> tuple[tuple[float, float],
 
 def _least_time(coef: Coefficients, o: int, s: int, n: int) -> float | None:
     """The least time t = a n + rho r + c of a stage at position s running option o with n
-    layers within memory (a_m n + rho_m r + c_m <= capacity, with a little slack), r the
-    recomputed layers: 0 without full recompute, else 1 <= r <= n and at least what memory
-    forces where recomputing saves memory (rho_m < 0); None when no r fits."""
-    t, m, cap = coef.time(o, s)[0], coef.memory(o, s), coef.capacity(o) * (1 + 1e-6)
-    if not coef.full(o):
+    layers within memory (`_least_stage_time` of its fits)."""
+    return _least_stage_time(coef.time(o, s)[0], coef.memory(o, s), coef.capacity(o), coef.full(o), n)
+
+
+def _least_stage_time(t: Affine, m: Affine, capacity: float, full: bool, n: int) -> float | None:
+    """The least time t(n, r) of a stage of n layers whose memory m(n, r) fits `capacity` (with
+    a slack of 1e-6 of it), r the recomputed layers: 0 without full recompute, else 1 <= r <= n
+    and at least what memory forces where recomputing saves memory (rho_m < 0); None when no r
+    fits."""
+    cap = capacity * (1 + 1e-6)
+    if not full:
         return t(n) if m(n) <= cap else None
     if m.rho < 0:
         lo = max(1, math.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9))
@@ -779,7 +792,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         return none
     least_work, dp0 = terms.least_work, terms.dp0
     opt = terms.opt_a * biggest
-    p2p = _p2p_lower_bound(coef) if memory else 0.0
+    hops = _least_hops(coef) if memory and cfg.pp >= 2 else None
+    p2p = coef.step_p2p(*hops) if hops else 0.0   # _p2p_lower_bound
     sync = _tied_sync_lower_bound(coef, caps, usable) if memory else 0.0
     extra = terms.ends + cfg.pp * terms.rho
 
@@ -791,7 +805,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         if zz is None:
             return None
         dp = min(d(v) for d in dp0 for v in vpps) + sync   # stage 0's tail: its reduction, then the tied all-reduce
-        ends = _EndStages.of(coef, slots, caps, usable, rooms, u, dp, opt) if memory else None
+        ends = _EndStages.of(coef, slots, caps, usable, u, dp, opt, 2.0 * sum(hops[0]) if hops else 0.0) if memory \
+            else None
         got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0) + offset,
                              extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, ends)
                for w_z, w_sum, hops, offset in pairs]
