@@ -83,3 +83,19 @@ def test_end_stages_lift_free_bounds_to_their_optimum_and_never_past_it(tmp_path
                 assert before is None or before <= lb * (1 + REL)   # the terms only lift
                 tight += best < math.inf and lb >= 0.99 * best and before < 0.97 * best
     assert tight > 0
+
+
+def test_stage_zero_options_count_their_time_and_tail_together():
+    """bounds.EndTerms.step, hand case: stage 0 may run option A (time 1.0 s, tail 3.0 s over the
+    bound's) or B (1.5 s, tail 0); the last stage takes at least 0.8 s. With w_z = 4, w_sum = 1,
+    z = 0.5, S = 3 and rest = 0.25: A gives 4 x max(0.8, 1.0) + 3.0 = 7.0, B 4 x 1.5 + 0 = 6.0,
+    so T >= 3 + 0.25 + 6.0 = 9.25 (a plan may run B). Separate minima (time 1.0, tail 0) would
+    give 7.25, A's pair alone 10.25 (too much). The front keeps the options no other beats in
+    both time and tail. The chain term (w S + c) is a floor of its own."""
+    from milp_plan.solvers.bounds import EndTerms, _pairs_front
+    assert _pairs_front([(1.5, 0.0), (1.0, 2.0), (2.0, 0.5), (1.0, 2.5)]) == ((1.0, 2.0), (1.5, 0.0))
+    terms = EndTerms(_pairs_front([(1.0, 3.0), (1.5, 0.0)]), 0.8, 0.0, 0.0)
+    assert terms.step(4.0, 1.0, 0.5, 3.0, 0.25) == 3.0 + 0.25 + 6.0
+    terms = EndTerms(_pairs_front([(1.0, 2.0), (1.5, 0.0)]), 0.8, 0.0, 0.0)
+    assert terms.step(4.0, 1.0, 0.5, 3.0, 0.25) == 9.25
+    assert EndTerms(((1.0, 0.0),), 1.2, 0.5, 20.0).step(4.0, 1.0, 0.5, 3.0, 0.25) == 0.5 * 3.0 + 20.0

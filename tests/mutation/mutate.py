@@ -195,6 +195,7 @@ test_bounds.test_the_tied_all_reduce_term_is_tight(Path(tempfile.mkdtemp()))
 import test_end_stages
 test_end_stages.test_least_time_is_the_least_over_the_recompute_counts_that_fit()
 test_end_stages.test_end_stages_lift_free_bounds_to_their_optimum_and_never_past_it(Path(tempfile.mkdtemp()))
+test_end_stages.test_stage_zero_options_count_their_time_and_tail_together()
 # the free search's bound terms: stage counts coupled across node types, recompute pieces
 test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
 test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
