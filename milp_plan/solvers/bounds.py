@@ -151,6 +151,7 @@ def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int
 
 
 JOINT_STEPS = 64  # _pipeline_bound: breakpoints evaluated at most (the full bound; the cheap one: none)
+END_STEPS = 8     # ... of which the first this many lifted by the end stages' terms (`_EndStages`)
 
 
 def _least_usd_per_hour(z: float, slots: list[SlotType], L: int, unit: int) -> float:
@@ -225,7 +226,7 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
         S = terms.extra + sweep.layer_sum(i)
         T, P = w_z * max(z, S / pp) + w_sum * S + rest, max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf
         got = value(T, P)  # P matters only where priced
-        if got is not None and got < best and ends is not None:  # the end stages only lift a point below the best
+        if got is not None and got < best and ends is not None and i < END_STEPS:  # lift a point below the best
             at = ends(z, sweep.z(i + 1))   # None: no plan has its largest a n at this Z
             got = None if at is None else value(at.step(w_z, w_sum, max(z, S / pp), S, rest), P)
         if got is not None:
