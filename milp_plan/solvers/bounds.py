@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
-from milp_plan.formulations.coefficients import (Coefficients, OptionTermsKey, PlacementKey, RecomputePiecesKey,
+from milp_plan.formulations.coefficients import (Affine, Coefficients, OptionTermsKey, PlacementKey, RecomputePiecesKey,
                                                   TiedSyncKey)
 from milp_plan.predict import SIMULATED
 from milp_plan.formulations.space import Config
@@ -151,6 +151,7 @@ def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int
 
 
 JOINT_STEPS = 64  # _pipeline_bound: breakpoints evaluated at most (the full bound; the cheap one: none)
+END_STEPS = 8     # ... of which the first this many lifted by the end stages' terms (`_EndStages`)
 
 
 def _least_usd_per_hour(z: float, slots: list[SlotType], L: int, unit: int) -> float:
@@ -176,7 +177,8 @@ class PipelineTerms:
 
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
                     terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
-                    least: tuple[float, float] | None = None, sweep: "_Sweep | None" = None
+                    least: tuple[float, float] | None = None, sweep: "_Sweep | None" = None,
+                    ends: "Callable[[float, float | None], EndTerms | None] | None" = None
                     ) -> tuple[float, float] | None:
     """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
     z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
@@ -186,8 +188,12 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     S(Z) and P(Z) only fall at breakpoints, between which T(Z) rises, so the minimum is at
     z_min or a breakpoint; past the evaluated ones, T >= w_z max(Z, S_inf / pp) + w_sum S_inf
     + rest and P >= P_inf, with S_inf, P_inf at unbounded Z (every stage holds as many layers
-    as memory lets it). `sweep` (`_Sweep`): the points of this placement, shared. Returns (the
-    bound: T or $/step, S_inf), or None when no Z meets the limits."""
+    as memory lets it). `sweep` (`_Sweep`): the points of this placement, shared. `ends(Z, next)`
+    (`_EndStages`): in every plan whose largest a n lies in [Z, next), the end stages' terms
+    (`EndTerms.step`: stage 0's time and tail per option, the last stage's time, the chain path
+    through it), or None (no such plan); read at the evaluated points only (past them `rest`
+    alone, a bound for every Z). Returns (the bound: T or $/step,
+    S_inf), or None when no Z meets the limits."""
     w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
     layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
                                     _least_usd_per_hour(math.inf, slots, L, unit))
@@ -218,8 +224,11 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
             best = tail
             break
         S = terms.extra + sweep.layer_sum(i)
-        got = value(w_z * max(z, S / pp) + w_sum * S + rest,
-                    max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf)  # P matters only where priced
+        T, P = w_z * max(z, S / pp) + w_sum * S + rest, max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf
+        got = value(T, P)  # P matters only where priced
+        if got is not None and got < best and ends is not None and i < END_STEPS:  # lift a point below the best
+            at = ends(z, sweep.z(i + 1))   # None: no plan has its largest a n at this Z
+            got = None if at is None else value(at.step(w_z, w_sum, max(z, S / pp), S, rest), P)
         if got is not None:
             best = min(best, got)
     return None if best == math.inf else (best, s_inf)
@@ -251,6 +260,234 @@ class _Sweep:
         return self._usd[i]
 
 
+class _EndStages:
+    """What the end stages add to the full bound at a steady-period point Z (`_pipeline_bound`'s
+    `ends`), joint terms per option (formulations/pipeline.md, "The end stages at Z"). In a plan
+    whose stages all have a n <= Z, the other pp - 1 stages hold at most M_i(Z) layers when
+    stage 0 (or the last stage) is on node type i: the greedy merge of the types' increments at
+    Z (`_stage_runs`), after the first of each other required type, with one stage fewer of
+    type i (the end's own). So the end holds n >= n_i(Z) = max(unit, L - M_i(Z)) layers (whole
+    chunks of `unit`, `_StageZeroLayers`), within what one stage of type i holds at Z, and its
+    option o has a_o n < next (the next point; a_o: o's least per-layer time at the ends, at
+    most what the bottleneck bound reads of a stage of o) and holds n layers in memory at the
+    end's position. Then, with t_o(n) the end's least time at its position within memory
+    (`_least_time`: a n + c plus the fewest recomputes memory forces there, non-decreasing in n)
+    and stage 0's tail (reduction, then the tied all-reduce) at least d_o(n) + E_o (d_o the
+    reduction's piece 0 at stage 0, non-decreasing in n; E_o the least tied all-reduce with o
+    at stage 0, `_sync_by_end`), for each weight pair (w_z, w_sum) and the rest of its terms,
+          T >= w_sum S + rest' + min over i, o of  w_z max(z, t_o,first(n_i(Z))) + d_o(n_i(Z)) + E_o
+    (per stage-0 option, jointly: a fast option with a slow reduction no longer takes both
+    minima; rest' is the bound's rest less its stage-0 tail `base`, min_o d_o(unit) + min E),
+    z >= max(Z, S / pp, min over i, o of t_o,last(n_i(Z))) (`EndTerms.step`), and on the
+    simulated basis the chain path through the last stage (Schedule.chain_path, s = pp - 1:
+    every earlier stage's first chunk down, all m of the last stage's micro-batches, the last
+    backward back to stage 0 and its tail):
+          T >= (S - t_last) / v + m t_last + 2 sum_j h_j + tail + opt
+            >= S / v + (m - 1/v) t_last(n_i(Z)) + 2 sum of the least hops + least tail + opt
+    (v the chunks per rank), which the pairs' m z leaves out. The closed form's pairs take z >=
+    the ends' times alone.
+    The runs only change at the breakpoints, so all of it holds for every plan whose largest a n
+    lies in [Z, next). Node types only (no mixed-type bundles, whose slots join types)."""
+
+    def __init__(self, coef: Coefficients, setup: Callable[[], tuple], base: float,
+                 chain: tuple[float, float] | None = None):
+        self.coef, self.base, self._setup = coef, base, setup
+        self.chain = chain   # simulated basis: (2 sum of the least hops, the optimizer term) of the chain path
+        self.layers: _StageZeroLayers | None = None   # made on first use, with by_slot and sync
+        self._terms: dict | None = None   # o -> (a_o, d_o, E_o), on first use
+        self._times: dict[tuple[int, int, int], float | None] = {}
+        self._fits: dict[tuple[int, int], tuple] = {}   # (o, s) -> (time, memory, capacity, full recompute)
+        self._at: dict[tuple, EndTerms | None] = {}
+
+    @classmethod
+    def of(cls, coef: Coefficients, slots: list[SlotType], caps: dict[int, int], usable: list[int], unit: int,
+           base: float, opt: float = 0.0, hops: float = 0.0) -> "_EndStages | None":
+        """The end stages' terms of a config's full bound (`base`: the bound's stage-0 tail, `opt`:
+        its optimizer term, `hops`: twice the sum of its least hops), or None where its slots
+        join node types. Everything else is made on first use."""
+        types = sorted({coef.pools[coef.pool_of[o]].k for o in usable})
+        if any(k >= len(coef.inst.cluster.node_types) for k in types) or len(types) != len(slots):
+            return None
+
+        def setup() -> tuple:
+            L = coef.inst.model.num_layers
+            layers = coef.shared.get(("stage 0 layers", PlacementKey(tuple(slots), coef.cfg.pp, L, unit)),
+                                     lambda: _StageZeroLayers(slots, coef.cfg.pp, L, unit))
+            return layers, [[o for o in usable if coef.options[o].k == k] for k in types], _sync_by_end(coef, caps, usable)
+        chain = (hops, opt) if coef.basis() == SIMULATED and coef.cfg.pp >= 2 else None
+        return cls(coef, setup, base, chain)
+
+    def __call__(self, z: float, below: float | None) -> "EndTerms | None":
+        """The terms for plans whose largest a n lies in [z, below), or None (there are none)."""
+        got = self._at.get((z, below), False)
+        if got is False:
+            got = self._at[z, below] = self._terms_at(z, math.inf if below is None else below)
+        return got
+
+    def _terms_at(self, z: float, below: float) -> "EndTerms | None":
+        coef = self.coef
+        if self.layers is None:
+            self.layers, self.by_slot, sync = self._setup()
+            self._terms = {o: (min(coef.time(o, s)[0].a for s in {0, coef.cfg.pp - 1}), coef.dp_time(o, 0)[0], sync[o])
+                           for os in self.by_slot for o in os}
+        firsts, last = [], math.inf   # stage 0's (least time, tail less `base`) per option; the last's least time
+        for n, os in zip(self.layers.at(z), self.by_slot):
+            if not n:
+                continue
+            for o in os:
+                a, d, e = self._terms[o]
+                if a * n >= below * (1 + 1e-9):
+                    continue
+                t0, t1 = self._time(o, 0, n), self._time(o, coef.cfg.pp - 1, n)
+                if t0 is not None:
+                    firsts.append((t0, max(0.0, d(n) + e - self.base)))
+                if t1 is not None:
+                    last = min(last, t1)
+        if not firsts or last == math.inf:
+            return None
+        front = _pairs_front(firsts)
+        if self.chain is None:
+            return EndTerms(front, last, 0.0, 0.0)
+        v, m, (hops, opt) = coef.cfg.sched.chunks, coef.m, self.chain
+        return EndTerms(front, last, 1.0 / v, (m - 1.0 / v) * last + hops + self.base + front[-1][1] + opt)
+
+    def _time(self, o: int, s: int, n: int) -> float | None:
+        key = (o, s, n)
+        if key not in self._times:
+            fit = self._fits.get((o, s))
+            if fit is None:
+                coef = self.coef
+                fit = self._fits[o, s] = (coef.time(o, s)[0], coef.memory(o, s), coef.capacity(o), coef.full(o))
+            self._times[key] = _least_stage_time(*fit, n)
+        return self._times[key]
+
+
+class EndTerms(NamedTuple):
+    """`_EndStages` at a point Z: stage 0's (least time, tail less the bound's) per option, the
+    non-dominated ones by time; the last stage's least time; the chain path through the last
+    stage as w S + c (0, 0 off the simulated basis)."""
+    first: tuple[tuple[float, float], ...]
+    last: float
+    w_chain: float
+    c_chain: float
+
+    def step(self, w_z: float, w_sum: float, z: float, S: float, rest: float) -> float:
+        """At least the step T of a pair (w_z, w_sum, rest) at z = max(Z, S / pp): the joint per
+        stage-0 option of z >= its time and its tail, z >= the last stage's time, and the chain."""
+        z = max(z, self.last)
+        pair = w_sum * S + rest + min(w_z * max(z, t0) + up for t0, up in self.first)
+        return max(pair, self.w_chain * S + self.c_chain)
+
+
+def _pairs_front(pairs: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """The (time, tail) pairs no other beats in both, by time (tails falling)."""
+    out: list[tuple[float, float]] = []
+    for t, up in sorted(pairs):
+        if not out or up < out[-1][1]:
+            out.append((t, up))
+    return tuple(out)
+
+
+def _least_time(coef: Coefficients, o: int, s: int, n: int) -> float | None:
+    """The least time t = a n + rho r + c of a stage at position s running option o with n
+    layers within memory (`_least_stage_time` of its fits)."""
+    return _least_stage_time(coef.time(o, s)[0], coef.memory(o, s), coef.capacity(o), coef.full(o), n)
+
+
+def _least_stage_time(t: Affine, m: Affine, capacity: float, full: bool, n: int) -> float | None:
+    """The least time t(n, r) of a stage of n layers whose memory m(n, r) fits `capacity` (with
+    a slack of 1e-6 of it), r the recomputed layers: 0 without full recompute, else 1 <= r <= n
+    and at least what memory forces where recomputing saves memory (rho_m < 0); None when no r
+    fits."""
+    cap = capacity * (1 + 1e-6)
+    if not full:
+        return t(n) if m(n) <= cap else None
+    if m.rho < 0:
+        lo = max(1, math.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9))
+    else:
+        lo = 1 if m(n, 1) <= cap else n + 1
+    if lo > n:
+        return None
+    return min(t(n, lo), t(n, n))
+
+
+class _StageZeroLayers:
+    """`_EndStages`' n_i(Z) per slot of one placement (slots, pp, L, unit), at each Z on
+    first use, shared by every config of that placement: 0 where stage 0 cannot be of slot i
+    (the others cannot form pp - 1 stages, or one stage of i holds fewer than n_i(Z))."""
+
+    def __init__(self, slots: list[SlotType], pp: int, L: int, unit: int):
+        self.slots, self.pp, self.L, self.unit = slots, pp, L, unit
+        self._at: dict[float, tuple[int, ...]] = {}
+
+    def at(self, z: float) -> tuple[int, ...]:
+        got = self._at.get(z)
+        if got is None:
+            got = self._at[z] = self._layers(z)
+        return got
+
+    def _layers(self, z: float) -> tuple[int, ...]:
+        unit, runs = self.unit, [sorted(_stage_runs(z, slot, self.unit), reverse=True) for slot in self.slots]
+        out = []
+        for i in range(len(self.slots)):
+            own = max((v for v, _ in runs[i]), default=0)   # the most one stage of slot i holds at z
+            most = _others_most(runs, self.slots, i, self.pp - 1)
+            n = 0 if most is None else max(unit, -(-(self.L - most) // unit) * unit)
+            out.append(n if own and n <= own else 0)
+        return tuple(out)
+
+
+def _others_most(runs: list[list[tuple[int, int]]], slots: list[SlotType], i: int, rest: int) -> int | None:
+    """At least the most layers `rest` stages hold besides one stage of slot i (each type's
+    non-increasing increments `runs`, slot i's with one stage fewer), after the first increment
+    of each other required slot; None when they cannot form `rest` stages."""
+    total, pool = 0, []
+    for j, (slot, rs) in enumerate(zip(slots, runs)):
+        if j == i and rs:
+            v, count = rs[-1]
+            rs = rs[:-1] + [(v, count - 1)]
+        rs = [(v, c) for v, c in rs if c > 0]
+        if slot.required and j != i:
+            if not rs:
+                return None
+            (v, count), *more = rs
+            total, rest, rs = total + v, rest - 1, [(v, count - 1)] + more
+        pool += rs
+    if rest < 0:
+        return None
+    got, taken = _top_stages(pool, rest)
+    return total + got if taken == rest else None
+
+
+def _sync_by_end(coef: Coefficients, caps: dict[int, int], usable: list[int]) -> dict[int, float]:
+    """Option o0 -> at least the tied all-reduce E of any plan with o0 at stage 0: the least over
+    the last stage's options of `_tied_sync_lower_bound`'s slower direction (its least over
+    o0 is that bound)."""
+    cfg = coef.cfg
+    if cfg.pp < 2 or not coef.inst.model.tied_embeddings:
+        return dict.fromkeys(usable, 0.0)
+    ends = {(coef.pool_of[o], coef.options[o].tp): o for o in usable}   # E reads an end's pool and tp
+    spec = {(q, tp): (coef.pools[q].k, coef.pools[q].group, tp, caps[q] >= 2,
+                      coef.pools[q].place.stages_per_node >= cfg.pp) for q, tp in ends}
+    # ... and what of the pool E reads: configs that agree on these share the table (as TiedSyncKey)
+
+    def table() -> dict:
+        to = {(e, k1, same): coef.embedding_sync(o, k1, same) for e, o in ends.items()
+              for k1 in {coef.pools[q].k for q, _ in ends} for same in (False, True)}
+        least = {}
+        for (q0, tp0) in ends:
+            best = math.inf
+            for (q1, tp1) in ends:
+                if q0 == q1 and caps[q0] < 2:
+                    continue
+                same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp
+                best = min(best, max(to[(q0, tp0), coef.pools[q1].k, same], to[(q1, tp1), coef.pools[q0].k, same]))
+            least[spec[q0, tp0][:3]] = 0.0 if best == math.inf else best
+        return least
+    least = coef.shared.get(("sync by end", TiedSyncKey(tuple(sorted(set(spec.values()))))), table)
+    return {o: least[spec[coef.pool_of[o], coef.options[o].tp][:3]] for o in usable}
+
+
 def _type_gpus(coef: Coefficients, k: int, limits: Limits) -> int:
     """GPUs of node type k a plan may use: its count, and what a $/h budget rents of it alone."""
     nt = coef.types[k]
@@ -274,9 +511,12 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     """The transfers of the step's lower bound (Coefficients.step_p2p) at their least: pp - 1 hops, at least R - 1 of them between the R node
     types the config must use (and the interleaved wrap between two of them when R >= 2),
     each at least the cheapest transfer of its kind any pool sends."""
+    return coef.step_p2p(*_least_hops(coef)) if coef.cfg.pp >= 2 else 0.0
+
+
+def _least_hops(coef: Coefficients) -> tuple[list[float], float]:
+    """(_p2p_lower_bound's pp - 1 hops at their least, the wrap at its least); pp >= 2."""
     cfg, R = coef.cfg, len(coef.required_types)
-    if cfg.pp < 2:
-        return 0.0
     types = {pool.k for pool in coef.pools}
     inter = [coef.hop_inter(q, j) for q, pool in enumerate(coef.pools) for j in types if j != pool.k]
     same = [coef.hop_intra(q) if pool.place.stages_per_node >= 2 else coef.hop_inter(q, pool.k)
@@ -285,7 +525,7 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     crossing = max(R - 1, 0)
     hops = [least] * (cfg.pp - 1 - crossing) + [min(inter)] * crossing if inter else [least] * (cfg.pp - 1)
     wrap = min(inter) if (R >= 2 and inter) else least
-    return coef.step_p2p(hops, wrap)
+    return hops, wrap
 
 
 def _tied_sync_lower_bound(coef: Coefficients, caps: dict[int, int], usable: list[int]) -> float:
@@ -559,7 +799,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         return none
     least_work, dp0 = terms.least_work, terms.dp0
     opt = terms.opt_a * biggest
-    p2p = _p2p_lower_bound(coef) if memory else 0.0
+    hops = _least_hops(coef) if memory and cfg.pp >= 2 else None
+    p2p = coef.step_p2p(*hops) if hops else 0.0   # _p2p_lower_bound
     sync = _tied_sync_lower_bound(coef, caps, usable) if memory else 0.0
     extra = terms.ends + cfg.pp * terms.rho
 
@@ -571,8 +812,10 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         if zz is None:
             return None
         dp = min(d(v) for d in dp0 for v in vpps) + sync   # stage 0's tail: its reduction, then the tied all-reduce
+        ends = _EndStages.of(coef, slots, caps, usable, u, dp, opt, 2.0 * sum(hops[0]) if hops else 0.0) if memory \
+            else None
         got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0) + offset,
-                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp)
+                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, ends)
                for w_z, w_sum, hops, offset in pairs]
         return None if None in got else max(got)
     if _family is not None:
@@ -754,10 +997,10 @@ class WeakFamilyBounds:
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
-                  least_work, sweep=None) -> float | None:
+                  least_work, sweep=None, ends=None) -> float | None:
     """config_lower_bound's last step: the joint bound (`_pipeline_bound`) and, for $, the work bound."""
     got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd),
-                          limits, JOINT_STEPS if memory else 0, least, sweep)
+                          limits, JOINT_STEPS if memory else 0, least, sweep, ends)
     if got is None:
         return None
     bound, S = got

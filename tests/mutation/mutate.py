@@ -172,6 +172,17 @@ MUTATIONS = [
     ("milp_plan/solvers/driver.py", "a recomputing config's twin dominates it whatever its memory",
      "            if j is None or min(theirs.layer_room(j, s) for s in worst) < most:",
      "            if j is None or min(theirs.layer_room(j, s) for s in worst) < 0:"),
+    ("milp_plan/solvers/bounds.py", "the end stages' others counted one stage short (pp - 2 besides the end)",
+     "most = _others_most(runs, self.slots, i, self.pp - 1)", "most = _others_most(runs, self.slots, i, self.pp - 2)"),
+    ("milp_plan/solvers/bounds.py", "an end's least time takes the most recomputes, not the fewest memory allows",
+     "    return min(t(n, lo), t(n, n))", "    return max(t(n, lo), t(n, n))"),
+    ("milp_plan/solvers/bounds.py", "stage 0's tail read a chunk past the layers the others leave",
+     "                    firsts.append((t0, max(0.0, d(n) + e - self.base)))",
+     "                    firsts.append((t0, max(0.0, d(n + 1) + e - self.base)))"),
+    ("milp_plan/solvers/bounds.py", "the chain path through the last stage weighs its time m times (not m - 1/v)",
+     "(m - 1.0 / v) * last + hops", "m * last + hops"),
+    ("milp_plan/solvers/bounds.py", "stage 0's options kept by time alone (the fastest's tail for all)",
+     "        if not out or up < out[-1][1]:", "        if not out:"),
 ]
 
 PROBE = r'''
@@ -198,6 +209,11 @@ import test_bounds
 test_bounds.test_bounds_hold_where_the_tied_all_reduce_is_most_of_the_step.hypothesis.inner_test(
     Path(tempfile.mkdtemp()), "megatron", "min-time", None)
 test_bounds.test_the_tied_all_reduce_term_is_tight(Path(tempfile.mkdtemp()))
+# the end stages' terms of the full bound (tests/test_end_stages.py)
+import test_end_stages
+test_end_stages.test_least_time_is_the_least_over_the_recompute_counts_that_fit()
+test_end_stages.test_end_stages_lift_free_bounds_to_their_optimum_and_never_past_it(Path(tempfile.mkdtemp()))
+test_end_stages.test_stage_zero_options_count_their_time_and_tail_together()
 # the free search's bound terms: stage counts coupled across node types, recompute pieces
 test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
 test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
