@@ -48,9 +48,9 @@ def test_same_answer_when_the_work_limit_cuts_the_search(counted):
     (the work of an answer taken from a worker is charged as the search's own)."""
     inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256), Objective(mode="free"))
     limits = inst.objective.limits()
-    one = _outcome(inst, "pp=3", 1, 1.5, limits)
+    one = _outcome(inst, "pp=3", 1, 1.0, limits)
     assert one[0] != "optimal"                   # the limit cut it short
-    assert _outcome(inst, "pp=3", 2, 1.5, limits) == one
+    assert _outcome(inst, "pp=3", 2, 1.0, limits) == one
     assert sum(t for t, _ in counted) > 0
 
 
