@@ -134,16 +134,22 @@ class OptionTermsKey(NamedTuple):
     required_types: frozenset
 
 
-class RoomKey(NamedTuple):
-    """The most layers a stage option holds within memory at any of `positions`
-    (Coefficients.best_room): everything of the config its memory fits read (`_memory`)."""
-    option: StageOption
+class MemoryConfig(NamedTuple):
+    """Everything of a config a stage option's memory fits read besides the option and the
+    position (Coefficients.memory_config)."""
     schedule: str
     pp: int
     vpp: int
     m: int
     sequence_parallel: bool
     distributed_optimizer: bool
+
+
+class RoomKey(NamedTuple):
+    """The most layers a stage option holds within memory at any of `positions`
+    (Coefficients.best_room)."""
+    option: StageOption
+    config: MemoryConfig
     positions: tuple
 
 
@@ -167,12 +173,7 @@ class PositionMemoryKey(NamedTuple):
     fix its MemoryKey, so a config finds the fit without recomputing its in-flight counts."""
     option: StageOption
     stage: int
-    schedule: str
-    pp: int
-    vpp: int
-    m: int
-    sequence_parallel: bool
-    distributed_optimizer: bool
+    config: MemoryConfig
 
 
 class ForwardShareKey(NamedTuple):
@@ -240,6 +241,8 @@ class Coefficients:
                              "need one block kind: use --solver brute-force", field="model")
         self.types = shared.types
         self.m = cfg.num_microbatches(inst.job.global_batch_size)
+        self.memory_config = MemoryConfig(cfg.schedule, cfg.pp, cfg.vpp, self.m, cfg.sequence_parallel,
+                                          cfg.distributed_optimizer)
         self.pins = {k: fix[k] for k in LIST_KEYS if fix and k in fix}   # per-stage layers / GPU type order
         # the options depend on the uniform choice, the samples per micro-batch, the stage sizes
         # and --fix alone (space.stage_options): configs of other pp, schedules and switches share
@@ -301,9 +304,14 @@ class Coefficients:
 
     def least_layer_work(self) -> float:
         """The least $/h x s per layer and micro-batch of any option at any position: the
-        option's GPUs' $/h (usd_per_gpu_hour x tp dp) times its least per-layer time."""
-        return min(self.types[opt.k].usd_per_gpu_hour * opt.group * self._time(opt, *ends)[0].a
+        option's `stage_usd_per_hour` times its least per-layer time."""
+        return min(self.stage_usd_per_hour(opt) * self._time(opt, *ends)[0].a
                    for opt in self.options for ends in self._all_ends())
+
+    def stage_usd_per_hour(self, opt: StageOption) -> float:
+        """At least the $/h a stage of option `opt` rents: its tp x dp GPUs at their type's
+        $/GPU-hour (node billing's whole nodes, and a bundle's member nodes, only add)."""
+        return self.types[opt.k].usd_per_gpu_hour * opt.group
 
     def _all_ends(self) -> tuple[tuple[bool, bool], ...]:
         return ((True, True),) if self.cfg.pp == 1 else ((True, False), (False, False), (False, True))
@@ -336,9 +344,7 @@ class Coefficients:
         # pp == 1 and the micro-batches in flight, so configs of other pp, m or schedule share
         # the fit wherever these agree (MemoryKey); PositionMemoryKey finds it without working
         # out the in-flight counts again
-        cfg = self.cfg
-        return self.shared.get(PositionMemoryKey(opt, s, cfg.schedule, cfg.pp, cfg.vpp, self.m, cfg.sequence_parallel,
-                                                 cfg.distributed_optimizer), lambda: self._memory_at(opt, s))
+        return self.shared.get(PositionMemoryKey(opt, s, self.memory_config), lambda: self._memory_at(opt, s))
 
     def _memory_at(self, opt: StageOption, s: int) -> Affine:
         cfg = self.cfg
@@ -388,9 +394,7 @@ class Coefficients:
 
     def room_key(self, o: int, positions: tuple[int, ...]) -> "RoomKey":
         """What option o's memory at `positions` reads of this config (`RoomKey`)."""
-        cfg = self.cfg
-        return RoomKey(self.options[o], cfg.schedule, cfg.pp, cfg.vpp, self.m, cfg.sequence_parallel,
-                       cfg.distributed_optimizer, positions)
+        return RoomKey(self.options[o], self.memory_config, positions)
 
     def _state_key(self, what: str, opt: StageOption, s: int) -> StateKey:
         job = self.inst.job

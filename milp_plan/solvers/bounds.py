@@ -88,20 +88,11 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: 
     is concave (`_stage_runs`), so the best split of pp stages over the types takes the pp
     largest increments, after the first (largest) of each required type."""
 
+    required = [slot.required for slot in slots]
+
     def fits(z: float) -> bool:
-        total, rest, pool = 0, pp, []
-        for slot in slots:
-            runs = _stage_runs(z, slot, unit)
-            if slot.required:
-                if not runs:
-                    return False
-                (v, count), *more = runs
-                total, rest, runs = total + v, rest - 1, [(v, count - 1)] + more
-            pool += runs
-        if rest < 0:
-            return False
-        got, taken = _top_stages(pool, rest)
-        return taken == rest and total + got >= L
+        most = _stages_hold([_stage_runs(z, slot, unit) for slot in slots], required, pp)
+        return most is not None and most >= L
     if not cands or not fits(cands[-1]):
         return None
     return cands[bisect.bisect_left(range(len(cands)), True, key=lambda i: fits(cands[i]))]  # least z that fits
@@ -441,13 +432,20 @@ def _others_most(runs: list[list[tuple[int, int]]], slots: list[SlotType], i: in
     """At least the most layers `rest` stages hold besides one stage of slot i (each type's
     non-increasing increments `runs`, slot i's with one stage fewer), after the first increment
     of each other required slot; None when they cannot form `rest` stages."""
+    if runs[i]:
+        v, count = runs[i][-1]
+        runs = runs[:i] + [runs[i][:-1] + [(v, count - 1)]] + runs[i + 1:]
+    return _stages_hold(runs, [slot.required and j != i for j, slot in enumerate(slots)], rest)
+
+
+def _stages_hold(runs: list[list[tuple[int, int]]], required: list[bool], rest: int) -> int | None:
+    """The most layers `rest` stages hold over the node types' increments `runs` (each type's
+    non-increasing), every required type hosting one stage (its first, largest increment) and
+    the others taking the largest increments left; None when they cannot form `rest` stages."""
     total, pool = 0, []
-    for j, (slot, rs) in enumerate(zip(slots, runs)):
-        if j == i and rs:
-            v, count = rs[-1]
-            rs = rs[:-1] + [(v, count - 1)]
+    for req, rs in zip(required, runs):
         rs = [(v, c) for v, c in rs if c > 0]
-        if slot.required and j != i:
+        if req:
             if not rs:
                 return None
             (v, count), *more = rs
@@ -625,7 +623,7 @@ class _OptionTerms(NamedTuple):
     opt_a: float
 
 
-def _option_terms(coef: Coefficients, O: list[int], usable: list[int], gpu_hour: dict) -> _OptionTerms:
+def _option_terms(coef: Coefficients, O: list[int], usable: list[int]) -> _OptionTerms:
     cfg, opts = coef.cfg, coef.options
     t = {opts[o]: [coef.time(o, s)[0] for s in (0, cfg.pp - 1)] for o in O}
     # each stage recomputes at least one layer where its option recomputes fully
@@ -634,9 +632,9 @@ def _option_terms(coef: Coefficients, O: list[int], usable: list[int], gpu_hour:
         ends = min(t[opts[o]][0].c for o in O)
     else:
         ends = min(t[opts[o]][0].c for o in O) + min(t[opts[o]][1].c for o in O)
-    # a stage of option o rents at least its GPUs: price_o = $/GPU-hour x group; a free config
-    # rents at least one stage of each node type it gives a stage size
-    price = {opts[o]: gpu_hour[opts[o].k] * opts[o].group for o in usable}
+    # a stage of option o rents at least its GPUs (Coefficients.stage_usd_per_hour); a free
+    # config rents at least one stage of each node type it gives a stage size
+    price = {opts[o]: coef.stage_usd_per_hour(opts[o]) for o in usable}
     forced = [min(price[opts[o]] for o in usable if opts[o].k == k) for k in sorted(coef.required_types)]
     least_work = min(price[opts[o]] * t[opts[o]][0].a for o in usable)
     # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
@@ -776,10 +774,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     if found is None:
         return none
     caps, O, rooms, usable = found
-    gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(coef.types)}
     key = OptionTermsKey(tuple(coef.options[o] for o in O), tuple(coef.options[o] for o in usable), cfg.pp == 1,
                          cfg.distributed_optimizer, coef.required_types)
-    terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable, gpu_hour))
+    terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable))
     t = terms.t
     positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
     pieces = (lambda o: coef.shared.get(RecomputePiecesKey(coef.room_key(o, positions), rooms[o]),
@@ -983,7 +980,7 @@ class WeakFamilyBounds:
         gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(rep.types)}
         terms = rep.shared.get(OptionTermsKey(tuple(rep.options[o] for o in O), tuple(rep.options[o] for o in O),
                                               rep.cfg.pp == 1, rep.cfg.distributed_optimizer, rep.required_types),
-                               lambda: _option_terms(rep, O, O, gpu_hour))
+                               lambda: _option_terms(rep, O, O))
         alts: dict[int, list[tuple[float, int]]] = {}
         for o in O:
             alts.setdefault(rep.pool_of[o], []).append((terms.t[rep.options[o]][0].a, L))
