@@ -54,6 +54,17 @@ def test_the_price_of_the_other_stages_takes_the_cheapest_type_first(tmp_path):
         [pytest.approx(5.5), pytest.approx(8.0), pytest.approx(11.0), pytest.approx(14.0), pytest.approx(17.0), math.inf]
 
 
+def _coupled_configs(inst):
+    """(Coefficients, every plan by brute force) of each config the coupling can touch: pp >= 2,
+    a dearest node type, and a plan."""
+    for coef in prepare(inst).coefs:
+        if coef.cfg.pp < 2 or dear_type(coef) is None:
+            continue
+        plans = list(bruteforce.candidate_plans(inst, coef.cfg, None))
+        if plans:
+            yield coef, plans
+
+
 def _budgets(plans) -> list[float]:
     """At most BUDGETS of the plans' own $/step values, spread over their range, each also one
     hair below (the plan at it just out)."""
@@ -74,12 +85,7 @@ def test_the_coupled_bound_never_exceeds_the_config_optimum_and_bites(tmp_path, 
     spec = write_instance(tmp_path, **kw)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
     bites = 0
-    for coef in prepare(inst).coefs:
-        if coef.cfg.pp < 2 or dear_type(coef) is None:
-            continue
-        plans = list(bruteforce.candidate_plans(inst, coef.cfg, None))
-        if not plans:
-            continue
+    for coef, plans in _coupled_configs(inst):
         floor = min(p.predicted.step_time_s for p in plans)
         for budget in _budgets(plans):
             limits = Limits("min-time", budget_usd_per_step=budget)
@@ -196,12 +202,7 @@ def test_the_coupled_cost_bound_never_exceeds_the_config_optimum_and_bites(tmp_p
                           slow_ms=(2.5, 5.0))
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
     bites = 0
-    for coef in prepare(inst).coefs:
-        if coef.cfg.pp < 2 or dear_type(coef) is None:
-            continue
-        plans = list(bruteforce.candidate_plans(inst, coef.cfg, None))
-        if not plans:
-            continue
+    for coef, plans in _coupled_configs(inst):
         times = sorted({p.predicted.step_time_s for p in plans})
         loose = 2 * max(p.predicted.usd_per_step for p in plans)
         for t in {times[round(i * (len(times) - 1) / (BUDGETS - 1))] for i in range(BUDGETS)}:
