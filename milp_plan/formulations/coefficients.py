@@ -305,13 +305,13 @@ class Coefficients:
     def least_layer_work(self) -> float:
         """The least $/h x s per layer and micro-batch of any option at any position: the
         option's `stage_usd_per_hour` times its least per-layer time."""
-        return min(self.stage_usd_per_hour(opt) * self._time(opt, *ends)[0].a
+        return min(self.stage_usd_per_hour(opt.k, opt.group) * self._time(opt, *ends)[0].a
                    for opt in self.options for ends in self._all_ends())
 
-    def stage_usd_per_hour(self, opt: StageOption) -> float:
-        """At least the $/h a stage of option `opt` rents: its tp x dp GPUs at their type's
-        $/GPU-hour (node billing's whole nodes, and a bundle's member nodes, only add)."""
-        return self.types[opt.k].usd_per_gpu_hour * opt.group
+    def stage_usd_per_hour(self, k: int, group: int) -> float:
+        """At least the $/h a stage of `group` GPUs (tp x dp) on host type k rents: its GPUs at
+        the type's $/GPU-hour (node billing's whole nodes, and a bundle's member nodes, only add)."""
+        return self.types[k].usd_per_gpu_hour * group
 
     def _all_ends(self) -> tuple[tuple[bool, bool], ...]:
         return ((True, True),) if self.cfg.pp == 1 else ((True, False), (False, False), (False, True))

@@ -139,7 +139,7 @@ def over_price(coef: Coefficients, limits: Limits, opts: Sequence[int], least_st
     P least_step_s / 3600 per step."""
     if limits.budget_usd_per_hour is None and limits.budget_usd_per_step is None:
         return False
-    usd_h = sum(coef.stage_usd_per_hour(coef.options[o]) for o in opts)
+    usd_h = sum(coef.stage_usd_per_hour(coef.options[o].k, coef.options[o].group) for o in opts)
     return ((limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-9))
             or (limits.budget_usd_per_step is not None
                 and usd_h * least_step_s / SECONDS_PER_HOUR > limits.budget_usd_per_step * (1 + 1e-9)))

@@ -634,7 +634,7 @@ def _option_terms(coef: Coefficients, O: list[int], usable: list[int]) -> _Optio
         ends = min(t[opts[o]][0].c for o in O) + min(t[opts[o]][1].c for o in O)
     # a stage of option o rents at least its GPUs (Coefficients.stage_usd_per_hour); a free
     # config rents at least one stage of each node type it gives a stage size
-    price = {opts[o]: coef.stage_usd_per_hour(opts[o]) for o in usable}
+    price = {opts[o]: coef.stage_usd_per_hour(opts[o].k, opts[o].group) for o in usable}
     forced = [min(price[opts[o]] for o in usable if opts[o].k == k) for k in sorted(coef.required_types)]
     least_work = min(price[opts[o]] * t[opts[o]][0].a for o in usable)
     # the dp tail is at least stage 0's reduction (nothing hides it) at vpp layers or more; the
@@ -1088,7 +1088,7 @@ def least_usd_per_hour_with(coef: Coefficients, dear: int, d: int) -> float:
     the other pools' stages, each pool q giving at most max_stages(q) (a relaxation: the pools
     of one type share its GPUs)."""
     pp, pools = coef.cfg.pp, coef.pools
-    price = [coef.types[pool.k].usd_per_gpu_hour * pool.group for pool in pools]
+    price = [coef.stage_usd_per_hour(pool.k, pool.group) for pool in pools]
     mine = [q for q, pool in enumerate(pools) if pool.k == dear]
     if d > sum(coef.max_stages(q) for q in mine) or (d > 0 and not mine):
         return math.inf
