@@ -249,8 +249,12 @@ class Coefficients:
             self.options: list[StageOption] = list(options)
         else:
             options = list(shared.get(key, lambda: tuple(stage_options(inst, cfg, fix))))
-            self.options, self.pools, self.pool_of = self._pooled(self._undominated(options) if cfg.complete
-                                                                  else options)
+            # what is left of them reads their memory at the positions `_undominated` checks: configs
+            # whose positions there hold as many micro-batches share it, and the pools
+            worst = frozenset(self._position(s) for s in self._worst()) if cfg.complete else None
+            kept, pools, pool_of = shared.get(("free options", key, worst), lambda: tuple(
+                map(tuple, self._pooled(self._undominated(options) if cfg.complete else options))))
+            self.options, self.pools, self.pool_of = list(kept), list(pools), list(pool_of)
         # Megatron: one r for every stage (a model variable); free: each full-recompute stage its own
         self.shared_r = cfg.shared_recompute
         # free mode: every node type given a stage size hosts at least one stage
@@ -271,8 +275,7 @@ class Coefficients:
         prices, reduction and optimizer step and never a longer forward or backward; a shorter
         backward can lengthen the reduction tail by no more than it shortens the stage-time sum
         (costmodel.dp_tail_s), so some optimum never uses the dropped option."""
-        L, pp = self.inst.model.num_layers, self.cfg.pp
-        worst = sorted({0, min(1, pp - 1), pp - 1})  # most in flight, embedding, head
+        L, worst = self.inst.model.num_layers, self._worst()
         twins = {(o.k, o.tp, o.dp) for o in options if o.recompute != "none"}
         roomy = set()
         for o in options:
@@ -281,6 +284,11 @@ class Coefficients:
                 if all(self._memory(o, s)(L) <= cap for s in worst):
                     roomy.add((o.k, o.tp, o.dp))
         return [o for o in options if o.recompute == "none" or (o.k, o.tp, o.dp) not in roomy]
+
+    def _worst(self) -> list[int]:
+        """The positions of most memory for `_undominated`: most in flight, embedding, head."""
+        pp = self.cfg.pp
+        return sorted({0, min(1, pp - 1), pp - 1})
 
     def full(self, o: int) -> bool:
         return self.options[o].recompute == "full"
