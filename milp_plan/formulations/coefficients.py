@@ -171,7 +171,6 @@ class PositionMemoryKey(NamedTuple):
     config: MemoryConfig
 
 
-
 class ForwardShareKey(NamedTuple):
     """Coefficients.forward_share: the options (their time fits) and min(pp, 3), which fixes
     the ends of the positions it reads (first, a middle one, last)."""
