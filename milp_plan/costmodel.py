@@ -470,8 +470,13 @@ def stage_activation_bytes(inst: Instance, kinds: Sequence[str], has_embedding: 
     """Activation bytes per GPU: `inflight` micro-batches of the stage's layers
     (layer_activation_bytes on `gpu`), the ends' own in-flight counts, and under full
     recompute one recomputed layer's full activations."""
+    seen: dict[tuple[str, str], float] = {}   # the stage's layers share a kind: one evaluation per (kind, mode)
+
     def act(kind: str, mode: str = "none") -> float:
-        return layer_activation_bytes(inst, kind, tp, mbs, sequence_parallel, mode, tokens, gpu)
+        got = seen.get((kind, mode))
+        if got is None:
+            got = seen[kind, mode] = layer_activation_bytes(inst, kind, tp, mbs, sequence_parallel, mode, tokens, gpu)
+        return got
     per_mb = 0.0
     for i, k in enumerate(kinds):
         mode = "full" if (recompute == "full" and i < recompute_layers) else ("selective" if recompute == "selective" else "none")

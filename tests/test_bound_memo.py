@@ -121,3 +121,49 @@ def test_weak_family_bounds_equal_the_scalar_bound(cluster, model, gbs, limits):
         want = scalar_weak_bound(fresh, limits, variants)
         assert got == want, (variants[0].label(), got, want)
         assert family_lower_bound(fresh, limits, variants, weak=True) == want
+
+
+def memory_terms(coef: Coefficients, direct: bool = False) -> tuple:
+    """What the full bound reads of a config's memory: each option's room at the bound's
+    positions and its recompute pieces there (memoised per FitsKey: the option and each
+    position's in-flight counts), its least time at the ends for layer counts up to L (per
+    memory fit's key), and the options and pools left after `_undominated` (per the worst
+    positions' in-flight counts). direct: computed from the config's own fits, no memo."""
+    pp, L = coef.cfg.pp, coef.inst.model.num_layers
+    positions = tuple(sorted({0, max(pp - 2, 0), pp - 1}))
+    O = range(len(coef.options))
+    if direct:
+        rooms = [max(coef.layer_room(o, s) for s in positions) for o in O]
+        pieces = [bounds._recompute_pieces(coef, o, positions, room) for o, room in zip(O, rooms)]
+        times = [bounds._least_time(coef, o, s, n) for o in O for s in {0, pp - 1} for n in range(1, L + 1, 3)]
+    else:
+        rooms = [coef.best_room(o, positions) for o in O]
+        pieces = [coef.shared.get(("pieces", coef.fits_key(o, positions), room),
+                                  lambda o=o, room=room: bounds._recompute_pieces(coef, o, positions, room))
+                  for o, room in zip(O, rooms)]
+        ends = bounds._EndStages(coef, lambda: (), 0.0)
+        times = [ends._time(o, s, n) for o in O for s in {0, pp - 1} for n in range(1, L + 1, 3)]
+    return (rooms, pieces, times, coef.options, coef.pool_of, [(p.k, p.group) for p in coef.pools])
+
+
+def test_memory_terms_shared_by_what_they_read_equal_a_fresh_cache():
+    """The bounds' memory terms are shared by every config whose positions hold as many micro-
+    batches (coefficients.FitsKey, a stage position's key `Coefficients._position`), whatever its
+    pp, schedule, vpp or micro-batch count: through one cache warmed by free parents and their
+    children of every kind, each config's terms equal its own, computed from a fresh cache
+    (nothing shared) without the memo."""
+    inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
+    prepared = prepare(inst, None, "free")
+    rng = random.Random(5)
+    warm = SharedCoefficients(inst)
+    cfgs = []
+    # where memory binds: few stages of large micro-batches, every schedule
+    binding = [c for c in prepared.configs if 2 <= c.pp <= 6 and c.samples >= 8]
+    for cfg in rng.sample(binding, 12):
+        parent = Coefficients(inst, cfg, warm)
+        kids = prepared.children(parent)
+        cfgs += [parent.cfg] + [k.cfg for k in rng.sample(kids, min(6, len(kids)))]
+    rng.shuffle(cfgs)
+    shared = [memory_terms(Coefficients(inst, cfg, warm)) for cfg in cfgs]
+    for cfg, got in zip(cfgs, shared):
+        assert got == memory_terms(Coefficients(inst, cfg, SharedCoefficients(inst)), direct=True), cfg.label()

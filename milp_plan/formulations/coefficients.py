@@ -145,20 +145,15 @@ class MemoryConfig(NamedTuple):
     distributed_optimizer: bool
 
 
-class RoomKey(NamedTuple):
-    """The most layers a stage option holds within memory at any of `positions`
-    (Coefficients.best_room)."""
+class FitsKey(NamedTuple):
+    """What a stage option's memory at a set of stage positions truly reads (Coefficients.fits_key):
+    the option and what each position gives its memory fit (Coefficients._position: the ends,
+    pp == 1, the micro-batches in flight, the switches), as a set: the bounds take the best or
+    the least over the positions. Configs of other pp, m, schedule or vpp whose positions hold
+    as many micro-batches share what is computed from them (Coefficients.best_room, the bounds'
+    `_recompute_pieces`, whose times read the option and pp == 1, a field of each position)."""
     option: StageOption
-    config: MemoryConfig
-    positions: tuple
-
-
-class RecomputePiecesKey(NamedTuple):
-    """A stage option's (per-layer time, room) alternatives of the bounds (solvers/bounds.py,
-    `_recompute_pieces`): its memory at the positions (RoomKey; its times read the option and
-    the ends, which pp == 1 fixes with the key's pp) and its room."""
-    room_key: RoomKey
-    room: int
+    positions: frozenset
 
 
 class TiedSyncKey(NamedTuple):
@@ -169,9 +164,9 @@ class TiedSyncKey(NamedTuple):
 
 
 class PositionMemoryKey(NamedTuple):
-    """A stage option's memory fit at a position (Coefficients.memory): the config fields that
-    fix its MemoryKey, so a config finds the fit without recomputing its in-flight counts."""
-    option: StageOption
+    """What a stage position gives a memory fit (Coefficients._position): the config fields that
+    fix its MemoryKey but the option, so a config finds it without recomputing its
+    in-flight counts."""
     stage: int
     config: MemoryConfig
 
@@ -253,8 +248,12 @@ class Coefficients:
             self.options: list[StageOption] = list(options)
         else:
             options = list(shared.get(key, lambda: tuple(stage_options(inst, cfg, fix))))
-            self.options, self.pools, self.pool_of = self._pooled(self._undominated(options) if cfg.complete
-                                                                  else options)
+            # what is left of them reads their memory at the positions `_undominated` checks: configs
+            # whose positions there hold as many micro-batches share it, and the pools
+            worst = frozenset(self._position(s) for s in self._worst()) if cfg.complete else None
+            kept, pools, pool_of = shared.get(("free options", key, worst), lambda: tuple(
+                map(tuple, self._pooled(self._undominated(options) if cfg.complete else options))))
+            self.options, self.pools, self.pool_of = list(kept), list(pools), list(pool_of)
         # Megatron: one r for every stage (a model variable); free: each full-recompute stage its own
         self.shared_r = cfg.shared_recompute
         # free mode: every node type given a stage size hosts at least one stage
@@ -275,8 +274,7 @@ class Coefficients:
         prices, reduction and optimizer step and never a longer forward or backward; a shorter
         backward can lengthen the reduction tail by no more than it shortens the stage-time sum
         (costmodel.dp_tail_s), so some optimum never uses the dropped option."""
-        L, pp = self.inst.model.num_layers, self.cfg.pp
-        worst = sorted({0, min(1, pp - 1), pp - 1})  # most in flight, embedding, head
+        L, worst = self.inst.model.num_layers, self._worst()
         twins = {(o.k, o.tp, o.dp) for o in options if o.recompute != "none"}
         roomy = set()
         for o in options:
@@ -286,6 +284,11 @@ class Coefficients:
                     roomy.add((o.k, o.tp, o.dp))
         return [o for o in options if o.recompute == "none" or (o.k, o.tp, o.dp) not in roomy]
 
+    def _worst(self) -> list[int]:
+        """The positions of most memory for `_undominated`: most in flight, embedding, head."""
+        pp = self.cfg.pp
+        return sorted({0, min(1, pp - 1), pp - 1})
+
     def full(self, o: int) -> bool:
         return self.options[o].recompute == "full"
 
@@ -294,8 +297,13 @@ class Coefficients:
         return s == 0, s == self.cfg.pp - 1
 
     def time(self, o: int, s: int) -> tuple[Affine, Affine]:
-        """(t = f + b, b) of stage position s run as option o, seconds per micro-batch."""
-        return self._time(self.options[o], *self._ends(s))
+        """(t = f + b, b) of stage position s run as option o, seconds per micro-batch (the
+        shared fit, found once per config, option and ends)."""
+        key = ("time", o, s == 0, s == self.cfg.pp - 1)
+        got = self._local.get(key)
+        if got is None:
+            got = self._local[key] = self._time(self.options[o], *self._ends(s))
+        return got
 
     def least_layer_time(self) -> float:
         """The least f + b per layer and micro-batch (s) of any option at any stage position of
@@ -336,23 +344,35 @@ class Coefficients:
         return cm.stage_params(self.inst, [self.kind] * n, first, last, single_stage=self.cfg.pp == 1) / opt.tp
 
     def memory(self, o: int, s: int) -> Affine:
-        """Bytes per GPU of stage position s run as option o."""
-        return self._memory(self.options[o], s)
+        """Bytes per GPU of stage position s run as option o (the shared fit, found once per
+        config, option and position)."""
+        key = ("memory", o, s)
+        got = self._local.get(key)
+        if got is None:
+            got = self._local[key] = self._memory(self.options[o], s)
+        return got
 
     def _memory(self, opt: StageOption, s: int) -> Affine:
         # costmodel.stage_memory_bytes depends on the position only through the ends it holds,
         # pp == 1 and the micro-batches in flight, so configs of other pp, m or schedule share
-        # the fit wherever these agree (MemoryKey); PositionMemoryKey finds it without working
-        # out the in-flight counts again
-        return self.shared.get(PositionMemoryKey(opt, s, self.memory_config), lambda: self._memory_at(opt, s))
+        # the fit wherever these agree (MemoryKey)
+        return self.shared.get(self.memory_key(opt, s), lambda: self._memory_fit(opt, s))
 
-    def _memory_at(self, opt: StageOption, s: int) -> Affine:
+    def memory_key(self, opt: StageOption, s: int) -> MemoryKey:
+        """What option `opt`'s memory fit at stage position s reads (MemoryKey)."""
+        return MemoryKey(opt, *self._position(s))
+
+    def _position(self, s: int) -> tuple:
+        """What a memory fit reads of stage position s besides the option (MemoryKey's fields
+        from `first` on): the ends, pp == 1, the micro-batches in flight and the ends' own, and
+        the switches; found once per MemoryConfig and position (PositionMemoryKey)."""
+        return self.shared.get(PositionMemoryKey(s, self.memory_config), lambda: self._position_of(s))
+
+    def _position_of(self, s: int) -> tuple:
         cfg = self.cfg
         inflight = cm.inflight_microbatches(cfg.schedule, cfg.pp, s, self.m, cfg.vpp)
-        key = MemoryKey(opt, *self._ends(s), cfg.pp == 1, inflight,
-                        cm.end_inflight(cfg.schedule, cfg.pp, self.m, cfg.vpp, inflight), cfg.sequence_parallel,
-                        cfg.distributed_optimizer)
-        return self.shared.get(key, lambda: self._memory_fit(opt, s))
+        return (*self._ends(s), cfg.pp == 1, inflight, cm.end_inflight(cfg.schedule, cfg.pp, self.m, cfg.vpp, inflight),
+                cfg.sequence_parallel, cfg.distributed_optimizer)
 
     def _memory_fit(self, opt: StageOption, s: int) -> Affine:
         cfg = self.cfg
@@ -389,12 +409,19 @@ class Coefficients:
 
     def best_room(self, o: int, positions: tuple[int, ...]) -> int:
         """max over `positions` of layer_room(o, s), memoised for every config whose memory
-        fits agree (`RoomKey`: the option, schedule, pp, vpp, m and switches)."""
-        return self.shared.get(self.room_key(o, positions), lambda: max(self.layer_room(o, s) for s in positions))
+        fits there agree (`FitsKey`), and each position's room by its fit's key (the capacity
+        is the option's node type's)."""
+        return self.shared.get(("best room", self.fits_key(o, positions)), lambda: max(
+            self.shared.get(("layer room", self.memory_key(self.options[o], s)), lambda s=s: self.layer_room(o, s))
+            for s in positions))
 
-    def room_key(self, o: int, positions: tuple[int, ...]) -> "RoomKey":
-        """What option o's memory at `positions` reads of this config (`RoomKey`)."""
-        return RoomKey(self.options[o], self.memory_config, positions)
+    def fits_key(self, o: int, positions: tuple[int, ...]) -> FitsKey:
+        """What option o's memory at `positions` truly reads (`FitsKey`)."""
+        key = ("positions", positions)
+        got = self._local.get(key)
+        if got is None:
+            got = self._local[key] = frozenset(self._position(s) for s in positions)
+        return FitsKey(self.options[o], got)
 
     def _state_key(self, what: str, opt: StageOption, s: int) -> StateKey:
         job = self.inst.job

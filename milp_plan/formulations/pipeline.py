@@ -156,6 +156,7 @@ class PipelineModel:
         self.L = coef.inst.model.num_layers
         self.simulated = coef.basis() == SIMULATED
         self._weighted: dict[tuple, Any] = {}   # (what, index, weight) -> expression (add_path)
+        self._last: tuple | None = None          # the last plan read from a solution (extract): add_path's hint
         self.v = Vars()
         self.res = self._resolution()
         self.t_hi = self._time_upper_bound()
@@ -628,11 +629,16 @@ class PipelineModel:
 
     def add_path(self, path: PathTerms) -> bool:
         """scale T >= scale x the path's length, each term's weight applied before rounding
-        (down). False when the model already has this path."""
+        (down). False when the model already has this path. Added after a solve (the driver's
+        path rounds), the last plan read from the model (`extract`) becomes the next run's hint:
+        it is still a solution, now with its own path counted."""
         be, v, sc = self.be, self.v, v_scale(self.cfg)
         if path in v.paths:
             return False
         v.paths.add(path)
+        if self._last is not None and hasattr(be, "clear_hints"):
+            be.clear_hints()
+            self.hint(*self._last)
         terms = []
         for s in self.S:
             for part, share in ((2, path.fwd[s]), (1, path.bwd[s])):
@@ -872,6 +878,7 @@ class PipelineModel:
             opts.append(o)
             layers.append(int(round(value(self.v.n[s, o]))))
             rs.append(int(round(value(self.v.rr[s, o]))) if (s, o) in self.v.rr else 0)
+        self._last = (opts, layers, rs)
         return opts, layers, rs
 
 

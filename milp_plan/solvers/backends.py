@@ -114,6 +114,10 @@ class CpsatBackend:
     def hint(self, var, value: int) -> None:
         self.model.add_hint(var, int(value))
 
+    def clear_hints(self) -> None:
+        """Forget every hint (a model solved again starts from another one)."""
+        self.model.clear_hints()
+
     def solve(self, time_limit_s: float, seed: int, workers: int = 1,
               on_progress: Callable[[float, float], None] | None = None, work: float | None = None) -> BackendRun:
         solver = self.cp.CpSolver()

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
-from milp_plan.formulations.coefficients import (Affine, Coefficients, OptionTermsKey, PlacementKey, RecomputePiecesKey,
+from milp_plan.formulations.coefficients import (Affine, Coefficients, OptionTermsKey, PlacementKey,
                                                   TiedSyncKey)
 from milp_plan.predict import SIMULATED
 from milp_plan.formulations.space import Config
@@ -287,7 +287,6 @@ class _EndStages:
         self.layers: _StageZeroLayers | None = None   # made on first use, with by_slot and sync
         self._terms: dict | None = None   # o -> (a_o, d_o, E_o), on first use
         self._times: dict[tuple[int, int, int], float | None] = {}
-        self._fits: dict[tuple[int, int], tuple] = {}   # (o, s) -> (time, memory, capacity, full recompute)
         self._at: dict[tuple, EndTerms | None] = {}
 
     @classmethod
@@ -343,14 +342,16 @@ class _EndStages:
         return EndTerms(front, last, 1.0 / v, (m - 1.0 / v) * last + hops + self.base + front[-1][1] + opt)
 
     def _time(self, o: int, s: int, n: int) -> float | None:
+        """`_least_time`, memoised per config and, in the instance's cache, per what it reads:
+        the option's memory fit's key at s (which fixes its time fit too: the option and the
+        ends) and n."""
         key = (o, s, n)
-        if key not in self._times:
-            fit = self._fits.get((o, s))
-            if fit is None:
-                coef = self.coef
-                fit = self._fits[o, s] = (coef.time(o, s)[0], coef.memory(o, s), coef.capacity(o), coef.full(o))
-            self._times[key] = _least_stage_time(*fit, n)
-        return self._times[key]
+        got = self._times.get(key, False)
+        if got is False:
+            coef = self.coef
+            got = self._times[key] = coef.shared.get(("least time", coef.memory_key(coef.options[o], s), n),
+                                                     lambda: (_least_time(coef, o, s, n),))[0]
+        return got
 
 
 class EndTerms(NamedTuple):
@@ -779,7 +780,8 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable))
     t = terms.t
     positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
-    pieces = (lambda o: coef.shared.get(RecomputePiecesKey(coef.room_key(o, positions), rooms[o]),
+    # memoised per what the pieces read: the option's memory at the positions (FitsKey) and its room
+    pieces = (lambda o: coef.shared.get(("pieces", coef.fits_key(o, positions), rooms[o]),
                                         lambda: _recompute_pieces(coef, o, positions, rooms[o]))) if memory else None
     slots = stage_slots(coef, limits, memory, caps, rooms, usable, lambda o: t[coef.options[o]][0].a, pieces)
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),

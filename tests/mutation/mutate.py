@@ -183,6 +183,15 @@ MUTATIONS = [
      "(m - 1.0 / v) * last + hops", "m * last + hops"),
     ("milp_plan/solvers/bounds.py", "stage 0's options kept by time alone (the fastest's tail for all)",
      "        if not out or up < out[-1][1]:", "        if not out:"),
+    (COEF, "a room memoised by the first of its positions alone (FitsKey too coarse)",
+     "frozenset(self._position(s) for s in positions)", "frozenset(self._position(s) for s in positions[:1])"),
+    (COEF, "each position's room memoised by the first position's memory fit",
+     'shared.get(("layer room", self.memory_key(self.options[o], s))',
+     'shared.get(("layer room", self.memory_key(self.options[o], 0))'),
+    ("milp_plan/solvers/bounds.py", "an end's least time memoised without its layer count",
+     '("least time", coef.memory_key(coef.options[o], s), n)', '("least time", coef.memory_key(coef.options[o], s), 1)'),
+    (COEF, "a free config's undominated options memoised without the worst positions' in-flight counts",
+     "worst = frozenset(self._position(s) for s in self._worst()) if cfg.complete else None", "worst = None"),
 ]
 
 PROBE = r'''
@@ -199,6 +208,9 @@ from milp_plan.solvers.driver import solve
 from instances import write_instance, limits_for, assert_agrees, COMPARABLE_BW, HUGE_BW, OBJECTIVES
 import tempfile
 
+# the bounds' memory terms memoised per what they read, against an unmemoised computation
+import test_bound_memo
+test_bound_memo.test_memory_terms_shared_by_what_they_read_equal_a_fresh_cache()
 # the simulated step's bound weights and seed paths against the simulator on random pipelines
 from test_paths import test_every_path_weight_pair_bounds_the_simulation, test_every_stage_path_is_a_path
 for sched in ("1f1b", "gpipe", "interleaved"):
