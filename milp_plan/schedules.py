@@ -223,6 +223,19 @@ class Schedule:
         bwd = list(fwd)
         return _path(pp, fwd, bwd, [2.0 if j < s else 0.0 for j in range(pp - 1)])
 
+    def tail_path(self, pp: int, m: int) -> PathTerms:
+        """Micro-batch 0's first forward chunk down to the last stage, all of the last stage's
+        operations (its first is that forward), its own reduction after them, the optimizer:
+        sum_{j<pp-1} (f_j / v + h_j) + m t_{pp-1} + dp_{pp-1} + opt. Where the last stage's
+        reduction outlasts the drain back to stage 0 (a slow type's data-parallel links at the
+        end), it is longer than every chain path."""
+        v, last = self.chunks, pp - 1
+        fwd = [1.0 / v if j < last else 0.0 for j in range(pp)]
+        fwd[last] = float(m)
+        bwd = [0.0] * last + [float(m)]
+        dp = [0.0] * last + [1.0]
+        return PathTerms(tuple(fwd), tuple(bwd), (1.0,) * last, 0.0, tuple(dp), (1.0,) + (0.0,) * last)
+
     def stage_paths(self, pp: int, m: int) -> list[PathTerms]:
         """Paths of the step graph through each stage, which every plan of (pp, m) has: the
         ones `path_weights` bounds (formulations/pipeline.md, "Bounds on the simulated step").

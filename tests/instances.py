@@ -47,14 +47,15 @@ def write_instance(tmp: Path, *, layers=4, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0
                    gpn=2, counts=(1, 1), third: bool = False,
                    memory_gib: tuple[float | None, float | None, float | None] = (None, None, None),
                    bw: tuple[float, float] = (HUGE_BW, HUGE_BW), billing: tuple[str, str] = ("node", "node"),
-                   memory_gb_per_s: float | None = None, vocab: int = 128) -> InstanceSpec:
+                   memory_gb_per_s: float | None = None, vocab: int = 128,
+                   slow_bw: tuple[float, float] | None = None) -> InstanceSpec:
     """Two node types of `gpn` GPUs: 'fast' (A100-80GB) and 'slow' (A10), and with `third` a
     single 'mid' node of L40S; a tiny GPT whose block costs fwd/bwd ms as given at tp 1,
     micro-batch 1, and mbs / tp times that at the other profiled points (PROFILED_TPS x
     PROFILED_MBS: what the fill rules would give, written out so that the default space, which
     keeps to profiled points, holds them); embedding and head cost nothing.
     memory_gib overrides each type's GPU memory (the model needs about 1 MiB a layer); bw is
-    (intra, inter) GB/s of the first two types; billing their `billing`; vocab the
+    (intra, inter) GB/s of the first two types (`slow_bw`: the slow type's own); billing their `billing`; vocab the
     vocabulary (the tied embedding's gradient, all-reduced between the ends, grows with it)."""
     mbw = memory_gb_per_s
     (tmp / "cluster.yaml").write_text(f"""
@@ -63,7 +64,7 @@ node_types:
   - {{name: fast, gpu: {_gpu("A100-80GB", memory_gib[0], mbw)}, gpus_per_node: {gpn}, count: {counts[0]},
       intra_node_gb_per_s: {bw[0]}, inter_node_gb_per_s: {bw[1]}, usd_per_hour: {prices[0]}, billing: {billing[0]}}}
   - {{name: slow, gpu: {_gpu("A10", memory_gib[1], mbw)}, gpus_per_node: {gpn}, count: {counts[1]},
-      intra_node_gb_per_s: {bw[0]}, inter_node_gb_per_s: {bw[1]}, usd_per_hour: {prices[1]}, billing: {billing[1]}}}
+      intra_node_gb_per_s: {(slow_bw or bw)[0]}, inter_node_gb_per_s: {(slow_bw or bw)[1]}, usd_per_hour: {prices[1]}, billing: {billing[1]}}}
 """ + (f"""  - {{name: mid, gpu: {_gpu("L40S", memory_gib[2], mbw)}, gpus_per_node: {gpn}, count: 1, intra_node_gb_per_s: 50,
       inter_node_gb_per_s: 5, usd_per_hour: 3.0}}
 """ if third else ""))

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -66,6 +67,26 @@ def test_every_stage_path_is_a_path(schedule):
         lengths = [p.length_s(spec) for p in schedule_of(schedule, spec.vpp).stage_paths(spec.pp, spec.num_microbatches)]
         assert max(lengths) <= sim * (1 + 1e-12)
         tight += max(lengths) >= sim * (1 - 1e-12)
+    assert tight > 0
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_the_last_stages_tail_path_is_a_path(schedule):
+    """Schedule.tail_path (the full bound's path through the last stage's own reduction,
+    bounds._EndStages) is never longer than the simulation, and is its critical path in some
+    specs (a last stage whose reduction outlasts the drain back to stage 0)."""
+    rng = random.Random(f"tail-{schedule}")
+    tight = 0
+    for _ in range(200):
+        spec = _random_spec(rng, schedule)
+        if spec.pp < 2:
+            continue
+        # ... a last-stage reduction up to a few stage times (a slow type's links at the end)
+        spec = dataclasses.replace(spec, dp_s=spec.dp_s[:-1] + (rng.uniform(0.0, 4.0),))
+        sim = simulate_pipeline(spec).step_time_s
+        length = schedule_of(schedule, spec.vpp).tail_path(spec.pp, spec.num_microbatches).length_s(spec)
+        assert length <= sim * (1 + 1e-12)
+        tight += length >= sim * (1 - 1e-12)
     assert tight > 0
 
 
@@ -206,3 +227,30 @@ def test_a_time_limit_holds_the_simulated_step(tmp_path):
     assert res.status == "optimal"
     assert [st.num_layers for st in res.plan.stages] == [3, 2]
     assert res.plan.predicted.step_time_s <= 0.040
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_the_tail_path_bound_never_exceeds_the_simulation(schedule):
+    """bounds._tail_path_bound, the full bound's reading of Schedule.tail_path, on random specs
+    whose every stage has forward share exactly lo (f_s = lo t_s), equal hops and equal
+    optimizer steps, given the plan's own last stage (its time and reduction): w S + c never
+    exceeds the simulated step, and equals it where the path is critical (so a weight or a
+    term too large, e.g. lo dropped or each hop counted twice, fails here)."""
+    from milp_plan.solvers.bounds import _tail_path_bound
+    rng = random.Random(f"tail-bound-{schedule}")
+    tight = 0
+    for _ in range(200):
+        spec = _random_spec(rng, schedule)
+        if spec.pp < 2:
+            continue
+        lo, h, opt = rng.uniform(0.2, 0.5), rng.choice([0.0, 0.05, 0.5]), rng.uniform(0.0, 0.3)
+        t = [f / lo for f in spec.fwd_s]
+        spec = dataclasses.replace(spec, bwd_s=tuple(x - f for x, f in zip(t, spec.fwd_s)),
+                                   hop_s=(h,) * (spec.pp - 1), wrap_hop_s=h if spec.vpp > 1 else 0.0,
+                                   dp_s=spec.dp_s[:-1] + (rng.uniform(0.0, 4.0),), opt_s=(opt,) * spec.pp)
+        path = schedule_of(schedule, spec.vpp).tail_path(spec.pp, spec.num_microbatches)
+        w, c = _tail_path_bound(path, lo, [(t[-1], spec.dp_s[-1])], 2.0 * h * (spec.pp - 1), opt)
+        sim = simulate_pipeline(spec).step_time_s
+        assert w * sum(t) + c <= sim * (1 + 1e-9)
+        tight += w * sum(t) + c >= sim * (1 - 1e-9)
+    assert tight > 0

@@ -14,6 +14,7 @@ from milp_plan.formulations.coefficients import (Affine, Coefficients, OptionTer
 from milp_plan.predict import SIMULATED
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
+from milp_plan.schedules import PathTerms
 from milp_plan.units import SECONDS_PER_HOUR
 
 
@@ -275,8 +276,10 @@ class _EndStages:
     backward back to stage 0 and its tail):
           T >= (S - t_last) / v + m t_last + 2 sum_j h_j + tail + opt
             >= S / v + (m - 1/v) t_last(n_i(Z)) + 2 sum of the least hops + least tail + opt
-    (v the chunks per rank), which the pairs' m z leaves out. The closed form's pairs take z >=
-    the ends' times alone.
+    (v the chunks per rank), which the pairs' m z leaves out; and the last stage's own tail path
+    (`_tail_path_bound`: Schedule.tail_path, ending in the last stage's own reduction and tied
+    all-reduce, per last-stage option at n_i(Z)). The closed form's pairs take z >= the ends'
+    times alone.
     The runs only change at the breakpoints, so all of it holds for every plan whose largest a n
     lies in [Z, next). Node types only (no mixed-type bundles, whose slots join types)."""
 
@@ -318,28 +321,31 @@ class _EndStages:
         coef = self.coef
         if self.layers is None:
             self.layers, self.by_slot, sync = self._setup()
-            self._terms = {o: (min(coef.time(o, s)[0].a for s in {0, coef.cfg.pp - 1}), coef.dp_time(o, 0)[0], sync[o])
-                           for os in self.by_slot for o in os}
-        firsts, last = [], math.inf   # stage 0's (least time, tail less `base`) per option; the last's least time
+            self._terms = {o: (min(coef.time(o, s)[0].a for s in {0, coef.cfg.pp - 1}), coef.dp_time(o, 0)[0], sync[o],
+                               coef.dp_time(o, coef.cfg.pp - 1)[0]) for os in self.by_slot for o in os}
+        firsts, lasts = [], []   # stage 0's (least time, tail less `base`); the last's (least time, tail)
         for n, os in zip(self.layers.at(z), self.by_slot):
             if not n:
                 continue
             for o in os:
-                a, d, e = self._terms[o]
+                a, d, e, d_last = self._terms[o]
                 if a * n >= below * (1 + 1e-9):
                     continue
                 t0, t1 = self._time(o, 0, n), self._time(o, coef.cfg.pp - 1, n)
                 if t0 is not None:
                     firsts.append((t0, max(0.0, d(n) + e - self.base)))
                 if t1 is not None:
-                    last = min(last, t1)
-        if not firsts or last == math.inf:
+                    lasts.append((t1, d_last(n) + e))
+        if not firsts or not lasts:
             return None
-        front = _pairs_front(firsts)
+        front, last = _pairs_front(firsts), min(t for t, _ in lasts)
         if self.chain is None:
             return EndTerms(front, last, 0.0, 0.0)
         v, m, (hops, opt) = coef.cfg.sched.chunks, coef.m, self.chain
-        return EndTerms(front, last, 1.0 / v, (m - 1.0 / v) * last + hops + self.base + front[-1][1] + opt)
+        w_own, c_own = _tail_path_bound(coef.cfg.sched.tail_path(coef.cfg.pp, m), coef.forward_share().lo,
+                                        lasts, hops, opt)
+        return EndTerms(front, last, 1.0 / v, (m - 1.0 / v) * last + hops + self.base + front[-1][1] + opt,
+                        w_own, c_own)
 
     def _time(self, o: int, s: int, n: int) -> float | None:
         """`_least_time`, memoised per config and, in the instance's cache, per what it reads:
@@ -354,6 +360,20 @@ class _EndStages:
         return got
 
 
+def _tail_path_bound(path: PathTerms, lo: float, lasts: list[tuple[float, float]], hops: float,
+                     opt: float) -> tuple[float, float]:
+    """(w, c) with T >= w S + c on the last stage's own tail path (Schedule.tail_path: the
+    earlier stages' first forward chunks, all of the last stage's m micro-batches, each hop
+    once, the last stage's reduction and tied all-reduce, the optimizer), given lo (f_s >= lo
+    t_s on every stage), the last stage's (least time, least tail) per option `lasts`, twice
+    the least sum of the hops `hops` and the optimizer term `opt`:
+        T >= (lo / v) (S - t_last) + m t_last + tail + sum h + opt
+          >= w S + min over lasts of (m - w) t + tail + hops / 2 + opt,   w = lo / v
+    (increasing in S and t_last, so their least values give a bound)."""
+    w, own = lo * path.fwd[0], path.fwd[-1]
+    return w, min((own - w) * t + tail for t, tail in lasts) + path.hop[0] * hops / 2 + opt
+
+
 class EndTerms(NamedTuple):
     """`_EndStages` at a point Z: stage 0's (least time, tail less the bound's) per option, the
     non-dominated ones by time; the last stage's least time; the chain path through the last
@@ -362,13 +382,15 @@ class EndTerms(NamedTuple):
     last: float
     w_chain: float
     c_chain: float
+    w_own: float = 0.0   # the last stage's own tail path as w S + c (0, 0: none)
+    c_own: float = 0.0
 
     def step(self, w_z: float, w_sum: float, z: float, S: float, rest: float) -> float:
         """At least the step T of a pair (w_z, w_sum, rest) at z = max(Z, S / pp): the joint per
         stage-0 option of z >= its time and its tail, z >= the last stage's time, and the chain."""
         z = max(z, self.last)
         pair = w_sum * S + rest + min(w_z * max(z, t0) + up for t0, up in self.first)
-        return max(pair, self.w_chain * S + self.c_chain)
+        return max(pair, self.w_chain * S + self.c_chain, self.w_own * S + self.c_own)
 
 
 def _pairs_front(pairs: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:

@@ -192,6 +192,12 @@ MUTATIONS = [
      '("least time", coef.memory_key(coef.options[o], s), n)', '("least time", coef.memory_key(coef.options[o], s), 1)'),
     (COEF, "a free config's undominated options memoised without the worst positions' in-flight counts",
      "worst = frozenset(self._position(s) for s in self._worst()) if cfg.complete else None", "worst = None"),
+    ("milp_plan/solvers/bounds.py", "the last stage's tail path takes the fill's forwards as whole stage times (lo dropped)",
+     "    w, own = lo * path.fwd[0], path.fwd[-1]", "    w, own = path.fwd[0], path.fwd[-1]"),
+    ("milp_plan/solvers/bounds.py", "the last stage's tail path counts each hop twice",
+     " + path.hop[0] * hops / 2 + opt", " + path.hop[0] * hops + opt"),
+    (SCHED, "the last stage's tail path takes every earlier stage's whole first chunk (forward and backward)",
+     "        bwd = [0.0] * last + [float(m)]", "        bwd = list(fwd)"),
 ]
 
 PROBE = r'''
@@ -216,6 +222,11 @@ from test_paths import test_every_path_weight_pair_bounds_the_simulation, test_e
 for sched in ("1f1b", "gpipe", "interleaved"):
     test_every_path_weight_pair_bounds_the_simulation(sched)
     test_every_stage_path_is_a_path(sched)
+# the last stage's own tail path, and the full bound's reading of it, against the simulator
+from test_paths import test_the_last_stages_tail_path_is_a_path, test_the_tail_path_bound_never_exceeds_the_simulation
+for sched in ("1f1b", "gpipe", "interleaved", "zb-h1"):
+    test_the_last_stages_tail_path_is_a_path(sched)
+    test_the_tail_path_bound_never_exceeds_the_simulation(sched)
 # the tied embedding's all-reduce in the full bound, where it is 40% of the step (tests/test_bounds.py)
 import test_bounds
 test_bounds.test_bounds_hold_where_the_tied_all_reduce_is_most_of_the_step.hypothesis.inner_test(
