@@ -91,14 +91,31 @@ def test_stage_zero_options_count_their_time_and_tail_together():
     z = 0.5, S = 3 and rest = 0.25: A gives 4 x max(0.8, 1.0) + 3.0 = 7.0, B 4 x 1.5 + 0 = 6.0,
     so T >= 3 + 0.25 + 6.0 = 9.25 (a plan may run B). Separate minima (time 1.0, tail 0) would
     give 7.25, A's pair alone 10.25 (too much). The front keeps the options no other beats in
-    both time and tail. The chain term (w S + c) is a floor of its own."""
-    from milp_plan.solvers.bounds import EndTerms, _pairs_front
+    both time and tail. The chain term (w S + c) is a floor of its own, and so is the last
+    stage's own tail path."""
+    from milp_plan.solvers.bounds import EndCase, EndTerms, _pairs_front
     assert _pairs_front([(1.5, 0.0), (1.0, 2.0), (2.0, 0.5), (1.0, 2.5)]) == ((1.0, 2.0), (1.5, 0.0))
-    terms = EndTerms(_pairs_front([(1.0, 3.0), (1.5, 0.0)]), 0.8, 0.0, 0.0)
+    terms = EndTerms((EndCase(_pairs_front([(1.0, 3.0), (1.5, 0.0)]), 0.8, 0.0, 0.0),))
     assert terms.step(4.0, 1.0, 0.5, 3.0, 0.25) == 3.0 + 0.25 + 6.0
-    terms = EndTerms(_pairs_front([(1.0, 2.0), (1.5, 0.0)]), 0.8, 0.0, 0.0)
+    terms = EndTerms((EndCase(_pairs_front([(1.0, 2.0), (1.5, 0.0)]), 0.8, 0.0, 0.0),))
     assert terms.step(4.0, 1.0, 0.5, 3.0, 0.25) == 9.25
-    assert EndTerms(((1.0, 0.0),), 1.2, 0.5, 20.0).step(4.0, 1.0, 0.5, 3.0, 0.25) == 0.5 * 3.0 + 20.0
+    assert EndTerms((EndCase(((1.0, 0.0),), 1.2, 20.0, 0.0),), 0.5).step(4.0, 1.0, 0.5, 3.0, 0.25) == 0.5 * 3.0 + 20.0
+    assert EndTerms((EndCase(((1.0, 0.0),), 1.2, 0.0, 30.0),), 0.0, 0.5).step(4.0, 1.0, 0.5, 3.0, 0.25) == 0.5 * 3.0 + 30.0
+
+
+def test_the_ends_node_types_are_taken_together():
+    """bounds.EndTerms.step over the ends' type pairs, hand case: types X and Y host one stage
+    each (pp 2), so one end runs on each. Stage 0 on X takes 1.0 s, on Y 2.0 s (tails 0); the
+    last stage on X takes 1.0 s with its own tail path at 12.0 s, on Y 2.0 s with 3.0 s. With
+    w_z = 4, w_sum = 1, z = 0.5, S = 3 and rest = 0.25: (X, Y) gives z = 2.0, 3.25 + 4 x 2.0 =
+    11.25 (own path 3.0); (Y, X) gives z = 1.0, 3.25 + 4 x 2.0 = 11.25, own path 12.0, so 12.0;
+    the bound is 11.25. Each end at its own least (X first, X last) would give 3.25 + 4 x 1.0 =
+    7.25 with the own path at its least, 3.0: a pair no plan has."""
+    from milp_plan.solvers.bounds import EndCase, EndTerms
+    x0, y0, x1, y1 = ((1.0, 0.0),), ((2.0, 0.0),), (1.0, 12.0), (2.0, 3.0)
+    cases = (EndCase(x0, y1[0], 0.0, y1[1]), EndCase(y0, x1[0], 0.0, x1[1]))
+    assert EndTerms(cases).step(4.0, 1.0, 0.5, 3.0, 0.25) == 11.25
+    assert EndTerms(cases + (EndCase(x0, x1[0], 0.0, y1[1]),)).step(4.0, 1.0, 0.5, 3.0, 0.25) == 7.25
 
 
 def test_the_last_stages_own_tail_lifts_bounds_below_each_configs_optimum():
@@ -116,7 +133,7 @@ def test_the_last_stages_own_tail_lifts_bounds_below_each_configs_optimum():
 
     def without_own(self, z, below):
         got = terms_at(self, z, below)
-        return None if got is None else got._replace(w_own=0.0, c_own=0.0)
+        return None if got is None else got._replace(w_own=0.0, cases=tuple(c._replace(c_own=0.0) for c in got.cases))
     lifted = []
     for coef in prepared.coefs:
         if coef.cfg.pp < 4 or coef.cfg.uniform.tp > 1 or coef.cfg.uniform.mbs > 2:

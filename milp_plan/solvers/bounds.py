@@ -306,7 +306,9 @@ class _EndStages:
             L = coef.inst.model.num_layers
             layers = coef.shared.get(("stage 0 layers", PlacementKey(tuple(slots), coef.cfg.pp, L, unit)),
                                      lambda: _StageZeroLayers(slots, coef.cfg.pp, L, unit))
-            return layers, [[o for o in usable if coef.options[o].k == k] for k in types], _sync_by_end(coef, caps, usable)
+            hosts = [sum(c for q, c in caps.items() if coef.pools[q].k == k) for k in types]   # stages per type
+            return (layers, [[o for o in usable if coef.options[o].k == k] for k in types], _sync_by_end(coef, caps, usable),
+                    hosts)
         chain = (hops, opt) if coef.basis() == SIMULATED and coef.cfg.pp >= 2 else None
         return cls(coef, setup, base, chain)
 
@@ -318,34 +320,42 @@ class _EndStages:
         return got
 
     def _terms_at(self, z: float, below: float) -> "EndTerms | None":
-        coef = self.coef
+        coef, pp = self.coef, self.coef.cfg.pp
         if self.layers is None:
-            self.layers, self.by_slot, sync = self._setup()
-            self._terms = {o: (min(coef.time(o, s)[0].a for s in {0, coef.cfg.pp - 1}), coef.dp_time(o, 0)[0], sync[o],
-                               coef.dp_time(o, coef.cfg.pp - 1)[0]) for os in self.by_slot for o in os}
-        firsts, lasts = [], []   # stage 0's (least time, tail less `base`); the last's (least time, tail)
+            self.layers, self.by_slot, sync, self.hosts = self._setup()
+            self._terms = {o: (min(coef.time(o, s)[0].a for s in {0, pp - 1}), coef.dp_time(o, 0)[0], sync[o],
+                               coef.dp_time(o, pp - 1)[0]) for os in self.by_slot for o in os}
+        ends = []   # per node type: stage 0's (least time, tail less `base`), the last's (least time, tail)
         for n, os in zip(self.layers.at(z), self.by_slot):
-            if not n:
-                continue
-            for o in os:
+            firsts, lasts = [], []
+            for o in os if n else ():
                 a, d, e, d_last = self._terms[o]
                 if a * n >= below * (1 + 1e-9):
                     continue
-                t0, t1 = self._time(o, 0, n), self._time(o, coef.cfg.pp - 1, n)
+                t0, t1 = self._time(o, 0, n), self._time(o, pp - 1, n)
                 if t0 is not None:
                     firsts.append((t0, max(0.0, d(n) + e - self.base)))
                 if t1 is not None:
                     lasts.append((t1, d_last(n) + e))
-        if not firsts or not lasts:
-            return None
-        front, last = _pairs_front(firsts), min(t for t, _ in lasts)
-        if self.chain is None:
-            return EndTerms(front, last, 0.0, 0.0)
-        v, m, (hops, opt) = coef.cfg.sched.chunks, coef.m, self.chain
-        w_own, c_own = _tail_path_bound(coef.cfg.sched.tail_path(coef.cfg.pp, m), coef.forward_share().lo,
-                                        lasts, hops, opt)
-        return EndTerms(front, last, 1.0 / v, (m - 1.0 / v) * last + hops + self.base + front[-1][1] + opt,
-                        w_own, c_own)
+            ends.append((_pairs_front(firsts) if firsts else None, lasts))
+        v, m = coef.cfg.sched.chunks, coef.m
+        w_chain = w_own = 0.0
+        if self.chain is not None:
+            w_chain, path = 1.0 / v, coef.cfg.sched.tail_path(pp, m)
+            hops, opt = self.chain
+        cases = []
+        for i0, (front, _) in enumerate(ends):
+            for i1, (_, lasts) in enumerate(ends):
+                # the ends' node types: one stage at pp 1; two stages of one type where it hosts two
+                if front is None or not lasts or (i0 == i1) != (pp == 1) and not (i0 == i1 and self.hosts[i0] >= 2):
+                    continue
+                last = min(t for t, _ in lasts)
+                if self.chain is None:
+                    cases.append(EndCase(front, last, 0.0, 0.0))
+                    continue
+                w_own, c_own = _tail_path_bound(path, coef.forward_share().lo, lasts, hops, opt)
+                cases.append(EndCase(front, last, (m - w_chain) * last + hops + self.base + front[-1][1] + opt, c_own))
+        return EndTerms(tuple(cases), w_chain, w_own) if cases else None
 
     def _time(self, o: int, s: int, n: int) -> float | None:
         """`_least_time`, memoised per config and, in the instance's cache, per what it reads:
@@ -374,23 +384,34 @@ def _tail_path_bound(path: PathTerms, lo: float, lasts: list[tuple[float, float]
     return w, min((own - w) * t + tail for t, tail in lasts) + path.hop[0] * hops / 2 + opt
 
 
-class EndTerms(NamedTuple):
-    """`_EndStages` at a point Z: stage 0's (least time, tail less the bound's) per option, the
-    non-dominated ones by time; the last stage's least time; the chain path through the last
-    stage as w S + c (0, 0 off the simulated basis)."""
+class EndCase(NamedTuple):
+    """`_EndStages` at a point Z for one pair of the ends' node types: stage 0's (least time,
+    tail less the bound's) per option, the non-dominated ones by time; the last stage's least
+    time; the constants of the chain path through the last stage and of its own tail path
+    (0 off the simulated basis)."""
     first: tuple[tuple[float, float], ...]
     last: float
-    w_chain: float
     c_chain: float
-    w_own: float = 0.0   # the last stage's own tail path as w S + c (0, 0: none)
-    c_own: float = 0.0
+    c_own: float
+
+
+class EndTerms(NamedTuple):
+    """`_EndStages` at a point Z: a case per pair of node types the two ends may run on (a
+    plan's ends are one of them), and the weights of S in the chain path and the tail path."""
+    cases: tuple[EndCase, ...]
+    w_chain: float = 0.0
+    w_own: float = 0.0
 
     def step(self, w_z: float, w_sum: float, z: float, S: float, rest: float) -> float:
-        """At least the step T of a pair (w_z, w_sum, rest) at z = max(Z, S / pp): the joint per
-        stage-0 option of z >= its time and its tail, z >= the last stage's time, and the chain."""
-        z = max(z, self.last)
-        pair = w_sum * S + rest + min(w_z * max(z, t0) + up for t0, up in self.first)
-        return max(pair, self.w_chain * S + self.c_chain, self.w_own * S + self.c_own)
+        """At least the step T of a pair (w_z, w_sum, rest) at z = max(Z, S / pp): over the
+        ends' type pairs, the least of the joint per stage-0 option of z >= its time and its
+        tail, z >= the last stage's time, the chain and the last stage's own tail path."""
+        return min(self._case(c, w_z, w_sum, z, S, rest) for c in self.cases)
+
+    def _case(self, c: EndCase, w_z: float, w_sum: float, z: float, S: float, rest: float) -> float:
+        z = max(z, c.last)
+        pair = w_sum * S + rest + min(w_z * max(z, t0) + up for t0, up in c.first)
+        return max(pair, self.w_chain * S + c.c_chain, self.w_own * S + c.c_own)
 
 
 def _pairs_front(pairs: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:

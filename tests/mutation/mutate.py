@@ -180,7 +180,7 @@ MUTATIONS = [
      "                    firsts.append((t0, max(0.0, d(n) + e - self.base)))",
      "                    firsts.append((t0, max(0.0, d(n + 1) + e - self.base)))"),
     ("milp_plan/solvers/bounds.py", "the chain path through the last stage weighs its time m times (not m - 1/v)",
-     "(m - 1.0 / v) * last + hops", "m * last + hops"),
+     "(m - w_chain) * last + hops", "m * last + hops"),
     ("milp_plan/solvers/bounds.py", "stage 0's options kept by time alone (the fastest's tail for all)",
      "        if not out or up < out[-1][1]:", "        if not out:"),
     (COEF, "a room memoised by the first of its positions alone (FitsKey too coarse)",
@@ -196,6 +196,8 @@ MUTATIONS = [
      "    w, own = lo * path.fwd[0], path.fwd[-1]", "    w, own = path.fwd[0], path.fwd[-1]"),
     ("milp_plan/solvers/bounds.py", "the last stage's tail path counts each hop twice",
      " + path.hop[0] * hops / 2 + opt", " + path.hop[0] * hops + opt"),
+    ("milp_plan/solvers/bounds.py", "both ends on one node type only where it hosts three stages (not two)",
+     "and not (i0 == i1 and self.hosts[i0] >= 2)", "and not (i0 == i1 and self.hosts[i0] >= 3)"),
     (SCHED, "the last stage's tail path takes every earlier stage's whole first chunk (forward and backward)",
      "        bwd = [0.0] * last + [float(m)]", "        bwd = list(fwd)"),
 ]
