@@ -199,17 +199,18 @@ def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m:
     return best
 
 
-def _value(T: np.ndarray, usd_h: float, limits: Limits) -> np.ndarray:
-    """The objective at step T (seconds) and at least usd_h $/h; inf where a limit is broken."""
-    out = T * usd_h / SECONDS_PER_HOUR if limits.objective == "min-cost" else T.copy()
-    bad = np.zeros(T.shape, dtype=bool)
+def _value(T, usd_h: float, limits: Limits):
+    """The objective at step T (seconds; an array, or a float) and at least usd_h $/h; inf where
+    a limit is broken."""
+    out = T * usd_h / SECONDS_PER_HOUR if limits.objective == "min-cost" else T
+    bad = limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-9)
     if limits.time_limit_s is not None:
-        bad |= T > limits.time_limit_s * (1 + 1e-6)
-    if limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-9):
-        bad[:] = True
+        bad = bad | (T > limits.time_limit_s * (1 + 1e-6))
     if limits.budget_usd_per_step is not None:
-        bad |= T * usd_h / SECONDS_PER_HOUR > limits.budget_usd_per_step * (1 + 1e-9)
-    return np.where(bad, np.inf, out)
+        bad = bad | (T * usd_h / SECONDS_PER_HOUR > limits.budget_usd_per_step * (1 + 1e-9))
+    if isinstance(T, np.ndarray):
+        return np.where(bad, np.inf, out)
+    return math.inf if bad else float(out)
 
 
 def unit_tokens(inst: Instance) -> tuple[int, int]:
@@ -364,6 +365,11 @@ def _placement(A: dict[int, float], rooms: dict[int, int], caps: dict[int, int],
     return None
 
 
+def _least_price(coef, K: int) -> float:
+    """At least the $/h of any plan of the config: K stages at its cheapest stage price."""
+    return min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
+
+
 class ConfigBounds:
     """Sliced bounds of GPipe configs (module docstring) over the slicings whose count is in
     `counts`: `cheap` (the work path alone: T >= m max_s W_s + the reduction and optimizer
@@ -478,12 +484,11 @@ class ConfigBounds:
             got = max(got, *(min(coef.opt_time(o, s)(e) for o in n) for s in (0, K - 1)))
         return got
 
-    def _finish(self, coef, T: np.ndarray, K: int) -> float | None:
-        """The objective's bound from the step's (T without the optimizer term)."""
-        opt = self._opt(coef)
-        price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
-        vals = _value(T + opt, price, self.limits)
-        best = float(vals.min()) if len(vals) else math.inf
+    def _finish(self, coef, T, K: int) -> float | None:
+        """The objective's bound from the step's (T without the optimizer term: the least over an
+        array of them, or a float)."""
+        vals = _value(T + self._opt(coef), _least_price(coef, K), self.limits)
+        best = (float(vals.min()) if len(vals) else math.inf) if isinstance(vals, np.ndarray) else vals
         return None if best == math.inf else best
 
     def _dp(self, coef, layers: int, memory: bool = True) -> float:
@@ -616,7 +621,7 @@ class ConfigBounds:
             return math.inf
         if self.limits.objective != "min-cost":
             return cutoff
-        price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * coef.cfg.pp
+        price = _least_price(coef, coef.cfg.pp)
         return cutoff * SECONDS_PER_HOUR / price if price > 0 else math.inf
 
 
@@ -708,7 +713,7 @@ def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> l
 def work_step(m: int, z: float, S: float, n: int) -> float:
     """The work bound's step term (WorkBounds): T >= max(m Z, (m - 1) Z + S / n) for m
     micro-batches, the heaviest stage's work Z and the stages' work S, cut into n slices."""
-    return max(m * z, (m - 1) * z + S / n)
+    return np.maximum(m * z, (m - 1) * z + S / n)
 
 
 def fill_step(m: int, z: float, L: int, u: float, least: float, extra: float) -> float:
@@ -763,6 +768,8 @@ class WorkBounds:
         self.tables: dict = {}
         self.parts: dict = {}       # _kind_parts by node type, tp, micro-batch size and kind
         self.end_terms: dict = {}
+        self.placements: dict = {}  # (slots, stages) -> (Z, S) or None (`placement`)
+        self.quick_terms: dict = {}
 
     def table(self, coef, o: int, context: bool = True, kind: str | None = None) -> np.ndarray:
         """arc_times of option o (its blocks, or `kind`: "embedding", "head"), memoised by node
@@ -809,26 +816,59 @@ class WorkBounds:
         A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds), and (K > 1)
         the fill and end paths (`fill_step`, `ends_step`) over every option, without the hops
         and the ends' own fill; context=False: with count_sums without context (lower, cheaper)."""
-        K, L = coef.cfg.pp, self.inst.model.num_layers
-        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
-        key = (frozenset((coef.types[o.k].name, o.tp, o.mbs) for o in coef.options), m, K, context)
+        return self.quick_at(coef, coef.cfg.num_microbatches(self.inst.job.global_batch_size), coef.cfg.pp, context)
+
+    def quick_at(self, coef, m: int, K: int, context: bool = True) -> dict[int, float]:
+        """`quick` of a config with coef's options, m micro-batches and K stages (memoised)."""
+        key = (self._kinds(coef), m, K, context)
         got = self.quicks.get(key)
         if got is None:
-            rows = [self.per_count(coef, o, context) for o in range(len(coef.options))]
-            a = {n: min(r[n] for r in rows) for n in self.counts}
-            ends = self.ends(coef, list(range(len(coef.options))), context) if K > 1 else None
-
-            def step(n: int) -> float:
-                z, S = -(-L // K) * a[n], L * a[n]
-                got = work_step(m, z, S, n)
-                if ends is None:
-                    return got
-                u, _, Q = ends
-                return max(got, fill_step(m, z, L, u, a[n], 0.0), ends_step(m, z, S, n, Q[n], 0.0))
-            got = self.quicks[key] = {n: step(n) for n in self.counts if a[n] < math.inf}
+            steps = self.quick_steps(coef, np.array([m]), np.array([K]), context)[0]
+            got = self.quicks[key] = {n: float(t) for n, t in zip(self.counts, steps) if t < math.inf}
         return got
 
-    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf) -> tuple[float | None, bool]:
+    def quick_steps(self, coef, m: np.ndarray, K: np.ndarray, context: bool = True) -> np.ndarray:
+        """`quick`'s step per config (rows: m micro-batches and K stages, with coef's options) and
+        count (columns, self.counts); inf where a count has no slicing."""
+        a, u, Q = self._quick_terms(coef, context)
+        m, K, L = m[:, None], K[:, None], self.inst.model.num_layers
+        z, S, n = -(-L // K) * a, L * a, np.array(self.counts)
+        with np.errstate(invalid="ignore"):      # inf - inf where a count has no slicing: dropped
+            T = work_step(m, z, S, n)
+            paths = np.maximum(fill_step(m, z, L, u, a, 0.0), ends_step(m, z, S, n, Q, 0.0))
+            T = np.where(K > 1, np.maximum(T, paths), T)
+        return np.where(np.isfinite(a), T, np.inf)
+
+    def _kinds(self, coef) -> frozenset:
+        return frozenset((coef.types[o.k].name, o.tp, o.mbs) for o in coef.options)
+
+    def _quick_terms(self, coef, context: bool) -> tuple[np.ndarray, float, np.ndarray]:
+        """(min_o A*_{o,n} per count, and `ends`' u and Q_n over every option) (memoised)."""
+        key = (self._kinds(coef), context)
+        got = self.quick_terms.get(key)
+        if got is None:
+            every = list(range(len(coef.options)))
+            a = np.min([np.asarray(self.per_count(coef, o, context))[self.counts] for o in every], axis=0)
+            u, _, Q = self.ends(coef, every, context)
+            got = self.quick_terms[key] = (a, u, np.asarray(Q)[self.counts])
+        return got
+
+    def placement(self, coef, caps: dict, rooms: dict, usable: list[int], n: int) -> tuple[float, float] | None:
+        """(Z_n, S_n) of the config at count n (class docstring; solvers/bounds.py's bottleneck and
+        least layer sum over stage_slots with A*_{o,n} as the per-layer times), memoised by the
+        slots and the stage count (configs that differ in what the slots do not read, e.g. a
+        recompute setting whose memory rooms agree, share them). None: no placement fits."""
+        from milp_plan.solvers import bounds
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        slots = bounds.stage_slots(coef, self.limits, True, caps, rooms, usable, lambda o: self.per_count(coef, o)[n])
+        key = (tuple(slots), K)
+        if key not in self.placements:
+            z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
+            self.placements[key] = None if z is None else (z, bounds._least_layer_sum(math.inf, slots, K, L, 1))
+        return self.placements[key]
+
+    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf, memory: bool = True
+               ) -> tuple[float | None, bool]:
         """(the least over the counts of the work bound (class docstring) of the config's plans,
         as an objective: T plus stage 0's tail (cb._dp) and the optimizer term, priced
         (cb._finish); whether it is the whole bound). None: no placement fits or none meets the
@@ -842,23 +882,19 @@ class WorkBounds:
             return None, True
         limit = cb._time_cutoff(coef, cutoff) - cb._opt(coef)    # a step (seconds) at or above it cannot matter
         if min(quick.values()) >= limit:
-            return cb._finish(coef, np.array([min(quick.values())]), K), False
-        found = bounds.usable_options(coef, self.limits, memory=True)
+            return cb._finish(coef, min(quick.values()), K), False
+        found = bounds.usable_options(coef, self.limits, memory=memory)
         if found is None:
             return None, True
         caps, _, rooms, usable = found
-        tail = cb._dp(coef, 1 if K > 1 else L)
+        tail = cb._dp(coef, 1 if K > 1 else L, memory)
         if K > 1:
             u, v, Q = self.ends(coef, usable)
             hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
         best, whole = math.inf, True
         rows = [self.per_count(coef, o) for o in usable]
-        # every option's per-layer sum non-decreasing in the count: then so are Z_n and S_n (the
-        # bottleneck and the least layer sum only grow with the per-layer times), and a count's
-        # terms at a smaller count's Z and S bound it from below (each term is non-decreasing
-        # in Z and S): a count whose bound so read cannot beat the best is not placed
-        mono = all(r[a] <= r[b] for r in rows for a, b in zip(self.counts, self.counts[1:]))
         placed: dict[int, tuple[float, float]] = {}
+        floor = math.inf    # the least lower bound of a count not placed, each at least the cutoff
 
         def step(n: int, z: float, S: float) -> float:
             got = work_step(m, z, S, n)
@@ -872,17 +908,58 @@ class WorkBounds:
             if q + tail >= limit:
                 best, whole = q + tail, False
                 break
-            below = [c for c in placed if c < n] if mono else []
-            if below and step(n, *placed[max(below)]) + tail >= best:
-                continue
-            slots = bounds.stage_slots(coef, self.limits, True, caps, rooms, usable,
-                                       lambda o: self.per_count(coef, o)[n])
-            z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
-            if z is not None:
-                S = bounds._least_layer_sum(math.inf, slots, K, L, 1)
-                placed[n] = (z, S)
-                best = min(best, step(n, z, S) + tail)
-        return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
+            if placed:     # Z_n and S_n from below by the placed counts' (`scaled_placement`)
+                lb = step(n, *scaled_placement(placed, rows, n)) + tail
+                if lb >= best:
+                    continue
+                if lb >= limit:
+                    floor, whole = min(floor, lb), False
+                    continue
+            got = self.placement(coef, caps, rooms, usable, n)
+            if got is not None:
+                placed[n] = got
+                best = min(best, step(n, *got) + tail)
+        best = min(best, floor)
+        return (None if best == math.inf else cb._finish(coef, best, K)), whole
+
+
+def scaled_placement(placed: dict[int, tuple[float, float]], rows: list[list[float]], n: int) -> tuple[float, float]:
+    """Lower bounds of (Z_n, S_n) from the counts already placed, placed[c] = (Z_c, S_c), with
+    rows[o][c] = A*_{o,c} of each usable option: the bottleneck and the least layer sum never
+    fall when a per-layer time grows and scale with the per-layer times (a placement's n_s a_s
+    does: the breakpoints a j move with them and floor(z / a) is unchanged), so with lambda =
+    min_o A*_{o,n} / A*_{o,c}, every A*_{o,n} >= lambda A*_{o,c} gives Z_n >= lambda Z_c and
+    S_n >= lambda S_c. Every term of the work bound is non-decreasing in Z and S."""
+    z = S = 0.0
+    for c, (zc, Sc) in placed.items():
+        lam = min(r[n] / r[c] for r in rows)
+        z, S = max(z, lam * zc), max(S, lam * Sc)
+    return z, S
+
+
+def _initial_keys(prepared, work: WorkBounds, limits: Limits) -> list[tuple[float, int, int]]:
+    """quick_bound's first keys, a heap: per GPipe config, `WorkBounds.quick_at` without context
+    at its micro-batch count and stages, valued at the config's least price (`_least_price`),
+    without the optimizer term (>= 0). Configs that share the uniform choice, the samples per
+    micro-batch and the stage sizes share their options (Coefficients: OptionsKey), so one
+    config's coefficients serve them all: the others' are made only when the search opens them."""
+    gbs = prepared.inst.job.global_batch_size
+    groups: dict = {}
+    for i, cfg in enumerate(prepared.configs):
+        if cfg.sched.slices_ok:
+            groups.setdefault((cfg.uniform, cfg.samples, cfg.sizes) if cfg.uniform is not None else i, []).append(i)
+    heap = []
+    for members in groups.values():
+        rep = prepared.coef(members[0])
+        K = np.array([prepared.configs[i].pp for i in members])
+        m = np.array([prepared.configs[i].num_microbatches(gbs) for i in members])
+        least = work.quick_steps(rep, m, K, context=False).min(axis=1)
+        for i, T, k in zip(members, least.tolist(), K.tolist()):
+            got = _value(T, _least_price(rep, k), limits)
+            if got < math.inf:
+                heap.append((got, i, 0))
+    heapq.heapify(heap)
+    return heap
 
 
 def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None, refine: float = 0.0
@@ -913,18 +990,11 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     cb = ConfigBounds.__new__(ConfigBounds)
     cb.inst, cb.limits = inst, limits
     work = WorkBounds(inst, limits, range(2, units + 1))
-    heap = []   # (bound, config index, stage): 0 quick without context, 1 with, 2 WorkBounds.config, 3 full
-    last = 3 if refine > 0 else 2
+    heap = _initial_keys(prepared, work, limits)   # (bound, config index, stage): 0 quick without
+    # context, 1 with, 2 WorkBounds.config without the memory rooms, 3 with them, 4 full
+    last = 4 if refine > 0 else 3
     dl = Deadline(math.inf, work=refine) if refine > 0 else None
     full = None
-    for i, cfg in enumerate(prepared.configs):
-        if cfg.sched.slices_ok:
-            coef = prepared.coef(i)
-            quick = work.quick(coef, context=False)
-            got = cb._finish(coef, np.array([min(quick.values())]), cfg.pp) if quick else None
-            if got is not None:
-                heap.append((got, i, 0))
-    heapq.heapify(heap)
     read, final = 0, math.inf    # final: the least last-stage bound pushed; the answer is at most it
     while heap:
         key, i, stage = heapq.heappop(heap)
@@ -936,8 +1006,10 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
         if stage == 0:   # with context, and stage 0's tail without the memory rooms (at most config's)
             quick = work.quick(coef)
             tail = cb._dp(coef, 1 if coef.cfg.pp > 1 else inst.model.num_layers, memory=False)
-            got = cb._finish(coef, np.array([min(quick.values()) + tail]), coef.cfg.pp) if quick else None
+            got = cb._finish(coef, min(quick.values()) + tail, coef.cfg.pp) if quick else None
         elif stage == 1:
+            got, _ = work.config(coef, cb, final, memory=False)
+        elif stage == 2:
             read += 1
             # cut at `final`: a value at or above it (whole or not) cannot be the least
             got, _ = work.config(coef, cb, final)
