@@ -722,16 +722,24 @@ class SliceCosts:
 
 def stage_slice_times(inst: Instance, node_type: NodeType, stage: Stage, pp: int, index: int,
                       lengths: Sequence[int]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(f, b) of one stage on each slice of `lengths` tokens (stage_compute_s with context)."""
-    kinds = stage_kinds(inst, stage.first_layer, stage.num_layers)
+    """(f, b) of one stage on each slice of `lengths` tokens (stage_slice_time: each slice after
+    the slices before it as context)."""
     fwd, bwd, c = [], [], 0
     for n in lengths:
-        f, b = stage_compute_s(inst, node_type, stage.tp, stage.micro_batch_size, kinds, index == 0, index == pp - 1,
-                               stage.recompute, stage.recompute_layers, tokens=n, context=c)
+        f, b = stage_slice_time(inst, node_type, stage, pp, index, n, c)
         fwd.append(f)
         bwd.append(b)
         c += n
     return tuple(fwd), tuple(bwd)
+
+
+def stage_slice_time(inst: Instance, node_type: NodeType, stage: Stage, pp: int, index: int, tokens: int,
+                     context: int) -> tuple[float, float]:
+    """(f, b) of stage `index` of a pp-stage plan on one slice of `tokens` tokens after `context`
+    tokens (stage_compute_s with context)."""
+    return stage_compute_s(inst, node_type, stage.tp, stage.micro_batch_size,
+                           stage_kinds(inst, stage.first_layer, stage.num_layers), index == 0, index == pp - 1,
+                           stage.recompute, stage.recompute_layers, tokens=tokens, context=context)
 
 
 def slice_costs(inst: Instance, plan: Plan, lengths: Sequence[int] | None = None) -> SliceCosts:

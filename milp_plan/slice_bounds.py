@@ -199,16 +199,16 @@ def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m:
     return best
 
 
-def _value(T, usd_h: float, limits: Limits):
-    """The objective at step T (seconds; an array, or a float) and at least usd_h $/h; inf where
-    a limit is broken."""
+def _value(T, usd_h, limits: Limits):
+    """The objective at step T (seconds) and at least usd_h $/h (each an array, or a float); inf
+    where a limit is broken."""
     out = T * usd_h / SECONDS_PER_HOUR if limits.objective == "min-cost" else T
-    bad = limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-9)
+    bad = False if limits.budget_usd_per_hour is None else usd_h > limits.budget_usd_per_hour * (1 + 1e-9)
     if limits.time_limit_s is not None:
         bad = bad | (T > limits.time_limit_s * (1 + 1e-6))
     if limits.budget_usd_per_step is not None:
         bad = bad | (T * usd_h / SECONDS_PER_HOUR > limits.budget_usd_per_step * (1 + 1e-9))
-    if isinstance(T, np.ndarray):
+    if isinstance(T, np.ndarray) or isinstance(usd_h, np.ndarray):
         return np.where(bad, np.inf, out)
     return math.inf if bad else float(out)
 
@@ -235,9 +235,8 @@ def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int
         key = (nts[s].name, st.tp, st.micro_batch_size, st.first_layer if s == 0 else -1, st.num_layers,
                s == 0, s == plan.pp - 1, st.recompute, st.recompute_layers, i, j)
         if key not in memo:
-            lengths = [j * unit] if i == 0 else [i * unit, (j - i) * unit]
-            f, b = costmodel.stage_slice_times(inst, nts[s], st, plan.pp, s, lengths)
-            memo[key] = (f[-1], f[-1] + b[-1])
+            f, b = costmodel.stage_slice_time(inst, nts[s], st, plan.pp, s, (j - i) * unit, i * unit)
+            memo[key] = (f, f + b)
         return memo[key]
     p = [[stage_arc(s, i, j)[1] for i, j in arcs] for s in range(plan.pp)]
     f = [[stage_arc(s, i, j)[0] for i, j in arcs] for s in range(plan.pp)]
@@ -389,6 +388,7 @@ class ConfigBounds:
         self.row_bounds: dict = {}     # config -> the bound per slicing row (full)
         self.work = 0.0                # work units (deadline.py) of the last `full`, beyond WORK.bound
         self.work_bounds = WorkBounds(inst, limits, counts)
+        self.tails: dict = {}          # _dp by config, layers and memory
 
     def _terms(self, coef, full: bool = True) -> dict:
         """The gathered per-arc terms of the config's options (what the arc times read: node
@@ -496,8 +496,12 @@ class ConfigBounds:
         of its exposed reduction (Coefficients.dp_time; it never decreases with the layers)
         plus the tied embedding's all-reduce, which follows it (`_embedding_sync`; memory=False:
         without the memory rooms, lower and cheaper)."""
-        return max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options)))) + \
-            _embedding_sync(coef, self.limits, memory)
+        key = (coef.cfg, layers, memory)
+        got = self.tails.get(key)
+        if got is None:
+            got = self.tails[key] = max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options)))) + \
+                _embedding_sync(coef, self.limits, memory)
+        return got
 
     def cheap(self, coef) -> float | None:
         """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
@@ -664,6 +668,12 @@ def _kind_parts(inst: Instance, nt, tp: int, mbs: int, kind: str) -> tuple[np.nd
     return base, sum(costmodel.slice_context_s(inst, nt, tp, mbs, kind, unit, unit))
 
 
+@functools.lru_cache(maxsize=4)
+def _arc_indices(units: int) -> tuple[np.ndarray, np.ndarray]:
+    """(i, j) of every arc i < j <= units (numpy's triu_indices, made once)."""
+    return np.triu_indices(units + 1, 1)
+
+
 def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool, memo: dict | None = None
                ) -> np.ndarray:
     """arc_times of one kind: T[i, j] = t(j - i units) + ctx(j - i, i) on a plain node type, with
@@ -673,7 +683,7 @@ def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool, 
     mixed type (its members' maxima) each arc whole."""
     units, unit = unit_tokens(inst)
     T = np.full((units + 1, units + 1), np.inf)
-    i, j = np.triu_indices(units + 1, 1)
+    i, j = _arc_indices(units)
     if context and isinstance(nt, MixedNodeType):
         for a, b in zip(i, j):
             lt = costmodel.layer_times(inst, nt, tp, mbs, kind, int(b - a) * unit, int(a) * unit)
@@ -891,50 +901,52 @@ class WorkBounds:
         if K > 1:
             u, v, Q = self.ends(coef, usable)
             hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
-        best, whole = math.inf, True
-        rows = [self.per_count(coef, o) for o in usable]
-        placed: dict[int, tuple[float, float]] = {}
-        floor = math.inf    # the least lower bound of a count not placed, each at least the cutoff
+        counts = sorted(quick, key=lambda n: (quick[n], n))      # by the quick term
+        R = np.array([[self.per_count(coef, o)[n] for n in counts] for o in usable])   # A*_{o,n}
+        n_, q, least = np.array(counts), np.array([quick[n] for n in counts]), R.min(axis=0)
+        Q_ = np.asarray(Q)[n_] if K > 1 else None
 
-        def step(n: int, z: float, S: float) -> float:
-            got = work_step(m, z, S, n)
+        def step(z: np.ndarray, S: np.ndarray) -> np.ndarray:     # per count, at its Z and S
+            got = work_step(m, z, S, n_)
             if K > 1:
-                least = min(r[n] for r in rows)
-                got = max(got, fill_step(m, z, L, u, least, v + hops), ends_step(m, z, S, n, Q[n], hops))
+                got = np.maximum(got, np.maximum(fill_step(m, z, L, u, least, v + hops),
+                                                 ends_step(m, z, S, n_, Q_, hops)))
             return got
-        for n, q in sorted(quick.items(), key=lambda x: (x[1], x[0])):
-            if q + tail >= best:
+        best, floor, whole = math.inf, math.inf, True   # floor: the least bound of a count not placed
+        lb = q + tail         # each count's bound so far: its quick term, then the placed counts' scaled Z, S
+        Z, S = np.zeros(len(counts)), np.zeros(len(counts))
+        for j, n in enumerate(counts):
+            if q[j] + tail >= best:
                 break      # the counts left bound at least as high
-            if q + tail >= limit:
-                best, whole = q + tail, False
+            if q[j] + tail >= limit:
+                best, whole = q[j] + tail, False
                 break
-            if placed:     # Z_n and S_n from below by the placed counts' (`scaled_placement`)
-                lb = step(n, *scaled_placement(placed, rows, n)) + tail
-                if lb >= best:
-                    continue
-                if lb >= limit:
-                    floor, whole = min(floor, lb), False
-                    continue
+            if lb[j] >= best:
+                continue
+            if lb[j] >= limit:
+                floor, whole = min(floor, float(lb[j])), False
+                continue
             got = self.placement(coef, caps, rooms, usable, n)
-            if got is not None:
-                placed[n] = got
-                best = min(best, step(n, *got) + tail)
+            if got is None:
+                continue
+            lam = scale_from(R, j)
+            Z, S = np.maximum(Z, got[0] * lam), np.maximum(S, got[1] * lam)
+            Z[j], S[j] = got
+            T = step(Z, S) + tail
+            best = min(best, float(T[j]))      # count n's own bound, at its Z and S
+            lb = np.maximum(lb, T)
         best = min(best, floor)
         return (None if best == math.inf else cb._finish(coef, best, K)), whole
 
 
-def scaled_placement(placed: dict[int, tuple[float, float]], rows: list[list[float]], n: int) -> tuple[float, float]:
-    """Lower bounds of (Z_n, S_n) from the counts already placed, placed[c] = (Z_c, S_c), with
-    rows[o][c] = A*_{o,c} of each usable option: the bottleneck and the least layer sum never
-    fall when a per-layer time grows and scale with the per-layer times (a placement's n_s a_s
-    does: the breakpoints a j move with them and floor(z / a) is unchanged), so with lambda =
-    min_o A*_{o,n} / A*_{o,c}, every A*_{o,n} >= lambda A*_{o,c} gives Z_n >= lambda Z_c and
-    S_n >= lambda S_c. Every term of the work bound is non-decreasing in Z and S."""
-    z = S = 0.0
-    for c, (zc, Sc) in placed.items():
-        lam = min(r[n] / r[c] for r in rows)
-        z, S = max(z, lam * zc), max(S, lam * Sc)
-    return z, S
+def scale_from(R: np.ndarray, j: int) -> np.ndarray:
+    """Per count (a column of R, R[o][i] = A*_{o,i} of each usable option o): lambda_i = min_o
+    A*_{o,i} / A*_{o,j}, so Z_i >= lambda_i Z_j and S_i >= lambda_i S_j: the bottleneck and the
+    least layer sum never fall when a per-layer time grows and scale with the per-layer times
+    (a placement's n_s a_s does: the breakpoints a n move with them and floor(z / a) is
+    unchanged), and every A*_{o,i} >= lambda_i A*_{o,j}. Every term of the work bound is
+    non-decreasing in Z and S, so a count placed bounds the others from below."""
+    return (R / R[:, j:j + 1]).min(axis=0)
 
 
 def _initial_keys(prepared, work: WorkBounds, limits: Limits) -> list[tuple[float, int, int]]:
@@ -953,11 +965,8 @@ def _initial_keys(prepared, work: WorkBounds, limits: Limits) -> list[tuple[floa
         rep = prepared.coef(members[0])
         K = np.array([prepared.configs[i].pp for i in members])
         m = np.array([prepared.configs[i].num_microbatches(gbs) for i in members])
-        least = work.quick_steps(rep, m, K, context=False).min(axis=1)
-        for i, T, k in zip(members, least.tolist(), K.tolist()):
-            got = _value(T, _least_price(rep, k), limits)
-            if got < math.inf:
-                heap.append((got, i, 0))
+        got = _value(work.quick_steps(rep, m, K).min(axis=1), _least_price(rep, 1) * K, limits)
+        heap += [(v, i, 0) for v, i in zip(got.tolist(), members) if v < math.inf]
     heapq.heapify(heap)
     return heap
 
@@ -987,8 +996,8 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     except InputError:   # no GPipe config passes the pins: nothing to bound
         return None, 0
     units, _ = unit_tokens(inst)
-    cb = ConfigBounds.__new__(ConfigBounds)
-    cb.inst, cb.limits = inst, limits
+    cb = ConfigBounds.__new__(ConfigBounds)     # its per-config terms alone, no slicing rows
+    cb.inst, cb.limits, cb.tails = inst, limits, {}
     work = WorkBounds(inst, limits, range(2, units + 1))
     heap = _initial_keys(prepared, work, limits)   # (bound, config index, stage): 0 quick without
     # context, 1 with, 2 WorkBounds.config without the memory rooms, 3 with them, 4 full
