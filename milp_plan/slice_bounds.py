@@ -902,8 +902,9 @@ class WorkBounds:
             u, v, Q = self.ends(coef, usable)
             hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
         counts = sorted(quick, key=lambda n: (quick[n], n))      # by the quick term
-        R = np.array([[self.per_count(coef, o)[n] for n in counts] for o in usable])   # A*_{o,n}
-        n_, q, least = np.array(counts), np.array([quick[n] for n in counts]), R.min(axis=0)
+        n_, q = np.array(counts), np.array([quick[n] for n in counts])
+        R = np.array([self.per_count(coef, o) for o in usable])[:, n_]       # A*_{o,n}
+        least = R.min(axis=0)
         Q_ = np.asarray(Q)[n_] if K > 1 else None
 
         def step(z: np.ndarray, S: np.ndarray) -> np.ndarray:     # per count, at its Z and S
