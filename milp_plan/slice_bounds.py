@@ -560,7 +560,10 @@ class ConfigBounds:
         times on the slicings where the config's bound (`full`, run first) is least: for each of
         the `per_count` slice counts of least bound, its least row's bottleneck placement (the
         pp stages of largest holds at the least feasible z, trimmed to L layers from the stage of
-        largest n A), in two orders (fastest stages first, and last). Candidates, not bounds."""
+        largest n A), in three orders: fastest stages first, last, and at both ends (the end stages
+        hold the embedding and the head, whose tied all-reduce and reductions then run over the
+        fast nodes' links, and the slow stages' reductions hide under the drain). Candidates, not
+        bounds."""
         T, t = self.row_bounds.get(coef.cfg), self._terms(coef)
         from milp_plan.solvers import bounds
         found = bounds.usable_options(coef, self.limits, memory=True)
@@ -581,7 +584,8 @@ class ConfigBounds:
             got = _placement(A, rooms, caps, coef.pool_of, K, L)
             if got is not None:
                 order = sorted(range(K), key=lambda i: A[got[0][i]])
-                for seq in (order, order[::-1]):
+                ends = order[0::2] + order[1::2][::-1]     # fastest at the ends, slowest in the middle
+                for seq in (order, order[::-1], ends):
                     cand = (tuple(got[0][i] for i in seq), tuple(got[1][i] for i in seq))
                     if cand not in out:
                         out.append(cand)
@@ -882,8 +886,11 @@ class WorkBounds:
         """(the least over the counts of the work bound (class docstring) of the config's plans,
         as an objective: T plus stage 0's tail (cb._dp) and the optimizer term, priced
         (cb._finish); whether it is the whole bound). None: no placement fits or none meets the
-        limits. Counts whose `quick` term (plus the tail) reaches `cutoff` are not placed: then
-        the value is a bound at least `cutoff`, not the whole one (False)."""
+        limits. Counts whose `quick` term (plus the tail) reaches `cutoff`, or whose terms at the
+        scaled Z and S of the counts already placed (`scale_from`) reach it or the best, are not
+        placed: then the value is a bound at least `cutoff`, not the whole one (False); below the
+        cutoff it is the whole one. memory=False: every stage may hold every layer and every option
+        with a stage to offer is usable (stage 0's tail likewise): at most the bound with the rooms."""
         from milp_plan.solvers import bounds
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
@@ -951,11 +958,12 @@ def scale_from(R: np.ndarray, j: int) -> np.ndarray:
 
 
 def _initial_keys(prepared, work: WorkBounds, limits: Limits) -> list[tuple[float, int, int]]:
-    """quick_bound's first keys, a heap: per GPipe config, `WorkBounds.quick_at` without context
-    at its micro-batch count and stages, valued at the config's least price (`_least_price`),
-    without the optimizer term (>= 0). Configs that share the uniform choice, the samples per
-    micro-batch and the stage sizes share their options (Coefficients: OptionsKey), so one
-    config's coefficients serve them all: the others' are made only when the search opens them."""
+    """quick_bound's first keys, a heap of (bound, config index, 0): per GPipe config,
+    `WorkBounds.quick_steps` at its micro-batch count and stages, least over the counts, valued at
+    the config's least price (`_least_price`), without the optimizer term (>= 0). Configs that
+    share the uniform choice, the samples per micro-batch and the stage sizes share their options
+    (Coefficients: OptionsKey), so one config's coefficients serve them all, in one numpy pass
+    over the group's configs and the counts: the others' are made only when the search opens them."""
     gbs = prepared.inst.job.global_batch_size
     groups: dict = {}
     for i, cfg in enumerate(prepared.configs):
@@ -975,17 +983,17 @@ def _initial_keys(prepared, work: WorkBounds, limits: Limits) -> list[tuple[floa
 def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None, refine: float = 0.0
                 ) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
-    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound was
-    computed): the least over the configs of `WorkBounds.config`, found best first over three
-    bounds of rising cost, each at most the next: `WorkBounds.quick` without context (every layer
-    at the fastest option, slices priced as sequences of their length: U cost-model calls per
-    option), the same with context, then `WorkBounds.config` (placed within the memory rooms).
-    The second adds stage 0's tail without the memory rooms (ConfigBounds._dp). A config is
-    refined when it is the least on the heap; the first final bound popped is the
-    least (no other config can lower it), and a config whose bound reaches the least final
-    bound pushed so far is dropped. For the default's decision (`default_line`): cheap enough to run after
+    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound within
+    the memory rooms was computed): the least over the configs of `WorkBounds.config`, found best
+    first over bounds of rising cost, each at most the next: `WorkBounds.quick` (every layer at
+    the fastest option; the first keys, `_initial_keys`, one numpy pass per options group), the
+    same plus stage 0's tail without the memory rooms (ConfigBounds._dp), `WorkBounds.config`
+    without the memory rooms, then with them. A config is refined when it is the least on the
+    heap, keyed by the largest of its bounds so far; the first final bound popped is the least
+    (no other config can lower it), and a config whose bound reaches the least final bound pushed
+    so far is dropped. For the default's decision (`default_line`): cheap enough to run after
     every solve. None: no GPipe config (or none meets the limits). `where` (a list): the config
-    whose bound is returned is appended to it, as its coefficients. refine > 0: a fourth stage,
+    whose bound is returned is appended to it, as its coefficients. refine > 0: a last stage,
     `ConfigBounds.full` (every slicing enumerated), within `refine` work units (deadline.py);
     when they run out, the least key on the heap (every config's bound is at least it)."""
     from milp_plan.solve import job_fix

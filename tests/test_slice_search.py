@@ -506,10 +506,10 @@ def test_count_sums_are_the_enumerated_least(tmp_path_factory):
 
 
 def test_count_sums_without_context_are_the_enumerated_least(tmp_path_factory):
-    """slice_bounds.count_sums(context=False) (the order key of quick_bound) equals, per count,
-    the least over the compositions of 5 units of sum_k t(l_k) without context, and is at most the
-    per-layer sum with context of every such slicing (count_sums with context, ConfigBounds'
-    per-option rows)."""
+    """slice_bounds.count_sums(context=False) (a lower, cheaper key than the sums with context)
+    equals, per count, the least over the compositions of 5 units of sum_k t(l_k) without
+    context, and is at most the per-layer sum with context of every such slicing (count_sums
+    with context, ConfigBounds' per-option rows)."""
     from milp_plan import costmodel as cm
     inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
     kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})
