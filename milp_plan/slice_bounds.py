@@ -390,11 +390,17 @@ class ConfigBounds:
         self.work_bounds = WorkBounds(inst, limits, counts)
         self.tails: dict = {}          # _dp by config, layers and memory
 
+    @staticmethod
+    def _terms_key(coef) -> tuple:
+        """What the per-arc terms read of a config: its options' (node type, tp, micro-batch
+        size) and whether every option recomputes fully."""
+        return (tuple(sorted({(o.k, o.tp, o.mbs) for o in coef.options})),
+                all(o.recompute == "full" for o in coef.options))
+
     def _terms(self, coef, full: bool = True) -> dict:
         """The gathered per-arc terms of the config's options (what the arc times read: node
         type, tp, micro-batch size, full recompute); `full=False`: A and Phi alone."""
-        key = (tuple(sorted({(o.k, o.tp, o.mbs) for o in coef.options})),
-               all(o.recompute == "full" for o in coef.options))
+        key = self._terms_key(coef)
         got = self.memo.get(key)
         if got is None:
             arcs = self.arcs_memo.get(key)
@@ -526,9 +532,11 @@ class ConfigBounds:
         rest = K * t["ph"] + t["c0"] + Phi[:, None] + (K - 1) * hop
         stages = self._stages(coef, t)
         z = self._bottleneck(coef, stages)     # seconds: at least max_s n_s A_{o(s)}
+        machine = self._machine_path(coef, t, stages)
 
         def bound(rows: np.ndarray, layers: np.ndarray, y: np.ndarray) -> np.ndarray:
-            """min over e of the path bound on `rows`, C_k's layers >= `layers`, heaviest >= y."""
+            """min over e of the path bound on `rows`, C_k's layers >= `layers`, heaviest >= y,
+            and at least the heaviest stage's machine path (`_machine_path`)."""
             base = np.where(self.valid[rows], layers + rest[rows], -np.inf)
             a_, A_, Phi_ = a[rows], A[rows], Phi[rows]
             T = np.full(len(rows), np.inf)
@@ -542,7 +550,7 @@ class ConfigBounds:
                 fin = np.isfinite(heavy)        # inf: no placement (m = 1 too)
                 work = np.where(fin, (m - 1) * np.where(fin, heavy, 0.0), np.inf)
                 T = np.minimum(T, work + cross + self._dp(coef, e) + self._opt(coef, e) - self._opt(coef))
-            return T
+            return np.maximum(T, machine(rows, y))
         every = np.arange(len(self.rows))
         T = bound(every, L * a, z)
         self.work = len(self.rows) * (BISECT_STEPS + 1) * len(stages or ()) * SECONDS_PER_CELL
@@ -554,6 +562,35 @@ class ConfigBounds:
         work, _ = self.work_bounds.config(coef, self)
         self.work += len(self.work_bounds.counts) * len(coef.options) * WORK_PER_COUNT
         return None if got is None or cheap is None or work is None else max(got, cheap, work)
+
+    def _machine_path(self, coef, t: dict, stages):
+        """(rows, y) -> per row, at least the step of every plan whose heaviest stage's layers
+        take >= y on that slicing (seconds, without the optimizer term): the heaviest stage s's
+        machine path (module docstring, M(s)) on the row's own slices, `fill_step` with
+        W_s >= y + Phi (its layers, and the forward every stage recomputes under full recompute),
+        u = the least per-layer f + b of the row's first or last slice over the usable options,
+        rho = u / the least per-layer sum A_o of the row (n_s <= W_s / A), the embedding's first
+        slice or the head's last (whichever end is not s: the least of the two), 2 (K - 1) hops
+        of one unit, then stage 0's tail at one layer; and the work path m W_s. A slicing with
+        small end slices makes this fill cheap but its other slices dear (the paths P(s, k)),
+        so the two bound each row together. No usable option: no bound (0)."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        if not stages:
+            return lambda rows, y: np.zeros(len(rows))
+        ar, last = np.arange(len(self.rows)), self.valid.sum(axis=1) - 1
+        alpha = np.stack([al for _, al, _, _ in stages], axis=2)          # rows x slices x options
+        u = np.minimum(alpha[:, 0, :].min(axis=1), alpha[ar, last, :].min(axis=1))
+        least = np.min([A for A, _, _, _ in stages], axis=0)
+        _, emb, head, _, _ = self.arcs_memo[self._terms_key(coef)]
+        v = np.minimum(_gather(emb, self.rows)[:, 0], _gather(head, self.rows)[ar, last])
+        extra = v + 2 * (K - 1) * _least_hop_per_token(coef) * self.unit
+        tail, Phi = self._dp(coef, 1), t["Phi"]
+
+        def machine(rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+            w = y + Phi[rows]
+            return np.maximum(m * w, fill_step(m, w, L, u[rows], least[rows], extra[rows])) + tail
+        return machine
 
     def balanced(self, coef, per_count: int = 2) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """Candidate placements (option per stage, layers per stage) that balance the per-type

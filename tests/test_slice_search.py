@@ -105,6 +105,34 @@ def test_bounds_never_exceed_any_sliced_plan(tmp_path_factory, objective):
     assert checked > 1000
 
 
+@pytest.mark.parametrize("make,batch", [("tiny", 1), ("two_speed", 1), ("tiny", 2)])
+def test_full_bound_of_each_slicing_never_exceeds_its_plans(tmp_path_factory, make, batch):
+    """ConfigBounds.full's bound of every slicing row (row_bounds, plus the optimizer term) is at
+    most the simulated step of every plan of the config that fits memory, cut by that slicing:
+    each row's paths and the heaviest stage's machine path on the row's own slices
+    (`_machine_path`, the fill of small end slices against the dear middle ones) at one and two
+    micro-batches, on the tiny instance and the one whose rooms bind (pp <= 3)."""
+    from milp_plan.slice_plan import _fits_memory
+    inst = (tiny if make == "tiny" else two_speed)(str(tmp_path_factory.mktemp("t")), batch)
+    limits = Limits("min-time")
+    bounds = sb.ConfigBounds(inst, limits, range(2, SEQ + 1))
+    lengths = [sb.lengths_of(r, bounds.arcs) for r in bounds.rows]
+    checked = 0
+    for coef in gpipe_configs(inst, 3):
+        if coef.cfg.pp < 2 or bounds.full(coef) is None:
+            continue
+        T = bounds.row_bounds[coef.cfg] + bounds._opt(coef)
+        for plan in every_plan(inst, coef):
+            if not _fits_memory(plan):
+                continue
+            for r, x in enumerate(lengths):
+                p = sliced(plan, x)
+                step = predict.evaluate(inst, p).step_time_s
+                assert T[r] <= step * (1 + 1e-9), (coef.cfg.label(), [st.num_layers for st in plan.stages], x)
+                checked += 1
+    assert checked > 300, checked
+
+
 def brute_force(inst, limits, counts, max_pp=4):
     """The least objective of every sliced plan (count in `counts`) of every GPipe config,
     admitted by the limits (memory included)."""
