@@ -1002,6 +1002,8 @@ def _initial_keys(prepared, work: WorkBounds, limits: Limits) -> list[tuple[floa
     (Coefficients: OptionsKey), so one config's coefficients serve them all, in one numpy pass
     over the group's configs and the counts: the others' are made only when the search opens them."""
     gbs = prepared.inst.job.global_batch_size
+    if not work.counts:      # a sequence of one unit: no slicing
+        return []
     groups: dict = {}
     for i, cfg in enumerate(prepared.configs):
         if cfg.sched.slices_ok:

@@ -404,6 +404,13 @@ def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
     assert lb == pytest.approx(min(every), rel=1e-12)
 
 
+def test_quick_bound_of_a_one_unit_sequence_is_none(tmp_path):
+    """A sequence of one token unit (U = 1) has no slicing into 2..U slices: no bound (the
+    default's line then says no plan can be sliced)."""
+    inst = tiny_instance(tmp_path, global_batch=2, seq_length=1)
+    assert sb.quick_bound(inst, Limits("min-time"), FIX + ",schedule=gpipe") == (None, 0)
+
+
 def test_least_sums_by_hand():
     """slice_bounds.least_sums on 4 units. With test_slicing's t(l, c) = 4 + l^2 + 2 l c every
     cut into n slices sums to 4 n + 16 (sum_k (l_k^2 + 2 l_k c_k) = (sum_k l_k)^2 = 16; the table
