@@ -262,7 +262,8 @@ def stage_compute_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind
     """(f_s, b_s): forward and backward seconds of one micro-batch through a stage (of a token
     slice of `tokens` tokens after `context` tokens, when given: slice_context_s)."""
     parts = list(kinds) + (["embedding"] if has_embedding else []) + (["head"] if has_head else [])
-    times = [layer_times(inst, node_type, tp, mbs, k, tokens, context) for k in parts]
+    once = {k: layer_times(inst, node_type, tp, mbs, k, tokens, context) for k in dict.fromkeys(parts)}
+    times = [once[k] for k in parts]      # each kind priced once, summed layer by layer
     fwd = sum(t.fwd_s for t in times)
     bwd = sum(t.bwd_s for t in times)
     bwd += recompute_overhead_s(inst, node_type, tp, mbs, kinds, recompute, recompute_layers, tokens, context)
