@@ -388,7 +388,7 @@ class ConfigBounds:
         self.row_bounds: dict = {}     # config -> the bound per slicing row (full)
         self.work = 0.0                # work units (deadline.py) of the last `full`, beyond WORK.bound
         self.work_bounds = WorkBounds(inst, limits, counts)
-        self.tails: dict = {}          # _dp by config, layers and memory
+        self.tails: dict = {}          # _dp by config (and its options), layers and memory
 
     @staticmethod
     def _terms_key(coef) -> tuple:
@@ -502,7 +502,7 @@ class ConfigBounds:
         of its exposed reduction (Coefficients.dp_time; it never decreases with the layers)
         plus the tied embedding's all-reduce, which follows it (`_embedding_sync`; memory=False:
         without the memory rooms, lower and cheaper)."""
-        key = (coef.cfg, layers, memory)
+        key = (coef.cfg, tuple(coef.options), layers, memory)
         got = self.tails.get(key)
         if got is None:
             got = self.tails[key] = max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options)))) + \
