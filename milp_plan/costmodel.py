@@ -262,7 +262,8 @@ def stage_compute_s(inst: Instance, node_type: NodeType, tp: int, mbs: int, kind
     """(f_s, b_s): forward and backward seconds of one micro-batch through a stage (of a token
     slice of `tokens` tokens after `context` tokens, when given: slice_context_s)."""
     parts = list(kinds) + (["embedding"] if has_embedding else []) + (["head"] if has_head else [])
-    times = [layer_times(inst, node_type, tp, mbs, k, tokens, context) for k in parts]
+    once = {k: layer_times(inst, node_type, tp, mbs, k, tokens, context) for k in dict.fromkeys(parts)}
+    times = [once[k] for k in parts]      # each kind priced once, summed layer by layer
     fwd = sum(t.fwd_s for t in times)
     bwd = sum(t.bwd_s for t in times)
     bwd += recompute_overhead_s(inst, node_type, tp, mbs, kinds, recompute, recompute_layers, tokens, context)
@@ -727,16 +728,24 @@ class SliceCosts:
 
 def stage_slice_times(inst: Instance, node_type: NodeType, stage: Stage, pp: int, index: int,
                       lengths: Sequence[int]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(f, b) of one stage on each slice of `lengths` tokens (stage_compute_s with context)."""
-    kinds = stage_kinds(inst, stage.first_layer, stage.num_layers)
+    """(f, b) of one stage on each slice of `lengths` tokens (stage_slice_time: each slice after
+    the slices before it as context)."""
     fwd, bwd, c = [], [], 0
     for n in lengths:
-        f, b = stage_compute_s(inst, node_type, stage.tp, stage.micro_batch_size, kinds, index == 0, index == pp - 1,
-                               stage.recompute, stage.recompute_layers, tokens=n, context=c)
+        f, b = stage_slice_time(inst, node_type, stage, pp, index, n, c)
         fwd.append(f)
         bwd.append(b)
         c += n
     return tuple(fwd), tuple(bwd)
+
+
+def stage_slice_time(inst: Instance, node_type: NodeType, stage: Stage, pp: int, index: int, tokens: int,
+                     context: int) -> tuple[float, float]:
+    """(f, b) of stage `index` of a pp-stage plan on one slice of `tokens` tokens after `context`
+    tokens (stage_compute_s with context)."""
+    return stage_compute_s(inst, node_type, stage.tp, stage.micro_batch_size,
+                           stage_kinds(inst, stage.first_layer, stage.num_layers), index == 0, index == pp - 1,
+                           stage.recompute, stage.recompute_layers, tokens=tokens, context=context)
 
 
 def slice_costs(inst: Instance, plan: Plan, lengths: Sequence[int] | None = None) -> SliceCosts:

@@ -199,17 +199,18 @@ def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m:
     return best
 
 
-def _value(T: np.ndarray, usd_h: float, limits: Limits) -> np.ndarray:
-    """The objective at step T (seconds) and at least usd_h $/h; inf where a limit is broken."""
-    out = T * usd_h / SECONDS_PER_HOUR if limits.objective == "min-cost" else T.copy()
-    bad = np.zeros(T.shape, dtype=bool)
+def _value(T, usd_h, limits: Limits):
+    """The objective at step T (seconds) and at least usd_h $/h (each an array, or a float); inf
+    where a limit is broken."""
+    out = T * usd_h / SECONDS_PER_HOUR if limits.objective == "min-cost" else T
+    bad = False if limits.budget_usd_per_hour is None else usd_h > limits.budget_usd_per_hour * (1 + 1e-9)
     if limits.time_limit_s is not None:
-        bad |= T > limits.time_limit_s * (1 + 1e-6)
-    if limits.budget_usd_per_hour is not None and usd_h > limits.budget_usd_per_hour * (1 + 1e-9):
-        bad[:] = True
+        bad = bad | (T > limits.time_limit_s * (1 + 1e-6))
     if limits.budget_usd_per_step is not None:
-        bad |= T * usd_h / SECONDS_PER_HOUR > limits.budget_usd_per_step * (1 + 1e-9)
-    return np.where(bad, np.inf, out)
+        bad = bad | (T * usd_h / SECONDS_PER_HOUR > limits.budget_usd_per_step * (1 + 1e-9))
+    if isinstance(T, np.ndarray) or isinstance(usd_h, np.ndarray):
+        return np.where(bad, np.inf, out)
+    return math.inf if bad else float(out)
 
 
 def unit_tokens(inst: Instance) -> tuple[int, int]:
@@ -234,9 +235,8 @@ def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int
         key = (nts[s].name, st.tp, st.micro_batch_size, st.first_layer if s == 0 else -1, st.num_layers,
                s == 0, s == plan.pp - 1, st.recompute, st.recompute_layers, i, j)
         if key not in memo:
-            lengths = [j * unit] if i == 0 else [i * unit, (j - i) * unit]
-            f, b = costmodel.stage_slice_times(inst, nts[s], st, plan.pp, s, lengths)
-            memo[key] = (f[-1], f[-1] + b[-1])
+            f, b = costmodel.stage_slice_time(inst, nts[s], st, plan.pp, s, (j - i) * unit, i * unit)
+            memo[key] = (f, f + b)
         return memo[key]
     p = [[stage_arc(s, i, j)[1] for i, j in arcs] for s in range(plan.pp)]
     f = [[stage_arc(s, i, j)[0] for i, j in arcs] for s in range(plan.pp)]
@@ -364,6 +364,11 @@ def _placement(A: dict[int, float], rooms: dict[int, int], caps: dict[int, int],
     return None
 
 
+def _least_price(coef, K: int) -> float:
+    """At least the $/h of any plan of the config: K stages at its cheapest stage price."""
+    return min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
+
+
 class ConfigBounds:
     """Sliced bounds of GPipe configs (module docstring) over the slicings whose count is in
     `counts`: `cheap` (the work path alone: T >= m max_s W_s + the reduction and optimizer
@@ -383,12 +388,19 @@ class ConfigBounds:
         self.row_bounds: dict = {}     # config -> the bound per slicing row (full)
         self.work = 0.0                # work units (deadline.py) of the last `full`, beyond WORK.bound
         self.work_bounds = WorkBounds(inst, limits, counts)
+        self.tails: dict = {}          # _dp by config (and its options), layers and memory
+
+    @staticmethod
+    def _terms_key(coef) -> tuple:
+        """What the per-arc terms read of a config: its options' (node type, tp, micro-batch
+        size) and whether every option recomputes fully."""
+        return (tuple(sorted({(o.k, o.tp, o.mbs) for o in coef.options})),
+                all(o.recompute == "full" for o in coef.options))
 
     def _terms(self, coef, full: bool = True) -> dict:
         """The gathered per-arc terms of the config's options (what the arc times read: node
         type, tp, micro-batch size, full recompute); `full=False`: A and Phi alone."""
-        key = (tuple(sorted({(o.k, o.tp, o.mbs) for o in coef.options})),
-               all(o.recompute == "full" for o in coef.options))
+        key = self._terms_key(coef)
         got = self.memo.get(key)
         if got is None:
             arcs = self.arcs_memo.get(key)
@@ -478,12 +490,11 @@ class ConfigBounds:
             got = max(got, *(min(coef.opt_time(o, s)(e) for o in n) for s in (0, K - 1)))
         return got
 
-    def _finish(self, coef, T: np.ndarray, K: int) -> float | None:
-        """The objective's bound from the step's (T without the optimizer term)."""
-        opt = self._opt(coef)
-        price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
-        vals = _value(T + opt, price, self.limits)
-        best = float(vals.min()) if len(vals) else math.inf
+    def _finish(self, coef, T, K: int) -> float | None:
+        """The objective's bound from the step's (T without the optimizer term: the least over an
+        array of them, or a float)."""
+        vals = _value(T + self._opt(coef), _least_price(coef, K), self.limits)
+        best = (float(vals.min()) if len(vals) else math.inf) if isinstance(vals, np.ndarray) else vals
         return None if best == math.inf else best
 
     def _dp(self, coef, layers: int, memory: bool = True) -> float:
@@ -491,8 +502,12 @@ class ConfigBounds:
         of its exposed reduction (Coefficients.dp_time; it never decreases with the layers)
         plus the tied embedding's all-reduce, which follows it (`_embedding_sync`; memory=False:
         without the memory rooms, lower and cheaper)."""
-        return max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options)))) + \
-            _embedding_sync(coef, self.limits, memory)
+        key = (coef.cfg, tuple(coef.options), layers, memory)
+        got = self.tails.get(key)
+        if got is None:
+            got = self.tails[key] = max(0.0, min(coef.dp_time(o, 0)[0](layers) for o in range(len(coef.options)))) + \
+                _embedding_sync(coef, self.limits, memory)
+        return got
 
     def cheap(self, coef) -> float | None:
         """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
@@ -517,9 +532,11 @@ class ConfigBounds:
         rest = K * t["ph"] + t["c0"] + Phi[:, None] + (K - 1) * hop
         stages = self._stages(coef, t)
         z = self._bottleneck(coef, stages)     # seconds: at least max_s n_s A_{o(s)}
+        machine = self._machine_path(coef, t, stages)
 
         def bound(rows: np.ndarray, layers: np.ndarray, y: np.ndarray) -> np.ndarray:
-            """min over e of the path bound on `rows`, C_k's layers >= `layers`, heaviest >= y."""
+            """min over e of the path bound on `rows`, C_k's layers >= `layers`, heaviest >= y,
+            and at least the heaviest stage's machine path (`_machine_path`)."""
             base = np.where(self.valid[rows], layers + rest[rows], -np.inf)
             a_, A_, Phi_ = a[rows], A[rows], Phi[rows]
             T = np.full(len(rows), np.inf)
@@ -533,7 +550,7 @@ class ConfigBounds:
                 fin = np.isfinite(heavy)        # inf: no placement (m = 1 too)
                 work = np.where(fin, (m - 1) * np.where(fin, heavy, 0.0), np.inf)
                 T = np.minimum(T, work + cross + self._dp(coef, e) + self._opt(coef, e) - self._opt(coef))
-            return T
+            return np.maximum(T, machine(rows, y))
         every = np.arange(len(self.rows))
         T = bound(every, L * a, z)
         self.work = len(self.rows) * (BISECT_STEPS + 1) * len(stages or ()) * SECONDS_PER_CELL
@@ -546,12 +563,44 @@ class ConfigBounds:
         self.work += len(self.work_bounds.counts) * len(coef.options) * WORK_PER_COUNT
         return None if got is None or cheap is None or work is None else max(got, cheap, work)
 
+    def _machine_path(self, coef, t: dict, stages):
+        """(rows, y) -> per row, at least the step of every plan whose heaviest stage's layers
+        take >= y on that slicing (seconds, without the optimizer term): the heaviest stage s's
+        machine path (module docstring, M(s)) on the row's own slices, `fill_step` with
+        W_s >= y + Phi (its layers, and the forward every stage recomputes under full recompute),
+        u = the least per-layer f + b of the row's first or last slice over the usable options,
+        rho = u / the least per-layer sum A_o of the row (n_s <= W_s / A), the embedding's first
+        slice or the head's last (whichever end is not s: the least of the two), 2 (K - 1) hops
+        of one unit, then stage 0's tail at one layer; and the work path m W_s. A slicing with
+        small end slices makes this fill cheap but its other slices dear (the paths P(s, k)),
+        so the two bound each row together. No usable option: no bound (0)."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        if not stages:
+            return lambda rows, y: np.zeros(len(rows))
+        ar, last = np.arange(len(self.rows)), self.valid.sum(axis=1) - 1
+        alpha = np.stack([al for _, al, _, _ in stages], axis=2)          # rows x slices x options
+        u = np.minimum(alpha[:, 0, :].min(axis=1), alpha[ar, last, :].min(axis=1))
+        least = np.min([A for A, _, _, _ in stages], axis=0)
+        _, emb, head, _, _ = self.arcs_memo[self._terms_key(coef)]
+        v = np.minimum(_gather(emb, self.rows)[:, 0], _gather(head, self.rows)[ar, last])
+        extra = v + 2 * (K - 1) * _least_hop_per_token(coef) * self.unit
+        tail, Phi = self._dp(coef, 1), t["Phi"]
+
+        def machine(rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+            w = y + Phi[rows]
+            return np.maximum(m * w, fill_step(m, w, L, u[rows], least[rows], extra[rows])) + tail
+        return machine
+
     def balanced(self, coef, per_count: int = 2) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         """Candidate placements (option per stage, layers per stage) that balance the per-type
         times on the slicings where the config's bound (`full`, run first) is least: for each of
         the `per_count` slice counts of least bound, its least row's bottleneck placement (the
         pp stages of largest holds at the least feasible z, trimmed to L layers from the stage of
-        largest n A), in two orders (fastest stages first, and last). Candidates, not bounds."""
+        largest n A), in three orders: fastest stages first, last, and at both ends (the end stages
+        hold the embedding and the head, whose tied all-reduce and reductions then run over the
+        fast nodes' links, and the slow stages' reductions hide under the drain). Candidates, not
+        bounds."""
         T, t = self.row_bounds.get(coef.cfg), self._terms(coef)
         from milp_plan.solvers import bounds
         found = bounds.usable_options(coef, self.limits, memory=True)
@@ -572,7 +621,8 @@ class ConfigBounds:
             got = _placement(A, rooms, caps, coef.pool_of, K, L)
             if got is not None:
                 order = sorted(range(K), key=lambda i: A[got[0][i]])
-                for seq in (order, order[::-1]):
+                ends = order[0::2] + order[1::2][::-1]     # fastest at the ends, slowest in the middle
+                for seq in (order, order[::-1], ends):
                     cand = (tuple(got[0][i] for i in seq), tuple(got[1][i] for i in seq))
                     if cand not in out:
                         out.append(cand)
@@ -616,7 +666,7 @@ class ConfigBounds:
             return math.inf
         if self.limits.objective != "min-cost":
             return cutoff
-        price = min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * coef.cfg.pp
+        price = _least_price(coef, coef.cfg.pp)
         return cutoff * SECONDS_PER_HOUR / price if price > 0 else math.inf
 
 
@@ -659,6 +709,12 @@ def _kind_parts(inst: Instance, nt, tp: int, mbs: int, kind: str) -> tuple[np.nd
     return base, sum(costmodel.slice_context_s(inst, nt, tp, mbs, kind, unit, unit))
 
 
+@functools.lru_cache(maxsize=4)
+def _arc_indices(units: int) -> tuple[np.ndarray, np.ndarray]:
+    """(i, j) of every arc i < j <= units (numpy's triu_indices, made once)."""
+    return np.triu_indices(units + 1, 1)
+
+
 def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool, memo: dict | None = None
                ) -> np.ndarray:
     """arc_times of one kind: T[i, j] = t(j - i units) + ctx(j - i, i) on a plain node type, with
@@ -668,7 +724,7 @@ def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool, 
     mixed type (its members' maxima) each arc whole."""
     units, unit = unit_tokens(inst)
     T = np.full((units + 1, units + 1), np.inf)
-    i, j = np.triu_indices(units + 1, 1)
+    i, j = _arc_indices(units)
     if context and isinstance(nt, MixedNodeType):
         for a, b in zip(i, j):
             lt = costmodel.layer_times(inst, nt, tp, mbs, kind, int(b - a) * unit, int(a) * unit)
@@ -708,7 +764,7 @@ def count_sums(inst: Instance, nt, tp: int, mbs: int, context: bool = True) -> l
 def work_step(m: int, z: float, S: float, n: int) -> float:
     """The work bound's step term (WorkBounds): T >= max(m Z, (m - 1) Z + S / n) for m
     micro-batches, the heaviest stage's work Z and the stages' work S, cut into n slices."""
-    return max(m * z, (m - 1) * z + S / n)
+    return np.maximum(m * z, (m - 1) * z + S / n)
 
 
 def fill_step(m: int, z: float, L: int, u: float, least: float, extra: float) -> float:
@@ -763,6 +819,8 @@ class WorkBounds:
         self.tables: dict = {}
         self.parts: dict = {}       # _kind_parts by node type, tp, micro-batch size and kind
         self.end_terms: dict = {}
+        self.placements: dict = {}  # (slots, stages) -> (Z, S) or None (`placement`)
+        self.quick_terms: dict = {}
 
     def table(self, coef, o: int, context: bool = True, kind: str | None = None) -> np.ndarray:
         """arc_times of option o (its blocks, or `kind`: "embedding", "head"), memoised by node
@@ -809,31 +867,67 @@ class WorkBounds:
         A*_{o,n} (Z_n >= ceil(L / K) min_o A*_{o,n}, S_n >= L min_o A*_{o,n}; seconds), and (K > 1)
         the fill and end paths (`fill_step`, `ends_step`) over every option, without the hops
         and the ends' own fill; context=False: with count_sums without context (lower, cheaper)."""
-        K, L = coef.cfg.pp, self.inst.model.num_layers
-        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
-        key = (frozenset((coef.types[o.k].name, o.tp, o.mbs) for o in coef.options), m, K, context)
+        return self.quick_at(coef, coef.cfg.num_microbatches(self.inst.job.global_batch_size), coef.cfg.pp, context)
+
+    def quick_at(self, coef, m: int, K: int, context: bool = True) -> dict[int, float]:
+        """`quick` of a config with coef's options, m micro-batches and K stages (memoised)."""
+        key = (self._kinds(coef), m, K, context)
         got = self.quicks.get(key)
         if got is None:
-            rows = [self.per_count(coef, o, context) for o in range(len(coef.options))]
-            a = {n: min(r[n] for r in rows) for n in self.counts}
-            ends = self.ends(coef, list(range(len(coef.options))), context) if K > 1 else None
-
-            def step(n: int) -> float:
-                z, S = -(-L // K) * a[n], L * a[n]
-                got = work_step(m, z, S, n)
-                if ends is None:
-                    return got
-                u, _, Q = ends
-                return max(got, fill_step(m, z, L, u, a[n], 0.0), ends_step(m, z, S, n, Q[n], 0.0))
-            got = self.quicks[key] = {n: step(n) for n in self.counts if a[n] < math.inf}
+            steps = self.quick_steps(coef, np.array([m]), np.array([K]), context)[0]
+            got = self.quicks[key] = {n: float(t) for n, t in zip(self.counts, steps) if t < math.inf}
         return got
 
-    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf) -> tuple[float | None, bool]:
+    def quick_steps(self, coef, m: np.ndarray, K: np.ndarray, context: bool = True) -> np.ndarray:
+        """`quick`'s step per config (rows: m micro-batches and K stages, with coef's options) and
+        count (columns, self.counts); inf where a count has no slicing."""
+        a, u, Q = self._quick_terms(coef, context)
+        m, K, L = m[:, None], K[:, None], self.inst.model.num_layers
+        z, S, n = -(-L // K) * a, L * a, np.array(self.counts)
+        with np.errstate(invalid="ignore"):      # inf - inf where a count has no slicing: dropped
+            T = work_step(m, z, S, n)
+            paths = np.maximum(fill_step(m, z, L, u, a, 0.0), ends_step(m, z, S, n, Q, 0.0))
+            T = np.where(K > 1, np.maximum(T, paths), T)
+        return np.where(np.isfinite(a), T, np.inf)
+
+    def _kinds(self, coef) -> frozenset:
+        return frozenset((coef.types[o.k].name, o.tp, o.mbs) for o in coef.options)
+
+    def _quick_terms(self, coef, context: bool) -> tuple[np.ndarray, float, np.ndarray]:
+        """(min_o A*_{o,n} per count, and `ends`' u and Q_n over every option) (memoised)."""
+        key = (self._kinds(coef), context)
+        got = self.quick_terms.get(key)
+        if got is None:
+            every = list(range(len(coef.options)))
+            a = np.min([np.asarray(self.per_count(coef, o, context))[self.counts] for o in every], axis=0)
+            u, _, Q = self.ends(coef, every, context)
+            got = self.quick_terms[key] = (a, u, np.asarray(Q)[self.counts])
+        return got
+
+    def placement(self, coef, caps: dict, rooms: dict, usable: list[int], n: int) -> tuple[float, float] | None:
+        """(Z_n, S_n) of the config at count n (class docstring; solvers/bounds.py's bottleneck and
+        least layer sum over stage_slots with A*_{o,n} as the per-layer times), memoised by the
+        slots and the stage count (configs that differ in what the slots do not read, e.g. a
+        recompute setting whose memory rooms agree, share them). None: no placement fits."""
+        from milp_plan.solvers import bounds
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        slots = bounds.stage_slots(coef, self.limits, True, caps, rooms, usable, lambda o: self.per_count(coef, o)[n])
+        key = (tuple(slots), K)
+        if key not in self.placements:
+            z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
+            self.placements[key] = None if z is None else (z, bounds._least_layer_sum(math.inf, slots, K, L, 1))
+        return self.placements[key]
+
+    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf, memory: bool = True
+               ) -> tuple[float | None, bool]:
         """(the least over the counts of the work bound (class docstring) of the config's plans,
         as an objective: T plus stage 0's tail (cb._dp) and the optimizer term, priced
         (cb._finish); whether it is the whole bound). None: no placement fits or none meets the
-        limits. Counts whose `quick` term (plus the tail) reaches `cutoff` are not placed: then
-        the value is a bound at least `cutoff`, not the whole one (False)."""
+        limits. Counts whose `quick` term (plus the tail) reaches `cutoff`, or whose terms at the
+        scaled Z and S of the counts already placed (`scale_from`) reach it or the best, are not
+        placed: then the value is a bound at least `cutoff`, not the whole one (False); below the
+        cutoff it is the whole one. memory=False: every stage may hold every layer and every option
+        with a stage to offer is usable (stage 0's tail likewise): at most the bound with the rooms."""
         from milp_plan.solvers import bounds
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
@@ -842,63 +936,103 @@ class WorkBounds:
             return None, True
         limit = cb._time_cutoff(coef, cutoff) - cb._opt(coef)    # a step (seconds) at or above it cannot matter
         if min(quick.values()) >= limit:
-            return cb._finish(coef, np.array([min(quick.values())]), K), False
-        found = bounds.usable_options(coef, self.limits, memory=True)
+            return cb._finish(coef, min(quick.values()), K), False
+        found = bounds.usable_options(coef, self.limits, memory=memory)
         if found is None:
             return None, True
         caps, _, rooms, usable = found
-        tail = cb._dp(coef, 1 if K > 1 else L)
+        tail = cb._dp(coef, 1 if K > 1 else L, memory)
         if K > 1:
             u, v, Q = self.ends(coef, usable)
             hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
-        best, whole = math.inf, True
-        rows = [self.per_count(coef, o) for o in usable]
-        # every option's per-layer sum non-decreasing in the count: then so are Z_n and S_n (the
-        # bottleneck and the least layer sum only grow with the per-layer times), and a count's
-        # terms at a smaller count's Z and S bound it from below (each term is non-decreasing
-        # in Z and S): a count whose bound so read cannot beat the best is not placed
-        mono = all(r[a] <= r[b] for r in rows for a, b in zip(self.counts, self.counts[1:]))
-        placed: dict[int, tuple[float, float]] = {}
+        counts = sorted(quick, key=lambda n: (quick[n], n))      # by the quick term
+        n_, q = np.array(counts), np.array([quick[n] for n in counts])
+        R = np.array([self.per_count(coef, o) for o in usable])[:, n_]       # A*_{o,n}
+        least = R.min(axis=0)
+        Q_ = np.asarray(Q)[n_] if K > 1 else None
 
-        def step(n: int, z: float, S: float) -> float:
-            got = work_step(m, z, S, n)
+        def step(z: np.ndarray, S: np.ndarray) -> np.ndarray:     # per count, at its Z and S
+            got = work_step(m, z, S, n_)
             if K > 1:
-                least = min(r[n] for r in rows)
-                got = max(got, fill_step(m, z, L, u, least, v + hops), ends_step(m, z, S, n, Q[n], hops))
+                got = np.maximum(got, np.maximum(fill_step(m, z, L, u, least, v + hops),
+                                                 ends_step(m, z, S, n_, Q_, hops)))
             return got
-        for n, q in sorted(quick.items(), key=lambda x: (x[1], x[0])):
-            if q + tail >= best:
+        best, floor, whole = math.inf, math.inf, True   # floor: the least bound of a count not placed
+        lb = q + tail         # each count's bound so far: its quick term, then the placed counts' scaled Z, S
+        Z, S = np.zeros(len(counts)), np.zeros(len(counts))
+        for j, n in enumerate(counts):
+            if q[j] + tail >= best:
                 break      # the counts left bound at least as high
-            if q + tail >= limit:
-                best, whole = q + tail, False
+            if q[j] + tail >= limit:
+                best, whole = q[j] + tail, False
                 break
-            below = [c for c in placed if c < n] if mono else []
-            if below and step(n, *placed[max(below)]) + tail >= best:
+            if lb[j] >= best:
                 continue
-            slots = bounds.stage_slots(coef, self.limits, True, caps, rooms, usable,
-                                       lambda o: self.per_count(coef, o)[n])
-            z = bounds._bottleneck_bound(slots, K, L, 1, bounds._breakpoints(slots, L, 1))
-            if z is not None:
-                S = bounds._least_layer_sum(math.inf, slots, K, L, 1)
-                placed[n] = (z, S)
-                best = min(best, step(n, z, S) + tail)
-        return (None if best == math.inf else cb._finish(coef, np.array([best]), K)), whole
+            if lb[j] >= limit:
+                floor, whole = min(floor, float(lb[j])), False
+                continue
+            got = self.placement(coef, caps, rooms, usable, n)
+            if got is None:
+                continue
+            lam = scale_from(R, j)
+            Z, S = np.maximum(Z, got[0] * lam), np.maximum(S, got[1] * lam)
+            Z[j], S[j] = got
+            T = step(Z, S) + tail
+            best = min(best, float(T[j]))      # count n's own bound, at its Z and S
+            lb = np.maximum(lb, T)
+        best = min(best, floor)
+        return (None if best == math.inf else cb._finish(coef, best, K)), whole
+
+
+def scale_from(R: np.ndarray, j: int) -> np.ndarray:
+    """Per count (a column of R, R[o][i] = A*_{o,i} of each usable option o): lambda_i = min_o
+    A*_{o,i} / A*_{o,j}, so Z_i >= lambda_i Z_j and S_i >= lambda_i S_j: the bottleneck and the
+    least layer sum never fall when a per-layer time grows and scale with the per-layer times
+    (a placement's n_s a_s does: the breakpoints a n move with them and floor(z / a) is
+    unchanged), and every A*_{o,i} >= lambda_i A*_{o,j}. Every term of the work bound is
+    non-decreasing in Z and S, so a count placed bounds the others from below."""
+    return (R / R[:, j:j + 1]).min(axis=0)
+
+
+def _initial_keys(prepared, work: WorkBounds, limits: Limits) -> list[tuple[float, int, int]]:
+    """quick_bound's first keys, a heap of (bound, config index, 0): per GPipe config,
+    `WorkBounds.quick_steps` at its micro-batch count and stages, least over the counts, valued at
+    the config's least price (`_least_price`), without the optimizer term (>= 0). Configs that
+    share the uniform choice, the samples per micro-batch and the stage sizes share their options
+    (Coefficients: OptionsKey), so one config's coefficients serve them all, in one numpy pass
+    over the group's configs and the counts: the others' are made only when the search opens them."""
+    gbs = prepared.inst.job.global_batch_size
+    if not work.counts:      # a sequence of one unit: no slicing
+        return []
+    groups: dict = {}
+    for i, cfg in enumerate(prepared.configs):
+        if cfg.sched.slices_ok:
+            groups.setdefault((cfg.uniform, cfg.samples, cfg.sizes) if cfg.uniform is not None else i, []).append(i)
+    heap = []
+    for members in groups.values():
+        rep = prepared.coef(members[0])
+        K = np.array([prepared.configs[i].pp for i in members])
+        m = np.array([prepared.configs[i].num_microbatches(gbs) for i in members])
+        got = _value(work.quick_steps(rep, m, K).min(axis=1), _least_price(rep, 1) * K, limits)
+        heap += [(v, i, 0) for v, i in zip(got.tolist(), members) if v < math.inf]
+    heapq.heapify(heap)
+    return heap
 
 
 def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None, refine: float = 0.0
                 ) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
-    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound was
-    computed): the least over the configs of `WorkBounds.config`, found best first over three
-    bounds of rising cost, each at most the next: `WorkBounds.quick` without context (every layer
-    at the fastest option, slices priced as sequences of their length: U cost-model calls per
-    option), the same with context, then `WorkBounds.config` (placed within the memory rooms).
-    The second adds stage 0's tail without the memory rooms (ConfigBounds._dp). A config is
-    refined when it is the least on the heap; the first final bound popped is the
-    least (no other config can lower it), and a config whose bound reaches the least final
-    bound pushed so far is dropped. For the default's decision (`default_line`): cheap enough to run after
+    (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound within
+    the memory rooms was computed): the least over the configs of `WorkBounds.config`, found best
+    first over bounds of rising cost, each at most the next: `WorkBounds.quick` (every layer at
+    the fastest option; the first keys, `_initial_keys`, one numpy pass per options group), the
+    same plus stage 0's tail without the memory rooms (ConfigBounds._dp), `WorkBounds.config`
+    without the memory rooms, then with them. A config is refined when it is the least on the
+    heap, keyed by the largest of its bounds so far; the first final bound popped is the least
+    (no other config can lower it), and a config whose bound reaches the least final bound pushed
+    so far is dropped. For the default's decision (`default_line`): cheap enough to run after
     every solve. None: no GPipe config (or none meets the limits). `where` (a list): the config
-    whose bound is returned is appended to it, as its coefficients. refine > 0: a fourth stage,
+    whose bound is returned is appended to it, as its coefficients. refine > 0: a last stage,
     `ConfigBounds.full` (every slicing enumerated), within `refine` work units (deadline.py);
     when they run out, the least key on the heap (every config's bound is at least it)."""
     from milp_plan.solve import job_fix
@@ -910,21 +1044,14 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     except InputError:   # no GPipe config passes the pins: nothing to bound
         return None, 0
     units, _ = unit_tokens(inst)
-    cb = ConfigBounds.__new__(ConfigBounds)
-    cb.inst, cb.limits = inst, limits
+    cb = ConfigBounds.__new__(ConfigBounds)     # its per-config terms alone, no slicing rows
+    cb.inst, cb.limits, cb.tails = inst, limits, {}
     work = WorkBounds(inst, limits, range(2, units + 1))
-    heap = []   # (bound, config index, stage): 0 quick without context, 1 with, 2 WorkBounds.config, 3 full
-    last = 3 if refine > 0 else 2
+    heap = _initial_keys(prepared, work, limits)   # (bound, config index, stage): 0 quick without
+    # context, 1 with, 2 WorkBounds.config without the memory rooms, 3 with them, 4 full
+    last = 4 if refine > 0 else 3
     dl = Deadline(math.inf, work=refine) if refine > 0 else None
     full = None
-    for i, cfg in enumerate(prepared.configs):
-        if cfg.sched.slices_ok:
-            coef = prepared.coef(i)
-            quick = work.quick(coef, context=False)
-            got = cb._finish(coef, np.array([min(quick.values())]), cfg.pp) if quick else None
-            if got is not None:
-                heap.append((got, i, 0))
-    heapq.heapify(heap)
     read, final = 0, math.inf    # final: the least last-stage bound pushed; the answer is at most it
     while heap:
         key, i, stage = heapq.heappop(heap)
@@ -936,8 +1063,10 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
         if stage == 0:   # with context, and stage 0's tail without the memory rooms (at most config's)
             quick = work.quick(coef)
             tail = cb._dp(coef, 1 if coef.cfg.pp > 1 else inst.model.num_layers, memory=False)
-            got = cb._finish(coef, np.array([min(quick.values()) + tail]), coef.cfg.pp) if quick else None
+            got = cb._finish(coef, min(quick.values()) + tail, coef.cfg.pp) if quick else None
         elif stage == 1:
+            got, _ = work.config(coef, cb, final, memory=False)
+        elif stage == 2:
             read += 1
             # cut at `final`: a value at or above it (whole or not) cannot be the least
             got, _ = work.config(coef, cb, final)

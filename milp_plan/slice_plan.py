@@ -87,9 +87,8 @@ def _slice_time_table(inst: Instance, plan: Plan, unit: int):
     def t(i: int, j: int) -> float:
         best = 0.0
         for s, st in enumerate(plan.stages):
-            f, b = costmodel.stage_slice_times(inst, nts[s], st, plan.pp, s, [(j - i) * unit] if i == 0 else
-                                               [i * unit, (j - i) * unit])
-            best = max(best, f[-1] + b[-1])
+            f, b = costmodel.stage_slice_time(inst, nts[s], st, plan.pp, s, (j - i) * unit, i * unit)
+            best = max(best, f + b)
         return best
     return t
 

@@ -105,6 +105,34 @@ def test_bounds_never_exceed_any_sliced_plan(tmp_path_factory, objective):
     assert checked > 1000
 
 
+@pytest.mark.parametrize("make,batch", [("tiny", 1), ("two_speed", 1), ("tiny", 2)])
+def test_full_bound_of_each_slicing_never_exceeds_its_plans(tmp_path_factory, make, batch):
+    """ConfigBounds.full's bound of every slicing row (row_bounds, plus the optimizer term) is at
+    most the simulated step of every plan of the config that fits memory, cut by that slicing:
+    each row's paths and the heaviest stage's machine path on the row's own slices
+    (`_machine_path`, the fill of small end slices against the dear middle ones) at one and two
+    micro-batches, on the tiny instance and the one whose rooms bind (pp <= 3)."""
+    from milp_plan.slice_plan import _fits_memory
+    inst = (tiny if make == "tiny" else two_speed)(str(tmp_path_factory.mktemp("t")), batch)
+    limits = Limits("min-time")
+    bounds = sb.ConfigBounds(inst, limits, range(2, SEQ + 1))
+    lengths = [sb.lengths_of(r, bounds.arcs) for r in bounds.rows]
+    checked = 0
+    for coef in gpipe_configs(inst, 3):
+        if coef.cfg.pp < 2 or bounds.full(coef) is None:
+            continue
+        T = bounds.row_bounds[coef.cfg] + bounds._opt(coef)
+        for plan in every_plan(inst, coef):
+            if not _fits_memory(plan):
+                continue
+            for r, x in enumerate(lengths):
+                p = sliced(plan, x)
+                step = predict.evaluate(inst, p).step_time_s
+                assert T[r] <= step * (1 + 1e-9), (coef.cfg.label(), [st.num_layers for st in plan.stages], x)
+                checked += 1
+    assert checked > 300, checked
+
+
 def brute_force(inst, limits, counts, max_pp=4):
     """The least objective of every sliced plan (count in `counts`) of every GPipe config,
     admitted by the limits (memory included)."""
@@ -269,6 +297,96 @@ def test_bottleneck_and_layer_sums_against_enumeration(tmp_path_factory):
     assert tried > 300
 
 
+def test_work_placements_and_their_scaling_against_enumeration(tmp_path_factory):
+    """WorkBounds.placement (Z_n, S_n) against enumeration of every placement (options per stage
+    within the pools' stage counts, layer splits within the rooms, with and without the memory
+    rooms) at the per-layer sums A*_{o,n}: Z_n is the least max_s n_s A*_{o(s),n} (exact here:
+    one pool per node type) and S_n at most the least sum_s n_s A*_{o(s),n}; and the scaled
+    bounds one count gives the others (scale_from: lambda_i = min_o A*_{o,i} / A*_{o,j}) never
+    exceed them. The rooms bind here (a big stage holds 1 block, a small one 3), so the memory-
+    free stage of quick_bound (WorkBounds.config, memory=False) is checked to stay at most the
+    one with the rooms."""
+    from milp_plan.solvers import bounds as ub
+    inst = two_speed(str(tmp_path_factory.mktemp("t")), 2)
+    limits = Limits("min-time")
+    cb = sb.ConfigBounds(inst, limits, range(2, SEQ + 1))
+    work = cb.work_bounds
+    prep = driver.prepare(inst, parse_fix("schedule=gpipe,extrapolate=on"), "megatron")
+    L, tried, scaled, looser = inst.model.num_layers, 0, 0, 0
+    for i, cfg in enumerate(prep.configs):
+        coef, K = prep.coef(i), cfg.pp
+        if K < 2 or not cfg.sched.slices_ok:
+            continue
+        for memory in (False, True):
+            found = ub.usable_options(coef, limits, memory=memory)
+            if found is None:
+                continue
+            caps, _, rooms, usable = found
+            R = np.array([work.per_count(coef, o) for o in usable])[:, work.counts]
+            got = {}
+            for j, n in enumerate(work.counts):
+                least_z = least_s = math.inf
+                for opts in itertools.product(range(len(usable)), repeat=K):
+                    if any(opts.count(x) > caps[coef.pool_of[usable[x]]] for x in set(opts)):
+                        continue
+                    for cuts in itertools.combinations(range(1, L), K - 1):
+                        size = [b - a for a, b in zip((0, *cuts), (*cuts, L))]
+                        if all(x <= rooms[usable[o]] for x, o in zip(size, opts)):
+                            least_z = min(least_z, max(x * R[o, j] for x, o in zip(size, opts)))
+                            least_s = min(least_s, sum(x * R[o, j] for x, o in zip(size, opts)))
+                placed = work.placement(coef, caps, rooms, usable, n)
+                if least_z == math.inf:
+                    assert placed is None, cfg.label()
+                    continue
+                assert placed[0] == pytest.approx(least_z, rel=1e-9) and placed[1] <= least_s * (1 + 1e-9), cfg.label()
+                got[j] = placed
+                tried += 1
+            for j, (zj, Sj) in got.items():
+                lam = sb.scale_from(R, j)
+                for i2, (zi, Si) in got.items():
+                    assert lam[i2] * zj <= zi * (1 + 1e-12) and lam[i2] * Sj <= Si * (1 + 1e-12), cfg.label()
+                    scaled += 1
+        free, _ = work.config(coef, cb, memory=False)
+        rooms, _ = work.config(coef, cb)
+        if free is not None and rooms is not None:
+            assert free <= rooms * (1 + 1e-12), cfg.label()
+            looser += free < rooms * (1 - 1e-9)
+    assert tried > 50 and scaled > 200 and looser > 0, (tried, scaled, looser)
+
+
+def test_scaled_placements_with_unlike_speeds(tmp_path_factory):
+    """scale_from's claim on per-layer sums whose shapes differ by node type (random A*_{o,n},
+    written into WorkBounds' memo): for every pair of counts, the bottleneck and least layer sum
+    of one count are at least lambda times another's (lambda = the least ratio over the options;
+    the largest would overstate them). By hand: rows (1, 2) and (1, 3) give lambda = (1, 2)
+    from the first count."""
+    from milp_plan.solvers import bounds as ub
+    assert list(sb.scale_from(np.array([[1.0, 2.0], [1.0, 3.0]]), 0)) == [1.0, 2.0]
+    inst = two_speed(str(tmp_path_factory.mktemp("t")), 2)
+    limits, rng = Limits("min-time"), np.random.default_rng(7)
+    prep = driver.prepare(inst, parse_fix("schedule=gpipe,extrapolate=on"), "megatron")
+    checked = 0
+    for i, cfg in enumerate(prep.configs):
+        coef = prep.coef(i)
+        found = ub.usable_options(coef, limits, memory=False)
+        if cfg.pp < 2 or not cfg.sched.slices_ok or found is None or len(found[3]) < 2:
+            continue
+        caps, _, rooms, usable = found
+        for _ in range(5):
+            work = sb.WorkBounds(inst, limits, range(2, SEQ + 1))
+            for o in usable:
+                opt = coef.options[o]
+                work.sums[(coef.types[opt.k].name, opt.tp, opt.mbs, True)] = [math.inf, *rng.uniform(1, 4, SEQ)]
+            R = np.array([work.per_count(coef, o) for o in usable])[:, work.counts]
+            got = {j: work.placement(coef, caps, rooms, usable, n) for j, n in enumerate(work.counts)}
+            for j, (zj, Sj) in got.items():
+                lam = sb.scale_from(R, j)
+                for k, (zk, Sk) in got.items():
+                    assert lam[k] * zj <= zk * (1 + 1e-12) and lam[k] * Sj <= Sk * (1 + 1e-12), cfg.label()
+                    checked += 1
+    assert checked > 100, checked
+
+
 @pytest.mark.parametrize("objective", ["min-time", "min-cost"])
 def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
     """The default's bound (slice_bounds.quick_bound: no slicing enumerated) is at most the
@@ -284,6 +402,13 @@ def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
     bounds = sb.ConfigBounds(inst, limits, counts)
     every = [b for c in gpipe_configs(inst, 8) for b in [bounds.work_bounds.config(c, bounds)[0]] if b is not None]
     assert lb == pytest.approx(min(every), rel=1e-12)
+
+
+def test_quick_bound_of_a_one_unit_sequence_is_none(tmp_path):
+    """A sequence of one token unit (U = 1) has no slicing into 2..U slices: no bound (the
+    default's line then says no plan can be sliced)."""
+    inst = tiny_instance(tmp_path, global_batch=2, seq_length=1)
+    assert sb.quick_bound(inst, Limits("min-time"), FIX + ",schedule=gpipe") == (None, 0)
 
 
 def test_least_sums_by_hand():
@@ -416,10 +541,10 @@ def test_count_sums_are_the_enumerated_least(tmp_path_factory):
 
 
 def test_count_sums_without_context_are_the_enumerated_least(tmp_path_factory):
-    """slice_bounds.count_sums(context=False) (the order key of quick_bound) equals, per count,
-    the least over the compositions of 5 units of sum_k t(l_k) without context, and is at most the
-    per-layer sum with context of every such slicing (count_sums with context, ConfigBounds'
-    per-option rows)."""
+    """slice_bounds.count_sums(context=False) (a lower, cheaper key than the sums with context)
+    equals, per count, the least over the compositions of 5 units of sum_k t(l_k) without
+    context, and is at most the per-layer sum with context of every such slicing (count_sums
+    with context, ConfigBounds' per-option rows)."""
     from milp_plan import costmodel as cm
     inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
     kinds = sorted({inst.model.block_kind(i) for i in range(inst.model.num_layers)})

@@ -159,6 +159,13 @@ MUTATIONS = [
      "    return (m - u / least) * z + L * u + extra", "    return m * z + L * u + extra"),
     (SLICE, "the sliced work bound's end path counts the ends' slices whole (Q for (1 - 1 / n) Q)",
      "    return (m - 1) * z + S / n + (1 - 1 / n) * Q + hops", "    return (m - 1) * z + S / n + Q + hops"),
+    (SLICE, "a placed count bounds the others at the largest ratio of per-layer sums (not the least)",
+     "    return (R / R[:, j:j + 1]).min(axis=0)", "    return (R / R[:, j:j + 1]).max(axis=0)"),
+    (SLICE, "a slicing row's machine path keeps the heaviest stage's own end slices (no - rho W)",
+     "fill_step(m, w, L, u[rows], least[rows], extra[rows])", "fill_step(m, w, L, u[rows], np.inf, extra[rows])"),
+    (SLICE, "a slicing row's machine path prices the end slices at the dearest option",
+     "        u = np.minimum(alpha[:, 0, :].min(axis=1), alpha[ar, last, :].min(axis=1))",
+     "        u = np.minimum(alpha[:, 0, :].max(axis=1), alpha[ar, last, :].max(axis=1))"),
     ("milp_plan/solvers/bounds.py", "coupled_budget_bound caps the dear type's stages one below what the budget allows",
      "                                 type_caps={dear: d_max})", "                                 type_caps={dear: d_max - 1})"),
     ("milp_plan/solvers/bounds.py", "least_usd_per_hour_with fills the other stages from the dearest pool first",
@@ -248,6 +255,14 @@ test_bounds.test_work_bound_by_hand(Path(tempfile.mkdtemp()))
 import test_slice_search
 for tight in (False, True):
     test_slice_search.test_fill_and_end_paths_never_exceed_the_simulated_step(tight)
+class _Tmp:   # pytest's tmp_path_factory, as the sliced tests read it
+    def mktemp(self, name):
+        return Path(tempfile.mkdtemp())
+# the counts a placed count bounds in the work bound (scale_from), on unlike per-type speeds
+test_slice_search.test_scaled_placements_with_unlike_speeds(_Tmp())
+# each slicing row's full bound (its paths and the heaviest stage's machine path) against every plan's
+for make, batch in (("tiny", 1), ("two_speed", 1), ("tiny", 2)):
+    test_slice_search.test_full_bound_of_each_slicing_never_exceeds_its_plans(_Tmp(), make, batch)
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
