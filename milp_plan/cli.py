@@ -287,12 +287,13 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
     limits = inst.objective.limits()
     show = (not json_out and sys.stderr.isatty()) if progress is None else progress
     printer = _progress_printer(show)
+    report = printer if show else None   # none: the search skips building its progress reports
     with deadline.handle_signals():
         if slice_setting == OFF:
-            result, slice_line = solving.run(inst, req, limits, progress=printer), ""
+            result, slice_line = solving.run(inst, req, limits, progress=report), ""
         else:
             from milp_plan.slice_plan import solve_with_slices
-            result, slice_line = solve_with_slices(inst, req, limits, slice_setting, progress=printer)
+            result, slice_line = solve_with_slices(inst, req, limits, slice_setting, progress=report)
     printer.close()
     if deadline.interrupted():
         _interrupted_solve(result, out, save_on_interrupt, record_wall_time)

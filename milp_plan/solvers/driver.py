@@ -72,6 +72,7 @@ HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
 BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this share of the time limit
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 FREE_COMPLETIONS = 64        # free mode: a parent with at most this many complete configs below it opens into them
+PROGRESS_EVERY_S = 0.1       # the search reports its progress at most this often (wall clock)
 
 
 def _require_valid(inst: Instance, plan: Plan, who: str, cfg: Config, pins: dict | None = None) -> None:
@@ -554,9 +555,13 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]), dl, weak)
     total = len(prepared.configs)  # and, in free mode, every child made
 
+    last_report = [-math.inf]
+
     def report() -> None:
-        if progress:
-            progress(Progress(time.perf_counter() - t0, None if inc.plan is None else inc.objective,
+        # at most every PROGRESS_EVERY_S: counting the heap's configs walks the whole heap
+        if progress and (now := time.perf_counter()) - last_report[0] >= PROGRESS_EVERY_S:
+            last_report[0] = now
+            progress(Progress(now - t0, None if inc.plan is None else inc.objective,
                               min([inc.objective] + open_bounds + [e[0] for e in heap.entries[:1]]),
                               total - heap.count(), total))
     ahead = Ahead(prepared, limits, backend, seed, workers, _solve_config) if workers > 1 else None
