@@ -62,6 +62,7 @@ from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
 from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound, full_bound
 from milp_plan.solvers.parallel import Ahead, Trace, paths_of
+from milp_plan.solvers.parent_bounds import gpu_budget_bound
 
 REL_EPS = 1e-9
 MAX_CUTS = 32     # plans a config's model may return over a limit (by rounding) before it is left open
@@ -553,6 +554,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     # popped (its children inherit its bound), a complete one is solved.
     heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]), dl, weak)
     total = len(prepared.configs)  # and, in free mode, every child made
+    lifted: set[Config] = set()    # free parents given their GPU-budget bound (parent_bounds)
 
     def report() -> None:
         if progress:
@@ -583,6 +585,15 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
                 heap.push((lb, cfg, 0, coef))
                 continue
+            if not cfg.complete and cfg not in lifted:  # a parent: first its GPU-budget bound (cheap)
+                lifted.add(cfg)
+                dl.charge(WORK.bound)
+                budget_lb = gpu_budget_bound(coef, limits)
+                if budget_lb is None:
+                    continue  # no plan below it meets the limits
+                if budget_lb > lb:
+                    heap.push((budget_lb, cfg, 0, coef))
+                    continue
             carried = prepared.carried(cfg, limits)
             full_lb = full_bound(coef, limits, max(lb, carried) if cfg.complete else lb)
             dl.charge(WORK.bound * (1 if limits.budget_usd_per_step is None else 3))
