@@ -127,6 +127,26 @@ def _least_over_z(f, z_lo: float, z_hi: float) -> float:
     return min(tail, heap[0][0])
 
 
+def least_step(w_z: float, w_sum: float, rest: float, extra: float, C: float, a_min: float, pp: int, L: int) -> float:
+    """At most min over Z of w_z max(Z, S(Z) / pp) + w_sum S(Z) + rest, S(Z) = extra +
+    max(least_layer_sum(Z), S(inf), L a_min), over Z >= max(L / C, a_min ceil(L / pp)): a lower
+    bound on the step of every plan whose stages meet the GPU budget C (module docstring).
+    Past Z_hi, the largest x of the unbounded optimum (the stage of N layers: x = sqrt(lambda N),
+    sqrt(lambda) = ((pp - 1) + sqrt(N)) / C), S(Z) = S(inf) and the value only grows with Z."""
+    N = L - pp + 1
+    z_lo = max(L / C, a_min * math.ceil(L / pp))
+    s_inf = max(least_layer_sum(math.inf, C, pp, L), L * a_min)
+    z_hi = max(z_lo, ((pp - 1) + math.sqrt(N)) / C * math.sqrt(N))
+    sums: dict[float, float] = {}
+
+    def S(z: float) -> float:
+        if z not in sums:
+            sums[z] = extra + max(least_layer_sum(z, C, pp, L), s_inf)   # S(Z) >= S(inf)
+        return sums[z]
+    # on [a, b]: Z >= a and S(Z) >= S(b)
+    return _least_over_z(lambda a, b: w_z * max(a, S(b) / pp) + w_sum * S(b) + rest, z_lo, z_hi)
+
+
 def gpu_budget_bound(coef: Coefficients, limits: Limits) -> float | None:
     """A lower bound on the objective of every plan of the config (module docstring), or None
     when no plan meets the limits. The fixed terms are config_lower_bound's, from the same
@@ -149,23 +169,10 @@ def gpu_budget_bound(coef: Coefficients, limits: Limits) -> float | None:
              + terms.opt_a * math.ceil(L / pp))
     p2p = coef.step_p2p(*_least_hops(coef)) if pp >= 2 else 0.0
     gpu_usd = sum(terms.forced) + min(terms.price.values()) * (pp - len(terms.forced))
-    z_lo = max(L / C, a_min * math.ceil(L / pp))
-    s_inf = max(least_layer_sum(math.inf, C, pp, L), L * a_min)
-    # past the largest x of the uncapped optimum, S(Z) = S(inf): the objective only grows with Z
-    z_hi = max(z_lo, ((pp - 1) + math.sqrt(L - pp + 1)) / C * math.sqrt(L - pp + 1))
-    sums: dict[float, float] = {}
-
-    def S(z: float) -> float:
-        if z not in sums:
-            sums[z] = extra + max(least_layer_sum(z, C, pp, L), s_inf)   # S(Z) >= S(inf)
-        return sums[z]
     best = 0.0
     for w_z, w_sum, hops, offset in coef.step_weights():
-        if w_z < 0 or w_sum < 0:
-            continue   # the bound reads S and Z as lower bounds: only non-negative weights
-        rest = fixed + offset + (p2p if hops else 0.0)
-        T = _least_over_z(lambda a, b: w_z * max(a, S(b) / pp) + w_sum * S(b) + rest, z_lo, z_hi)
-        best = max(best, T)
+        if w_z >= 0 and w_sum >= 0:   # the bound reads Z and S as lower bounds: non-negative weights only
+            best = max(best, least_step(w_z, w_sum, fixed + offset + (p2p if hops else 0.0), extra, C, a_min, pp, L))
     return _objective(best, gpu_usd, limits)
 
 
