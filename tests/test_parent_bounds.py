@@ -146,3 +146,26 @@ def test_budget_bound_lifts_a_deep_parent_to_its_optimum(tmp_path):
     # force takes 15 s, the random cases above check the bound against brute force)
     assert config_lower_bound(parent, limits, memory=True) == pytest.approx(0.048, rel=1e-4)
     assert gpu_budget_bound(parent, limits) == pytest.approx(0.192, rel=1e-4)
+
+
+def test_capacity_is_at_least_what_any_option_per_type_achieves():
+    """The default instance (free root, real profiles: options differ in GPU-seconds a layer):
+    every node type's GPUs all running one of its options do at most C layer-micro-batches a
+    second between them, for every choice of one option per type (C takes each type's most
+    efficient); a_min is the least per-layer time of any option."""
+    from milp_plan.solvers.parent_bounds import capacity
+    inst = build_instance(InstanceSpec())
+    prepared = prepare(inst, None, "free")
+    coef = next(c for c in prepared.coefs if c.cfg.pp == 4)
+    C, a_min = capacity(coef, Limits())
+    ends = sorted({0, 1, coef.cfg.pp - 1})
+    pace = {}
+    for o, opt in enumerate(coef.options):
+        a = min(coef.time(o, s)[0].a for s in ends)
+        assert a_min <= a
+        nt = coef.types[opt.k]
+        pace.setdefault(opt.k, []).append(nt.count * nt.gpus_per_node / (a * opt.group))
+    assert len(pace) == 2 and len({round(p, 6) for p in pace[0]}) > 1   # the options' efficiency differs
+    for choice in itertools.product(*pace.values()):
+        assert sum(choice) <= C * (1 + 1e-12)
+    assert C == pytest.approx(sum(max(p) for p in pace.values()))
