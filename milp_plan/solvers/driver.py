@@ -9,9 +9,11 @@ is honest even when the time limit cuts the search short.
 
 Free mode: the configs (samples per micro-batch, pp, schedule, no uniform rule) whose
 node types' stage sizes are open. Configs are kept in one heap by bound: a popped config
-with an open size opens into its complete configs where they are at most FREE_COMPLETIONS,
-else is branched on one node type (space.free_children); the children keep the larger of
-their bound and the parent's. A complete one is solved. Open configs left
+with an open size is first lifted by its GPU-budget bound (parent_bounds.gpu_budget_bound: the
+stages share the cluster's GPUs; back into the heap where that is higher), then full-bounded and
+opened into its complete configs where they are at most FREE_COMPLETIONS, else branched on one
+node type (space.free_children); the children keep the larger of their bound and the parent's.
+A complete one is solved. Open configs left
 when the time runs out keep their bounds, valid for everything below them.
 
 Warm start. Megatron mode: before the exact search, heuristics/warmstart.py builds a
