@@ -612,8 +612,13 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             lb = max(lb, full_lb)
             if not cfg.complete:
                 for kid in prepared.children(coef):
-                    # a kid with open sizes inherits this bound until it is popped
-                    kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
+                    # a kid with open sizes: this bound and its own GPU-budget bound (its sizes
+                    # settled so far change its capacity), so siblings no longer tie at this one
+                    if kid.cfg.complete:
+                        kid_lb = config_lower_bound(kid, limits, memory=False)
+                    else:
+                        kid_lb = gpu_budget_bound(kid, limits)
+                        lifted.add(kid.cfg)
                     dl.charge(WORK.bound)
                     if kid_lb is not None:
                         heap.push((max(lb, kid_lb), kid.cfg, 0, kid))
