@@ -67,6 +67,13 @@ def test_least_layer_sum_is_the_least_over_every_split(L, pp):
         assert least_layer_sum(Z, C, pp, L) == pytest.approx(brute, rel=1e-6), (Z, L, pp)
 
 
+def test_least_step_by_hand_where_the_fastest_option_binds():
+    """GPUs to spare (C = 1e9): only the per-layer floor a_min = 1 binds. pp 2, L 5: some stage
+    holds >= 3 layers, so Z >= 3, and S >= 5 a_min = 5: T >= 3 max(3, 5 / 2) + 5 = 14, which
+    the split (3, 2) at one second a layer reaches."""
+    assert least_step(3.0, 1.0, 0.0, 0.0, 1e9, 1.0, 2, 5) == pytest.approx(14.0)
+
+
 @pytest.mark.parametrize("w_z,w_sum,pp,L,a_min", [(7.0, 1.0, 3, 9, 0.0), (3.0, 1.0, 4, 8, 0.2), (15.0, 0.5, 2, 6, 0.05),
                                                   (0.0, 1.0, 5, 10, 0.0), (4.0, 0.0, 3, 7, 0.0)])
 def test_least_step_is_the_least_over_z(w_z, w_sum, pp, L, a_min):

@@ -238,6 +238,7 @@ for args in tpb.test_least_step_is_the_least_over_z.pytestmark[0].args[1]:
 for args in tpb.test_least_step_bounds_every_pipeline_of_whole_gpus.pytestmark[0].args[1]:
     tpb.test_least_step_bounds_every_pipeline_of_whole_gpus(*args)
 tpb.test_least_layer_sum_by_hand()
+tpb.test_least_step_by_hand_where_the_fastest_option_binds()
 tpb.test_capacity_is_at_least_what_any_option_per_type_achieves()
 tpb.test_budget_bound_lifts_a_deep_parent_to_its_optimum(Path(tempfile.mkdtemp()))
 # the work bound that orders the families before their weak bound (both objectives, by hand)
