@@ -9,9 +9,11 @@ is honest even when the time limit cuts the search short.
 
 Free mode: the configs (samples per micro-batch, pp, schedule, no uniform rule) whose
 node types' stage sizes are open. Configs are kept in one heap by bound: a popped config
-with an open size opens into its complete configs where they are at most FREE_COMPLETIONS,
-else is branched on one node type (space.free_children); the children keep the larger of
-their bound and the parent's. A complete one is solved. Open configs left
+with an open size is first lifted by its GPU-budget bound (parent_bounds.gpu_budget_bound: the
+stages share the cluster's GPUs; back into the heap where that is higher), then full-bounded and
+opened into its complete configs where they are at most FREE_COMPLETIONS, else branched on one
+node type (space.free_children); the children keep the larger of their bound and the parent's.
+A complete one is solved. Open configs left
 when the time runs out keep their bounds, valid for everything below them.
 
 Warm start. Megatron mode: before the exact search, heuristics/warmstart.py builds a
@@ -62,6 +64,7 @@ from milp_plan.heuristics import warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
 from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound, full_bound
 from milp_plan.solvers.parallel import Ahead, Trace, paths_of
+from milp_plan.solvers.parent_bounds import gpu_budget_bound
 
 REL_EPS = 1e-9
 MAX_CUTS = 32     # plans a config's model may return over a limit (by rounding) before it is left open
@@ -554,6 +557,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     # popped (its children inherit its bound), a complete one is solved.
     heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]), dl, weak)
     total = len(prepared.configs)  # and, in free mode, every child made
+    lifted: set[Config] = set()    # free parents given their GPU-budget bound (parent_bounds)
 
     last_report = [-math.inf]
 
@@ -588,6 +592,15 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
                 heap.push((lb, cfg, 0, coef))
                 continue
+            if not cfg.complete and cfg not in lifted:  # a parent: first its GPU-budget bound (cheap)
+                lifted.add(cfg)
+                dl.charge(WORK.bound)
+                budget_lb = gpu_budget_bound(coef, limits)
+                if budget_lb is None:
+                    continue  # no plan below it meets the limits
+                if budget_lb > lb:
+                    heap.push((budget_lb, cfg, 0, coef))
+                    continue
             carried = prepared.carried(cfg, limits)
             full_lb = full_bound(coef, limits, max(lb, carried) if cfg.complete else lb)
             dl.charge(WORK.bound * (1 if limits.budget_usd_per_step is None else 3))
@@ -604,8 +617,13 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             lb = max(lb, full_lb)
             if not cfg.complete:
                 for kid in prepared.children(coef):
-                    # a kid with open sizes inherits this bound until it is popped
-                    kid_lb = config_lower_bound(kid, limits, memory=False) if kid.cfg.complete else lb
+                    # a kid with open sizes: this bound and its own GPU-budget bound (its sizes
+                    # settled so far change its capacity), so siblings no longer tie at this one
+                    if kid.cfg.complete:
+                        kid_lb = config_lower_bound(kid, limits, memory=False)
+                    else:
+                        kid_lb = gpu_budget_bound(kid, limits)
+                        lifted.add(kid.cfg)
                     dl.charge(WORK.bound)
                     if kid_lb is not None:
                         heap.push((max(lb, kid_lb), kid.cfg, 0, kid))

@@ -32,6 +32,7 @@ PIPE = "milp_plan/formulations/pipeline.py"
 SLICE = "milp_plan/slice_bounds.py"
 COEF = "milp_plan/formulations/coefficients.py"
 SCHED = "milp_plan/schedules.py"
+PARENT = "milp_plan/solvers/parent_bounds.py"
 CLOSED = "closed-form"   # probed with every plan predicted by the closed form (the large plans' basis)
 
 # (file, description, original text, mutated text[, basis]): each a plausible slip in a formula.
@@ -207,6 +208,17 @@ MUTATIONS = [
      "and not (i0 == i1 and self.hosts[i0] >= 2)", "and not (i0 == i1 and self.hosts[i0] >= 3)"),
     (SCHED, "the last stage's tail path takes every earlier stage's whole first chunk (forward and backward)",
      "        bwd = [0.0] * last + [float(m)]", "        bwd = list(fwd)"),
+    (PARENT, "the GPU-budget bound's vertex split puts one layer on every stage (pp, not pp - 1)",
+     "    def D(lam: float) -> float:\n        return -lam * C + (pp - 1) * h(lam, 1.0)",
+     "    def D(lam: float) -> float:\n        return -lam * C + pp * h(lam, 1.0)"),
+    (PARENT, "the GPU-budget bound's capacity takes each type's least efficient option",
+     "            omega[r] = min(omega.get(r, math.inf), a * opt.group)", "            omega[r] = max(omega.get(r, 0.0), a * opt.group)"),
+    (PARENT, "the GPU-budget bound reads an interval of Z at its left end's stage sum",
+     "lambda a, b: w_z * max(a, S(b) / pp) + w_sum * S(b) + rest", "lambda a, b: w_z * max(a, S(a) / pp) + w_sum * S(a) + rest"),
+    (PARENT, "the GPU-budget bound's per-layer floor counts one layer too many",
+     "    s_inf = max(least_layer_sum(math.inf, C, pp, L), L * a_min)", "    s_inf = max(least_layer_sum(math.inf, C, pp, L), (L + 1) * a_min)"),
+    (PARENT, "the GPU-budget bound's steady period starts a layer past the largest stage's least",
+     "    z_lo = max(L / C, a_min * math.ceil(L / pp))", "    z_lo = max(L / C, a_min * (math.ceil(L / pp) + 1))"),
 ]
 
 PROBE = r'''
@@ -249,6 +261,18 @@ test_end_stages.test_stage_zero_options_count_their_time_and_tail_together()
 # the free search's bound terms: stage counts coupled across node types, recompute pieces
 test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
 test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
+# the free parents' GPU-budget bound: against every layer split, Z grid, small pipeline, brute force
+import test_parent_bounds as tpb
+for args in tpb.test_least_layer_sum_is_the_least_over_every_split.pytestmark[0].args[1]:
+    tpb.test_least_layer_sum_is_the_least_over_every_split(*args)
+for args in tpb.test_least_step_is_the_least_over_z.pytestmark[0].args[1]:
+    tpb.test_least_step_is_the_least_over_z(*args)
+for args in tpb.test_least_step_bounds_every_pipeline_of_whole_gpus.pytestmark[0].args[1]:
+    tpb.test_least_step_bounds_every_pipeline_of_whole_gpus(*args)
+tpb.test_least_layer_sum_by_hand()
+tpb.test_least_step_by_hand_where_the_fastest_option_binds()
+tpb.test_capacity_is_at_least_what_any_option_per_type_achieves()
+tpb.test_budget_bound_lifts_a_deep_parent_to_its_optimum(Path(tempfile.mkdtemp()))
 # the work bound that orders the families before their weak bound (both objectives, by hand)
 test_bounds.test_work_bound_by_hand(Path(tempfile.mkdtemp()))
 # the sliced work bound's fill and end paths against the simulator (tests/test_slice_search.py)

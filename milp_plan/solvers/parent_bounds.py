@@ -1,0 +1,187 @@
+"""The GPU-budget bound: a lower bound for a free-mode config whose stage sizes are open (a
+parent of the free search, driver.py), valid for every config (formulations/pipeline.md,
+"The GPU-budget bound of a parent").
+
+A parent's bound over all its stage sizes (bounds.config_lower_bound) lets every stage run at
+the per-layer time of the largest stage size while pp stages share the cluster: it does not
+couple how many GPUs each stage gets with how many stages there are. This bound does.
+
+Stage s runs option o_s on g_s = tp x dp GPUs of its node type, and its stage time per
+micro-batch is t_s >= a_s n_s + (the fixed parts, E in total: bounds' `extra`), a_s the
+option's per-layer time. A stage cannot do a layer's micro-batch in fewer GPU-seconds than
+the least of its type, w_k = min_o a_o g_o, so with x_s = a_s n_s: g_s >= w_k n_s / x_s. The
+stages hold disjoint GPUs, at most G_r of node type r, so
+
+    sum_s n_s / x_s <= C = sum_r G_r / omega_r
+
+(omega_r: the least w of any host type using r's GPUs; C in layers x micro-batches per
+second). With Z = max_s x_s, the least S_l = sum_s x_s over n_s >= 1 (sum L) and x_s in
+(0, Z] meeting the budget is at least, for every lambda >= 0 (Lagrange duality),
+
+    D(lambda) = -lambda C + min_n sum_s h(n_s),   h(n) = min_{0 < x <= Z} (x + lambda n / x),
+
+h is concave in n (a minimum of affine functions of n), so the least sum over the simplex
+{n_s >= 1, sum n_s = L} is at a vertex: pp - 1 stages of one layer and one of N = L - pp + 1
+(`least_layer_sum`, maximising D over lambda exactly: D is concave and piecewise smooth). Every
+stage also has x_s >= a_min n_s, so S_l >= L a_min, and some stage holds ceil(L / pp) layers, so
+Z >= a_min ceil(L / pp). Then, as in the joint bound (bounds._pipeline_bound), for each weight
+pair T >= w_z max(Z, S / pp) + w_sum S + rest with S = E + S_l, minimised over Z
+(`_least_over_z`: S(Z) only falls as Z grows, so each interval [Z_i, Z_j] is bounded by its
+left end's Z and its right end's S; intervals are split until the bound is within
+`Z_TOL` of a point's value or `Z_SPLITS` are used: the least interval bound is returned).
+
+At 1024 GPUs (gpt3-175b) a pp 77 parent of 64 samples per micro-batch has a bound of 8.9 s
+over its stage sizes; its children's least full bound is 39 s; this bound gives 32 s.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import NamedTuple
+
+from milp_plan.cluster import MixedNodeType
+from milp_plan.formulations.coefficients import Coefficients, OptionTermsKey
+from milp_plan.job import Limits
+from milp_plan.solvers.bounds import (_least_hops, _option_terms, _tied_sync_lower_bound, _type_gpus,
+                                      usable_options)
+from milp_plan.units import SECONDS_PER_HOUR
+
+Z_TOL = 1e-4     # _least_over_z: stop when the least interval bound is within this share of a value at a point
+Z_SPLITS = 48    # ... or after this many splits
+
+
+def least_layer_sum(Z: float, C: float, pp: int, L: int) -> float:
+    """At most the least sum_s x_s of pp stages holding L layers (n_s >= 1) with x_s <= Z and
+    sum_s n_s / x_s <= C: max over lambda of D(lambda) (module docstring); inf when L / Z > C
+    (no x <= Z meets the budget). Z = inf: ((pp - 1) + sqrt(N))^2 / C."""
+    N = L - pp + 1
+    if Z == math.inf:
+        return ((pp - 1) + math.sqrt(N)) ** 2 / C
+    if L > C * Z * (1 + 1e-12):
+        return math.inf
+
+    def h(lam: float, n: float) -> float:
+        return 2.0 * math.sqrt(lam * n) if lam * n <= Z * Z else Z + lam * n / Z
+
+    def D(lam: float) -> float:
+        return -lam * C + (pp - 1) * h(lam, 1.0) + h(lam, N)
+    # D is concave; its pieces meet at lambda = Z^2 / N and Z^2: the stationary point of each
+    # piece, clamped to it, and the joints hold the maximum
+    lo, hi = Z * Z / N, Z * Z
+    cands = [lo, hi, min(((pp - 1 + math.sqrt(N)) / C) ** 2, lo)]   # nothing capped
+    if pp > 1 and C > N / Z:                                         # the big stage capped at Z
+        cands.append(min(max(((pp - 1) / (C - N / Z)) ** 2, lo), hi))
+    return max(D(lam) for lam in cands)
+
+
+class CapacityKey(NamedTuple):
+    """`capacity` reads the options, the ends of the positions (pp: 1, 2 or more) and the $/h
+    budget (what it rents of each node type)."""
+    options: tuple
+    depth: int
+    budget_usd_per_hour: float | None
+
+
+def capacity(coef: Coefficients, limits: Limits) -> tuple[float, float]:
+    """(C, a_min): C = sum_r G_r / omega_r over the node types r some option's host uses
+    (module docstring; G_r: what a $/h budget rents of it alone, bounds._type_gpus), and the
+    least per-layer time a_min of any option at any position; memoised (`CapacityKey`)."""
+    key = CapacityKey(tuple(coef.options), min(coef.cfg.pp, 3), limits.budget_usd_per_hour)
+    return coef.shared.get(key, lambda: _capacity(coef, limits))
+
+
+def _capacity(coef: Coefficients, limits: Limits) -> tuple[float, float]:
+    K = len(coef.inst.cluster.node_types)
+    index = {nt: r for r, nt in enumerate(coef.inst.cluster.node_types)}
+    omega: dict[int, float] = {}
+    a_min = math.inf
+    positions = sorted({0, min(1, coef.cfg.pp - 1), coef.cfg.pp - 1})
+    for o, opt in enumerate(coef.options):
+        a = min(coef.time(o, s)[0].a for s in positions)
+        a_min = min(a_min, a)
+        host = coef.types[opt.k]
+        for r in ([index[nt] for nt, _ in host.members] if isinstance(host, MixedNodeType) else [opt.k]):
+            omega[r] = min(omega.get(r, math.inf), a * opt.group)
+    assert all(r < K for r in omega)
+    C = sum(_type_gpus(coef, r, limits) / w for r, w in omega.items() if w > 0)
+    return (math.inf if any(w <= 0 for w in omega.values()) else C), a_min
+
+
+def _least_over_z(f, z_lo: float, z_hi: float) -> float:
+    """At most min over Z >= z_lo of f(Z_left, Z_right) where f(a, b) bounds the objective of
+    every Z in [a, b] (f(z, z): the value at z) and f(z_hi, z_hi) bounds every Z >= z_hi."""
+    if z_lo >= z_hi:
+        return f(z_lo, z_lo)
+    tail = f(z_hi, z_hi)
+    best = min(tail, f(z_lo, z_lo))          # values at points: at least the minimum
+    heap = [(f(z_lo, z_hi), z_lo, z_hi)]
+    for _ in range(Z_SPLITS):
+        lb, a, b = heap[0]
+        if lb >= best * (1 - Z_TOL):
+            break
+        heapq.heappop(heap)
+        mid = math.sqrt(a * b) if a > 0 else (a + b) / 2
+        best = min(best, f(mid, mid))
+        heapq.heappush(heap, (f(a, mid), a, mid))
+        heapq.heappush(heap, (f(mid, b), mid, b))
+    return min(tail, heap[0][0])
+
+
+def least_step(w_z: float, w_sum: float, rest: float, extra: float, C: float, a_min: float, pp: int, L: int) -> float:
+    """At most min over Z of w_z max(Z, S(Z) / pp) + w_sum S(Z) + rest, S(Z) = extra +
+    max(least_layer_sum(Z), S(inf), L a_min), over Z >= max(L / C, a_min ceil(L / pp)): a lower
+    bound on the step of every plan whose stages meet the GPU budget C (module docstring).
+    Past Z_hi, the largest x of the unbounded optimum (the stage of N layers: x = sqrt(lambda N),
+    sqrt(lambda) = ((pp - 1) + sqrt(N)) / C), S(Z) = S(inf) and the value only grows with Z."""
+    N = L - pp + 1
+    z_lo = max(L / C, a_min * math.ceil(L / pp))
+    s_inf = max(least_layer_sum(math.inf, C, pp, L), L * a_min)
+    z_hi = max(z_lo, ((pp - 1) + math.sqrt(N)) / C * math.sqrt(N))
+    sums: dict[float, float] = {}
+
+    def S(z: float) -> float:
+        if z not in sums:
+            sums[z] = extra + max(least_layer_sum(z, C, pp, L), s_inf)   # S(Z) >= S(inf)
+        return sums[z]
+    # on [a, b]: Z >= a and S(Z) >= S(b)
+    return _least_over_z(lambda a, b: w_z * max(a, S(b) / pp) + w_sum * S(b) + rest, z_lo, z_hi)
+
+
+def gpu_budget_bound(coef: Coefficients, limits: Limits) -> float | None:
+    """A lower bound on the objective of every plan of the config (module docstring), or None
+    when no plan meets the limits. The fixed terms are config_lower_bound's, from the same
+    helpers: E (ends, least recompute), stage 0's least reduction at vpp layers and the tied
+    all-reduce, the largest stage's least optimizer step, the least transfers, and the least
+    $/h of pp stages (min-cost: $ >= that $/h x T / 3600)."""
+    cfg, L, pp = coef.cfg, coef.inst.model.num_layers, coef.cfg.pp
+    found = usable_options(coef, limits, memory=False)
+    if found is None:
+        return None
+    caps, O, _, usable = found
+    key = OptionTermsKey(tuple(coef.options[o] for o in O), tuple(coef.options[o] for o in usable), pp == 1,
+                         cfg.distributed_optimizer, coef.required_types)
+    terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable))
+    C, a_min = capacity(coef, limits)
+    if not 0 < C < math.inf:
+        return _objective(0.0, 0.0, limits) if C == math.inf else None
+    extra = terms.ends + pp * terms.rho
+    fixed = (min(d(cfg.vpp) for d in terms.dp0) + _tied_sync_lower_bound(coef, caps, usable)
+             + terms.opt_a * math.ceil(L / pp))
+    p2p = coef.step_p2p(*_least_hops(coef)) if pp >= 2 else 0.0
+    gpu_usd = sum(terms.forced) + min(terms.price.values()) * (pp - len(terms.forced))
+    best = 0.0
+    for w_z, w_sum, hops, offset in coef.step_weights():
+        if w_z >= 0 and w_sum >= 0:   # the bound reads Z and S as lower bounds: non-negative weights only
+            best = max(best, least_step(w_z, w_sum, fixed + offset + (p2p if hops else 0.0), extra, C, a_min, pp, L))
+    return _objective(best, gpu_usd, limits)
+
+
+def _objective(T: float, gpu_usd: float, limits: Limits) -> float | None:
+    """The objective of a step-time bound T and $/h bound: None where a limit rules out every
+    plan (T over the time limit, gpu_usd over the $/h budget, their $/step over its budget)."""
+    usd = gpu_usd * T / SECONDS_PER_HOUR
+    if (limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6)) or \
+            (limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9)) or \
+            (limits.budget_usd_per_step is not None and usd > limits.budget_usd_per_step * (1 + 1e-9)):
+        return None
+    return usd if limits.objective == "min-cost" else T
