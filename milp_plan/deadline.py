@@ -20,7 +20,10 @@ second of one core of the reference machine (2 shared cores of this project's CI
   seconds); HiGHS and CBC have no deterministic measure and refuse a work limit;
 * the Python side charges a fixed amount per operation (`WORK`): a config's bound, a
   per-config model built, a heuristic's step (a layer partition, a state it rejects), a plan
-  built and scored by the cost model. Enumerating the configs is not charged.
+  built and scored by the cost model. Enumerating the configs is not charged. The full bound
+  of a free parent (open stage sizes: 40-100 stage options at 1024 GPUs) is charged per
+  option it fits (`WorkCosts.option_fit`, driver.full_bound_work): a flat `bound` made a unit
+  3.5-7 CPU seconds there.
 
 The amounts are a least-squares fit of CPU time on 20 runs (5 planners x 4 instances) on the
 reference machine, where CP-SAT's deterministic time came out at 1.02 CPU seconds a unit;
@@ -139,6 +142,8 @@ def run_native(fn: Callable[[], T], stop: Callable[[], None]) -> T:
 class WorkCosts:
     """Work units charged per operation (about seconds on the reference machine)."""
     bound: float = 4e-4       # a config's or a family's lower bound (solvers/bounds.py)
+    option_fit: float = 1.2e-4  # and per stage option of a free parent's full bound (its options' memory
+    #                             fits at three positions, slots, recompute pieces: 5-11 ms at 40-80 options)
     work_bound: float = 1e-5  # a family's work bound, a division (bounds.WeakFamilyBounds.work_bound)
     weak_bound: float = 5e-5  # a family's weak bound, its group's terms shared (WeakFamilyBounds.bound: 15-70 us)
     model: float = 2e-2       # a per-config model built (formulations/pipeline.py) and handed to CP-SAT

@@ -588,16 +588,51 @@ def _tied_sync_lower_bound(coef: Coefficients, caps: dict[int, int], usable: lis
                                      coef.pools[q].place.stages_per_node >= cfg.pp) for q, tp in ends})))
 
     def least() -> float:
-        best = math.inf
-        for (q0, _), o0 in ends.items():
-            for (q1, _), o1 in ends.items():
-                if q0 == q1 and caps[q0] < 2:
-                    continue
-                same = q0 == q1 and coef.pools[q0].place.stages_per_node >= cfg.pp
-                best = min(best, max(coef.embedding_sync(o0, coef.pools[q1].k, same),
-                                     coef.embedding_sync(o1, coef.pools[q0].k, same)))
+        # each end's direction to every node type, once (a parent has ~100 ends: 2 |ends|^2 links
+        # were 27 ms); across pools (never one node) the two directions are independent, so the
+        # least max is between each type pair's best few ends (_least_pair); within a pool, pairwise
+        types = sorted({coef.pools[q].k for q, _ in ends})
+        to = {(e, k1): coef.embedding_sync(o, k1, False) for e, o in ends.items() for k1 in types}
+        best = _least_pair(ends, to, types, lambda e: coef.pools[e[0]].k)
+        for (q0, tp0), o0 in ends.items():
+            if caps[q0] < 2:
+                continue
+            same = coef.pools[q0].place.stages_per_node >= cfg.pp
+            k0 = coef.pools[q0].k
+            for (q1, tp1), o1 in ends.items():
+                if q1 == q0:
+                    best = min(best, max(coef.embedding_sync(o0, k0, same), coef.embedding_sync(o1, k0, same)))
         return 0.0 if best == math.inf else best
     return coef.shared.get(key, least)
+
+
+def _least_pair(ends: dict, to: dict, types: list[int], type_of) -> float:
+    """min over ends e0, e1 of different pools (e[0]) of max(to[e0, type e1], to[e1, type e0]).
+    For a pair of node types the two terms are independent but for the pool: the least max is
+    among each side's two least ends of distinct pools (where both least share a pool, one of
+    them gives way to its side's runner-up)."""
+    by_type: dict[int, list] = {}
+    for e in ends:
+        by_type.setdefault(type_of(e), []).append(e)
+    best = math.inf
+    for k0 in types:
+        for k1 in types:
+            side0 = _two_least(by_type[k0], lambda e: to[e, k1])
+            side1 = _two_least(by_type[k1], lambda e: to[e, k0])
+            for v0, e0 in side0:
+                for v1, e1 in side1:
+                    if e0[0] != e1[0]:
+                        best = min(best, max(v0, v1))
+    return best
+
+
+def _two_least(es: list, value) -> list:
+    """The least (value, end) and the least of another pool than its (at most two)."""
+    first = min(((value(e), e) for e in es), default=None)
+    if first is None:
+        return []
+    other = min(((value(e), e) for e in es if e[0] != first[1][0]), default=None)
+    return [first] if other is None else [first, other]
 
 
 def _placement_terms(slots: list[SlotType], pp: int, L: int, unit: int):

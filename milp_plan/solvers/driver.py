@@ -237,7 +237,8 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl:
             base = prepare(inst, fix, "megatron", dl)
         except InputError:  # no uniform plan passes the rules: the free search starts cold
             base = None
-    return Prepared(configs, inst, mode, base, fix, truncated=cut)
+    # one coefficient cache for both modes' configs: its keys name every config-level input
+    return Prepared(configs, inst, mode, base, fix, shared=base.shared if base is not None else None, truncated=cut)
 
 
 def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
@@ -603,7 +604,7 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                     continue
             carried = prepared.carried(cfg, limits)
             full_lb = full_bound(coef, limits, max(lb, carried) if cfg.complete else lb)
-            dl.charge(WORK.bound * (1 if limits.budget_usd_per_step is None else 3))
+            dl.charge(full_bound_work(coef, limits))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 if cfg.complete:  # what the bound proved, for later solves (a sweep's: too_slow, carried)
                     prepared.proven.setdefault(cfg, []).append((limits, math.inf if full_lb is None else full_lb))
@@ -648,6 +649,14 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     prepared.found.extend(inc.found)
     return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, total, solved, pruned, heuristic_obj,
                    start)
+
+
+def full_bound_work(coef: Coefficients, limits: Limits) -> float:
+    """Work units of bounds.full_bound on `coef`: WORK.bound (three under a $/step budget, whose
+    bound adds the budget's), and for a free parent WORK.option_fit per stage option, whose
+    memory fits at three positions dominate (5-11 ms CPU at 40-80 options, 1024 GPUs)."""
+    work = WORK.bound * (1 if limits.budget_usd_per_step is None else 3)
+    return work if coef.cfg.complete else work + WORK.option_fit * len(coef.options)
 
 
 def _solve_or_take(ahead: Ahead | None, coef: Coefficients, limits: Limits, backend: str, inputs: tuple,
