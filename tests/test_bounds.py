@@ -297,3 +297,23 @@ def test_interleaving_needs_vpp_to_divide_the_layers():
     from milp_plan.formulations.space import virtual_stages
     assert virtual_stages({}, 2, 8, 32) == [2, 4, 8, 16]
     assert virtual_stages({}, 4, 8, 6) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.floats(0.0, 10.0), st.floats(0.0, 10.0)),
+                min_size=1, max_size=12))
+def test_the_least_pair_of_ends_is_the_all_pairs_minimum(rows):
+    """bounds._least_pair (the tied all-reduce's ends across pools, from each side's two least
+    ends of distinct pools) equals the brute-force minimum over every pair of ends of distinct
+    pools of max(e0 -> type of e1, e1 -> type of e0). Ends (pool, tp) of pool q on type q % 2."""
+    from milp_plan.solvers.bounds import _least_pair
+    ends, to = {}, {}
+    for q, tp, v0, v1 in rows:
+        e = (q, tp)
+        ends[e] = None
+        to[e, 0], to[e, 1] = v0, v1
+    type_of = lambda e: e[0] % 2  # noqa: E731
+    types = sorted({type_of(e) for e in ends})
+    brute = min((max(to[e0, type_of(e1)], to[e1, type_of(e0)]) for e0 in ends for e1 in ends if e0[0] != e1[0]),
+                default=math.inf)
+    assert _least_pair(ends, to, types, type_of) == brute

@@ -258,3 +258,29 @@ def test_a_model_whose_deterministic_time_barely_moves_still_ends(tmp_path):
     assert "optimal" in line
     work = float(line.split(" work units")[0].rsplit("(", 1)[1])
     assert work <= 10 + OVERSHOOT
+
+
+def test_a_free_parents_full_bound_is_charged_per_stage_option(inst, monkeypatch):
+    """A free parent's full bound fits every stage option's memory (5-11 ms at 40-80 options,
+    1024 GPUs): the meter charges WORK.bound plus WORK.option_fit per option (deadline.py), a
+    complete config's WORK.bound alone; so a unit stays about a CPU second at scale."""
+    from milp_plan.solvers import driver
+    parents, charges = [], []
+    real_bound, real_charge = driver.full_bound, Deadline.charge
+
+    def spy_bound(coef, *a, **k):
+        if not coef.cfg.complete:
+            parents.append(len(coef.options))
+        return real_bound(coef, *a, **k)
+
+    def spy_charge(self, units):
+        charges.append(units)
+        real_charge(self, units)
+    monkeypatch.setattr(driver, "full_bound", spy_bound)
+    monkeypatch.setattr(Deadline, "charge", spy_charge)
+    dl = Deadline(600.0, work=3.0)
+    driver.solve(inst, Objective("min-time").limits(), fix={"pp": 3}, mode="free", dl=dl)
+    assert parents and max(parents) >= 10   # parents of many options were bounded
+    for n in set(parents):
+        assert parents.count(n) <= sum(c == pytest.approx(WORK.bound + WORK.option_fit * n) for c in charges)
+    assert WORK.option_fit * max(parents) > WORK.bound   # the flat charge undercounted them
