@@ -8,9 +8,10 @@ incumbent and the bounds of every config not solved to optimality, so the report
 is honest even when the time limit cuts the search short.
 
 Free mode: the configs (samples per micro-batch, pp, schedule, no uniform rule) whose
-node types' stage sizes are open. Configs are kept in one heap by bound: a popped config
-with an open size is first lifted by its GPU-budget bound (parent_bounds.gpu_budget_bound: the
-stages share the cluster's GPUs; back into the heap where that is higher), then full-bounded and
+node types' stage sizes are open. Configs are kept in one heap by bound: a config with an open
+size goes in at its GPU-budget bound (parent_bounds.gpu_budget_bound: the stages share the
+cluster's GPUs; one the bounding did not reach is lifted by it when popped, back into the heap
+where that is higher), then full-bounded and
 opened into its complete configs where they are at most FREE_COMPLETIONS, else branched on one
 node type (space.free_children); the children keep the larger of their bound and the parent's.
 A complete one is solved. Open configs left
