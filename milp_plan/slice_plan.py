@@ -505,17 +505,17 @@ def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> st
     if own is not None:
         return (f"token slices: off (stock Megatron-LM cannot pipeline token slices); worth it: this plan's stages "
                 f"under GPipe cut into {own.count} slices {list(own.slices)} take {own.objective:.4g} {unit} "
-                f"({own.objective / obj - 1:+.1%}); --slices auto searches every sliced plan and proves the best")
+                f"({own.objective / obj - 1:+.1%}); --slices auto searches every sliced plan, with a proven gap")
     other = _least_config_slicing(inst, where[0], limits, obj * (1 - QUIET_SAVING)) if where else None
     if other is not None:
         p = other.plan
         return (f"token slices: off (stock Megatron-LM cannot pipeline token slices); worth it: a GPipe plan of pp "
                 f"{p.pp} (tp {p.stages[0].tp}, dp {p.stages[0].dp}, {p.num_microbatches} micro-batches) cut into "
                 f"{other.count} slices {list(other.slices)} takes {other.objective:.4g} {unit} "
-                f"({other.objective / obj - 1:+.1%}); --slices auto searches every sliced plan and proves the best")
+                f"({other.objective / obj - 1:+.1%}); --slices auto searches every sliced plan, with a proven gap")
     return (f"token slices: off (the plan runs on stock Megatron-LM, which cannot pipeline token slices); "
             f"undecided: {space} takes at least {lb:.4g} {unit} ({why}), so slicing could save at most "
-            f"{saving:.0%} here; --slices auto searches them and proves whether one pays")
+            f"{saving:.0%} here; --slices auto searches them, with a proven gap")
 
 
 DEFAULT_LINE = ("token slices: off (the default: the plan runs on stock Megatron-LM, which cannot pipeline token "

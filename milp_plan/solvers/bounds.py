@@ -143,7 +143,10 @@ def _least_layer_sum(z: float, slots: list[SlotType], pp: int, L: int, unit: int
 
 
 JOINT_STEPS = 64  # _pipeline_bound: breakpoints evaluated at most (the full bound; the cheap one: none)
-END_STEPS = 8     # ... of which the first this many lifted by the end stages' terms (`_EndStages`)
+END_STEPS = 16    # ... of which the first this many lifted by the end stages' terms (`_EndStages`);
+# measured (free mode, work-limited): 8 -> 16 solves default 36 -> 34 configs and
+# two-type-32 44 -> 37 at the same or less CPU; 64 solves 33 / 36 but costs more CPU at
+# scale-1024 (33-34 s -> 38 s); scale-8192 about even (49 s, 50 s at 16)
 
 
 def _least_usd_per_hour(z: float, slots: list[SlotType], L: int, unit: int) -> float:
