@@ -197,13 +197,7 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     cost = limits.objective == "min-cost"
 
     def value(T: float, P: float) -> float | None:
-        """The objective at (T, $/h), or None when a limit is broken."""
-        usd = P * T / SECONDS_PER_HOUR
-        if (limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6)) or \
-                (limits.budget_usd_per_hour is not None and P > limits.budget_usd_per_hour * (1 + 1e-9)) or \
-                (limits.budget_usd_per_step is not None and usd > limits.budget_usd_per_step * (1 + 1e-9)):
-            return None
-        return usd if cost else T
+        return bounded_objective(T, P, limits)
 
     priced = cost or limits.budget_usd_per_hour is not None or limits.budget_usd_per_step is not None
     sweep = sweep or _Sweep(slots, pp, L, unit, cands, z_min)
@@ -227,6 +221,18 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
         if got is not None:
             best = min(best, got)
     return None if best == math.inf else (best, s_inf)
+
+
+def bounded_objective(T: float, P: float, limits: Limits) -> float | None:
+    """The objective of a step-time bound T and a $/h bound P (min-cost: P T / 3600), or None
+    where a limit rules out every plan: T over the time limit, P over the $/h budget, or their
+    $/step over its budget."""
+    usd = P * T / SECONDS_PER_HOUR
+    if (limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6)) or \
+            (limits.budget_usd_per_hour is not None and P > limits.budget_usd_per_hour * (1 + 1e-9)) or \
+            (limits.budget_usd_per_step is not None and usd > limits.budget_usd_per_step * (1 + 1e-9)):
+        return None
+    return usd if limits.objective == "min-cost" else T
 
 
 class _Sweep:
@@ -704,6 +710,25 @@ class _OptionTerms(NamedTuple):
     dp0: list
     opt_a: float
 
+    def extra(self, pp: int) -> float:
+        """The stage sum's fixed part: the ends' time and pp stages' least recompute."""
+        return self.ends + pp * self.rho
+
+    def gpu_usd(self, pp: int) -> float:
+        """The least $/h of pp stages: the forced ones, the rest at the least price."""
+        return sum(self.forced) + min(self.price.values()) * (pp - len(self.forced))
+
+    def opt(self, L: int, pp: int) -> float:
+        """The least optimizer step: some stage holds at least ceil(L / pp) layers."""
+        return self.opt_a * math.ceil(L / pp)
+
+
+def shared_option_terms(coef: Coefficients, O: list[int], usable: list[int]) -> _OptionTerms:
+    """`_option_terms`, memoised in the instance's cache per the options they read."""
+    key = OptionTermsKey(tuple(coef.options[o] for o in O), tuple(coef.options[o] for o in usable),
+                         coef.cfg.pp == 1, coef.cfg.distributed_optimizer, coef.required_types)
+    return coef.shared.get(key, lambda: _option_terms(coef, O, usable))
+
 
 def _option_terms(coef: Coefficients, O: list[int], usable: list[int]) -> _OptionTerms:
     cfg, opts = coef.cfg, coef.options
@@ -856,9 +881,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     if found is None:
         return none
     caps, O, rooms, usable = found
-    key = OptionTermsKey(tuple(coef.options[o] for o in O), tuple(coef.options[o] for o in usable), cfg.pp == 1,
-                         cfg.distributed_optimizer, coef.required_types)
-    terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable))
+    terms = shared_option_terms(coef, O, usable)
     t = terms.t
     positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
     # memoised per what the pieces read: the option's memory at the positions (FitsKey) and its room
@@ -872,17 +895,15 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
                                              lambda: _placement_terms(slots, cfg.pp, L, unit))
     if z is None:
         return none
-    biggest = math.ceil(L / cfg.pp)  # some stage holds at least this many layers
-    forced = terms.forced
-    gpu_usd = sum(forced) + min(terms.price.values()) * (cfg.pp - len(forced))
+    gpu_usd = terms.gpu_usd(cfg.pp)
     if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
         return none
     least_work, dp0 = terms.least_work, terms.dp0
-    opt = terms.opt_a * biggest
+    opt = terms.opt(L, cfg.pp)
     hops = _least_hops(coef) if memory and cfg.pp >= 2 else None
     p2p = coef.step_p2p(*hops) if hops else 0.0   # _p2p_lower_bound
     sync = _tied_sync_lower_bound(coef, caps, usable) if memory else 0.0
-    extra = terms.ends + cfg.pp * terms.rho
+    extra = terms.extra(cfg.pp)
 
     def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool, float]],
                placed=(unit, cands, z, least, sweep)) -> float | None:
@@ -1031,8 +1052,7 @@ class WeakFamilyBounds:
         if group is None:
             return None
         L, terms = rep.inst.model.num_layers, group.terms
-        forced = terms.forced
-        gpu_usd = sum(forced) + min(terms.price.values()) * (pp - len(forced))
+        gpu_usd = terms.gpu_usd(pp)
         if limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9):
             return None
         # the closed form's weights read the schedule, vpp and m alone (the simulated step's read pp
@@ -1048,9 +1068,8 @@ class WeakFamilyBounds:
         dp = group.dp.get(vpps)
         if dp is None:
             dp = group.dp[vpps] = min(d(v) for d in terms.dp0 for v in vpps)
-        opt = terms.opt_a * math.ceil(L / pp)  # some stage holds at least ceil(L / pp) layers
-        extra = terms.ends + pp * terms.rho
-        got = [_finish_bound(group.slots, cfg, L, 1, [], 0.0, group.least, dp + opt + offset, extra, gpu_usd, w_z,
+        got = [_finish_bound(group.slots, cfg, L, 1, [], 0.0, group.least, dp + terms.opt(L, pp) + offset,
+                             terms.extra(pp), gpu_usd, w_z,
                              w_sum, limits, False, terms.least_work)
                for w_z, w_sum, _, offset in pairs]
         return None if None in got else max(got)

@@ -40,11 +40,10 @@ import math
 from typing import NamedTuple
 
 from milp_plan.cluster import MixedNodeType
-from milp_plan.formulations.coefficients import Coefficients, OptionTermsKey
+from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.job import Limits
-from milp_plan.solvers.bounds import (_least_hops, _option_terms, _tied_sync_lower_bound, _type_gpus,
-                                      usable_options)
-from milp_plan.units import SECONDS_PER_HOUR
+from milp_plan.solvers.bounds import (_least_hops, _tied_sync_lower_bound, _type_gpus, bounded_objective,
+                                      shared_option_terms, usable_options)
 
 Z_TOL = 1e-4     # _least_over_z: stop when the least interval bound is within this share of a value at a point
 Z_SPLITS = 48    # ... or after this many splits
@@ -158,30 +157,16 @@ def gpu_budget_bound(coef: Coefficients, limits: Limits) -> float | None:
     if found is None:
         return None
     caps, O, _, usable = found
-    key = OptionTermsKey(tuple(coef.options[o] for o in O), tuple(coef.options[o] for o in usable), pp == 1,
-                         cfg.distributed_optimizer, coef.required_types)
-    terms = coef.shared.get(key, lambda: _option_terms(coef, O, usable))
+    terms = shared_option_terms(coef, O, usable)
     C, a_min = capacity(coef, limits)
     if not 0 < C < math.inf:
-        return _objective(0.0, 0.0, limits) if C == math.inf else None
-    extra = terms.ends + pp * terms.rho
-    fixed = (min(d(cfg.vpp) for d in terms.dp0) + _tied_sync_lower_bound(coef, caps, usable)
-             + terms.opt_a * math.ceil(L / pp))
+        return bounded_objective(0.0, 0.0, limits) if C == math.inf else None
+    extra = terms.extra(pp)
+    fixed = min(d(cfg.vpp) for d in terms.dp0) + _tied_sync_lower_bound(coef, caps, usable) + terms.opt(L, pp)
     p2p = coef.step_p2p(*_least_hops(coef)) if pp >= 2 else 0.0
-    gpu_usd = sum(terms.forced) + min(terms.price.values()) * (pp - len(terms.forced))
+    gpu_usd = terms.gpu_usd(pp)
     best = 0.0
     for w_z, w_sum, hops, offset in coef.step_weights():
         if w_z >= 0 and w_sum >= 0:   # the bound reads Z and S as lower bounds: non-negative weights only
             best = max(best, least_step(w_z, w_sum, fixed + offset + (p2p if hops else 0.0), extra, C, a_min, pp, L))
-    return _objective(best, gpu_usd, limits)
-
-
-def _objective(T: float, gpu_usd: float, limits: Limits) -> float | None:
-    """The objective of a step-time bound T and $/h bound: None where a limit rules out every
-    plan (T over the time limit, gpu_usd over the $/h budget, their $/step over its budget)."""
-    usd = gpu_usd * T / SECONDS_PER_HOUR
-    if (limits.time_limit_s is not None and T > limits.time_limit_s * (1 + 1e-6)) or \
-            (limits.budget_usd_per_hour is not None and gpu_usd > limits.budget_usd_per_hour * (1 + 1e-9)) or \
-            (limits.budget_usd_per_step is not None and usd > limits.budget_usd_per_step * (1 + 1e-9)):
-        return None
-    return usd if limits.objective == "min-cost" else T
+    return bounded_objective(best, gpu_usd, limits)
