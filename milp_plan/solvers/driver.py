@@ -238,8 +238,7 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl:
             base = prepare(inst, fix, "megatron", dl)
         except InputError:  # no uniform plan passes the rules: the free search starts cold
             base = None
-    # one coefficient cache for both modes' configs: its keys name every config-level input
-    return Prepared(configs, inst, mode, base, fix, shared=base.shared if base is not None else None, truncated=cut)
+    return Prepared(configs, inst, mode, base, fix, truncated=cut)
 
 
 def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
