@@ -45,6 +45,16 @@ def _random_spec(rng: random.Random, schedule: str, pp: int | None = None, m: in
                         opt_s=tuple(rng.uniform(0, 0.3) for _ in range(pp)))
 
 
+def _slow_last_reduction_specs(rng: random.Random, schedule: str, draws: int = 200):
+    """`_random_spec`s of two stages or more (of `draws`), each with a last-stage reduction up to
+    a few stage times (a slow type's links at the end), where the last stage's own tail path
+    (Schedule.tail_path) can be the critical one."""
+    for _ in range(draws):
+        spec = _random_spec(rng, schedule)
+        if spec.pp >= 2:
+            yield dataclasses.replace(spec, dp_s=spec.dp_s[:-1] + (rng.uniform(0.0, 4.0),))
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_the_critical_path_has_the_makespans_length(schedule):
     """The longest-path evaluator's critical path, read as a PathTerms, is as long as the event
@@ -75,14 +85,8 @@ def test_the_last_stages_tail_path_is_a_path(schedule):
     """Schedule.tail_path (the full bound's path through the last stage's own reduction,
     bounds._EndStages) is never longer than the simulation, and is its critical path in some
     specs (a last stage whose reduction outlasts the drain back to stage 0)."""
-    rng = random.Random(f"tail-{schedule}")
     tight = 0
-    for _ in range(200):
-        spec = _random_spec(rng, schedule)
-        if spec.pp < 2:
-            continue
-        # ... a last-stage reduction up to a few stage times (a slow type's links at the end)
-        spec = dataclasses.replace(spec, dp_s=spec.dp_s[:-1] + (rng.uniform(0.0, 4.0),))
+    for spec in _slow_last_reduction_specs(random.Random(f"tail-{schedule}"), schedule):
         sim = simulate_pipeline(spec).step_time_s
         length = schedule_of(schedule, spec.vpp).tail_path(spec.pp, spec.num_microbatches).length_s(spec)
         assert length <= sim * (1 + 1e-12)
@@ -239,15 +243,12 @@ def test_the_tail_path_bound_never_exceeds_the_simulation(schedule):
     from milp_plan.solvers.bounds import _tail_path_bound
     rng = random.Random(f"tail-bound-{schedule}")
     tight = 0
-    for _ in range(200):
-        spec = _random_spec(rng, schedule)
-        if spec.pp < 2:
-            continue
+    for spec in _slow_last_reduction_specs(rng, schedule):
         lo, h, opt = rng.uniform(0.2, 0.5), rng.choice([0.0, 0.05, 0.5]), rng.uniform(0.0, 0.3)
         t = [f / lo for f in spec.fwd_s]
         spec = dataclasses.replace(spec, bwd_s=tuple(x - f for x, f in zip(t, spec.fwd_s)),
                                    hop_s=(h,) * (spec.pp - 1), wrap_hop_s=h if spec.vpp > 1 else 0.0,
-                                   dp_s=spec.dp_s[:-1] + (rng.uniform(0.0, 4.0),), opt_s=(opt,) * spec.pp)
+                                   opt_s=(opt,) * spec.pp)
         path = schedule_of(schedule, spec.vpp).tail_path(spec.pp, spec.num_microbatches)
         w, c = _tail_path_bound(path, lo, [(t[-1], spec.dp_s[-1])], 2.0 * h * (spec.pp - 1), opt)
         sim = simulate_pipeline(spec).step_time_s
