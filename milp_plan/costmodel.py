@@ -493,6 +493,14 @@ def stage_activation_bytes(inst: Instance, kinds: Sequence[str], has_embedding: 
     return inflight * per_mb + ends + working
 
 
+def stage_state_bytes(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_head: bool, single_stage: bool,
+                      tp: int, dp: int, distributed_optimizer: bool) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per GPU of a stage holding `kinds` (and the ends):
+    model_state_bytes of its parameters over tp, in the job's gradient dtype."""
+    params = stage_params(inst, kinds, has_embedding, has_head, single_stage=single_stage) / tp
+    return model_state_bytes(params, dp, distributed_optimizer, inst.job.grad_bytes)
+
+
 def stage_memory_bytes(inst: Instance, *, schedule: str, pp: int, stage: int, m: int, vpp: int,
                        kinds: Sequence[str], tp: int, dp: int, mbs: int, sequence_parallel: bool,
                        distributed_optimizer: bool, recompute: str, recompute_layers: int,
@@ -500,8 +508,7 @@ def stage_memory_bytes(inst: Instance, *, schedule: str, pp: int, stage: int, m:
     """(weights, gradients, optimizer, activations, in-flight) bytes per GPU of stage `stage` on
     `gpu` (its measured activations, where the profile has them: layer_activation_bytes)."""
     first, last = stage == 0, stage == pp - 1
-    params = stage_params(inst, kinds, first, last, single_stage=pp == 1) / tp
-    w, g, o = model_state_bytes(params, dp, distributed_optimizer, inst.job.grad_bytes)
+    w, g, o = stage_state_bytes(inst, kinds, first, last, pp == 1, tp, dp, distributed_optimizer)
     inflight = inflight_microbatches(schedule, pp, stage, m, vpp)
     emb, head = end_inflight(schedule, pp, m, vpp, inflight)
     act = stage_activation_bytes(inst, kinds, first, last, tp, mbs, sequence_parallel, recompute,

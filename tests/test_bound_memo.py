@@ -167,3 +167,43 @@ def test_memory_terms_shared_by_what_they_read_equal_a_fresh_cache():
     shared = [memory_terms(Coefficients(inst, cfg, warm)) for cfg in cfgs]
     for cfg, got in zip(cfgs, shared):
         assert got == memory_terms(Coefficients(inst, cfg, SharedCoefficients(inst)), direct=True), cfg.label()
+
+
+@pytest.mark.parametrize("cluster, model, gbs, mode, seq", [
+    ("default", "gpt3-6.7b", 256, "free", None),
+    ("default", "gpt3-6.7b", 256, "megatron", None),
+    ("mixed-128", "gpt3-13b", 512, "free", None),
+    ("default", "gpt3-2.7b", 80, "free", 8192),    # long sequences: activations dominate
+])
+def test_memory_fits_from_parts_equal_the_cost_model(cluster, model, gbs, mode, seq):
+    """Coefficients.memory (an option's MemoryParts weighed by the position's in-flight counts,
+    shared by configs of any pp, m and schedule) gives costmodel.stage_memory_bytes for every
+    layer count and recompute count, at every position of random configs of every schedule
+    and their free children (pp == 1, the ends, interleaved chunks, full recompute). A term
+    the parts drop or weigh wrongly (the embedding's in-flight count, the working layer of a
+    full recompute) breaks it."""
+    from milp_plan import costmodel as cm
+    inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs, seq_length=seq))
+    prepared = prepare(inst, None, mode)
+    rng = random.Random(11)
+    shared = SharedCoefficients(inst)
+    cfgs = rng.sample(prepared.configs, 12) + [c for c in prepared.configs if c.pp == 1][:2]
+    if mode == "free":
+        cfgs += [k.cfg for c in cfgs[:6] for k in rng.sample(prepared.children(Coefficients(inst, c, shared)), 1)]
+    L, checked = inst.model.num_layers, 0
+    for cfg in cfgs:
+        coef = Coefficients(inst, cfg, shared)
+        for o in rng.sample(range(len(coef.options)), min(6, len(coef.options))):
+            opt = coef.options[o]
+            for s in sorted({0, min(1, cfg.pp - 1), cfg.pp // 2, cfg.pp - 1}):
+                fit = coef.memory(o, s)
+                for n in (1, 2, L // 3, L):
+                    for r in ((1, n) if opt.recompute == "full" else (0,)):
+                        want = sum(cm.stage_memory_bytes(
+                            inst, schedule=cfg.schedule, pp=cfg.pp, stage=s, m=coef.m, vpp=cfg.vpp,
+                            kinds=[coef.kind] * n, tp=opt.tp, dp=opt.dp, mbs=opt.mbs,
+                            sequence_parallel=cfg.sequence_parallel, distributed_optimizer=cfg.distributed_optimizer,
+                            recompute=opt.recompute, recompute_layers=r, gpu=coef.types[opt.k].gpu.name)[:4])
+                        assert fit(n, r) == pytest.approx(want, rel=1e-12), (cfg.label(), opt, s, n, r)
+                        checked += 1
+    assert checked > 200

@@ -84,6 +84,33 @@ class MemoryKey(NamedTuple):
     distributed_optimizer: bool
 
 
+class MemoryPartsKey(NamedTuple):
+    """A memory fit's parts (MemoryParts): the stage option, the ends it holds, pp == 1 and the
+    switches; not the micro-batches in flight, which only weigh the parts."""
+    option: StageOption
+    first: bool
+    last: bool
+    single_stage: bool
+    sequence_parallel: bool
+    distributed_optimizer: bool
+
+
+class MemoryParts(NamedTuple):
+    """Bytes per GPU of a stage option at given ends (Coefficients._memory_parts), by what the
+    in-flight counts weigh: base(n, r) (model states, and a full-recompute layer's working
+    activations) + inflight x per_inflight(n, r) + embedding x the embedding's in-flight count
+    + head x the head's."""
+    base: Affine
+    per_inflight: Affine
+    embedding: float
+    head: float
+
+    def at(self, inflight: float, emb: float, head: float) -> Affine:
+        b, p = self.base, self.per_inflight
+        return Affine(b.a + inflight * p.a, b.rho + inflight * p.rho,
+                      b.c + inflight * p.c + emb * self.embedding + head * self.head)
+
+
 class StateKey(NamedTuple):
     """Reduction ("dp") or optimizer ("opt") fit: what the parameter count and its sharding read."""
     what: str
@@ -375,15 +402,36 @@ class Coefficients:
                 cfg.sequence_parallel, cfg.distributed_optimizer)
 
     def _memory_fit(self, opt: StageOption, s: int) -> Affine:
-        cfg = self.cfg
+        """costmodel.stage_memory_bytes (weights, gradients, optimizer, activations) of n layers,
+        r recomputed, at position s: the option's MemoryParts at the position's in-flight counts
+        (configs of any pp, m or schedule share the parts wherever the ends agree)."""
+        first, last, single, inflight, (emb, head), sp, distopt = self._position(s)
+        parts = self.shared.get(MemoryPartsKey(opt, first, last, single, sp, distopt),
+                                lambda: self._memory_parts(opt, first, last, single))
+        return parts.at(inflight, emb, head)
 
-        def mem(n: int, r: int) -> float:
-            return sum(cm.stage_memory_bytes(
-                self.inst, schedule=cfg.schedule, pp=cfg.pp, stage=s, m=self.m, vpp=cfg.vpp, kinds=[self.kind] * n,
-                tp=opt.tp, dp=opt.dp, mbs=opt.mbs, sequence_parallel=cfg.sequence_parallel,
-                distributed_optimizer=cfg.distributed_optimizer, recompute=opt.recompute, recompute_layers=r,
-                gpu=self.types[opt.k].gpu.name)[:4])
-        return _affine(mem, opt.recompute == "full")
+    def _memory_parts(self, opt: StageOption, first: bool, last: bool, single: bool) -> "MemoryParts":
+        """The fits of stage_memory_bytes's terms: the model states (costmodel.stage_state_bytes)
+        with what stays at no micro-batch in flight (costmodel.stage_activation_bytes at in-flight
+        0: a full-recompute layer's working activations), and the activations per micro-batch in
+        flight of the layers, the embedding and the head (stage_activation_bytes is linear in
+        its three in-flight counts; tests/test_coefficients.py checks the sum against
+        stage_memory_bytes)."""
+        cfg, full, gpu = self.cfg, opt.recompute == "full", self.types[opt.k].gpu.name
+
+        def states(n: int) -> float:
+            return sum(cm.stage_state_bytes(self.inst, [self.kind] * n, first, last, single, opt.tp, opt.dp,
+                                            cfg.distributed_optimizer))
+
+        def act(n: int, r: int, inflight: float, emb: float = 0.0, head: float = 0.0) -> float:
+            return cm.stage_activation_bytes(self.inst, [self.kind] * n, first, last, opt.tp, opt.mbs,
+                                             cfg.sequence_parallel, opt.recompute, r, inflight, emb, head, gpu=gpu)
+        r0 = 1 if full else 0
+        idle = act(1, r0, 0.0)
+        return MemoryParts(_affine(lambda n, r: states(n) + act(n, r, 0.0), full),
+                           _affine(lambda n, r: act(n, r, 1.0) - act(n, r, 0.0), full),
+                           act(1, r0, 0.0, 1.0) - idle if first else 0.0,
+                           act(1, r0, 0.0, 0.0, 1.0) - idle if last else 0.0)
 
     def capacity(self, o: int) -> float:
         return cm.usable_memory_bytes(self.inst, self.types[self.options[o].k])

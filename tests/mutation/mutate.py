@@ -219,6 +219,10 @@ MUTATIONS = [
      "    s_inf = max(least_layer_sum(math.inf, C, pp, L), L * a_min)", "    s_inf = max(least_layer_sum(math.inf, C, pp, L), (L + 1) * a_min)"),
     (PARENT, "the GPU-budget bound's steady period starts a layer past the largest stage's least",
      "    z_lo = max(L / C, a_min * math.ceil(L / pp))", "    z_lo = max(L / C, a_min * (math.ceil(L / pp) + 1))"),
+    (COEF, "a memory fit's parts drop the head's in-flight activations",
+     "b.c + inflight * p.c + emb * self.embedding + head * self.head)", "b.c + inflight * p.c + emb * self.embedding)"),
+    (COEF, "a memory fit's per-in-flight part keeps a full recompute's working layer (counted per micro-batch)",
+     "_affine(lambda n, r: act(n, r, 1.0) - act(n, r, 0.0), full)", "_affine(lambda n, r: act(n, r, 1.0), full)"),
 ]
 
 PROBE = r'''
@@ -238,6 +242,9 @@ import tempfile
 # the bounds' memory terms memoised per what they read, against an unmemoised computation
 import test_bound_memo
 test_bound_memo.test_memory_terms_shared_by_what_they_read_equal_a_fresh_cache()
+# the memory fits composed from their parts against costmodel.stage_memory_bytes
+for args in test_bound_memo.test_memory_fits_from_parts_equal_the_cost_model.pytestmark[0].args[1]:
+    test_bound_memo.test_memory_fits_from_parts_equal_the_cost_model(*args)
 # the simulated step's bound weights and seed paths against the simulator on random pipelines
 from test_paths import test_every_path_weight_pair_bounds_the_simulation, test_every_stage_path_is_a_path
 for sched in ("1f1b", "gpipe", "interleaved"):
