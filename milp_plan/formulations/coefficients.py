@@ -518,13 +518,19 @@ class Coefficients:
     def hop_bytes(self, p: int) -> float:
         """Bytes one GPU of pool p sends per micro-batch and hop; equal for every option of
         the pool (space.FREE_SP_REFUSAL), which is asserted."""
-        return self._memo(self._local, ("bytes", p), lambda: self._hop_bytes(p))
+        return self._memo(self._local, "hop bytes", self._hop_bytes)[p]
 
-    def _hop_bytes(self, p: int) -> float:
-        sizes = {cm.p2p_bytes(self.inst, o.mbs, o.tp, self.cfg.sequence_parallel)
-                 for o, pool in zip(self.options, self.pool_of) if pool == p}
-        assert len(sizes) == 1, "transfer size differs inside a pool"
-        return sizes.pop()
+    def _hop_bytes(self) -> tuple[float, ...]:
+        """Every pool's transfer size, in one pass over the options (one p2p_bytes per mbs, tp)."""
+        sizes: list[set[float]] = [set() for _ in self.pools]
+        each: dict[tuple[int, int], float] = {}
+        for o, pool in zip(self.options, self.pool_of):
+            got = each.get((o.mbs, o.tp))
+            if got is None:
+                got = each[o.mbs, o.tp] = cm.p2p_bytes(self.inst, o.mbs, o.tp, self.cfg.sequence_parallel)
+            sizes[pool].add(got)
+        assert all(len(size) == 1 for size in sizes), "transfer size differs inside a pool"
+        return tuple(size.pop() for size in sizes)
 
     def senders(self, p: int) -> int:
         pool = self.pools[p]

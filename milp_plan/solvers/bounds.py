@@ -102,8 +102,8 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: 
 def _breakpoints(slots: list[SlotType], L: int, unit: int) -> list[float]:
     """The z at which some stage's layer count floor(z / a) changes: a j for every per-layer
     time a and layer count j (multiples of `unit`)."""
-    return sorted({a * j for slot in slots for _, _, alts in slot.pools for a, _ in alts
-                   for j in range(unit, L + 1, unit)})
+    per_layer = {a for slot in slots for _, _, alts in slot.pools for a, _ in alts}
+    return sorted({a * j for a in per_layer for j in range(unit, L + 1, unit)})
 
 
 def _most_layers(z: float, slot: SlotType, pp: int, unit: int) -> int:
