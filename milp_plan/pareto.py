@@ -77,7 +77,7 @@ def pareto_front(inst: Instance, req) -> Front:
     import time
     t0 = time.perf_counter()
     exact = isinstance(planners.get(req.solver), planners.ExactPlanner)  # reuses configs and coefficients
-    prepared = prepare(inst, solving.job_fix(inst, parse_fix(req.fix)), inst.objective.mode) if exact else None
+    prepared = prepare(inst, solving.job_fix(inst, parse_fix(req.fix)), inst.objective.mode, sweep=True) if exact else None
     points: list[Plan] = []
     solves = []
     below: float | None = None  # the next point costs at least NEXT_POINT_REL less than this

@@ -12,6 +12,7 @@ The bounds must be equal as floats (==), None included, so the search orders and
 same configs and returns the same plan."""
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -207,3 +208,41 @@ def test_memory_fits_from_parts_equal_the_cost_model(cluster, model, gbs, mode, 
                         assert fit(n, r) == pytest.approx(want, rel=1e-12), (cfg.label(), opt, s, n, r)
                         checked += 1
     assert checked > 200
+
+
+def full_bound_of(prepared, i: int, limits: Limits) -> float | None:
+    return bounds.full_bound(prepared.coef(i), limits)
+
+
+@pytest.mark.parametrize("cluster, model, gbs, mode", [
+    ("default", "gpt3-6.7b", 256, "free"),
+    ("two-type-32", "gpt3-6.7b", 256, "megatron"),
+])
+@pytest.mark.parametrize("limits", LIMITS)
+def test_the_full_bound_asked_for_enough_is_exact_below_it(cluster, model, gbs, mode, limits):
+    """bounds.full_bound(enough=E) (the search passes its incumbent): the exact bound where that
+    is below E, and at least E where the exact one is (None: no plan, or at least E); so the
+    search prunes and orders exactly the configs it would with the exact bound. A point or a
+    weight pair cut short below E would show as a smaller bound."""
+    inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
+    prepared = prepare(inst, None, mode)
+    rng = random.Random(3)
+    order = rng.sample(range(len(prepared.configs)), len(prepared.configs))
+    # ten with a plan under the limits (a budget leaves few), and two without
+    cfgs = [*itertools.islice((prepared.configs[i] for i in order if full_bound_of(prepared, i, limits) is not None), 10),
+            *itertools.islice((prepared.configs[i] for i in order if full_bound_of(prepared, i, limits) is None), 2)]
+    if mode == "free":
+        shared = SharedCoefficients(inst)
+        cfgs += [k.cfg for c in cfgs[:5] for k in rng.sample(prepared.children(Coefficients(inst, c, shared)), 2)]
+    below = 0
+    for cfg in cfgs:
+        exact = bounds.full_bound(Coefficients(inst, cfg, SharedCoefficients(inst)), limits)
+        ref = exact if exact is not None else 1.0
+        for enough in (ref * 0.97, ref, ref * 1.0001, ref * 1.5, math.inf):
+            got = bounds.full_bound(Coefficients(inst, cfg, SharedCoefficients(inst)), limits, enough=enough)
+            if exact is not None and exact < enough:
+                assert got == exact, (cfg.label(), enough)
+                below += 1
+            else:
+                assert got is None or got >= enough, (cfg.label(), enough, got, exact)
+    assert below >= 10

@@ -173,8 +173,8 @@ class PipelineTerms:
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
                     terms: PipelineTerms, limits: Limits, steps: int = JOINT_STEPS,
                     least: tuple[float, float] | None = None, sweep: "_Sweep | None" = None,
-                    ends: "Callable[[float, float | None], EndTerms | None] | None" = None
-                    ) -> tuple[float, float] | None:
+                    ends: "Callable[[float, float | None], EndTerms | None] | None" = None,
+                    enough: float = math.inf) -> tuple[float, float] | None:
     """Lower bound on the objective over every plan whose steady period z >= max_s a_s n_s and
     z >= S / pp, S = sum_s t_s >= extra + sum_s a_s n_s. A plan with Z = max_s a_s n_s
     (>= z_min, the bottleneck bound) has S >= S(Z) = extra + _least_layer_sum(Z), so
@@ -187,8 +187,9 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
     (`_EndStages`): in every plan whose largest a n lies in [Z, next), the end stages' terms
     (`EndTerms.step`: stage 0's time and tail per option, the last stage's time, the chain path
     through it), or None (no such plan); read at the evaluated points only (past them `rest`
-    alone, a bound for every Z). Returns (the bound: T or $/step,
-    S_inf), or None when no Z meets the limits."""
+    alone, a bound for every Z). A point at `enough` or above is not lifted (the caller asks no
+    more of a bound: the bound is then exact below `enough`, and at least `enough` where the
+    true one is). Returns (the bound: T or $/step, S_inf), or None when no Z meets the limits."""
     w_z, w_sum, rest = terms.w_z, terms.w_sum, terms.rest
     layers_inf, usd_inf = least or (_least_layer_sum(math.inf, slots, pp, L, unit),
                                     _least_usd_per_hour(math.inf, slots, L, unit))
@@ -215,7 +216,7 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
         S = terms.extra + sweep.layer_sum(i)
         T, P = w_z * max(z, S / pp) + w_sum * S + rest, max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf
         got = value(T, P)  # P matters only where priced
-        if got is not None and got < best and ends is not None and i < END_STEPS:  # lift a point below the best
+        if got is not None and got < min(best, enough) and ends is not None and i < END_STEPS:  # lift a point below the best
             at = ends(z, sweep.z(i + 1))   # None: no plan has its largest a n at this Z
             got = None if at is None else value(at.step(w_z, w_sum, max(z, S / pp), S, rest), P)
         if got is not None:
@@ -859,7 +860,8 @@ def _front(alts: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
                        variants: list[Config] | None = None,
                        _family: tuple | None = None,
-                       type_caps: dict[int, int] | None = None) -> float | None | list[float | None]:
+                       type_caps: dict[int, int] | None = None,
+                       enough: float = math.inf) -> float | None | list[float | None]:
     """Valid lower bound on the objective of any plan of this config, or None when none fits.
 
     Every minimum below is over the stage options a stage may take (one per node type in
@@ -873,7 +875,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     term but the closed form's weights and the reduction at vpp layers) it returns the list
     of their bounds, computed once. The terms that configs share (`_option_terms`, the
     placement terms) are memoised in the instance's coefficient cache. `type_caps`: the bound
-    of the plans with at most so many stages on each node type named (`usable_options`)."""
+    of the plans with at most so many stages on each node type named (`usable_options`).
+    `enough`: the caller asks no more than whether the bound reaches it (the search's incumbent):
+    the bound is exact below it and at least it where the exact one is (`_pipeline_bound`)."""
     assert (variants is None and _family is None) or not memory
     none = None if variants is None else [None] * len(variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
@@ -915,10 +919,16 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         dp = min(d(v) for d in dp0 for v in vpps) + sync   # stage 0's tail: its reduction, then the tied all-reduce
         ends = _EndStages.of(coef, slots, caps, usable, u, dp, opt, 2.0 * sum(hops[0]) if hops else 0.0) if memory \
             else None
-        got = [_finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops else 0.0) + offset,
-                             extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, ends)
-               for w_z, w_sum, hops, offset in pairs]
-        return None if None in got else max(got)
+        best = -math.inf
+        for w_z, w_sum, hops_, offset in pairs:   # each a valid bound: the largest counts
+            got = _finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops_ else 0.0) + offset,
+                                extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, ends, enough)
+            if got is None:
+                return None
+            best = max(best, got)
+            if best >= enough:
+                break   # enough: the rest could only raise it
+        return best
     if _family is not None:
         return finish(_family[1], _family[0])
     if variants is None:
@@ -1096,10 +1106,11 @@ class WeakFamilyBounds:
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
-                  least_work, sweep=None, ends=None) -> float | None:
-    """config_lower_bound's last step: the joint bound (`_pipeline_bound`) and, for $, the work bound."""
+                  least_work, sweep=None, ends=None, enough: float = math.inf) -> float | None:
+    """config_lower_bound's last step: the joint bound (`_pipeline_bound`, exact below `enough`)
+    and, for $, the work bound."""
     got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd),
-                          limits, JOINT_STEPS if memory else 0, least, sweep, ends)
+                          limits, JOINT_STEPS if memory else 0, least, sweep, ends, enough)
     if got is None:
         return None
     bound, S = got
@@ -1276,13 +1287,14 @@ def coupled_cost_bound(coef: Coefficients, limits: Limits, lb: float | None) -> 
     return max(lb, least * t_lb / SECONDS_PER_HOUR)
 
 
-def full_bound(coef: Coefficients, limits: Limits, floor: float = 0.0) -> float | None:
+def full_bound(coef: Coefficients, limits: Limits, floor: float = 0.0, enough: float = math.inf) -> float | None:
     """The bound the search prunes a popped config by: config_lower_bound with the memory rooms,
     at least `floor` (a bound already proven for the config under these limits: its place in
     the heap, what an earlier solve proved), tightened under a $/step budget by budget_bound
     and by the dear type's stage count: coupled_budget_bound (min-time), coupled_cost_bound
-    (min-cost under a time limit). None: no plan."""
-    lb = config_lower_bound(coef, limits, memory=True)
+    (min-cost under a time limit). None: no plan. `enough` (the search's incumbent): exact
+    below it, at least it where the exact bound is (config_lower_bound)."""
+    lb = config_lower_bound(coef, limits, memory=True, enough=enough)
     if limits.budget_usd_per_step is None or lb is None:
         return lb
     lb = budget_bound(coef, limits, max(lb, floor))

@@ -111,6 +111,9 @@ class Prepared:
     _families: list | None = field(default=None, repr=False)
     _twins: dict = field(default_factory=dict)   # Config -> its dominating twin or None (twin)
     _index: dict = field(default_factory=dict)   # Config -> its index in configs (filled on first use)
+    # later solves read what each proves (a Pareto sweep): the search records every popped config's
+    # exact full bound, not one cut short at the incumbent (bounds.full_bound's `enough`)
+    sweep: bool = False
 
     def __post_init__(self) -> None:
         if self.shared is None:
@@ -218,7 +221,8 @@ def within(new: Limits, old: Limits) -> bool:
     return new.objective == old.objective and admits_fewer(new, old)
 
 
-def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl: Deadline | None = None) -> Prepared:
+def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl: Deadline | None = None,
+            sweep: bool = False) -> Prepared:
     configs, cut = [], False
     for cfg in enumerate_configs(inst, fix, mode=mode):
         configs.append(cfg)
@@ -235,10 +239,10 @@ def prepare(inst: Instance, fix: dict | None = None, mode: str = "megatron", dl:
     base = None
     if mode == "free":
         try:
-            base = prepare(inst, fix, "megatron", dl)
+            base = prepare(inst, fix, "megatron", dl, sweep)
         except InputError:  # no uniform plan passes the rules: the free search starts cold
             base = None
-    return Prepared(configs, inst, mode, base, fix, truncated=cut)
+    return Prepared(configs, inst, mode, base, fix, truncated=cut, sweep=sweep)
 
 
 def candidate_of(coef: Coefficients, plan: Plan) -> heuristic.Candidate | None:
@@ -608,7 +612,10 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                     heap.push((budget_lb, cfg, 0, coef))
                     continue
             carried = prepared.carried(cfg, limits)
-            full_lb = full_bound(coef, limits, max(lb, carried) if cfg.complete else lb)
+            # exact below the incumbent, all this search reads of it (bounds.full_bound); a sweep's
+            # later solves read it whole (Prepared.proven)
+            full_lb = full_bound(coef, limits, max(lb, carried) if cfg.complete else lb,
+                                 enough=math.inf if prepared.sweep else inc.objective * (1 - REL_EPS))
             dl.charge(full_bound_work(coef, limits))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 if cfg.complete:  # what the bound proved, for later solves (a sweep's: too_slow, carried)
