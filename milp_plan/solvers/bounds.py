@@ -102,8 +102,11 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: 
 def _breakpoints(slots: list[SlotType], L: int, unit: int) -> list[float]:
     """The z at which some stage's layer count floor(z / a) changes: a j for every per-layer
     time a and layer count j (multiples of `unit`)."""
-    per_layer = {a for slot in slots for _, _, alts in slot.pools for a, _ in alts}
-    return sorted({a * j for a in per_layer for j in range(unit, L + 1, unit)})
+    import numpy as np   # the solve path has it (CP-SAT's); --help does not import it
+    per_layer = sorted({a for slot in slots for _, _, alts in slot.pools for a, _ in alts})
+    # every product a j, once, in order: the same floats as Python's a * j (IEEE multiplication)
+    return np.unique(np.multiply.outer(np.array(per_layer, dtype=float),
+                                       np.arange(unit, L + 1, unit, dtype=float)).ravel()).tolist()
 
 
 def _most_layers(z: float, slot: SlotType, pp: int, unit: int) -> int:
