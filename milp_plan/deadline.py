@@ -142,8 +142,9 @@ def run_native(fn: Callable[[], T], stop: Callable[[], None]) -> T:
 class WorkCosts:
     """Work units charged per operation (about seconds on the reference machine)."""
     bound: float = 4e-4       # a config's or a family's lower bound (solvers/bounds.py)
-    option_fit: float = 1.2e-4  # and per stage option of a free parent's full bound (its options' memory
-    #                             fits at three positions, slots, recompute pieces: 5-11 ms at 40-80 options)
+    option_fit: float = 7e-5    # and per stage option of a free parent's full bound (its options' memory
+    #                             rooms at three positions, slots, recompute pieces: 0.06-0.10 ms an option
+    #                             at 1024 GPUs, 125 options a parent; 0.18 ms before the memory fits' parts)
     work_bound: float = 1e-5  # a family's work bound, a division (bounds.WeakFamilyBounds.work_bound)
     weak_bound: float = 5e-5  # a family's weak bound, its group's terms shared (WeakFamilyBounds.bound: 15-70 us)
     model: float = 2e-2       # a per-config model built (formulations/pipeline.py) and handed to CP-SAT
