@@ -393,7 +393,11 @@ class Coefficients:
         """What a memory fit reads of stage position s besides the option (MemoryKey's fields
         from `first` on): the ends, pp == 1, the micro-batches in flight and the ends' own, and
         the switches; found once per MemoryConfig and position (PositionMemoryKey)."""
-        return self.shared.get(PositionMemoryKey(s, self.memory_config), lambda: self._position_of(s))
+        got = self._local.get(("position", s))   # this config's own first: no key to build and hash
+        if got is None:
+            got = self._local["position", s] = self.shared.get(PositionMemoryKey(s, self.memory_config),
+                                                               lambda: self._position_of(s))
+        return got
 
     def _position_of(self, s: int) -> tuple:
         cfg = self.cfg
