@@ -246,3 +246,30 @@ def test_the_full_bound_asked_for_enough_is_exact_below_it(cluster, model, gbs, 
             else:
                 assert got is None or got >= enough, (cfg.label(), enough, got, exact)
     assert below >= 10
+
+
+@pytest.mark.parametrize("cluster, model, gbs, mode", [
+    ("default", "gpt3-6.7b", 256, "free"),
+    ("mixed-128", "gpt3-13b", 512, "free"),
+    ("default", "gpt3-6.7b", 256, "megatron"),
+])
+def test_every_options_room_at_once_equals_each_options_room(cluster, model, gbs, mode):
+    """Coefficients.rooms (every option's best room, numpy over the options' memory parts; the
+    full bound reads it) equals best_room of each option (Python floats through layer_room) on
+    random configs and free children: equal ints, so the bounds are the same floats."""
+    inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
+    prepared = prepare(inst, None, mode)
+    rng = random.Random(1)
+    shared = SharedCoefficients(inst)
+    cfgs = rng.sample(prepared.configs, 30)
+    if mode == "free":
+        cfgs += [k.cfg for c in cfgs[:8] for k in prepared.children(Coefficients(inst, c, shared))[:3]]
+    compared = binding = 0
+    for cfg in cfgs:
+        coef = Coefficients(inst, cfg, shared)
+        positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
+        want = [coef.best_room(o, positions) for o in range(len(coef.options))]
+        assert coef.rooms(positions) == want, cfg.label()
+        compared += len(want)
+        binding += sum(0 < w < inst.model.num_layers for w in want)
+    assert compared >= 30 and binding >= 5   # memory binds somewhere: rooms strictly between 0 and L

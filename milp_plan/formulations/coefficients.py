@@ -467,6 +467,50 @@ class Coefficients:
             self.shared.get(("layer room", self.memory_key(self.options[o], s)), lambda s=s: self.layer_room(o, s))
             for s in positions))
 
+    def rooms(self, positions: tuple[int, ...]) -> list[int]:
+        """best_room(o, positions) of every option o at once: layer_room's arithmetic on arrays
+        of the options' MemoryParts (the same floats: MemoryParts.at's sums in its order, IEEE
+        operations; tests/test_bound_memo.py checks it against best_room)."""
+        import numpy as np   # the solve path has it (CP-SAT's); --help does not import it
+        got = self._local.get(("rooms", positions))
+        if got is not None:
+            return got
+        L, best = self.inst.model.num_layers, None
+        for s in positions:
+            first, last, single, inflight, (emb, head), _, _ = self._position(s)
+            P, cap, full = self._parts_arrays(first, last, single)
+            a, rho = P[:, 0] + inflight * P[:, 3], P[:, 1] + inflight * P[:, 4]
+            c = P[:, 2] + inflight * P[:, 5] + emb * P[:, 6] + head * P[:, 7]
+            room, per = cap - c, a
+            per = np.where(full & (rho < 0), per + rho, per)
+            room = np.where(full & (rho >= 0), room - rho, room)
+            fits = np.minimum(L, np.floor_divide(room, np.where(per > 0, per, 1.0)))
+            at = np.where((room < per) | (room < 0), 0, np.where(per <= 0, L, fits))
+            best = at if best is None else np.maximum(best, at)
+        got = self._local["rooms", positions] = [int(v) for v in best]
+        return got
+
+    def _parts_arrays(self, first: bool, last: bool, single: bool):
+        """(the options' MemoryParts at these ends as rows (base a, rho, c, per in-flight a, rho,
+        c, embedding, head), their capacities, whether each recomputes fully), shared by the
+        configs with these options."""
+        import numpy as np
+        cfg = self.cfg
+
+        def make():
+            parts = [self.shared.get(MemoryPartsKey(opt, first, last, single, cfg.sequence_parallel,
+                                                    cfg.distributed_optimizer),
+                                     lambda opt=opt: self._memory_parts(opt, first, last, single))
+                     for opt in self.options]
+            rows = [(p.base.a, p.base.rho, p.base.c, p.per_inflight.a, p.per_inflight.rho, p.per_inflight.c,
+                     p.embedding, p.head) for p in parts]
+            return (np.array(rows, dtype=float).reshape(len(rows), 8),
+                    np.array([self.capacity(o) for o in range(len(self.options))], dtype=float),
+                    np.array([self.full(o) for o in range(len(self.options))], dtype=bool))
+        key = ("parts arrays", tuple(self.options), first, last, single, cfg.sequence_parallel,
+               cfg.distributed_optimizer)
+        return self.shared.get(key, make)
+
     def fits_key(self, o: int, positions: tuple[int, ...]) -> FitsKey:
         """What option o's memory at `positions` truly reads (`FitsKey`)."""
         key = ("positions", positions)

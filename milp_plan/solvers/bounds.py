@@ -777,7 +777,8 @@ def usable_options(coef: Coefficients, limits: Limits, memory: bool = True, type
         return None
     if memory:
         positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
-        rooms = {o: coef.best_room(o, positions) for o in O}
+        every = coef.rooms(positions)
+        rooms = {o: every[o] for o in O}
     else:
         rooms = dict.fromkeys(O, L)
     usable = [o for o in O if rooms[o]]

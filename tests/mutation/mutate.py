@@ -223,6 +223,8 @@ MUTATIONS = [
      "b.c + inflight * p.c + emb * self.embedding + head * self.head)", "b.c + inflight * p.c + emb * self.embedding)"),
     (COEF, "a memory fit's per-in-flight part keeps a full recompute's working layer (counted per micro-batch)",
      "_affine(lambda n, r: act(n, r, 1.0) - act(n, r, 0.0), full)", "_affine(lambda n, r: act(n, r, 1.0), full)"),
+    (COEF, "every option's room at once leaves out what recomputing every layer saves (rho < 0)",
+     "per = np.where(full & (rho < 0), per + rho, per)", "per = np.where(full & (rho < 0), per, per)"),
     ("milp_plan/solvers/bounds.py", "the full bound stops at a weight pair short of what the search asked (enough)",
      "            if best >= enough:\n                break", "            if best >= 0.97 * enough:\n                break"),
     ("milp_plan/solvers/bounds.py", "the full bound lifts no point within 1% below what the search asked (enough)",
@@ -249,6 +251,9 @@ test_bound_memo.test_memory_terms_shared_by_what_they_read_equal_a_fresh_cache()
 # the full bound asked for no more than the incumbent: exact below it
 for lim in test_bound_memo.LIMITS:
     test_bound_memo.test_the_full_bound_asked_for_enough_is_exact_below_it("default", "gpt3-6.7b", 256, "free", lim)
+# every option's room at once (numpy) against each option's own
+for args in test_bound_memo.test_every_options_room_at_once_equals_each_options_room.pytestmark[0].args[1]:
+    test_bound_memo.test_every_options_room_at_once_equals_each_options_room(*args)
 # the memory fits composed from their parts against costmodel.stage_memory_bytes
 for args in test_bound_memo.test_memory_fits_from_parts_equal_the_cost_model.pytestmark[0].args[1]:
     test_bound_memo.test_memory_fits_from_parts_equal_the_cost_model(*args)
