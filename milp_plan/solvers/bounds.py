@@ -844,6 +844,78 @@ def _recompute_pieces(coef: Coefficients, o: int, positions: tuple[int, ...], ro
     return tuple(out)
 
 
+OWN_TAIL_SPLITS = 24   # _own_tail_bound: bisections of the step-time budget at most
+OWN_TAIL_TOL = 1e-6    # ... or until the interval is this share of its upper end
+
+
+def _own_tail_terms(coef: Coefficients, o: int, pieces: tuple[tuple[float, int], ...]
+                    ) -> tuple[float, tuple[tuple[float, int], ...]]:
+    """(K_o, ((A_j, room_j), ...)) with m t + d >= K_o + A_j n for a stage of n <= room_j
+    layers run as option o at any position (`_own_tail_bound`): the least over the positions
+    (first, a middle, last) of each part of the stage time t = a n + rho r + c and of the
+    reduction's piece 0 d = a_d n + rho_d r + c_d (Coefficients.dp_time), with r >= 1 under
+    full recompute (r <= n: a negative rho joins the per-layer part), and the recompute pieces
+    (`_recompute_pieces`: e_j n <= a n + rho (r - 1)) where the positions' slopes are the
+    ends' they were made from."""
+    pp, m, full = coef.cfg.pp, coef.m, coef.full(o)
+    P = sorted({0, min(1, pp - 1), pp - 1})
+    ts = [coef.time(o, s)[0] for s in P]
+    ds = [coef.dp_time(o, s)[0] for s in P]
+    a, rho, c = min(t.a for t in ts), min(t.rho for t in ts), min(t.c for t in ts)
+    ends = [coef.time(o, s)[0] for s in sorted({0, pp - 1})]
+    fixed = c + (max(rho, 0.0) if full else 0.0)
+    d_a = min(d.a + (min(d.rho, 0.0) if full else 0.0) for d in ds)
+    d_c = min(d.c + (max(d.rho, 0.0) if full else 0.0) for d in ds)
+    same = a == min(t.a for t in ends) and rho == min(t.rho for t in ends) and (not full or rho > 0)
+    per_layer = pieces if same else ((a + (min(rho, 0.0) if full else 0.0), max(r for _, r in pieces)),)
+    return m * fixed + d_c, tuple((m * e + d_a, room) for e, room in per_layer)
+
+
+def _own_tail_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], rooms: dict[int, int],
+                    usable: list[int], pieces, unit: int, opt: float, gpu_usd: float, floor: float
+                    ) -> float | None:
+    """Every stage's own work and tail (formulations/pipeline.md, "Each stage's own tail"): stage
+    s runs all m micro-batches' forwards and backwards (m t_s), then its reduction (without dp
+    overlap all of it, with it at least piece 0), and the optimizer steps run after every
+    reduction, so T >= m t_s + d_s + opt on every stage (a path of the simulated step's graph;
+    the closed forms' (m - 1) z + sum t + dp tail is at least m t_s + d_s). With m t + d >= K_o
+    + A_j n (`_own_tail_terms`), a step budget T lets a stage of option o hold at most
+    v_o(T) = max_j min(room_j, floor((T - opt - K_o) / A_j)) layers, and the bottleneck
+    placement (`_stage_runs`, `_stages_hold`: the node types' GPUs shared by their stages) of pp
+    stages with these capacities must hold L layers. The least such T, bisected from below (the
+    value returned never fits), bounds every plan's step; min-cost: P_min T / 3600. `floor`: a
+    bound already proven (where its T fits, this one adds nothing: returned as is). None: no T
+    places the layers (no plan)."""
+    L, pp = coef.inst.model.num_layers, coef.cfg.pp
+    terms = {o: _own_tail_terms(coef, o, pieces(o)) for o in usable}
+
+    def fits(T: float) -> bool:
+        def at(o: int) -> tuple[tuple[float, int], ...]:
+            K, alts = terms[o]
+            if T - opt < K:
+                return ((1.0, 0),)
+            return ((1.0, max(min(room, int((T - opt - K) / A + 1e-9)) if A > 0 else room for A, room in alts)),)
+        slots = stage_slots(coef, limits, True, caps, rooms, usable, lambda o: 1.0, at)
+        most = _stages_hold([_stage_runs(math.inf, slot, unit) for slot in slots],
+                            [slot.required for slot in slots], pp)
+        return most is not None and most >= L
+    hi = opt + max(K + max(A * room for A, room in alts) for K, alts in terms.values())
+    if not fits(hi):
+        return None
+    if limits.objective != "min-cost":
+        lo = floor
+    else:   # a start for the bisection only: where it fits, P_min T / 3600 <= floor
+        lo = floor * SECONDS_PER_HOUR / gpu_usd if gpu_usd > 0 else 0.0
+    if fits(lo):
+        return floor
+    for _ in range(OWN_TAIL_SPLITS):
+        if hi - lo <= OWN_TAIL_TOL * hi:
+            break
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return bounded_objective(lo, gpu_usd, limits)
+
+
 def _front(alts: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
     """The alternatives (a, room) no other beats in both (a no larger and room no smaller), by
     a: a stage's most layers at z, max over them of min(floor(z / a), room), reads no other, so
@@ -922,7 +994,11 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     if _family is not None:
         return finish(_family[1], _family[0])
     if variants is None:
-        return finish((cfg.vpp,), coef.step_weights())
+        got = finish((cfg.vpp,), coef.step_weights())
+        if got is None or not memory:
+            return got
+        own = _own_tail_bound(coef, limits, caps, rooms, usable, pieces, unit, opt, gpu_usd, got)
+        return None if own is None else max(got, own)
 
     def chunks(u: int):
         """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""
