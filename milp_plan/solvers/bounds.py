@@ -348,10 +348,12 @@ class _EndStages:
                     lasts.append((t1, d_last(n) + e))
             ends.append((_pairs_front(firsts) if firsts else None, lasts))
         v, m = coef.cfg.sched.chunks, coef.m
-        w_chain = w_own = 0.0
+        w_chain = w_own = w_drain = 0.0
         if self.chain is not None:
             w_chain, path = 1.0 / v, coef.cfg.sched.tail_path(pp, m)
             hops, opt = self.chain
+            drain = coef.shared.get(("drain path", coef.cfg.schedule, coef.cfg.vpp, pp, m),
+                                    lambda: (coef.cfg.sched.drain_path(pp, m),))[0]
         cases = []
         for i0, (front, _) in enumerate(ends):
             for i1, (_, lasts) in enumerate(ends):
@@ -363,8 +365,10 @@ class _EndStages:
                     cases.append(EndCase(front, last, 0.0, 0.0))
                     continue
                 w_own, c_own = _tail_path_bound(path, coef.forward_share().lo, lasts, hops, opt)
-                cases.append(EndCase(front, last, (m - w_chain) * last + hops + self.base + front[-1][1] + opt, c_own))
-        return EndTerms(tuple(cases), w_chain, w_own) if cases else None
+                w_drain, c_drain = _drain_path_bound(drain, coef.forward_share(), front[0][0], lasts, hops, opt)
+                cases.append(EndCase(front, last, (m - w_chain) * last + hops + self.base + front[-1][1] + opt, c_own,
+                                     c_drain))
+        return EndTerms(tuple(cases), w_chain, w_own, w_drain) if cases else None
 
     def _time(self, o: int, s: int, n: int) -> float | None:
         """`_least_time`, memoised per config and, in the instance's cache, per what it reads:
@@ -393,6 +397,37 @@ def _tail_path_bound(path: PathTerms, lo: float, lasts: list[tuple[float, float]
     return w, min((own - w) * t + tail for t, tail in lasts) + path.hop[0] * hops / 2 + opt
 
 
+def _share_weight(fwd: float, bwd: float, phi) -> tuple[float, float]:
+    """(c, k) with fwd f + bwd b >= c t + k on every stage of the config (phi: ForwardShare,
+    lo t <= f <= hi t + excess, b = t - f): with more forward weight the forward takes its
+    least share, else the backward (b >= (1 - hi) t - excess)."""
+    if fwd >= bwd:
+        return bwd + (fwd - bwd) * phi.lo, 0.0
+    return fwd + (bwd - fwd) * (1.0 - phi.hi), -(bwd - fwd) * phi.excess
+
+
+def _drain_path_bound(path: PathTerms | None, phi, first: float, lasts: list[tuple[float, float]], hops: float,
+                      opt: float) -> tuple[float, float]:
+    """(w, c) with T >= w S + c on the drain path (Schedule.drain_path: rank 0's order up to its
+    last forward, that forward down to the last rank, the rest of the last rank's order, its
+    reduction and tied all-reduce, the optimizer), given stage 0's least time `first`, the last
+    stage's (least time, least tail) per option `lasts`, twice the least sum of the hops `hops`
+    and the optimizer term `opt`. Each rank's forward and backward weights give c_r t_r + k_r
+    (`_share_weight`); with w = min over the ranks of c_r (the middle ranks' weights at least w,
+    t_r >= 0; at pp 2 S = t_0 + t_last):
+        T >= w S + (c_0 - w) t_0 + k_0 + min over lasts of ((c_last - w) t + tail) + k_last
+             + hops / 2 + opt.
+    (0, 0) where the schedule has no such path (pp 1, ZB-H1)."""
+    if path is None:
+        return 0.0, 0.0
+    c0, k0 = _share_weight(path.fwd[0], path.bwd[0], phi)
+    cl, kl = _share_weight(path.fwd[-1], path.bwd[-1], phi)
+    mids = [_share_weight(f, b, phi) for f, b in zip(path.fwd[1:-1], path.bwd[1:-1])]
+    w = max(0.0, min([c0, cl] + [c for c, _ in mids]))
+    return w, ((c0 - w) * first + k0 + min((cl - w) * t + tail for t, tail in lasts) + kl + sum(k for _, k in mids)
+               + path.hop[0] * hops / 2 + opt)
+
+
 class EndCase(NamedTuple):
     """`_EndStages` at a point Z for one pair of the ends' node types: stage 0's (least time,
     tail less the bound's) per option, the non-dominated ones by time; the last stage's least
@@ -402,6 +437,7 @@ class EndCase(NamedTuple):
     last: float
     c_chain: float
     c_own: float
+    c_drain: float = 0.0
 
 
 class EndTerms(NamedTuple):
@@ -410,6 +446,7 @@ class EndTerms(NamedTuple):
     cases: tuple[EndCase, ...]
     w_chain: float = 0.0
     w_own: float = 0.0
+    w_drain: float = 0.0
 
     def step(self, w_z: float, w_sum: float, z: float, S: float, rest: float) -> float:
         """At least the step T of a pair (w_z, w_sum, rest) at z = max(Z, S / pp): over the
@@ -420,7 +457,7 @@ class EndTerms(NamedTuple):
     def _case(self, c: EndCase, w_z: float, w_sum: float, z: float, S: float, rest: float) -> float:
         z = max(z, c.last)
         pair = w_sum * S + rest + min(w_z * max(z, t0) + up for t0, up in c.first)
-        return max(pair, self.w_chain * S + c.c_chain, self.w_own * S + c.c_own)
+        return max(pair, self.w_chain * S + c.c_chain, self.w_own * S + c.c_own, self.w_drain * S + c.c_drain)
 
 
 def _pairs_front(pairs: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
