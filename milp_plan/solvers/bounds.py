@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import bisect
 import math
+
+import numpy as np
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
@@ -477,19 +479,26 @@ def _least_time(coef: Coefficients, o: int, s: int, n: int) -> float | None:
 
 def _least_stage_time(t: Affine, m: Affine, capacity: float, full: bool, n: int) -> float | None:
     """The least time t(n, r) of a stage of n layers whose memory m(n, r) fits `capacity` (with
-    a slack of 1e-6 of it), r the recomputed layers: 0 without full recompute, else 1 <= r <= n
-    and at least what memory forces where recomputing saves memory (rho_m < 0); None when no r
-    fits."""
+    a slack of 1e-6 of it), r the recomputed layers (`_least_recompute`); None when no r fits."""
+    lo = _least_recompute(m, capacity, full, n)
+    if lo is None:
+        return None
+    return min(t(n, lo), t(n, n)) if full else t(n)
+
+
+def _least_recompute(m: Affine, capacity: float, full: bool, n: int) -> int | None:
+    """The fewest recomputed layers r of a stage of n layers whose memory m(n, r) fits
+    `capacity` (with a slack of 1e-6 of it): 0 without full recompute, else 1 <= r <= n and at
+    least what memory forces where recomputing saves memory (rho_m < 0); every r up to n fits
+    too (full recompute). None when no r fits."""
     cap = capacity * (1 + 1e-6)
     if not full:
-        return t(n) if m(n) <= cap else None
+        return 0 if m(n) <= cap else None
     if m.rho < 0:
         lo = max(1, math.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9))
     else:
         lo = 1 if m(n, 1) <= cap else n + 1
-    if lo > n:
-        return None
-    return min(t(n, lo), t(n, n))
+    return lo if lo <= n else None
 
 
 class _StageZeroLayers:
@@ -881,6 +890,74 @@ def _recompute_pieces(coef: Coefficients, o: int, positions: tuple[int, ...], ro
     return tuple(out)
 
 
+def _two_stage_paths(sched, m: int) -> "np.ndarray":
+    """The rows (f_0, f_1, b_0, b_1, hop, wrap, dp_0, dp_1, opt) of the paths every plan of a
+    two-stage pipeline of (schedule, vpp, m) has: Schedule.stage_paths, the tail path and the
+    drain path (the optimizer steps counted as the largest, as the model reads them)."""
+    paths = sched.stage_paths(2, m) + [sched.tail_path(2, m)] + [p for p in (sched.drain_path(2, m),) if p]
+    return np.array([[*p.fwd, *p.bwd, p.hop[0], p.wrap, *p.dp, 1.0 if sum(p.opt) else 0.0] for p in paths])
+
+
+def _two_stage_rows(coef: Coefficients, o: int, s: int, ns: "np.ndarray") -> "np.ndarray":
+    """(f, b, d, opt) of stage position s run as option o with n layers for each n of `ns` (rows
+    of 4; inf where memory holds no r): each the least over the recomputes that fit
+    (`_least_recompute`: r in [r_lo, n], affine in r, so the least is at an end), d the
+    reduction's piece 0 (Coefficients.dp_time)."""
+    t, b = coef.time(o, s)
+    d, q = coef.dp_time(o, s)[0], coef.opt_time(o, s)
+    mem, cap, full = coef.memory(o, s), coef.capacity(o), coef.full(o)
+    out = np.full((len(ns), 4), np.inf)
+    for i, n in enumerate(ns.tolist()):
+        lo = _least_recompute(mem, cap, full, n)
+        if lo is None:
+            continue
+        rs = (lo, n) if full else (0,)
+        out[i] = (min(t(n, r) - b(n, r) for r in rs), min(b(n, r) for r in rs), min(d(n, r) for r in rs), q(n))
+    return out
+
+
+def _two_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], usable: list[int], unit: int,
+                     gpu_usd: float) -> float | None:
+    """A two-stage config on the simulated basis (formulations/pipeline.md, "Two stages:
+    every split"): the plan is stage 0 of option o_0 with n layers and stage 1 of o_1 with L - n
+    (n a multiple of `unit`), and its step is at least every path's length
+    (`_two_stage_paths`), each increasing in the stages' f, b, reductions, the hop, the wrap and
+    the optimizer step. So T >= min over (o_0, o_1, n) of max over the paths of their lengths
+    at each stage's least f, b and reduction within memory (`_two_stage_rows`), the least hop
+    and wrap (`_least_hops`), the least tied all-reduce E of the pair (`_sync_by_end`, both
+    tails hold it) and the larger optimizer step. Pairs: the config's required node types
+    both hosted, a pool with two stages only where it may hold two, and one node type's two
+    stages within its GPUs. None: no pair and split fits (no plan)."""
+    L, K = coef.inst.model.num_layers, len(coef.inst.cluster.node_types)
+    ns = np.arange(unit, L, unit)
+    if not len(ns) or any(coef.options[o].k >= K for o in usable):
+        return math.inf if not len(ns) else 0.0   # one stage cannot hold a chunk less than L; bundles: no bound
+    W = coef.shared.get(("two-stage paths", coef.cfg.schedule, coef.cfg.vpp, coef.m),
+                        lambda: (_two_stage_paths(coef.cfg.sched, coef.m),))[0]
+    (hop,), wrap = _least_hops(coef)
+    sync = _sync_by_end(coef, caps, usable)
+    first = np.array([_two_stage_rows(coef, o, 0, ns) for o in usable])              # (O, N, 4)
+    last = np.array([_two_stage_rows(coef, o, 1, L - ns) for o in usable])           # n_1 = L - n
+    opts = [coef.options[o] for o in usable]
+    pools = [coef.pool_of[o] for o in usable]
+    E = np.array([[max(sync[a], sync[b]) for b in usable] for a in usable])
+    ok = np.array([[coef.required_types <= {x.k, y.k} and (p != q or caps[p] >= 2)
+                    and (x.k != y.k or x.group + y.group <= _type_gpus(coef, x.k, limits))
+                    for y, q in zip(opts, pools)] for x, p in zip(opts, pools)])
+    if not ok.any():
+        return None
+    fits = np.isfinite(first[:, None, :, 0]) & np.isfinite(last[None, :, :, 0]) & ok[:, :, None]
+    first, last = np.where(np.isfinite(first), first, 0.0), np.where(np.isfinite(last), last, 0.0)
+    f0, b0, d0, q0 = (first[:, None, :, j] for j in range(4))                        # (O, 1, N)
+    f1, b1, d1, q1 = (last[None, :, :, j] for j in range(4))                         # (1, O, N)
+    e, q = E[:, :, None], np.maximum(q0, q1)
+    lengths = np.max([w[0] * f0 + w[1] * f1 + w[2] * b0 + w[3] * b1 + w[4] * hop + w[5] * wrap
+                      + w[6] * (d0 + e) + w[7] * (d1 + e) + w[8] * q for w in W], axis=0)
+    lengths = np.where(fits, lengths, np.inf)
+    T = float(lengths.min())
+    return None if T == math.inf else bounded_objective(T * (1 - 1e-9), gpu_usd, limits)
+
+
 OWN_TAIL_SPLITS = 24   # _own_tail_bound: bisections of the step-time budget at most
 OWN_TAIL_TOL = 1e-6    # ... or until the interval is this share of its upper end
 
@@ -1035,6 +1112,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         if got is None or not memory:
             return got
         own = _own_tail_bound(coef, limits, caps, rooms, usable, pieces, unit, opt, gpu_usd, got)
+        if own is not None and cfg.pp == 2 and coef.basis() == SIMULATED:
+            pair = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)
+            own = None if pair is None else max(own, pair)
         return None if own is None else max(got, own)
 
     def chunks(u: int):
