@@ -350,12 +350,10 @@ class _EndStages:
                     lasts.append((t1, d_last(n) + e))
             ends.append((_pairs_front(firsts) if firsts else None, lasts))
         v, m = coef.cfg.sched.chunks, coef.m
-        w_chain = w_own = w_drain = 0.0
+        w_chain = w_own = 0.0
         if self.chain is not None:
             w_chain, path = 1.0 / v, coef.cfg.sched.tail_path(pp, m)
             hops, opt = self.chain
-            drain = coef.shared.get(("drain path", coef.cfg.schedule, coef.cfg.vpp, pp, m),
-                                    lambda: (coef.cfg.sched.drain_path(pp, m),))[0]
         cases = []
         for i0, (front, _) in enumerate(ends):
             for i1, (_, lasts) in enumerate(ends):
@@ -367,10 +365,8 @@ class _EndStages:
                     cases.append(EndCase(front, last, 0.0, 0.0))
                     continue
                 w_own, c_own = _tail_path_bound(path, coef.forward_share().lo, lasts, hops, opt)
-                w_drain, c_drain = _drain_path_bound(drain, coef.forward_share(), front[0][0], lasts, hops, opt)
-                cases.append(EndCase(front, last, (m - w_chain) * last + hops + self.base + front[-1][1] + opt, c_own,
-                                     c_drain))
-        return EndTerms(tuple(cases), w_chain, w_own, w_drain) if cases else None
+                cases.append(EndCase(front, last, (m - w_chain) * last + hops + self.base + front[-1][1] + opt, c_own))
+        return EndTerms(tuple(cases), w_chain, w_own) if cases else None
 
     def _time(self, o: int, s: int, n: int) -> float | None:
         """`_least_time`, memoised per config and, in the instance's cache, per what it reads:
@@ -399,37 +395,6 @@ def _tail_path_bound(path: PathTerms, lo: float, lasts: list[tuple[float, float]
     return w, min((own - w) * t + tail for t, tail in lasts) + path.hop[0] * hops / 2 + opt
 
 
-def _share_weight(fwd: float, bwd: float, phi) -> tuple[float, float]:
-    """(c, k) with fwd f + bwd b >= c t + k on every stage of the config (phi: ForwardShare,
-    lo t <= f <= hi t + excess, b = t - f): with more forward weight the forward takes its
-    least share, else the backward (b >= (1 - hi) t - excess)."""
-    if fwd >= bwd:
-        return bwd + (fwd - bwd) * phi.lo, 0.0
-    return fwd + (bwd - fwd) * (1.0 - phi.hi), -(bwd - fwd) * phi.excess
-
-
-def _drain_path_bound(path: PathTerms | None, phi, first: float, lasts: list[tuple[float, float]], hops: float,
-                      opt: float) -> tuple[float, float]:
-    """(w, c) with T >= w S + c on the drain path (Schedule.drain_path: rank 0's order up to its
-    last forward, that forward down to the last rank, the rest of the last rank's order, its
-    reduction and tied all-reduce, the optimizer), given stage 0's least time `first`, the last
-    stage's (least time, least tail) per option `lasts`, twice the least sum of the hops `hops`
-    and the optimizer term `opt`. Each rank's forward and backward weights give c_r t_r + k_r
-    (`_share_weight`); with w = min over the ranks of c_r (the middle ranks' weights at least w,
-    t_r >= 0; at pp 2 S = t_0 + t_last):
-        T >= w S + (c_0 - w) t_0 + k_0 + min over lasts of ((c_last - w) t + tail) + k_last
-             + hops / 2 + opt.
-    (0, 0) where the schedule has no such path (pp 1, ZB-H1)."""
-    if path is None:
-        return 0.0, 0.0
-    c0, k0 = _share_weight(path.fwd[0], path.bwd[0], phi)
-    cl, kl = _share_weight(path.fwd[-1], path.bwd[-1], phi)
-    mids = [_share_weight(f, b, phi) for f, b in zip(path.fwd[1:-1], path.bwd[1:-1])]
-    w = max(0.0, min([c0, cl] + [c for c, _ in mids]))
-    return w, ((c0 - w) * first + k0 + min((cl - w) * t + tail for t, tail in lasts) + kl + sum(k for _, k in mids)
-               + path.hop[0] * hops / 2 + opt)
-
-
 class EndCase(NamedTuple):
     """`_EndStages` at a point Z for one pair of the ends' node types: stage 0's (least time,
     tail less the bound's) per option, the non-dominated ones by time; the last stage's least
@@ -439,7 +404,6 @@ class EndCase(NamedTuple):
     last: float
     c_chain: float
     c_own: float
-    c_drain: float = 0.0
 
 
 class EndTerms(NamedTuple):
@@ -448,7 +412,6 @@ class EndTerms(NamedTuple):
     cases: tuple[EndCase, ...]
     w_chain: float = 0.0
     w_own: float = 0.0
-    w_drain: float = 0.0
 
     def step(self, w_z: float, w_sum: float, z: float, S: float, rest: float) -> float:
         """At least the step T of a pair (w_z, w_sum, rest) at z = max(Z, S / pp): over the
@@ -459,7 +422,7 @@ class EndTerms(NamedTuple):
     def _case(self, c: EndCase, w_z: float, w_sum: float, z: float, S: float, rest: float) -> float:
         z = max(z, c.last)
         pair = w_sum * S + rest + min(w_z * max(z, t0) + up for t0, up in c.first)
-        return max(pair, self.w_chain * S + c.c_chain, self.w_own * S + c.c_own, self.w_drain * S + c.c_drain)
+        return max(pair, self.w_chain * S + c.c_chain, self.w_own * S + c.c_own)
 
 
 def _pairs_front(pairs: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
@@ -959,7 +922,7 @@ def _two_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
 
 
 OWN_TAIL_SPLITS = 24   # _own_tail_bound: bisections of the step-time budget at most
-OWN_TAIL_TOL = 1e-6    # ... or until the interval is this share of its upper end
+OWN_TAIL_TOL = 1e-5    # ... or until the interval is this share of its upper end
 
 
 def _own_tail_terms(coef: Coefficients, o: int, pieces: tuple[tuple[float, int], ...]
@@ -985,6 +948,28 @@ def _own_tail_terms(coef: Coefficients, o: int, pieces: tuple[tuple[float, int],
     return m * fixed + d_c, tuple((m * e + d_a, room) for e, room in per_layer)
 
 
+def _own_tail_slots(coef: Coefficients, limits: Limits, caps: dict[int, int], rooms: dict[int, int],
+                    usable: list[int]) -> Callable[[dict[int, int]], list[SlotType]]:
+    """held (option -> most layers) -> the slots of `stage_slots` with each option offering
+    (1, held[o]): made directly per node type where no mixed-type bundle joins types (the
+    same slots, a fraction of the cost), else through stage_slots."""
+    K = len(coef.inst.cluster.node_types)
+    if any(coef.options[o].k >= K for o in usable):
+        return lambda held: stage_slots(coef, limits, True, caps, rooms, usable, lambda o: 1.0,
+                                        lambda o: ((1.0, held[o]),))
+    by_type: dict[int, dict[int, list[int]]] = {}
+    for o in usable:
+        by_type.setdefault(coef.options[o].k, {}).setdefault(coef.pool_of[o], []).append(o)
+    rows = [(_type_gpus(coef, k, limits), k in coef.required_types,
+             [(coef.pools[q].group, caps[q], os) for q, os in sorted(pools.items())])
+            for k, pools in sorted(by_type.items())]
+
+    def slots(held: dict[int, int]) -> list[SlotType]:
+        return [SlotType(gpus, tuple((g, cap, ((1.0, max(held[o] for o in os)),)) for g, cap, os in pools), required)
+                for gpus, required, pools in rows]
+    return slots
+
+
 def _own_tail_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], rooms: dict[int, int],
                     usable: list[int], pieces, unit: int, opt: float, gpu_usd: float, floor: float
                     ) -> float | None:
@@ -1000,28 +985,30 @@ def _own_tail_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], ro
     value returned never fits), bounds every plan's step; min-cost: P_min T / 3600. `floor`: a
     bound already proven (where its T fits, this one adds nothing: returned as is). None: no T
     places the layers (no plan)."""
-    L, pp = coef.inst.model.num_layers, coef.cfg.pp
-    terms = {o: _own_tail_terms(coef, o, pieces(o)) for o in usable}
+    L, pp, cfg = coef.inst.model.num_layers, coef.cfg.pp, coef.cfg
+    # the terms read the option's times and reductions at the positions (ends, pp == 1), m and its pieces
+    terms = {o: coef.shared.get(("own tail", coef.options[o], coef.m, min(pp, 3), cfg.distributed_optimizer,
+                                 pieces(o)), lambda o=o: _own_tail_terms(coef, o, pieces(o))) for o in usable}
+    slots_at = _own_tail_slots(coef, limits, caps, rooms, usable)
 
     def fits(T: float) -> bool:
-        def at(o: int) -> tuple[tuple[float, int], ...]:
-            K, alts = terms[o]
-            if T - opt < K:
-                return ((1.0, 0),)
-            return ((1.0, max(min(room, int((T - opt - K) / A + 1e-9)) if A > 0 else room for A, room in alts)),)
-        slots = stage_slots(coef, limits, True, caps, rooms, usable, lambda o: 1.0, at)
+        held = {}
+        for o, (K, alts) in terms.items():
+            held[o] = 0 if T - opt < K else \
+                max(min(room, int((T - opt - K) / A + 1e-9)) if A > 0 else room for A, room in alts)
+        slots = slots_at(held)
         most = _stages_hold([_stage_runs(math.inf, slot, unit) for slot in slots],
                             [slot.required for slot in slots], pp)
         return most is not None and most >= L
-    hi = opt + max(K + max(A * room for A, room in alts) for K, alts in terms.values())
-    if not fits(hi):
-        return None
     if limits.objective != "min-cost":
         lo = floor
     else:   # a start for the bisection only: where it fits, P_min T / 3600 <= floor
         lo = floor * SECONDS_PER_HOUR / gpu_usd if gpu_usd > 0 else 0.0
     if fits(lo):
         return floor
+    hi = opt + max(K + max(A * room for A, room in alts) for K, alts in terms.values())
+    if not fits(hi):
+        return None
     for _ in range(OWN_TAIL_SPLITS):
         if hi - lo <= OWN_TAIL_TOL * hi:
             break
