@@ -893,8 +893,10 @@ def _two_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
     stages within its GPUs. None: no pair and split fits (no plan)."""
     L, K = coef.inst.model.num_layers, len(coef.inst.cluster.node_types)
     ns = np.arange(unit, L, unit)
-    if not len(ns) or any(coef.options[o].k >= K for o in usable):
-        return math.inf if not len(ns) else 0.0   # one stage cannot hold a chunk less than L; bundles: no bound
+    if not len(ns):
+        return None   # two stages of a chunk each hold more than L layers
+    if any(coef.options[o].k >= K for o in usable) or not coef.cfg.sched.modelled:
+        return 0.0    # mixed-type bundles (stages across types), or a schedule the paths do not cover: no bound
     W = coef.shared.get(("two-stage paths", coef.cfg.schedule, coef.cfg.vpp, coef.m),
                         lambda: (_two_stage_paths(coef.cfg.sched, coef.m),))[0]
     (hop,), wrap = _least_hops(coef)
@@ -919,102 +921,6 @@ def _two_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
     lengths = np.where(fits, lengths, np.inf)
     T = float(lengths.min())
     return None if T == math.inf else bounded_objective(T * (1 - 1e-9), gpu_usd, limits)
-
-
-OWN_TAIL_SPLITS = 24   # _own_tail_bound: bisections of the step-time budget at most
-OWN_TAIL_TOL = 1e-5    # ... or until the interval is this share of its upper end
-
-
-def _own_tail_terms(coef: Coefficients, o: int, pieces: tuple[tuple[float, int], ...]
-                    ) -> tuple[float, tuple[tuple[float, int], ...]]:
-    """(K_o, ((A_j, room_j), ...)) with m t + d >= K_o + A_j n for a stage of n <= room_j
-    layers run as option o at any position (`_own_tail_bound`): the least over the positions
-    (first, a middle, last) of each part of the stage time t = a n + rho r + c and of the
-    reduction's piece 0 d = a_d n + rho_d r + c_d (Coefficients.dp_time), with r >= 1 under
-    full recompute (r <= n: a negative rho joins the per-layer part), and the recompute pieces
-    (`_recompute_pieces`: e_j n <= a n + rho (r - 1)) where the positions' slopes are the
-    ends' they were made from."""
-    pp, m, full = coef.cfg.pp, coef.m, coef.full(o)
-    P = sorted({0, min(1, pp - 1), pp - 1})
-    ts = [coef.time(o, s)[0] for s in P]
-    ds = [coef.dp_time(o, s)[0] for s in P]
-    a, rho, c = min(t.a for t in ts), min(t.rho for t in ts), min(t.c for t in ts)
-    ends = [coef.time(o, s)[0] for s in sorted({0, pp - 1})]
-    fixed = c + (max(rho, 0.0) if full else 0.0)
-    d_a = min(d.a + (min(d.rho, 0.0) if full else 0.0) for d in ds)
-    d_c = min(d.c + (max(d.rho, 0.0) if full else 0.0) for d in ds)
-    same = a == min(t.a for t in ends) and rho == min(t.rho for t in ends) and (not full or rho > 0)
-    per_layer = pieces if same else ((a + (min(rho, 0.0) if full else 0.0), max(r for _, r in pieces)),)
-    return m * fixed + d_c, tuple((m * e + d_a, room) for e, room in per_layer)
-
-
-def _own_tail_slots(coef: Coefficients, limits: Limits, caps: dict[int, int], rooms: dict[int, int],
-                    usable: list[int]) -> Callable[[dict[int, int]], list[SlotType]]:
-    """held (option -> most layers) -> the slots of `stage_slots` with each option offering
-    (1, held[o]): made directly per node type where no mixed-type bundle joins types (the
-    same slots, a fraction of the cost), else through stage_slots."""
-    K = len(coef.inst.cluster.node_types)
-    if any(coef.options[o].k >= K for o in usable):
-        return lambda held: stage_slots(coef, limits, True, caps, rooms, usable, lambda o: 1.0,
-                                        lambda o: ((1.0, held[o]),))
-    by_type: dict[int, dict[int, list[int]]] = {}
-    for o in usable:
-        by_type.setdefault(coef.options[o].k, {}).setdefault(coef.pool_of[o], []).append(o)
-    rows = [(_type_gpus(coef, k, limits), k in coef.required_types,
-             [(coef.pools[q].group, caps[q], os) for q, os in sorted(pools.items())])
-            for k, pools in sorted(by_type.items())]
-
-    def slots(held: dict[int, int]) -> list[SlotType]:
-        return [SlotType(gpus, tuple((g, cap, ((1.0, max(held[o] for o in os)),)) for g, cap, os in pools), required)
-                for gpus, required, pools in rows]
-    return slots
-
-
-def _own_tail_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], rooms: dict[int, int],
-                    usable: list[int], pieces, unit: int, opt: float, gpu_usd: float, floor: float
-                    ) -> float | None:
-    """Every stage's own work and tail (formulations/pipeline.md, "Each stage's own tail"): stage
-    s runs all m micro-batches' forwards and backwards (m t_s), then its reduction (without dp
-    overlap all of it, with it at least piece 0), and the optimizer steps run after every
-    reduction, so T >= m t_s + d_s + opt on every stage (a path of the simulated step's graph;
-    the closed forms' (m - 1) z + sum t + dp tail is at least m t_s + d_s). With m t + d >= K_o
-    + A_j n (`_own_tail_terms`), a step budget T lets a stage of option o hold at most
-    v_o(T) = max_j min(room_j, floor((T - opt - K_o) / A_j)) layers, and the bottleneck
-    placement (`_stage_runs`, `_stages_hold`: the node types' GPUs shared by their stages) of pp
-    stages with these capacities must hold L layers. The least such T, bisected from below (the
-    value returned never fits), bounds every plan's step; min-cost: P_min T / 3600. `floor`: a
-    bound already proven (where its T fits, this one adds nothing: returned as is). None: no T
-    places the layers (no plan)."""
-    L, pp, cfg = coef.inst.model.num_layers, coef.cfg.pp, coef.cfg
-    # the terms read the option's times and reductions at the positions (ends, pp == 1), m and its pieces
-    terms = {o: coef.shared.get(("own tail", coef.options[o], coef.m, min(pp, 3), cfg.distributed_optimizer,
-                                 pieces(o)), lambda o=o: _own_tail_terms(coef, o, pieces(o))) for o in usable}
-    slots_at = _own_tail_slots(coef, limits, caps, rooms, usable)
-
-    def fits(T: float) -> bool:
-        held = {}
-        for o, (K, alts) in terms.items():
-            held[o] = 0 if T - opt < K else \
-                max(min(room, int((T - opt - K) / A + 1e-9)) if A > 0 else room for A, room in alts)
-        slots = slots_at(held)
-        most = _stages_hold([_stage_runs(math.inf, slot, unit) for slot in slots],
-                            [slot.required for slot in slots], pp)
-        return most is not None and most >= L
-    if limits.objective != "min-cost":
-        lo = floor
-    else:   # a start for the bisection only: where it fits, P_min T / 3600 <= floor
-        lo = floor * SECONDS_PER_HOUR / gpu_usd if gpu_usd > 0 else 0.0
-    if fits(lo):
-        return floor
-    hi = opt + max(K + max(A * room for A, room in alts) for K, alts in terms.values())
-    if not fits(hi):
-        return None
-    for _ in range(OWN_TAIL_SPLITS):
-        if hi - lo <= OWN_TAIL_TOL * hi:
-            break
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return bounded_objective(lo, gpu_usd, limits)
 
 
 def _front(alts: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
@@ -1098,11 +1004,10 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         got = finish((cfg.vpp,), coef.step_weights())
         if got is None or not memory:
             return got
-        own = _own_tail_bound(coef, limits, caps, rooms, usable, pieces, unit, opt, gpu_usd, got)
-        if own is not None and cfg.pp == 2 and coef.basis() == SIMULATED:
-            pair = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)
-            own = None if pair is None else max(own, pair)
-        return None if own is None else max(got, own)
+        if cfg.pp != 2 or coef.basis() != SIMULATED:
+            return got
+        pair = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)
+        return None if pair is None else max(got, pair)
 
     def chunks(u: int):
         """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""
