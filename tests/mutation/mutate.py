@@ -219,6 +219,15 @@ MUTATIONS = [
      "    s_inf = max(least_layer_sum(math.inf, C, pp, L), L * a_min)", "    s_inf = max(least_layer_sum(math.inf, C, pp, L), (L + 1) * a_min)"),
     (PARENT, "the GPU-budget bound's steady period starts a layer past the largest stage's least",
      "    z_lo = max(L / C, a_min * math.ceil(L / pp))", "    z_lo = max(L / C, a_min * (math.ceil(L / pp) + 1))"),
+    (SCHED, "the drain path counts one backward more on rank 0 before its last forward",
+     '        bwd[0] = sum(a.kind == "B" for a in first[:i + 1]) / v',
+     '        bwd[0] = (1 + sum(a.kind == "B" for a in first[:i + 1])) / v'),
+    ("milp_plan/solvers/bounds.py", "the two-stage bound reads a stage's forward as its whole stage time",
+     "        out[i] = (min(t(n, r) - b(n, r) for r in rs),", "        out[i] = (min(t(n, r) for r in rs),"),
+    ("milp_plan/solvers/bounds.py", "the two-stage bound counts each hop twice",
+     "w[4] * hop + w[5] * wrap", "w[4] * 2 * hop + w[5] * wrap"),
+    ("milp_plan/solvers/bounds.py", "the two-stage bound adds both stages' optimizer steps (they run side by side)",
+     "e, q = E[:, :, None], np.maximum(q0, q1)", "e, q = E[:, :, None], q0 + q1"),
 ]
 
 PROBE = r'''
@@ -248,6 +257,15 @@ from test_paths import test_the_last_stages_tail_path_is_a_path, test_the_tail_p
 for sched in ("1f1b", "gpipe", "interleaved", "zb-h1"):
     test_the_last_stages_tail_path_is_a_path(sched)
     test_the_tail_path_bound_never_exceeds_the_simulation(sched)
+# the two-stage bound's paths (the drain path among them) and its lift to each config's optimum
+from test_paths import (test_the_drain_path_is_a_path, test_the_drain_path_of_a_two_stage_1f1b_by_hand,
+                        test_the_two_stage_paths_bound_the_simulation)
+for sched in ("1f1b", "gpipe", "interleaved"):
+    test_the_drain_path_is_a_path(sched)
+    test_the_two_stage_paths_bound_the_simulation(sched)
+test_the_drain_path_of_a_two_stage_1f1b_by_hand()
+import test_two_stage_bound
+test_two_stage_bound.test_two_stages_lift_free_bounds_to_their_optimum_and_never_past_it(Path(tempfile.mkdtemp()))
 # the tied embedding's all-reduce in the full bound, where it is 40% of the step (tests/test_bounds.py)
 import test_bounds
 test_bounds.test_bounds_hold_where_the_tied_all_reduce_is_most_of_the_step.hypothesis.inner_test(
