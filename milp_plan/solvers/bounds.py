@@ -443,25 +443,23 @@ def _least_time(coef: Coefficients, o: int, s: int, n: int) -> float | None:
 def _least_stage_time(t: Affine, m: Affine, capacity: float, full: bool, n: int) -> float | None:
     """The least time t(n, r) of a stage of n layers whose memory m(n, r) fits `capacity` (with
     a slack of 1e-6 of it), r the recomputed layers (`_least_recompute`); None when no r fits."""
-    lo = _least_recompute(m, capacity, full, n)
-    if lo is None:
+    lo = float(_least_recompute(m, capacity, full, n))
+    if lo > n:
         return None
     return min(t(n, lo), t(n, n)) if full else t(n)
 
 
-def _least_recompute(m: Affine, capacity: float, full: bool, n: int) -> int | None:
-    """The fewest recomputed layers r of a stage of n layers whose memory m(n, r) fits
-    `capacity` (with a slack of 1e-6 of it): 0 without full recompute, else 1 <= r <= n and at
-    least what memory forces where recomputing saves memory (rho_m < 0); every r up to n fits
-    too (full recompute). None when no r fits."""
+def _least_recompute(m: Affine, capacity: float, full: bool, n):
+    """The fewest recomputed layers r of a stage of n layers (a number or a numpy array of them)
+    whose memory m(n, r) fits `capacity` (with a slack of 1e-6 of it): 0 without full recompute,
+    else 1 <= r <= n and at least what memory forces where recomputing saves memory (rho_m < 0),
+    and every r up to n fits too. Where no r fits: n + 1."""
     cap = capacity * (1 + 1e-6)
     if not full:
-        return 0 if m(n) <= cap else None
+        return np.where(m.a * n + m.c <= cap, 0.0, n + 1.0)
     if m.rho < 0:
-        lo = max(1, math.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9))
-    else:
-        lo = 1 if m(n, 1) <= cap else n + 1
-    return lo if lo <= n else None
+        return np.maximum(1.0, np.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9))
+    return np.where(m.a * n + m.rho + m.c <= cap, 1.0, n + 1.0)
 
 
 class _StageZeroLayers:
@@ -861,21 +859,35 @@ def _two_stage_paths(sched, m: int) -> "np.ndarray":
     return np.array([[*p.fwd, *p.bwd, p.hop[0], p.wrap, *p.dp, 1.0 if sum(p.opt) else 0.0] for p in paths])
 
 
-def _two_stage_rows(coef: Coefficients, o: int, s: int, ns: "np.ndarray") -> "np.ndarray":
-    """(f, b, d, opt) of stage position s run as option o with n layers for each n of `ns` (rows
-    of 4; inf where memory holds no r): each the least over the recomputes that fit
-    (`_least_recompute`: r in [r_lo, n], affine in r, so the least is at an end), d the
-    reduction's piece 0 (Coefficients.dp_time)."""
+def _two_stage_rows(coef: Coefficients, o: int, s: int, unit: int) -> "np.ndarray":
+    """(f, b, d, opt) of stage position s (0 or 1) of a two-stage plan run as option o, for each
+    split n = unit, 2 unit, .. < L (stage 0 holds n layers, stage 1 L - n): rows of 4, inf where
+    memory holds no r. Each is the least over the recomputes that fit (`_least_recompute`,
+    vectorised: r in [r_lo, n], affine in r, so the least is at an end), d the reduction's
+    piece 0 (Coefficients.dp_time). Memoised per what it reads: the option's memory fit's key
+    at s (the option, the ends, the micro-batches in flight, the switches), which fixes its
+    time, reduction and optimizer fits too, and the unit."""
+    return coef.shared.get(("two-stage rows", coef.memory_key(coef.options[o], s), unit),
+                           lambda: _two_stage_rows_of(coef, o, s, unit))
+
+
+def _two_stage_rows_of(coef: Coefficients, o: int, s: int, unit: int) -> "np.ndarray":
+    L = coef.inst.model.num_layers
+    ns = np.arange(unit, L, unit, dtype=float)
+    n = ns if s == 0 else L - ns
     t, b = coef.time(o, s)
     d, q = coef.dp_time(o, s)[0], coef.opt_time(o, s)
-    mem, cap, full = coef.memory(o, s), coef.capacity(o), coef.full(o)
-    out = np.full((len(ns), 4), np.inf)
-    for i, n in enumerate(ns.tolist()):
-        lo = _least_recompute(mem, cap, full, n)
-        if lo is None:
-            continue
-        rs = (lo, n) if full else (0,)
-        out[i] = (min(t(n, r) - b(n, r) for r in rs), min(b(n, r) for r in rs), min(d(n, r) for r in rs), q(n))
+    full = coef.full(o)
+    lo = _least_recompute(coef.memory(o, s), coef.capacity(o), full, n)
+    fits = lo <= n
+    lo = np.minimum(lo, n)
+    rs = (lo, n) if full else (lo * 0.0,)
+
+    def least(fit: Affine) -> "np.ndarray":
+        return np.min([fit.a * n + fit.rho * r + fit.c for r in rs], axis=0)
+    f = np.min([(t.a - b.a) * n + (t.rho - b.rho) * r + (t.c - b.c) for r in rs], axis=0)
+    out = np.stack([f, least(b), least(d), q.a * n + q.c], axis=1)
+    out[~fits] = np.inf
     return out
 
 
@@ -901,8 +913,8 @@ def _two_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
                         lambda: (_two_stage_paths(coef.cfg.sched, coef.m),))[0]
     (hop,), wrap = _least_hops(coef)
     sync = _sync_by_end(coef, caps, usable)
-    first = np.array([_two_stage_rows(coef, o, 0, ns) for o in usable])              # (O, N, 4)
-    last = np.array([_two_stage_rows(coef, o, 1, L - ns) for o in usable])           # n_1 = L - n
+    first = np.array([_two_stage_rows(coef, o, 0, unit) for o in usable])            # (O, N, 4)
+    last = np.array([_two_stage_rows(coef, o, 1, unit) for o in usable])             # n_1 = L - n
     opts = [coef.options[o] for o in usable]
     pools = [coef.pool_of[o] for o in usable]
     E = np.array([[max(sync[a], sync[b]) for b in usable] for a in usable])
