@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import bisect
 import math
-
-import numpy as np
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
+
+import numpy as np
 
 from milp_plan.formulations.coefficients import (Affine, Coefficients, OptionTermsKey, PlacementKey,
                                                   TiedSyncKey)
@@ -962,7 +962,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     the driver uses to order and cut the search. With `variants` (memory=False only: configs
     that differ from coef.cfg in schedule and vpp alone, so they share its options and every
     term but the closed form's weights and the reduction at vpp layers) it returns the list
-    of their bounds, computed once. The terms that configs share (`_option_terms`, the
+    of their bounds, computed once. A two-stage config on the simulated basis is also bounded
+    over every split and pair of options (`_two_stage_bound`; memory=True only). The terms that
+    configs share (`_option_terms`, the
     placement terms) are memoised in the instance's coefficient cache. `type_caps`: the bound
     of the plans with at most so many stages on each node type named (`usable_options`)."""
     assert (variants is None and _family is None) or not memory
@@ -1014,11 +1016,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         return finish(_family[1], _family[0])
     if variants is None:
         got = finish((cfg.vpp,), coef.step_weights())
-        if got is None or not memory:
+        if got is None or not memory or cfg.pp != 2 or coef.basis() != SIMULATED:
             return got
-        if cfg.pp != 2 or coef.basis() != SIMULATED:
-            return got
-        pair = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)
+        pair = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)   # every split of two stages
         return None if pair is None else max(got, pair)
 
     def chunks(u: int):
