@@ -915,12 +915,16 @@ def _two_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
     sync = _sync_by_end(coef, caps, usable)
     first = np.array([_two_stage_rows(coef, o, 0, unit) for o in usable])            # (O, N, 4)
     last = np.array([_two_stage_rows(coef, o, 1, unit) for o in usable])             # n_1 = L - n
-    opts = [coef.options[o] for o in usable]
-    pools = [coef.pool_of[o] for o in usable]
-    E = np.array([[max(sync[a], sync[b]) for b in usable] for a in usable])
-    ok = np.array([[coef.required_types <= {x.k, y.k} and (p != q or caps[p] >= 2)
-                    and (x.k != y.k or x.group + y.group <= _type_gpus(coef, x.k, limits))
-                    for y, q in zip(opts, pools)] for x, p in zip(opts, pools)])
+    opts, pools = [coef.options[o] for o in usable], [coef.pool_of[o] for o in usable]
+    least_e = np.array([sync[o] for o in usable])
+    E = np.maximum.outer(least_e, least_e)
+    k, g, pool = np.array([x.k for x in opts]), np.array([x.group for x in opts]), np.array(pools)
+    gpus = np.array([_type_gpus(coef, x, limits) for x in k])
+    same = k[:, None] == k[None, :]
+    ok = (~same | (g[:, None] + g[None, :] <= gpus[:, None])) & \
+        ((pool[:, None] != pool[None, :]) | (np.array([caps[q] for q in pools]) >= 2)[:, None])
+    for r in coef.required_types:   # each required node type hosts one of the two stages
+        ok &= (k[:, None] == r) | (k[None, :] == r)
     if not ok.any():
         return None
     fits = np.isfinite(first[:, None, :, 0]) & np.isfinite(last[None, :, :, 0]) & ok[:, :, None]
