@@ -236,6 +236,32 @@ class Schedule:
         dp = [0.0] * last + [1.0]
         return PathTerms(tuple(fwd), tuple(bwd), (1.0,) * last, 0.0, tuple(dp), (1.0,) + (0.0,) * last)
 
+    def drain_path(self, pp: int, m: int) -> PathTerms | None:
+        """Rank 0's order up to its last forward (chunk c of micro-batch q), that forward on down
+        through ranks 1..pp-1 (chunk c's hops), the rest of the last rank's order from it, the
+        last rank's reduction, the optimizer: every op after its predecessor on its rank or the
+        transfer it waits for, so a path of every plan of (schedule, vpp, pp, m). Where the
+        first stage is the slow one and the last stage's reduction is long, it outlasts both
+        the chain paths (ending in stage 0's reduction) and the tail path (the fill's first
+        chunks only). None at pp 1 or where a rank's order has other operations than F and B
+        (ZB-H1's split backward)."""
+        if pp < 2:
+            return None
+        first, last = self.rank_order(pp, 0, m), self.rank_order(pp, pp - 1, m)
+        if any(a.kind not in "FB" for a in first + last):
+            return None
+        i = max(j for j, a in enumerate(first) if a.kind == "F")
+        end = first[i]
+        k = last.index(end)
+        v = self.chunks
+        fwd, bwd = [1.0 / v] * pp, [0.0] * pp
+        fwd[0] = sum(a.kind == "F" for a in first[:i + 1]) / v
+        bwd[0] = sum(a.kind == "B" for a in first[:i + 1]) / v
+        fwd[-1] = sum(a.kind == "F" for a in last[k:]) / v
+        bwd[-1] = sum(a.kind == "B" for a in last[k:]) / v
+        dp = [0.0] * (pp - 1) + [1.0]
+        return PathTerms(tuple(fwd), tuple(bwd), (1.0,) * (pp - 1), 0.0, tuple(dp), (1.0,) + (0.0,) * (pp - 1))
+
     def stage_paths(self, pp: int, m: int) -> list[PathTerms]:
         """Paths of the step graph through each stage, which every plan of (pp, m) has: the
         ones `path_weights` bounds (formulations/pipeline.md, "Bounds on the simulated step").

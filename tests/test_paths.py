@@ -255,3 +255,57 @@ def test_the_tail_path_bound_never_exceeds_the_simulation(schedule):
         assert w * sum(t) + c <= sim * (1 + 1e-9)
         tight += w * sum(t) + c >= sim * (1 - 1e-9)
     assert tight > 0
+
+
+MODELLED = ("1f1b", "gpipe", "interleaved")   # the schedules the exact search covers (Schedule.modelled)
+
+
+@pytest.mark.parametrize("schedule", MODELLED)
+def test_the_drain_path_is_a_path(schedule):
+    """Schedule.drain_path (rank 0's order up to its last forward, that forward down to the last
+    rank, the rest of its order and its reduction; read by bounds._two_stage_bound) is never
+    longer than the simulation, on random specs and on specs with a slow first stage and a slow
+    last reduction, where under 1F1B it is the critical path of some (GPipe's and interleaved's
+    drains are only seldom or never critical: a bound, not a claim of tightness)."""
+    rng = random.Random(f"drain-{schedule}")
+    specs = [_random_spec(rng, schedule) for _ in range(150)]
+    slow = [dataclasses.replace(s, fwd_s=(3 * s.fwd_s[0],) + s.fwd_s[1:], bwd_s=(3 * s.bwd_s[0],) + s.bwd_s[1:])
+            for s in _slow_last_reduction_specs(rng, schedule)]
+    tight = 0
+    for spec in specs + slow:
+        path = schedule_of(schedule, spec.vpp).drain_path(spec.pp, spec.num_microbatches)
+        if path is None:
+            assert spec.pp == 1
+            continue
+        sim = simulate_pipeline(spec).step_time_s
+        assert path.length_s(spec) <= sim * (1 + 1e-12)
+        tight += path.length_s(spec) >= sim * (1 - 1e-12)
+    assert tight > 0 or schedule != "1f1b"
+
+
+def test_the_drain_path_of_a_two_stage_1f1b_by_hand():
+    """1F1B, pp 2, m 4: rank 0 runs F0, F1 B0, F2 B1, F3 B2, B3; its last forward F3 comes after
+    4 forwards and 2 backwards; rank 1 runs F3 then B3: T >= 4 f_0 + 2 b_0 + h + f_1 + b_1 +
+    dp_1 + opt. ZB-H1 (split backward) has no such path."""
+    path = schedule_of("1f1b", 1).drain_path(2, 4)
+    assert (path.fwd, path.bwd, path.hop, path.dp, path.opt) == ((4.0, 1.0), (2.0, 1.0), (1.0,), (0.0, 1.0), (1.0, 0.0))
+    assert schedule_of("zb-h1", 1).drain_path(2, 4) is None
+
+
+@pytest.mark.parametrize("schedule", MODELLED)
+def test_the_two_stage_paths_bound_the_simulation(schedule):
+    """bounds._two_stage_paths (a two-stage plan's stage paths, tail path and drain path, the
+    optimizer at its largest): the longest of them never exceeds the simulated step of a random
+    two-stage spec, and equals it on many (the two-stage bound is then the plan's step)."""
+    from milp_plan.solvers.bounds import _two_stage_paths
+    rng = random.Random(f"two-stage-{schedule}")
+    tight = 0
+    for _ in range(200):
+        spec = _random_spec(rng, schedule, pp=2)
+        rows = _two_stage_paths(schedule_of(schedule, spec.vpp), spec.num_microbatches)
+        x = [*spec.fwd_s, *spec.bwd_s, spec.hop_s[0], spec.wrap_hop_s, *spec.dp_s, max(spec.opt_s)]
+        longest = max(sum(w * v for w, v in zip(row, x)) for row in rows)
+        sim = simulate_pipeline(spec).step_time_s
+        assert longest <= sim * (1 + 1e-12)
+        tight += longest >= sim * (1 - 1e-9)
+    assert tight >= 50

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
+import numpy as np
+
 from milp_plan.formulations.coefficients import (Affine, Coefficients, OptionTermsKey, PlacementKey,
                                                   TiedSyncKey)
 from milp_plan.predict import SIMULATED
@@ -444,19 +446,24 @@ def _least_time(coef: Coefficients, o: int, s: int, n: int) -> float | None:
 
 def _least_stage_time(t: Affine, m: Affine, capacity: float, full: bool, n: int) -> float | None:
     """The least time t(n, r) of a stage of n layers whose memory m(n, r) fits `capacity` (with
-    a slack of 1e-6 of it), r the recomputed layers: 0 without full recompute, else 1 <= r <= n
-    and at least what memory forces where recomputing saves memory (rho_m < 0); None when no r
-    fits."""
-    cap = capacity * (1 + 1e-6)
-    if not full:
-        return t(n) if m(n) <= cap else None
-    if m.rho < 0:
-        lo = max(1, math.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9))
-    else:
-        lo = 1 if m(n, 1) <= cap else n + 1
+    a slack of 1e-6 of it), r the recomputed layers (`_least_recompute`); None when no r fits."""
+    lo = float(_least_recompute(m, capacity, full, n))
     if lo > n:
         return None
-    return min(t(n, lo), t(n, n))
+    return min(t(n, lo), t(n, n)) if full else t(n)
+
+
+def _least_recompute(m: Affine, capacity: float, full: bool, n):
+    """The fewest recomputed layers r of a stage of n layers (a number or a numpy array of them)
+    whose memory m(n, r) fits `capacity` (with a slack of 1e-6 of it): 0 without full recompute,
+    else 1 <= r <= n and at least what memory forces where recomputing saves memory (rho_m < 0),
+    and every r up to n fits too. Where no r fits: n + 1."""
+    cap = capacity * (1 + 1e-6)
+    if not full:
+        return np.where(m.a * n + m.c <= cap, 0.0, n + 1.0)
+    if m.rho < 0:
+        return np.maximum(1.0, np.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9))
+    return np.where(m.a * n + m.rho + m.c <= cap, 1.0, n + 1.0)
 
 
 class _StageZeroLayers:
@@ -849,6 +856,94 @@ def _recompute_pieces(coef: Coefficients, o: int, positions: tuple[int, ...], ro
     return tuple(out)
 
 
+def _two_stage_paths(sched, m: int) -> "np.ndarray":
+    """The rows (f_0, f_1, b_0, b_1, hop, wrap, dp_0, dp_1, opt) of the paths every plan of a
+    two-stage pipeline of (schedule, vpp, m) has: Schedule.stage_paths, the tail path and the
+    drain path (the optimizer steps counted as the largest, as the model reads them)."""
+    paths = sched.stage_paths(2, m) + [sched.tail_path(2, m)] + [p for p in (sched.drain_path(2, m),) if p]
+    return np.array([[*p.fwd, *p.bwd, p.hop[0], p.wrap, *p.dp, 1.0 if sum(p.opt) else 0.0] for p in paths])
+
+
+def _two_stage_rows(coef: Coefficients, o: int, s: int, unit: int) -> "np.ndarray":
+    """(f, b, d, opt) of stage position s (0 or 1) of a two-stage plan run as option o, for each
+    split n = unit, 2 unit, .. < L (stage 0 holds n layers, stage 1 L - n): rows of 4, inf where
+    memory holds no r. Each is the least over the recomputes that fit (`_least_recompute`,
+    vectorised: r in [r_lo, n], affine in r, so the least is at an end), d the reduction's
+    piece 0 (Coefficients.dp_time). Memoised per what it reads: the option's memory fit's key
+    at s (the option, the ends, the micro-batches in flight, the switches), which fixes its
+    time, reduction and optimizer fits too, and the unit."""
+    return coef.shared.get(("two-stage rows", coef.memory_key(coef.options[o], s), unit),
+                           lambda: _two_stage_rows_of(coef, o, s, unit))
+
+
+def _two_stage_rows_of(coef: Coefficients, o: int, s: int, unit: int) -> "np.ndarray":
+    L = coef.inst.model.num_layers
+    ns = np.arange(unit, L, unit, dtype=float)
+    n = ns if s == 0 else L - ns
+    t, b = coef.time(o, s)
+    d, q = coef.dp_time(o, s)[0], coef.opt_time(o, s)
+    full = coef.full(o)
+    lo = _least_recompute(coef.memory(o, s), coef.capacity(o), full, n)
+    fits = lo <= n
+    lo = np.minimum(lo, n)
+    rs = (lo, n) if full else (lo * 0.0,)
+
+    def least(fit: Affine) -> "np.ndarray":
+        return np.min([fit.a * n + fit.rho * r + fit.c for r in rs], axis=0)
+    f = np.min([(t.a - b.a) * n + (t.rho - b.rho) * r + (t.c - b.c) for r in rs], axis=0)
+    out = np.stack([f, least(b), least(d), q.a * n + q.c], axis=1)
+    out[~fits] = np.inf
+    return out
+
+
+def _two_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], usable: list[int], unit: int,
+                     gpu_usd: float) -> float | None:
+    """A two-stage config on the simulated basis (formulations/pipeline.md, "Two stages:
+    every split"): the plan is stage 0 of option o_0 with n layers and stage 1 of o_1 with L - n
+    (n a multiple of `unit`), and its step is at least every path's length
+    (`_two_stage_paths`), each increasing in the stages' f, b, reductions, the hop, the wrap and
+    the optimizer step. So T >= min over (o_0, o_1, n) of max over the paths of their lengths
+    at each stage's least f, b and reduction within memory (`_two_stage_rows`), the least hop
+    and wrap (`_least_hops`), the least tied all-reduce E of the pair (`_sync_by_end`, both
+    tails hold it) and the larger optimizer step. Pairs: the config's required node types
+    both hosted, a pool with two stages only where it may hold two, and one node type's two
+    stages within its GPUs. None: no pair and split fits (no plan)."""
+    L, K = coef.inst.model.num_layers, len(coef.inst.cluster.node_types)
+    ns = np.arange(unit, L, unit)
+    if not len(ns):
+        return None   # two stages of a chunk each hold more than L layers
+    if any(coef.options[o].k >= K for o in usable) or not coef.cfg.sched.modelled:
+        return 0.0    # mixed-type bundles (stages across types), or a schedule the paths do not cover: no bound
+    W = coef.shared.get(("two-stage paths", coef.cfg.schedule, coef.cfg.vpp, coef.m),
+                        lambda: (_two_stage_paths(coef.cfg.sched, coef.m),))[0]
+    (hop,), wrap = _least_hops(coef)
+    sync = _sync_by_end(coef, caps, usable)
+    first = np.array([_two_stage_rows(coef, o, 0, unit) for o in usable])            # (O, N, 4)
+    last = np.array([_two_stage_rows(coef, o, 1, unit) for o in usable])             # n_1 = L - n
+    opts, pools = [coef.options[o] for o in usable], [coef.pool_of[o] for o in usable]
+    least_e = np.array([sync[o] for o in usable])
+    E = np.maximum.outer(least_e, least_e)
+    k, g, pool = np.array([x.k for x in opts]), np.array([x.group for x in opts]), np.array(pools)
+    gpus = np.array([_type_gpus(coef, x, limits) for x in k])
+    same = k[:, None] == k[None, :]
+    ok = (~same | (g[:, None] + g[None, :] <= gpus[:, None])) & \
+        ((pool[:, None] != pool[None, :]) | (np.array([caps[q] for q in pools]) >= 2)[:, None])
+    for r in coef.required_types:   # each required node type hosts one of the two stages
+        ok &= (k[:, None] == r) | (k[None, :] == r)
+    if not ok.any():
+        return None
+    fits = np.isfinite(first[:, None, :, 0]) & np.isfinite(last[None, :, :, 0]) & ok[:, :, None]
+    first, last = np.where(np.isfinite(first), first, 0.0), np.where(np.isfinite(last), last, 0.0)
+    f0, b0, d0, q0 = (first[:, None, :, j] for j in range(4))                        # (O, 1, N)
+    f1, b1, d1, q1 = (last[None, :, :, j] for j in range(4))                         # (1, O, N)
+    e, q = E[:, :, None], np.maximum(q0, q1)
+    lengths = np.max([w[0] * f0 + w[1] * f1 + w[2] * b0 + w[3] * b1 + w[4] * hop + w[5] * wrap
+                      + w[6] * (d0 + e) + w[7] * (d1 + e) + w[8] * q for w in W], axis=0)
+    lengths = np.where(fits, lengths, np.inf)
+    T = float(lengths.min())
+    return None if T == math.inf else bounded_objective(T * (1 - 1e-9), gpu_usd, limits)
+
+
 def _front(alts: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
     """The alternatives (a, room) no other beats in both (a no larger and room no smaller), by
     a: a stage's most layers at z, max over them of min(floor(z / a), room), reads no other, so
@@ -877,7 +972,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     the driver uses to order and cut the search. With `variants` (memory=False only: configs
     that differ from coef.cfg in schedule and vpp alone, so they share its options and every
     term but the closed form's weights and the reduction at vpp layers) it returns the list
-    of their bounds, computed once. The terms that configs share (`_option_terms`, the
+    of their bounds, computed once. A two-stage config on the simulated basis is also bounded
+    over every split and pair of options (`_two_stage_bound`; memory=True only). The terms that
+    configs share (`_option_terms`, the
     placement terms) are memoised in the instance's coefficient cache. `type_caps`: the bound
     of the plans with at most so many stages on each node type named (`usable_options`).
     `enough`: the caller asks no more than whether the bound reaches it (the search's incumbent):
@@ -936,7 +1033,11 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     if _family is not None:
         return finish(_family[1], _family[0])
     if variants is None:
-        return finish((cfg.vpp,), coef.step_weights())
+        got = finish((cfg.vpp,), coef.step_weights())
+        if got is None or got >= enough or not memory or cfg.pp != 2 or coef.basis() != SIMULATED:
+            return got
+        pair = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)   # every split of two stages
+        return None if pair is None else max(got, pair)
 
     def chunks(u: int):
         """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""

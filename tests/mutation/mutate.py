@@ -229,6 +229,16 @@ MUTATIONS = [
      "            if best >= enough:\n                break", "            if best >= 0.97 * enough:\n                break"),
     ("milp_plan/solvers/bounds.py", "the full bound lifts no point within 1% below what the search asked (enough)",
      "got < min(best, enough) and ends", "got < min(best, 0.99 * enough) and ends"),
+    (SCHED, "the drain path counts one backward more on rank 0 before its last forward",
+     '        bwd[0] = sum(a.kind == "B" for a in first[:i + 1]) / v',
+     '        bwd[0] = (1 + sum(a.kind == "B" for a in first[:i + 1])) / v'),
+    ("milp_plan/solvers/bounds.py", "the two-stage bound reads a stage's forward as its whole stage time",
+     "    f = np.min([(t.a - b.a) * n + (t.rho - b.rho) * r + (t.c - b.c) for r in rs], axis=0)",
+     "    f = np.min([t.a * n + t.rho * r + t.c for r in rs], axis=0)"),
+    ("milp_plan/solvers/bounds.py", "the two-stage bound counts each hop twice",
+     "w[4] * hop + w[5] * wrap", "w[4] * 2 * hop + w[5] * wrap"),
+    ("milp_plan/solvers/bounds.py", "the two-stage bound adds both stages' optimizer steps (they run side by side)",
+     "e, q = E[:, :, None], np.maximum(q0, q1)", "e, q = E[:, :, None], q0 + q1"),
 ]
 
 PROBE = r'''
@@ -267,6 +277,16 @@ from test_paths import test_the_last_stages_tail_path_is_a_path, test_the_tail_p
 for sched in ("1f1b", "gpipe", "interleaved", "zb-h1"):
     test_the_last_stages_tail_path_is_a_path(sched)
     test_the_tail_path_bound_never_exceeds_the_simulation(sched)
+# the two-stage bound's paths (the drain path among them) and its lift to each config's optimum
+from test_paths import (test_the_drain_path_is_a_path, test_the_drain_path_of_a_two_stage_1f1b_by_hand,
+                        test_the_two_stage_paths_bound_the_simulation)
+for sched in ("1f1b", "gpipe", "interleaved"):
+    test_the_drain_path_is_a_path(sched)
+    test_the_two_stage_paths_bound_the_simulation(sched)
+test_the_drain_path_of_a_two_stage_1f1b_by_hand()
+if sys.argv[3] == "simulated":   # the two-stage bound reads the simulated step's paths only
+    import test_two_stage_bound
+    test_two_stage_bound.test_two_stages_lift_free_bounds_to_their_optimum_and_never_past_it(Path(tempfile.mkdtemp()))
 # the tied embedding's all-reduce in the full bound, where it is 40% of the step (tests/test_bounds.py)
 import test_bounds
 test_bounds.test_bounds_hold_where_the_tied_all_reduce_is_most_of_the_step.hypothesis.inner_test(
