@@ -419,7 +419,7 @@ class Coefficients:
         with what stays at no micro-batch in flight (costmodel.stage_activation_bytes at in-flight
         0: a full-recompute layer's working activations), and the activations per micro-batch in
         flight of the layers, the embedding and the head (stage_activation_bytes is linear in
-        its three in-flight counts; tests/test_coefficients.py checks the sum against
+        its three in-flight counts; tests/test_bound_memo.py checks the sum against
         stage_memory_bytes)."""
         cfg, full, gpu = self.cfg, opt.recompute == "full", self.types[opt.k].gpu.name
 

@@ -104,7 +104,6 @@ def _bottleneck_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: 
 def _breakpoints(slots: list[SlotType], L: int, unit: int) -> list[float]:
     """The z at which some stage's layer count floor(z / a) changes: a j for every per-layer
     time a and layer count j (multiples of `unit`)."""
-    import numpy as np   # the solve path has it (CP-SAT's); --help does not import it
     per_layer = sorted({a for slot in slots for _, _, alts in slot.pools for a, _ in alts})
     # every product a j, once, in order: the same floats as Python's a * j (IEEE multiplication)
     return np.unique(np.multiply.outer(np.array(per_layer, dtype=float),
