@@ -126,7 +126,8 @@ def test_weak_family_bounds_equal_the_scalar_bound(cluster, model, gbs, limits):
 
 def memory_terms(coef: Coefficients, direct: bool = False) -> tuple:
     """What the full bound reads of a config's memory: each option's room at the bound's
-    positions and its recompute pieces there (memoised per FitsKey: the option and each
+    positions (Coefficients.rooms, from the options' memory parts shared by every config with
+    those ends) and its recompute pieces there (memoised per FitsKey: the option and each
     position's in-flight counts), its least time at the ends for layer counts up to L (per
     memory fit's key), and the options and pools left after `_undominated` (per the worst
     positions' in-flight counts). direct: computed from the config's own fits, no memo."""
@@ -138,7 +139,8 @@ def memory_terms(coef: Coefficients, direct: bool = False) -> tuple:
         pieces = [bounds._recompute_pieces(coef, o, positions, room) for o, room in zip(O, rooms)]
         times = [bounds._least_time(coef, o, s, n) for o in O for s in {0, pp - 1} for n in range(1, L + 1, 3)]
     else:
-        rooms = [coef.best_room(o, positions) for o in O]
+        every = coef.rooms(positions)
+        rooms = [every[o] for o in O]
         pieces = [coef.shared.get(("pieces", coef.fits_key(o, positions), room),
                                   lambda o=o, room=room: bounds._recompute_pieces(coef, o, positions, room))
                   for o, room in zip(O, rooms)]
@@ -255,8 +257,8 @@ def test_the_full_bound_asked_for_enough_is_exact_below_it(cluster, model, gbs, 
 ])
 def test_every_options_room_at_once_equals_each_options_room(cluster, model, gbs, mode):
     """Coefficients.rooms (every option's best room, numpy over the options' memory parts; the
-    full bound reads it) equals best_room of each option (Python floats through layer_room) on
-    random configs and free children: equal ints, so the bounds are the same floats."""
+    full bound reads it) equals each option's best layer_room over the positions (Python floats)
+    on random configs and free children: equal ints, so the bounds are the same floats."""
     inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
     prepared = prepare(inst, None, mode)
     rng = random.Random(1)
@@ -268,7 +270,7 @@ def test_every_options_room_at_once_equals_each_options_room(cluster, model, gbs
     for cfg in cfgs:
         coef = Coefficients(inst, cfg, shared)
         positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
-        want = [coef.best_room(o, positions) for o in range(len(coef.options))]
+        want = [max(coef.layer_room(o, s) for s in positions) for o in range(len(coef.options))]
         assert coef.rooms(positions) == want, cfg.label()
         compared += len(want)
         binding += sum(0 < w < inst.model.num_layers for w in want)

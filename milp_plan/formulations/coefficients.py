@@ -177,8 +177,8 @@ class FitsKey(NamedTuple):
     the option and what each position gives its memory fit (Coefficients._position: the ends,
     pp == 1, the micro-batches in flight, the switches), as a set: the bounds take the best or
     the least over the positions. Configs of other pp, m, schedule or vpp whose positions hold
-    as many micro-batches share what is computed from them (Coefficients.best_room, the bounds'
-    `_recompute_pieces`, whose times read the option and pp == 1, a field of each position)."""
+    as many micro-batches share what is computed from them (the bounds' `_recompute_pieces`,
+    whose times read the option and pp == 1, a field of each position)."""
     option: StageOption
     positions: frozenset
 
@@ -459,18 +459,11 @@ class Coefficients:
             return 0
         return L if per <= 0 else min(L, int(room // per))
 
-    def best_room(self, o: int, positions: tuple[int, ...]) -> int:
-        """max over `positions` of layer_room(o, s), memoised for every config whose memory
-        fits there agree (`FitsKey`), and each position's room by its fit's key (the capacity
-        is the option's node type's)."""
-        return self.shared.get(("best room", self.fits_key(o, positions)), lambda: max(
-            self.shared.get(("layer room", self.memory_key(self.options[o], s)), lambda s=s: self.layer_room(o, s))
-            for s in positions))
-
     def rooms(self, positions: tuple[int, ...]) -> list[int]:
-        """best_room(o, positions) of every option o at once: layer_room's arithmetic on arrays
-        of the options' MemoryParts (the same floats: MemoryParts.at's sums in its order, IEEE
-        operations; tests/test_bound_memo.py checks it against best_room)."""
+        """Every option o's most layers at any of `positions`, max over them of layer_room(o, s),
+        at once: layer_room's arithmetic on arrays of the options' MemoryParts (the same floats:
+        MemoryParts.at's sums in its order, IEEE operations; tests/test_bound_memo.py checks it
+        against layer_room)."""
         import numpy as np   # the solve path has it (CP-SAT's); --help does not import it
         got = self._local.get(("rooms", positions))
         if got is not None:
