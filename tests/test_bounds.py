@@ -246,10 +246,12 @@ def test_recompute_pieces_bound_every_stage_that_fits():
     where the A10's 24 GB force recomputing: for every position s of the pipeline, layer count
     n and recompute count 1 <= r <= n that fit in memory at s, the piece holding n has
     a_piece n <= a n + rho (r - 1) (the stage's time less its fixed part and first recompute),
-    and n is at most the option's room. Some piece must be above a (load-bearing)."""
+    and n is at most the option's room. Some piece must be above a (load-bearing). The pieces
+    are made for every usable option at once, as the bound makes them; each equals the option's
+    own (a batch's rows stay apart)."""
     import random
     from milp_plan.instance import build_instance as build
-    from milp_plan.solvers.bounds import _recompute_pieces, usable_options
+    from milp_plan.solvers.bounds import _every_recompute_pieces, _recompute_pieces, usable_options
     inst = build(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
     prepared = prepare(inst, None, "free")
     rng = random.Random(3)
@@ -262,10 +264,12 @@ def test_recompute_pieces_bound_every_stage_that_fits():
             continue
         _, _, rooms, usable = found
         positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
+        every = _every_recompute_pieces(coef, usable, positions, rooms)
         for o in usable:
+            assert every[o] == _recompute_pieces(coef, o, positions, rooms[o])
             if not coef.full(o):
                 continue
-            pieces = _recompute_pieces(coef, o, positions, rooms[o])
+            pieces = every[o]
             t = coef.time(o, 0)[0]
             raised += pieces[-1][0] > t.a * (1 + 1e-9)
             cap = coef.capacity(o)

@@ -239,6 +239,16 @@ class SharedCoefficients:
             value = self._values[key] = make()
         return value
 
+    def get_many(self, keys: dict, make_many) -> dict:
+        """{name: the value under keys[name]}, the missing ones made at once, memoised:
+        make_many(names) returns {name: value} for those names (never None)."""
+        got = {name: self._values.get(key) for name, key in keys.items()}
+        missing = [name for name, value in got.items() if value is None]
+        if missing:
+            for name, value in make_many(missing).items():
+                got[name] = self._values[keys[name]] = value
+        return got
+
 
 class Coefficients:
     """Every coefficient of the per-stage models for one config."""
@@ -470,10 +480,7 @@ class Coefficients:
             return got
         L, best = self.inst.model.num_layers, None
         for s in positions:
-            first, last, single, inflight, (emb, head), _, _ = self._position(s)
-            P, cap, full = self._parts_arrays(first, last, single)
-            a, rho = P[:, 0] + inflight * P[:, 3], P[:, 1] + inflight * P[:, 4]
-            c = P[:, 2] + inflight * P[:, 5] + emb * P[:, 6] + head * P[:, 7]
+            a, rho, c, cap, full = self.memory_rows(s)
             room, per = cap - c, a
             per = np.where(full & (rho < 0), per + rho, per)
             room = np.where(full & (rho >= 0), room - rho, room)
@@ -481,6 +488,19 @@ class Coefficients:
             at = np.where((room < per) | (room < 0), 0, np.where(per <= 0, L, fits))
             best = at if best is None else np.maximum(best, at)
         got = self._local["rooms", positions] = [int(v) for v in best]
+        return got
+
+    def memory_rows(self, s: int):
+        """Every option's memory fit at stage position s as arrays (a, rho, c), with the options'
+        capacities and whether each recomputes fully: MemoryParts.at's sums in its order, IEEE
+        operations, so the same floats as memory(o, s)."""
+        got = self._local.get(("memory rows", s))
+        if got is None:
+            first, last, single, inflight, (emb, head), _, _ = self._position(s)
+            P, cap, full = self._parts_arrays(first, last, single)
+            got = self._local["memory rows", s] = (
+                P[:, 0] + inflight * P[:, 3], P[:, 1] + inflight * P[:, 4],
+                P[:, 2] + inflight * P[:, 5] + emb * P[:, 6] + head * P[:, 7], cap, full)
         return got
 
     def _parts_arrays(self, first: bool, last: bool, single: bool):

@@ -819,10 +819,17 @@ PIECE_STEP = 0.02      # ... a new one where the least per-layer time has grown 
 
 
 def _recompute_pieces(coef: Coefficients, o: int, positions: tuple[int, ...], room: int) -> tuple[tuple[float, int], ...]:
-    """A stage's (per-layer time, room) alternatives as option o (`room`: its most layers at any
-    of `positions`, `usable_options`). Without full recompute: (a, room). Under full recompute a
-    stage of n layers recomputes r >= 1 of them, and where it holds more than memory allows
-    without: memory a_m n + rho_m r + c_m <= cap (rho_m < 0) needs r >= r_min(n) =
+    """Option o's (per-layer time, room) alternatives (`_every_recompute_pieces`) at `room`."""
+    return _every_recompute_pieces(coef, [o], positions, {o: room})[o]
+
+
+def _every_recompute_pieces(coef: Coefficients, options: list[int], positions: tuple[int, ...],
+                            rooms: dict[int, int], times: dict | None = None) -> dict[int, tuple[tuple[float, int], ...]]:
+    """Each option o's (per-layer time, room) alternatives as a stage (`rooms[o]`: its most
+    layers at any of `positions`, `usable_options`), at once (numpy over the options and the
+    layer counts). Without full recompute: (a, room). Under full recompute a stage of n layers
+    recomputes r >= 1 of them, and where it holds more than memory allows without: memory
+    a_m n + rho_m r + c_m <= cap (rho_m < 0) needs r >= r_min(n) =
     max(1, ceil((a_m n + c_m - cap) / -rho_m)) at its position, at least the least r_min of
     `positions` (memory falls with the position among middle stages: the least is at the
     first, the last or the last middle stage). Its time a n + rho r + c is then at least
@@ -830,29 +837,42 @@ def _recompute_pieces(coef: Coefficients, o: int, positions: tuple[int, ...], ro
     makes, rho, stays with the stage's fixed part: the bound's `extra` counts it where every
     option recomputes), and e(n) >= ē(n) = min of e over n..room, nondecreasing: a stage of n
     in [n_j, n_{j+1}) layers has ē(n_j) n <= a n + rho (r - 1), so the pieces (ē(n_j),
-    n_{j+1} - 1) replace (a, room) wherever the bound reads a stage's a n."""
-    opt, pp = coef.options[o], coef.cfg.pp
-    times = [coef.time(o, s)[0] for s in sorted({0, pp - 1})]
-    a, rho = min(t.a for t in times), min(t.rho for t in times)
-    mems = [coef.memory(o, s) for s in positions]
-    if opt.recompute != "full" or rho <= 0 or room < 2 or any(m.rho >= 0 for m in mems):
-        return ((a, room),)
-    cap = coef.capacity(o)
-
-    def r_min(n: int) -> int:
-        need = [max(1, math.ceil((m.a * n + m.c - cap) / -m.rho - 1e-9)) for m in mems
-                if (m.a + m.rho) * n + m.c <= cap * (1 + 1e-12)]   # positions that hold n layers at all
-        return min(need, default=1)
-    e = [a + rho * (r_min(n) - 1) / n for n in range(1, room + 1)]
-    for i in range(room - 2, -1, -1):   # suffix minimum: ē
-        e[i] = min(e[i], e[i + 1])
-    out, start = [], 1
-    for n in range(2, room + 1):
-        if e[n - 1] > e[start - 1] * (1 + PIECE_STEP) and len(out) < RECOMPUTE_PIECES - 1:
-            out.append((e[start - 1], n - 1))
-            start = n
-    out.append((e[start - 1], room))
-    return tuple(out)
+    n_{j+1} - 1) replace (a, room) wherever the bound reads a stage's a n. A new piece starts
+    where ē has grown by PIECE_STEP, at most RECOMPUTE_PIECES of them. `times`: each option's
+    time fits at the first and the last stage where known (`_OptionTerms.t`)."""
+    pp, out, todo = coef.cfg.pp, {}, []
+    rows = [coef.memory_rows(s) for s in positions]   # (a, rho, c, cap, full) of every option
+    for o in options:
+        ts = times[coef.options[o]] if times else [coef.time(o, s)[0] for s in (0, pp - 1)]
+        a, rho = min(t.a for t in ts), min(t.rho for t in ts)
+        if not coef.full(o) or rho <= 0 or rooms[o] < 2 or any(m[1][o] >= 0 for m in rows):
+            out[o] = ((a, rooms[o]),)
+        else:
+            todo.append((o, a, rho, rooms[o]))
+    if not todo:
+        return out
+    idx = np.array([o for o, *_ in todo])
+    a, rho, room = (np.array([x[i] for x in todo], dtype=float)[:, None] for i in (1, 2, 3))
+    n = np.arange(1, int(room.max()) + 1, dtype=float)[None, :]
+    r_min = np.full((len(todo), n.shape[1]), np.inf)
+    for ma, mrho, mc, cap, _ in rows:
+        ma, mrho, mc, cap = ma[idx, None], mrho[idx, None], mc[idx, None], cap[idx, None]
+        holds = (ma + mrho) * n + mc <= cap * (1 + 1e-12)   # positions that hold n layers at all
+        need = np.maximum(1.0, np.ceil((ma * n + mc - cap) / -mrho - 1e-9))
+        r_min = np.where(holds, np.minimum(r_min, need), r_min)
+    r_min = np.where(np.isinf(r_min), 1.0, r_min)
+    e = np.where(n <= room, a + rho * (r_min - 1) / n, np.inf)
+    e = np.minimum.accumulate(e[:, ::-1], axis=1)[:, ::-1]   # suffix minimum: ē, nondecreasing in n
+    for (o, _, _, top), row in zip(todo, e.tolist()):
+        pieces, start = [], 1   # the piece from `start` layers on
+        while len(pieces) < RECOMPUTE_PIECES - 1:
+            nxt = bisect.bisect_right(row, row[start - 1] * (1 + PIECE_STEP), start, top) + 1   # first n above
+            if nxt > top:
+                break
+            pieces.append((row[start - 1], nxt - 1))
+            start = nxt
+        out[o] = (*pieces, (row[start - 1], top))
+    return out
 
 
 def _two_stage_paths(sched, m: int) -> "np.ndarray":
@@ -988,9 +1008,10 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     terms = shared_option_terms(coef, O, usable)
     t = terms.t
     positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
-    # memoised per what the pieces read: the option's memory at the positions (FitsKey) and its room
-    pieces = (lambda o: coef.shared.get(("pieces", coef.fits_key(o, positions), rooms[o]),
-                                        lambda: _recompute_pieces(coef, o, positions, rooms[o]))) if memory else None
+    pieces = None
+    if memory:   # memoised per what the pieces read: the option's memory at the positions (FitsKey) and its room
+        pieces = coef.shared.get_many({o: ("pieces", coef.fits_key(o, positions), rooms[o]) for o in usable},
+                                      lambda todo: _every_recompute_pieces(coef, todo, positions, rooms, t)).get
     slots = stage_slots(coef, limits, memory, caps, rooms, usable, lambda o: t[coef.options[o]][0].a, pieces)
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
