@@ -78,7 +78,7 @@ def scalar_weak_bound(coef: Coefficients, limits: Limits, variants) -> float | N
         alts.setdefault(coef.pool_of[o], []).append((t[o][0].a, L))
     by_type: dict = {}
     for q in sorted(alts):
-        by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], tuple(alts[q])))
+        by_type.setdefault(coef.pools[q].k, []).append((coef.pools[q].group, caps[q], bounds._front(alts[q])))
     gpu_hour = {k: coef.types[k].usd_per_gpu_hour for k in by_type}
     slots = [bounds.SlotType(bounds._type_gpus(coef, k, limits), (pool,), k in coef.required_types, gpu_hour[k])
              for k, pools in sorted(by_type.items()) for pool in pools]

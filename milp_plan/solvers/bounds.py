@@ -23,7 +23,8 @@ from milp_plan.units import SECONDS_PER_HOUR
 @dataclass(frozen=True)
 class SlotType:
     """What one node type offers the bottleneck bound: at most `gpus` GPUs, split into
-    stages of the given pools, each (GPUs per stage, most stages, alternatives (a, room));
+    stages of the given pools, each (GPUs per stage, most stages, alternatives (a, room) as a
+    front, `_front`: a and room rising together);
     `required`: it hosts at least one stage (free mode: the type has a stage size);
     `usd_per_gpu_hour`: the least a GPU of it costs (a stage of g GPUs at least g times that).
     With mixed-type bundles (--mixed-stages) a slot holds the node types that bundles join and
@@ -39,12 +40,21 @@ class SlotType:
 
 def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> int:
     """Most layers one stage holds with a n <= z: max over its (a, room) of min(floor(z / a),
-    room), a multiple of `unit` (0 when below `unit`)."""
+    room), a multiple of `unit` (0 when below `unit`). `alts`: a front (`_front`)."""
     # z / a + eps: z is itself a multiple of some a, and floor(5a / a) must not round to 4
     if z == math.inf:  # every alternative holds its room
-        v = max(room for _, room in alts) // unit * unit
+        v = alts[-1][1] // unit * unit
     else:
-        v = max(min(int(z / a + 1e-9) if a > 0 else room, room) for a, room in alts) // unit * unit
+        # a front (`_front`): a and room rise together, so floor(z / a) falls; the first below its
+        # room is the last candidate (every later one holds at most its floor)
+        v = 0
+        for a, room in alts:
+            most = int(z / a + 1e-9) if a > 0 else room
+            if most < room:
+                v = max(v, most)
+                break
+            v = room
+        v = v // unit * unit
     return v if v >= unit else 0
 
 
@@ -1221,7 +1231,7 @@ class WeakFamilyBounds:
         alts: dict[int, list[tuple[float, int]]] = {}
         for o in O:
             alts.setdefault(rep.pool_of[o], []).append((terms.t[rep.options[o]][0].a, L))
-        slots = [SlotType(_type_gpus(rep, rep.pools[q].k, limits), ((rep.pools[q].group, caps[q], tuple(alts[q])),),
+        slots = [SlotType(_type_gpus(rep, rep.pools[q].k, limits), ((rep.pools[q].group, caps[q], _front(alts[q])),),
                           False, gpu_hour[rep.pools[q].k])
                  for q in sorted(alts, key=lambda q: (rep.pools[q].k, q))]
         least = _least_at_inf(slots, pp, L, 1, coupled=False)  # shared by every pp: the stage counts uncoupled

@@ -237,6 +237,8 @@ MUTATIONS = [
      "w[4] * hop + w[5] * wrap", "w[4] * 2 * hop + w[5] * wrap"),
     ("milp_plan/solvers/bounds.py", "the two-stage bound adds both stages' optimizer steps (they run side by side)",
      "e, q = E[:, :, None], np.maximum(q0, q1)", "e, q = E[:, :, None], q0 + q1"),
+    ("milp_plan/solvers/bounds.py", "a stage's most layers: the first alternative under its room replaces the rooms before it",
+     "                v = max(v, most)\n                break", "                v = most\n                break"),
 ]
 
 PROBE = r'''
@@ -298,6 +300,7 @@ test_end_stages.test_stage_zero_options_count_their_time_and_tail_together()
 # the free search's bound terms: stage counts coupled across node types, recompute pieces
 test_bounds.test_the_least_layer_sum_couples_the_stage_counts()
 test_bounds.test_recompute_pieces_bound_every_stage_that_fits()
+test_bounds.test_the_front_keeps_every_stage_capacity()
 # the free parents' GPU-budget bound: against every layer split, Z grid, small pipeline, brute force
 import test_parent_bounds as tpb
 for args in tpb.test_least_layer_sum_is_the_least_over_every_split.pytestmark[0].args[1]:
