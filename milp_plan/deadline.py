@@ -142,9 +142,10 @@ def run_native(fn: Callable[[], T], stop: Callable[[], None]) -> T:
 class WorkCosts:
     """Work units charged per operation (about seconds on the reference machine)."""
     bound: float = 4e-4       # a config's or a family's lower bound (solvers/bounds.py)
-    option_fit: float = 7e-5    # and per stage option of a free parent's full bound (its options' memory
-    #                             rooms at three positions, slots, recompute pieces: 0.06-0.10 ms an option
-    #                             at 1024 GPUs, 125 options a parent; 0.18 ms before the memory fits' parts)
+    option_fit: float = 2.5e-5  # and per stage option of a free parent's full bound (its options' memory
+    #                             rooms at three positions, slots, recompute pieces: 0.024-0.026 ms an option
+    #                             beyond `bound` at 1024 and 8192 GPUs, 77-170 options a parent; 0.06-0.10
+    #                             ms before the pieces were made at once, 0.18 before the memory fits' parts)
     work_bound: float = 1e-5  # a family's work bound, a division (bounds.WeakFamilyBounds.work_bound)
     weak_bound: float = 5e-5  # a family's weak bound, its group's terms shared (WeakFamilyBounds.bound: 15-70 us)
     model: float = 2e-2       # a per-config model built (formulations/pipeline.py) and handed to CP-SAT
