@@ -22,12 +22,14 @@ takes a *pool sequence* (the pool of each stage position) and makes the rest:
 Every sequence is scored by the plan it makes (placement.build_plan, predict through
 plan.predicted): the heuristic never trusts its own arithmetic, and a plan that breaks a
 limit, a pin or the cluster's nodes scores infinity. On mixed-128 (GPT-3 13B, batch 512) the
-config pp 8, 16 samples per micro-batch, stage sizes 8, 32, 16, 32, interleaved v2, whose
-optimum is 3.5942 s, gets 3.6494 s (the Megatron-mode optimum, the free search's first
-incumbent, is 3.8767 s; the best of all 840 pool sequences is 3.5982 s).
+config pp 8, 16 samples per micro-batch, stage sizes 8, 32, 16, 32, interleaved v2 gets
+3.5942 s in 0.33 work units, the config's optimum and the free one (the Megatron-mode
+optimum, the free search's first incumbent, is 3.8767 s).
 
-The driver (solvers/driver.py) runs it on each complete free config it is about to solve: a
-better plan becomes the incumbent (the model's cutoff) and the config's hint.
+The driver (solvers/driver.py, many_pools) runs it on each complete free config of three
+node types or more that it is about to solve: a plan that beats the incumbent, after the
+checker and the limits pass it, becomes the model's cutoff and hint, and the config's plan
+unless the model finds a better one. Tests: tests/test_free_start.py.
 """
 from __future__ import annotations
 

@@ -22,7 +22,10 @@ plan for each of the HEURISTIC_CONFIGS configs of least bound, or more until one
 plan (greedy device grouping, bottleneck-optimal layer partition). The best is the first
 incumbent, and each such config's model gets its plan as a hint. A short
 --max-solve-time still returns that plan, with its gap. Free mode: the Megatron-mode
-solve (FREE_BASE_SHARE of the time limit) gives the first incumbent, a free plan too.
+solve (FREE_BASE_SHARE of the time limit) gives the first incumbent, a free plan too; and a
+complete free config of MANY_POOLS node types or more gets heuristics/free_start.py's plan
+(a local search over the pool of each stage position) before its model: checked, within the
+limits, it is the model's cutoff and hint where it beats the incumbent (many_pools).
 
 Deadline (milp_plan/deadline.py): one Deadline bounds the whole search, enumeration,
 bounding, warm start and each backend run, and ends it at once on SIGINT/SIGTERM. Its budget
@@ -287,6 +290,8 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
     start = free_start.best_plan(coef, limits, dl) if many_pools(coef) else None
     if start is not None and (cutoff is None or objective_of(start[0], limits) < cutoff * (1 - REL_EPS)):
         _require_valid(coef.inst, start[0], "the free-mode heuristic", coef.cfg, coef.pins)
+        if not limits.admit(start[0]):   # its plan becomes the cutoff: it must meet memory and the limits
+            raise InternalError(f"the free-mode heuristic returned a plan over memory or a limit for {coef.cfg.label()}")
         cutoff, hint = objective_of(start[0], limits), start[1]
     else:
         start = None
