@@ -297,8 +297,9 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
         start = None
     plan, bound = _solve_model(coef, limits, backend, cutoff, hint, dl, seed, lb, trace)
     if start is not None and plan is None:
-        # no plan below the heuristic's: it is the config's plan, and its value the config's
-        # bound (its optimum where the model refuted every plan below it)
+        # the model admits the heuristic's plan (a relaxation), so it returns none only when
+        # cut short (out of time, rounds or cuts): the heuristic's plan is the config's, with
+        # the bound the model left (never None with a plan: Prepared.proven reads it)
         return start[0], cutoff if bound is None else bound
     return plan, bound
 

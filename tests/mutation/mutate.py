@@ -34,7 +34,6 @@ COEF = "milp_plan/formulations/coefficients.py"
 SCHED = "milp_plan/schedules.py"
 PARENT = "milp_plan/solvers/parent_bounds.py"
 FREE_START = "milp_plan/heuristics/free_start.py"
-DRIVER = "milp_plan/solvers/driver.py"
 CLOSED = "closed-form"   # probed with every plan predicted by the closed form (the large plans' basis)
 
 # (file, description, original text, mutated text[, basis]): each a plausible slip in a formula.
@@ -251,8 +250,6 @@ MUTATIONS = [
      "        layers[s] -= cut\n", "        layers[s] -= 0\n"),
     (FREE_START, "free_start scores plans over a limit or memory",
      "if limits.admit(plan) and matches_pins(inst, coef.pins, plan):", "if matches_pins(inst, coef.pins, plan):"),
-    (DRIVER, "a config refuted under free_start's plan returns no bound (the search records the incumbent's)",
-     "        return start[0], cutoff if bound is None else bound", "        return start[0], bound"),
 ]
 
 PROBE = r'''
@@ -271,8 +268,8 @@ import tempfile
 
 # the per-config model's redundant rows keep every plan of small three-type free configs, and each
 # config's model alone reaches its optimum (tests/test_model_rows.py); free_start's plans are valid,
-# priced by the cost model, never below a config's optimum, and a config solved from one returns a
-# bound (tests/test_free_start.py)
+# priced by the cost model, never below a config's optimum, and a config solved from one returns its
+# optimum and a bound (tests/test_free_start.py)
 import pytest
 import test_model_rows as tmr, test_free_start as tfs
 basis = milp_plan.predict.SIMULATED if sys.argv[3] == "simulated" else milp_plan.predict.CLOSED_FORM
