@@ -4,9 +4,9 @@ The rows (formulations/pipeline.md, "add_pool_work" and "Pair flows") only tight
 relaxation: every plan of a config must still be a solution of its model. Checked two ways
 on small free instances of three node types (pools hosting several stages, memory that
 binds): every admitted plan of every complete config, pinned in the model (its y, n, r fixed
-by CP-SAT's fix_variables_to_their_hinted_value), is feasible with a model objective at most the plan's own (the model is a relaxation); and each
-config's model, solved on its own (no heuristic, no cutoff), reaches brute force's optimum of
-the config.
+by CP-SAT's fix_variables_to_their_hinted_value), is feasible with a model objective at most
+the plan's own (the model is a relaxation); and each config's model, solved on its own (no
+heuristic, no cutoff), reaches brute force's optimum of the config.
 """
 from __future__ import annotations
 
