@@ -404,12 +404,12 @@ class PipelineModel:
                     terms.append(down(mem.rho) * v.rr[s, o])
                 be.add(be.sum(terms) <= down(self.c.capacity(o)))
 
-    def _stage_expr(self, s: int, part: int, factor: int = 1, rnd=None):
+    def _stage_expr(self, s: int, part: int, factor: int = 1, rnd=None, options=None):
         """factor x (t_s if part == 0, b_s if 1, f_s = t_s - b_s if 2) in ticks, the factor
         applied before rounding (by `rnd`, default down): the error stays < 1 tick per unit
-        of n, r, y whatever the factor."""
+        of n, r, y whatever the factor. `options`: only these options' terms (a pool's part)."""
         terms = []
-        for o in self.O:
+        for o in (self.O if options is None else options):
             t, b = self.c.time(o, s)
             aff = (t, b, Affine(t.a - b.a, t.rho - b.rho, t.c - b.c))[part]
             terms.append(self._aff_ticks(Affine(factor * aff.a, factor * aff.rho, factor * aff.c), s, o, rnd))
@@ -472,6 +472,7 @@ class PipelineModel:
             v.hop_terms.append(terms)
             v.h.append(self._hop_expr(terms, self.res.t_down))
             v.h_up.append(self._hop_expr(terms, self.res.t_up))
+            self._pair_flows(s, s + 1, lambda p, q, s=s: v.e[s, p] if p == q else v.x[s, p, c.pools[q].k])
         if self.cfg.sched.chunks > 1 and self.cfg.pp > 1:  # chunk j of the last rank feeds chunk j+1 of rank 0
             last, terms = self.cfg.pp - 1, []
             for p in self.P:
@@ -485,6 +486,19 @@ class PipelineModel:
                 terms += self._leaving(last, 0, p, "wrap")
             v.wrap_terms = terms
             v.wrap = self._hop_expr(terms, self.res.t_down)
+            self._pair_flows(last, 0, lambda p, q: v.ends[p] if p == q else v.x[last, p, c.pools[q].k])
+
+    def _pair_flows(self, s: int, s2: int, pair) -> None:
+        """The pools of stages s and s2 as flows: `pair(p, q)` is the exact AND of Y[s,p] and
+        Y[s2,q]; exactly one pair holds (each stage runs on one pool), so
+            sum_q pair(p, q) = Y[s,p]  and  sum_p pair(p, q) = Y[s2,q].
+        Implied by the integer model (removes no plan); in the LP relaxation they keep a
+        fractional stage from pairing with no pool at all, which set every hop's time to 0
+        (the AND's lower bound Y + Y' - 1 is 0 below a half). pipeline.md, "add_hops"."""
+        be = self.be
+        for p in self.P:
+            be.add(be.sum([pair(p, q) for q in self.P]) == self._on_pool(s, p))
+            be.add(be.sum([pair(q, p) for q in self.P]) == self._on_pool(s2, p))
 
     def _both_ends_on(self, p: int, name: str):
         """v.ends[p] = Y[0,p] AND Y[pp-1,p] (created once, named by its first user)."""
@@ -552,6 +566,7 @@ class PipelineModel:
             v.pipe = be.new_int(0, hi, "P")
             for s in self.S:
                 be.add(v.pipe >= self._stage_expr(s, 0, w))
+            self.add_pool_work(v.pipe, 0, w, hi)
             return
         w = m - 1
         if cfg.sched.period is Period.FLOW_SHOP:
@@ -559,6 +574,8 @@ class PipelineModel:
             for s in self.S:
                 be.add(zf >= self._stage_expr(s, 2, w))
                 be.add(zb >= self._stage_expr(s, 1, w))
+            self.add_pool_work(zf, 2, w, hi)
+            self.add_pool_work(zb, 1, w, hi)
             for s in range(pp - 1):  # a link is a machine of both flow shops
                 be.add(zf >= self._scaled_hop(s, w))
                 be.add(zb >= self._scaled_hop(s, w))
@@ -568,6 +585,7 @@ class PipelineModel:
         ts = [self._stage_expr(s, 0, w) for s in self.S]
         for s in self.S:
             be.add(v.pipe >= ts[s])
+        self.add_pool_work(v.pipe, 0, w, hi)
         if pp < 2 or w == 0:
             return
         Q = [0]
@@ -579,6 +597,31 @@ class PipelineModel:
             for c in range(a + 1, pp):
                 k = c - a + 1  # k P >= window - (k - 1)  <=>  P >= floor(window / k)
                 be.add(k * v.pipe >= Q[c] - (Q[a] if a else 0) + ts[c] - (k - 1))
+
+    def add_pool_work(self, z, part: int, w: int, hi: int) -> None:
+        """A pool's stages each take at most the bottleneck: with z >= w x_s on every stage
+        (x = t, b or f by `part`, weight w applied before rounding, as the caller's), the beta
+        stages of pool p sum to at most beta z:
+            sum_s sum_{o in p} w x_{s,o}  <=  sum_beta beta z_{p,beta},
+        with z = sum_beta z_{p,beta}, 0 <= z_{p,beta} <= hi u[p,beta] (exact: one beta is on).
+        Implied by z >= w x_s (x_{s,o} is 0 off option o): a redundant family that removes no
+        plan, only fractional points of the LP relaxation, which otherwise spreads a pool's
+        layers over every stage (one 32-GPU A100 stage of mixed-128 holding 40 layers at a
+        fortieth of each of 8 stages). pipeline.md, "add_pool_work"."""
+        be, v = self.be, self.v
+        for p in self.P:
+            betas = sorted(beta for (q, beta) in v.u if q == p)
+            lhs = be.sum([self._stage_expr(s, part, w, options=self.opts_of[p]) for s in self.S])
+            if len(betas) == 1:
+                be.add(lhs <= betas[0] * z)
+                continue
+            parts = []
+            for beta in betas:
+                zb = be.new_int(0, hi, f"z[{p},{beta}]")
+                be.add(zb <= hi * v.u[p, beta])
+                parts.append((beta, zb))
+            be.add(be.sum([zb for _, zb in parts]) == z)
+            be.add(lhs <= be.sum([beta * zb for beta, zb in parts if beta]))
 
     def add_optimizer(self) -> None:
         """opt >= opt_s for every stage: the optimizer steps run side by side after the barrier."""

@@ -22,7 +22,10 @@ plan for each of the HEURISTIC_CONFIGS configs of least bound, or more until one
 plan (greedy device grouping, bottleneck-optimal layer partition). The best is the first
 incumbent, and each such config's model gets its plan as a hint. A short
 --max-solve-time still returns that plan, with its gap. Free mode: the Megatron-mode
-solve (FREE_BASE_SHARE of the time limit) gives the first incumbent, a free plan too.
+solve (FREE_BASE_SHARE of the time limit) gives the first incumbent, a free plan too; and a
+complete free config of MANY_POOLS node types or more gets heuristics/free_start.py's plan
+(a local search over the pool of each stage position) before its model: checked, within the
+limits, it is the model's cutoff and hint where it beats the incumbent (many_pools).
 
 Deadline (milp_plan/deadline.py): one Deadline bounds the whole search, enumeration,
 bounding, warm start and each backend run, and ends it at once on SIGINT/SIGTERM. Its budget
@@ -61,7 +64,7 @@ from milp_plan.formulations.space import (Config, StageOption, coverage_gap, enu
 from milp_plan.instance import Instance
 from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, relative_gap
-from milp_plan.heuristics import warmstart as heuristic
+from milp_plan.heuristics import free_start, warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
 from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound, full_bound
 from milp_plan.solvers.parallel import Ahead, Trace, paths_of
@@ -76,6 +79,7 @@ HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
 BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this share of the time limit
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 FREE_COMPLETIONS = 64        # free mode: a parent with at most this many complete configs below it opens into them
+MANY_POOLS = 3               # free_start runs on free configs of this many pools or more (many_pools)
 PROGRESS_EVERY_S = 0.1       # the search reports its progress at most this often (wall clock)
 
 
@@ -274,10 +278,49 @@ def _solve_config(coef: Coefficients, limits: Limits, backend: str, cutoff: floa
     adds that path and the model is solved again (at most MAX_PATHS times, pipeline.md,
     "add_paths"); a plan over a limit or memory is cut off and solved again (at most MAX_CUTS
     times); and its objective must agree with the model's within the rounding.
+    A free config of MANY_POOLS pools or more first gets free_start's heuristic plan: where it
+    beats the cutoff, the checker passes it and it becomes the cutoff and the hint, and the
+    config's plan unless the model finds a better one.
     Returns the admitted plan or None, and the bound the config leaves (None when proven
-    empty: "infeasible" under the cutoff means no plan of this config beats the incumbent).
+    empty: "infeasible" under the cutoff means no plan of this config beats the incumbent;
+    never None with a plan: a search that records it, Prepared.proven, reads it as the
+    config's bound).
     Every backend run gets what the deadline `dl` has left, in seconds and in work. `trace`
     (parallel.Trace) records each run's status and each path learned (a worker's solve ahead)."""
+    start = free_start.best_plan(coef, limits, dl) if many_pools(coef) else None
+    if start is not None and (cutoff is None or objective_of(start[0], limits) < cutoff * (1 - REL_EPS)):
+        _require_valid(coef.inst, start[0], "the free-mode heuristic", coef.cfg, coef.pins)
+        if not limits.admit(start[0]):   # its plan becomes the cutoff: it must meet memory and the limits
+            raise InternalError(f"the free-mode heuristic returned a plan over memory or a limit for {coef.cfg.label()}")
+        cutoff, hint = objective_of(start[0], limits), start[1]
+    else:
+        start = None
+    plan, bound = _solve_model(coef, limits, backend, cutoff, hint, dl, seed, lb, trace)
+    if start is not None and plan is None:
+        # the model admits the heuristic's plan (a relaxation), so it returns none only when
+        # cut short (out of time, rounds or cuts): the heuristic's plan is the config's, with
+        # the bound the model left (never None with a plan: Prepared.proven reads it)
+        return start[0], cutoff if bound is None else bound
+    return plan, bound
+
+
+def many_pools(coef: Coefficients) -> bool:
+    """A free config whose stages run on MANY_POOLS pools (node types) or more: free_start
+    runs on its solve, on no other. Measured with tests/benchmarks/bench_solve.py (work units
+    to the proof, free mode): on the two-type instances (default, two-type-32, scale-1024: two
+    pools at most) its plan never beat the incumbent in any of the 60 configs solved, and it
+    cost 0.45 units on the default (6.02 -> 6.47), 0.4 on two-type-32 and 1.0 on scale-1024
+    (0.15-0.37 a config at pp 8-16); on mixed-128 (four node types) its plan is the free
+    optimum (3.5942 s, pp 8, stage sizes 8, 32, 16, 32; the Megatron-mode start is 3.8767 s),
+    found in 0.33 units (the search without it had not found it in 30), and three-pool
+    configs' plans never beat the incumbent."""
+    return coef.cfg.uniform is None and len(coef.pools) >= MANY_POOLS
+
+
+def _solve_model(coef: Coefficients, limits: Limits, backend: str, cutoff: float | None,
+                 hint: heuristic.Candidate | None, dl: Deadline, seed: int,
+                 lb: float, trace: Trace | None = None) -> tuple[Plan | None, float | None]:
+    """_solve_config's model rounds (no heuristic): the admitted plan or None, and the bound."""
     be = make_backend(backend)
     model = PipelineModel(coef, limits, be, cutoff=cutoff)
     model.build()

@@ -33,6 +33,7 @@ SLICE = "milp_plan/slice_bounds.py"
 COEF = "milp_plan/formulations/coefficients.py"
 SCHED = "milp_plan/schedules.py"
 PARENT = "milp_plan/solvers/parent_bounds.py"
+FREE_START = "milp_plan/heuristics/free_start.py"
 CLOSED = "closed-form"   # probed with every plan predicted by the closed form (the large plans' basis)
 
 # (file, description, original text, mutated text[, basis]): each a plausible slip in a formula.
@@ -239,6 +240,16 @@ MUTATIONS = [
      "e, q = E[:, :, None], np.maximum(q0, q1)", "e, q = E[:, :, None], q0 + q1"),
     ("milp_plan/solvers/bounds.py", "a stage's most layers: the first alternative under its room replaces the rooms before it",
      "                v = max(v, most)\n                break", "                v = most\n                break"),
+    (PIPE, "a pool's stages sum to at most one bottleneck, not beta of them (add_pool_work cuts plans)",
+     "be.add(lhs <= be.sum([beta * zb for beta, zb in parts if beta]))",
+     "be.add(lhs <= be.sum([zb for beta, zb in parts if beta]))", CLOSED),
+    (PIPE, "a stage's pair flows leave out its own pool (two stages in a row on one pool lost)",
+     "be.add(be.sum([pair(p, q) for q in self.P]) == self._on_pool(s, p))",
+     "be.add(be.sum([pair(p, q) for q in self.P if q != p]) == self._on_pool(s, p))"),
+    (FREE_START, "free_start keeps the surplus layers (its plan holds more than L: the checker rejects it)",
+     "        layers[s] -= cut\n", "        layers[s] -= 0\n"),
+    (FREE_START, "free_start scores plans over a limit or memory",
+     "if limits.admit(plan) and matches_pins(inst, coef.pins, plan):", "if matches_pins(inst, coef.pins, plan):"),
 ]
 
 PROBE = r'''
@@ -254,6 +265,21 @@ from milp_plan.solvers import bruteforce
 from milp_plan.solvers.driver import solve
 from instances import write_instance, limits_for, assert_agrees, COMPARABLE_BW, HUGE_BW, OBJECTIVES
 import tempfile
+
+# the per-config model's redundant rows keep every plan of small three-type free configs, and each
+# config's model alone reaches its optimum (tests/test_model_rows.py); free_start's plans are valid,
+# priced by the cost model, never below a config's optimum, and a config solved from one returns its
+# optimum and a bound (tests/test_free_start.py)
+import pytest
+import test_model_rows as tmr, test_free_start as tfs
+basis = milp_plan.predict.SIMULATED if sys.argv[3] == "simulated" else milp_plan.predict.CLOSED_FORM
+with pytest.MonkeyPatch.context() as mp:
+    for case in (0, 1):
+        tmr.test_every_plan_of_every_free_config_solves_its_model(Path(tempfile.mkdtemp()), mp, case, basis)
+    tmr.test_every_free_config_model_alone_reaches_its_optimum(Path(tempfile.mkdtemp()), mp, basis)
+tfs.test_free_start_plans_are_valid_priced_and_never_below_the_optimum(Path(tempfile.mkdtemp()))
+tfs.test_a_config_solved_from_the_heuristics_plan_returns_its_optimum_and_a_bound(Path(tempfile.mkdtemp()))
+tfs.test_the_search_records_no_bound_above_a_configs_optimum(Path(tempfile.mkdtemp()))
 
 # the bounds' memory terms memoised per what they read, against an unmemoised computation
 import test_bound_memo
