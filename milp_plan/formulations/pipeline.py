@@ -494,8 +494,12 @@ class PipelineModel:
             sum_q pair(p, q) = Y[s,p]  and  sum_p pair(p, q) = Y[s2,q].
         Implied by the integer model (removes no plan); in the LP relaxation they keep a
         fractional stage from pairing with no pool at all, which set every hop's time to 0
-        (the AND's lower bound Y + Y' - 1 is 0 below a half). pipeline.md, "add_hops"."""
+        (the AND's lower bound Y + Y' - 1 is 0 below a half). Free configs only: in Megatron
+        mode they slowed CP-SAT (the fasop-8x8 Pareto sweep 27.9 -> 41.5 work units, 23.9 ->
+        36.7 s). pipeline.md, "add_hops"."""
         be = self.be
+        if self.cfg.uniform is not None:
+            return
         for p in self.P:
             be.add(be.sum([pair(p, q) for q in self.P]) == self._on_pool(s, p))
             be.add(be.sum([pair(q, p) for q in self.P]) == self._on_pool(s2, p))
