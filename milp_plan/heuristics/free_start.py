@@ -15,7 +15,7 @@ takes a *pool sequence* (the pool of each stage position) and makes the rest:
   recompute stage the fewest recomputed layers that fit its count.
 * **The pool sequence** (`best_plan`): stage counts from each pool's least (a required node
   type hosts one) filled fastest pool first up to each pool's most; two starts (the pools
-  fastest first, and slowest first); then best-improvement local search over two moves, swap
+  fastest first, and slowest first); then first-improvement local search over two moves, swap
   the pools of two stages, or give a stage another pool (counts kept within their range),
   until no move improves or `evals` sequences are scored.
 
