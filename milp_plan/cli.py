@@ -874,9 +874,20 @@ def _exit_now() -> None:
         os._exit(int(exc.code or 0))
 
 
+def one_blas_thread() -> None:
+    """Before numpy is imported: one OpenBLAS thread, unless the user set a number. numpy's
+    OpenBLAS starts a thread per core when imported, 0.11 s of CPU on 2 cores (`solve` on the
+    default: 1.52 -> 1.38 s CPU, 1.42 -> 1.38 s wall; tests/benchmarks/bench_startup.py), and
+    its threads run beside CP-SAT's. The planner's numpy work is element-wise or small: no
+    BLAS call large enough to share out."""
+    import os
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main() -> None:
     """Console entry point: user mistakes become one line and exit 2, never a traceback;
     anything unexpected is exit 3 with one line asking for a bug report."""
+    one_blas_thread()
     try:
         app(standalone_mode=False, prog_name="milp-plan")
     except Interrupted as exc:
