@@ -136,14 +136,14 @@ def memory_terms(coef: Coefficients, direct: bool = False) -> tuple:
     O = range(len(coef.options))
     if direct:
         rooms = [max(coef.layer_room(o, s) for s in positions) for o in O]
-        pieces = [bounds._recompute_pieces(coef, o, positions, room) for o, room in zip(O, rooms)]
+        every = bounds._every_recompute_pieces(coef, list(O), positions, dict(zip(O, rooms)))
+        pieces = [every[o] for o in O]
         times = [bounds._least_time(coef, o, s, n) for o in O for s in {0, pp - 1} for n in range(1, L + 1, 3)]
     else:
         every = coef.rooms(positions)
         rooms = [every[o] for o in O]
-        pieces = [coef.shared.get(("pieces", coef.fits_key(o, positions), room),
-                                  lambda o=o, room=room: bounds._recompute_pieces(coef, o, positions, room))
-                  for o, room in zip(O, rooms)]
+        made = bounds.shared_recompute_pieces(coef, positions, dict(zip(O, rooms)), list(O))
+        pieces = [made[o] for o in O]
         ends = bounds._EndStages(coef, lambda: (), 0.0)
         times = [ends._time(o, s, n) for o in O for s in {0, pp - 1} for n in range(1, L + 1, 3)]
     return (rooms, pieces, times, coef.options, coef.pool_of, [(p.k, p.group) for p in coef.pools])

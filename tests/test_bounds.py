@@ -243,7 +243,7 @@ def test_the_front_keeps_every_stage_capacity():
 
 
 def test_recompute_pieces_bound_every_stage_that_fits():
-    """A full-recompute option's pieces (bounds._recompute_pieces) on the default instance,
+    """A full-recompute option's pieces (bounds._every_recompute_pieces) on the default instance,
     where the A10's 24 GB force recomputing: for every position s of the pipeline, layer count
     n and recompute count 1 <= r <= n that fit in memory at s, the piece holding n has
     a_piece n <= a n + rho (r - 1) (the stage's time less its fixed part and first recompute),
@@ -252,7 +252,7 @@ def test_recompute_pieces_bound_every_stage_that_fits():
     own (a batch's rows stay apart)."""
     import random
     from milp_plan.instance import build_instance as build
-    from milp_plan.solvers.bounds import _every_recompute_pieces, _recompute_pieces, usable_options
+    from milp_plan.solvers.bounds import _every_recompute_pieces, usable_options
     inst = build(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
     prepared = prepare(inst, None, "free")
     rng = random.Random(3)
@@ -267,7 +267,7 @@ def test_recompute_pieces_bound_every_stage_that_fits():
         positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
         every = _every_recompute_pieces(coef, usable, positions, rooms)
         for o in usable:
-            assert every[o] == _recompute_pieces(coef, o, positions, rooms[o])
+            assert every[o] == _every_recompute_pieces(coef, [o], positions, {o: rooms[o]})[o]
             if not coef.full(o):
                 continue
             pieces = every[o]

@@ -177,7 +177,7 @@ class FitsKey(NamedTuple):
     the option and what each position gives its memory fit (Coefficients._position: the ends,
     pp == 1, the micro-batches in flight, the switches), as a set: the bounds take the best or
     the least over the positions. Configs of other pp, m, schedule or vpp whose positions hold
-    as many micro-batches share what is computed from them (the bounds' `_recompute_pieces`,
+    as many micro-batches share what is computed from them (the bounds' `shared_recompute_pieces`,
     whose times read the option and pp == 1, a field of each position)."""
     option: StageOption
     positions: frozenset

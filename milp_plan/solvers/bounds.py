@@ -809,7 +809,7 @@ def stage_slots(coef: Coefficients, limits: Limits, memory: bool, caps: dict[int
                 pieces: Callable[[int], tuple[tuple[float, int], ...]] | None = None) -> list[SlotType]:
     """The node types' slots of the bottleneck bound (`SlotType`), each usable option o offering
     (per_layer(o), rooms[o]) in its pool, or the alternatives pieces(o) where given (a full-
-    recompute option's `_recompute_pieces`); memory=False: each pool offers its stages on its
+    recompute option's `_every_recompute_pieces`); memory=False: each pool offers its stages on its
     own (no GPU sharing where a type's stage size is open)."""
     gpu_hour = {k: nt.usd_per_gpu_hour for k, nt in enumerate(coef.types)}
     alts: dict[int, list[tuple[float, int]]] = {}
@@ -824,13 +824,17 @@ def stage_slots(coef: Coefficients, limits: Limits, memory: bool, caps: dict[int
             for k, pools in sorted(by_type.items()) for pool in pools]
 
 
-RECOMPUTE_PIECES = 4   # _recompute_pieces: at most this many (per-layer time, room) alternatives per option
+RECOMPUTE_PIECES = 4   # _every_recompute_pieces: at most this many (per-layer time, room) alternatives per option
 PIECE_STEP = 0.02      # ... a new one where the least per-layer time has grown by this share
 
 
-def _recompute_pieces(coef: Coefficients, o: int, positions: tuple[int, ...], room: int) -> tuple[tuple[float, int], ...]:
-    """Option o's (per-layer time, room) alternatives (`_every_recompute_pieces`) at `room`."""
-    return _every_recompute_pieces(coef, [o], positions, {o: room})[o]
+def shared_recompute_pieces(coef: Coefficients, positions: tuple[int, ...], rooms: dict[int, int],
+                            options: list[int], times: dict | None = None) -> dict[int, tuple[tuple[float, int], ...]]:
+    """`_every_recompute_pieces` of `options`, memoised in the instance's cache per what an
+    option's pieces read: its memory at the positions (FitsKey) and its room; the missing ones
+    made at once."""
+    return coef.shared.get_many({o: ("pieces", coef.fits_key(o, positions), rooms[o]) for o in options},
+                                lambda todo: _every_recompute_pieces(coef, todo, positions, rooms, times))
 
 
 def _every_recompute_pieces(coef: Coefficients, options: list[int], positions: tuple[int, ...],
@@ -1018,10 +1022,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     terms = shared_option_terms(coef, O, usable)
     t = terms.t
     positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
-    pieces = None
-    if memory:   # memoised per what the pieces read: the option's memory at the positions (FitsKey) and its room
-        pieces = coef.shared.get_many({o: ("pieces", coef.fits_key(o, positions), rooms[o]) for o in usable},
-                                      lambda todo: _every_recompute_pieces(coef, todo, positions, rooms, t)).get
+    pieces = shared_recompute_pieces(coef, positions, rooms, usable, t).get if memory else None
     slots = stage_slots(coef, limits, memory, caps, rooms, usable, lambda o: t[coef.options[o]][0].a, pieces)
     # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
     # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
