@@ -144,26 +144,35 @@ def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m:
     at stage a after its last backward and take a's reduction (then it skips the way back to
     stage 0); without them no reduction is counted. P splits into (m - 1) W_s + X_a(k) + Y_b(k), so a running maximum of X over a <= s
     and of Y over b >= s gives the maximum over (a, b) for each s in O(K) passes."""
-    K = len(p)
-    valid = rows < arcs_n
     P = [_gather(ps, rows) for ps in p]                            # K of (rows x U)
     Hk = [_gather(h, rows) for h in hop]                           # K-1 of (rows x U)
+    F = [_gather(fs, rows) for fs in f] if f is not None else None
+    return gathered_paths(P, Hk, m, rows < arcs_n, F, dp)
+
+
+def gathered_paths(P: list[np.ndarray], Hk: list[np.ndarray], m: int, valid: np.ndarray,
+                   F: list[np.ndarray] | None = None, dp=None) -> np.ndarray:
+    """`path_bounds` on gathered terms: P[s] (N x U) stage s's f + b per row and slice (0 past
+    a row's last slice, where valid is False), Hk[h] one transfer of hop h, F[s] the forwards,
+    dp[s] stage s's reduction (a float, or one per row). The rows may be slicings of one plan or
+    plans on one slicing."""
+    K = len(P)
     W = [x.sum(axis=1) for x in P]
-    dp = [0.0] * K if dp is None else list(dp)
+    dp = [np.asarray(d, dtype=float) for d in ([0.0] * K if dp is None else dp)]
     if K == 1:
         return m * W[0] + dp[0]
-    F = [_gather(fs, rows) for fs in f] if f is not None else None
-    ar, last = np.arange(len(rows)), valid.sum(axis=1) - 1
+    dp = [d[:, None] if d.ndim else d for d in dp]
+    ar, last = np.arange(len(valid)), valid.sum(axis=1) - 1
 
     def at_last(x):
         return x[ar, last][:, None]
     # X_a(k) = H0(a) - S_k(a) + Pre_a(k) + 2 (sum_{h<a} hop_h(0) - HS_k(a))
     # Y_b(k) = S_k(b+1) + Suf_b(k) + Tl(b) + 2 (HS_k(b) + sum_{h>=b} hop_h(last))
     X, Y = [], [None] * K
-    S = np.zeros(rows.shape)       # S_k(a): sum_{r<a} p_{r,k}
-    HS = np.zeros(rows.shape)      # HS_k(a): sum_{h<a} hop_h(k)
-    H0 = np.zeros((len(rows), 1))  # sum_{r<a} p_{r,0} + 2 sum_{h<a} hop_h(0)
-    Hf = np.zeros((len(rows), 1))  # sum_{r<a} f_{r,0} + sum_{h<a} hop_h(0): the way down only
+    S = np.zeros(valid.shape)       # S_k(a): sum_{r<a} p_{r,k}
+    HS = np.zeros(valid.shape)      # HS_k(a): sum_{h<a} hop_h(k)
+    H0 = np.zeros((len(valid), 1))  # sum_{r<a} p_{r,0} + 2 sum_{h<a} hop_h(0)
+    Hf = np.zeros((len(valid), 1))  # sum_{r<a} f_{r,0} + sum_{h<a} hop_h(0): the way down only
     for a in range(K):
         x = H0 - S + _excl_prefix(P[a]) - 2 * HS + dp[0]
         if F is not None:   # or end at stage a with its reduction
@@ -177,7 +186,7 @@ def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m:
             HS = HS + Hk[a]
     S_next = S                                # S_k(K)
     HS_b = HS                                 # HS_k(K-1)
-    Tl = np.zeros((len(rows), 1))             # sum_{r>b} p_{r,last} + 2 sum_{h>=b} hop_h(last)
+    Tl = np.zeros((len(valid), 1))             # sum_{r>b} p_{r,last} + 2 sum_{h>=b} hop_h(last)
     for b in range(K - 1, -1, -1):
         Y[b] = S_next + _excl_suffix(P[b]) + Tl + 2 * HS_b
         S_next = S_next - P[b]
@@ -185,10 +194,10 @@ def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m:
         if b > 0:
             HS_b = HS_b - Hk[b - 1]
             Tl = Tl + 2 * at_last(Hk[b - 1])
-    best = np.full(len(rows), -np.inf)
-    px = np.full(rows.shape, -np.inf)
+    best = np.full(len(valid), -np.inf)
+    px = np.full(valid.shape, -np.inf)
     sy = [None] * K
-    run = np.full(rows.shape, -np.inf)
+    run = np.full(valid.shape, -np.inf)
     for b in range(K - 1, -1, -1):
         run = np.maximum(run, Y[b])
         sy[b] = run
@@ -288,6 +297,43 @@ def _least_hop_per_token(coef) -> float:
     hops = [coef.hop_intra(q) for q, pool in enumerate(coef.pools) if pool.place.stages_per_node >= 2] + \
            [coef.hop_inter(q, k2) for q in range(len(coef.pools)) for k2 in types]
     return min(hops) / coef.inst.job.seq_length
+
+
+def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int) -> float:
+    """At least sum_h (hop_{h} forward + hop_{h} back) per token of any plan of the config whose
+    stage 0 is in pool p0 and stage K-1 in pool p1 (seconds per token): a path through every
+    stage on one slice crosses each hop down and back (M(s), P(s, k)); the pools of the middle
+    stages are chosen, each pool at most caps[p] stages in all, for the least sum (a shortest path
+    over (pool of the stage, stages used per pool)), a hop between stages of pools p, q costing
+    at least hop_inter(p, type of q) + hop_inter(q, type of p), or twice hop_intra(p) where p = q
+    and a node holds two of its stages (as `_least_hop_per_token`). Where the states would be
+    many (more than 4 pools), the caps are dropped (lower)."""
+    K, pools = coef.cfg.pp, range(len(coef.pools))
+
+    def cost(p, q):
+        got = coef.hop_inter(p, coef.pools[q].k) + coef.hop_inter(q, coef.pools[p].k)
+        if p == q and coef.pools[p].place.stages_per_node >= 2:
+            got = min(got, 2 * coef.hop_intra(p))
+        return got
+    c = {(p, q): cost(p, q) for p in pools for q in pools}
+    used0 = [0] * len(coef.pools)
+    used0[p0] += 1
+    used0[p1] += 1
+    capped = len(coef.pools) <= 4
+    if capped and any(u > caps.get(q, 0) for q, u in enumerate(used0)):
+        return math.inf
+    states = {(p0, tuple(used0)): 0.0}
+    for _ in range(K - 2):
+        nxt: dict = {}
+        for (last, used), v in states.items():
+            for q in pools:
+                if capped and used[q] >= caps.get(q, 0):
+                    continue
+                key = (q, tuple(u + (i == q) for i, u in enumerate(used)) if capped else ())
+                nxt[key] = min(nxt.get(key, math.inf), v + c[last, q])
+        states = nxt
+    best = min((v + c[last, p1] for (last, _), v in states.items()), default=math.inf)
+    return best / coef.inst.job.seq_length
 
 
 def _embedding_sync(coef, limits: Limits, memory: bool = True) -> float:
@@ -918,7 +964,65 @@ class WorkBounds:
             self.placements[key] = None if z is None else (z, bounds._least_layer_sum(math.inf, slots, K, L, 1))
         return self.placements[key]
 
-    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf, memory: bool = True
+    def option_ends(self, coef, o: int) -> tuple:
+        """(A*_{o,n}, E*_{o,n}, H*_{o,n} for n = 0..U, uf, ul, ef, hl, by_slice) of option o,
+        memoised by its node type, tp and micro-batch size: the least per-layer, embedding and
+        head sums over the cuts into n slices (`least_sums`, each on its own), the least per-layer
+        f + b of a first slice (units 0..j) and of a last one (i..U), the least embedding on a
+        first slice and head on a last one (seconds); by_slice: the per-layer and head sums with
+        the first slice 0..j fixed (`with_first`, [n, j]), the per-layer and embedding sums with
+        the last slice i..U fixed (`with_last`, [n, i]), and the first slices' per-layer and
+        embedding times (j = 1..U) and the last slices' per-layer and head times (i = 0..U-1)."""
+        opt = coef.options[o]
+        key = ("ends", coef.types[opt.k].name, opt.tp, opt.mbs)
+        got = self.end_terms.get(key)
+        if got is None:
+            T, Te, Th = (self.table(coef, o, True, kd) for kd in (None, "embedding", "head"))
+            U = len(T) - 1
+            got = self.end_terms[key] = (np.asarray(self.per_count(coef, o)), np.asarray(least_sums(U, Te)),
+                                         np.asarray(least_sums(U, Th)), float(T[0, 1:].min()),
+                                         float(T[:U, U].min()), float(Te[0, 1:].min()), float(Th[:U, U].min()),
+                                         dict(A_first=with_first(T), H_first=with_first(Th), A_last=with_last(T),
+                                              E_last=with_last(Te), first=(T[0, 1:], Te[0, 1:]),
+                                              last=(T[:U, U], Th[:U, U])))
+        return got
+
+    def end_steps(self, coef, cb: "ConfigBounds", caps: dict, rooms: dict, usable: list[int]) -> dict[int, float]:
+        """Per count n: at least the step of every plan of the config (K >= 2) cut into n slices,
+        less the optimizer term cb._opt (so that cb._finish adds it back), with the end stages'
+        options and layers enumerated (`end_paths`); a count absent: no plan."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
+        n_ = np.array(self.counts)
+        terms = {o: self.option_ends(coef, o) for o in usable}
+        U = len(terms[usable[0]][0]) - 1
+        unit = self.inst.job.seq_length // U
+        alpha = np.min([self.table(coef, o) for o in usable], axis=0)
+        _, _, Qn = self.ends(coef, usable)
+        Qn, An = np.asarray(Qn)[n_], np.asarray(least_sums(U, alpha))[n_]
+        from milp_plan.solvers import bounds
+        sync = bounds._sync_by_end(coef, caps, usable) if self.inst.model.tied_embeddings else {}
+        best = np.full(len(n_), np.inf)
+        for o0 in usable:
+            for o1 in usable:
+                left = dict(caps)
+                left[coef.pool_of[o0]] -= 1
+                left[coef.pool_of[o1]] -= 1
+                if min(left.values()) < 0:
+                    continue
+                tail = np.array([max(0.0, coef.dp_time(o0, 0)[0](a)) for a in range(1, rooms[o0] + 1)]) + \
+                    sync.get(o0, 0.0)
+                opt = np.maximum.outer([coef.opt_time(o0, 0)(a) for a in range(1, rooms[o0] + 1)],
+                                       [coef.opt_time(o1, K - 1)(b) for b in range(1, rooms[o1] + 1)])
+                T = end_paths(m, K, L, n_, terms[o0], terms[o1], rooms[o0], rooms[o1],
+                              _middle(terms, usable, {o: left[coef.pool_of[o]] for o in usable}, rooms, K - 2, L, n_),
+                              Qn, An, _hop_chain(coef, caps, coef.pool_of[o0], coef.pool_of[o1]) * unit *
+                              np.arange(1, U + 1), tail,
+                              np.maximum(opt, cb._opt(coef)) - cb._opt(coef))
+                best = np.minimum(best, T)
+        return {int(n): float(t) for n, t in zip(n_, best) if t < math.inf}
+
+    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf, memory: bool = True, ends: bool = True
                ) -> tuple[float | None, bool]:
         """(the least over the counts of the work bound (class docstring) of the config's plans,
         as an objective: T plus stage 0's tail (cb._dp) and the optimizer term, priced
@@ -927,7 +1031,9 @@ class WorkBounds:
         scaled Z and S of the counts already placed (`scale_from`) reach it or the best, are not
         placed: then the value is a bound at least `cutoff`, not the whole one (False); below the
         cutoff it is the whole one. memory=False: every stage may hold every layer and every option
-        with a stage to offer is usable (stage 0's tail likewise): at most the bound with the rooms."""
+        with a stage to offer is usable (stage 0's tail likewise): at most the bound with the rooms.
+        ends (K > 1): each count's bound is at least `end_steps`' (the end stages enumerated);
+        without: lower, and cheaper (quick_bound raises a config to it only when it tops the heap)."""
         from milp_plan.solvers import bounds
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
@@ -945,8 +1051,11 @@ class WorkBounds:
         if K > 1:
             u, v, Q = self.ends(coef, usable)
             hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
-        counts = sorted(quick, key=lambda n: (quick[n], n))      # by the quick term
-        n_, q = np.array(counts), np.array([quick[n] for n in counts])
+        ends = self.end_steps(coef, cb, caps, rooms, usable) if K > 1 and ends else {}
+        key = {n: max(quick[n] + tail, ends.get(n, -math.inf)) for n in quick}
+        counts = sorted(quick, key=lambda n: (key[n], n))      # by the quick term and the end stages' bound
+        n_, q = np.array(counts), np.array([key[n] for n in counts])
+        e_ = np.array([ends.get(n, -math.inf) for n in counts])
         R = np.array([self.per_count(coef, o) for o in usable])[:, n_]       # A*_{o,n}
         least = R.min(axis=0)
         Q_ = np.asarray(Q)[n_] if K > 1 else None
@@ -958,13 +1067,13 @@ class WorkBounds:
                                                  ends_step(m, z, S, n_, Q_, hops)))
             return got
         best, floor, whole = math.inf, math.inf, True   # floor: the least bound of a count not placed
-        lb = q + tail         # each count's bound so far: its quick term, then the placed counts' scaled Z, S
+        lb = q.copy()         # each count's bound so far: its quick term, then the placed counts' scaled Z, S
         Z, S = np.zeros(len(counts)), np.zeros(len(counts))
         for j, n in enumerate(counts):
-            if q[j] + tail >= best:
+            if q[j] >= best:
                 break      # the counts left bound at least as high
-            if q[j] + tail >= limit:
-                best, whole = q[j] + tail, False
+            if q[j] >= limit:
+                best, whole = q[j], False
                 break
             if lb[j] >= best:
                 continue
@@ -977,11 +1086,159 @@ class WorkBounds:
             lam = scale_from(R, j)
             Z, S = np.maximum(Z, got[0] * lam), np.maximum(S, got[1] * lam)
             Z[j], S[j] = got
-            T = step(Z, S) + tail
+            T = np.maximum(step(Z, S) + tail, e_)
             best = min(best, float(T[j]))      # count n's own bound, at its Z and S
             lb = np.maximum(lb, T)
         best = min(best, floor)
         return (None if best == math.inf else cb._finish(coef, best, K)), whole
+
+
+def with_first(T: np.ndarray) -> np.ndarray:
+    """F[n, j] (n, j = 0..U): the least sum_k T[x_{k-1}, x_k] over the cuts 0 = x_0 < x_1 = j <
+    ... < x_n = U into n slices whose first slice is units 0..j (inf where none): T[0, j] plus
+    the least sum of n - 1 slices covering j..U, G_c[i] = min_{i' > i} T[i, i'] + G_{c-1}[i'],
+    G_0 = 0 at U (a shortest path, as `least_sums`)."""
+    U = len(T) - 1
+    G = np.full(U + 1, np.inf)
+    G[U] = 0.0
+    out = np.full((U + 1, U + 1), np.inf)
+    for n in range(1, U + 1):
+        out[n, 1:] = T[0, 1:] + G[1:]
+        G = (T + G[None, :]).min(axis=1)
+    return out
+
+
+def with_last(T: np.ndarray) -> np.ndarray:
+    """L[n, i] (n, i = 0..U): the least sum over the cuts into n slices whose last slice is
+    units i..U (inf where none): T[i, U] plus the least sum of n - 1 slices covering 0..i."""
+    U = len(T) - 1
+    F = np.full(U + 1, np.inf)
+    F[0] = 0.0
+    out = np.full((U + 1, U + 1), np.inf)
+    for n in range(1, U + 1):
+        out[n, :U] = T[:U, U] + F[:U]
+        F = (F[:, None] + T).min(axis=0)
+    return out
+
+
+def _middle(terms: dict, usable: list[int], caps: dict[int, int], rooms: dict[int, int], stages: int, L: int,
+            n_: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float]:
+    """What `end_paths` reads of the middle stages (K - 2 of them, `stages`) holding L' = 0..L
+    layers, per count (columns of n_): (Zm[L', count] = the least max_s n_s A*_{o(s),n} over
+    their placements, inf where none holds L'; LSm[L', count] = the least sum_s n_s A*_{o(s),n};
+    A_min[count] = the least A*_{o,n} of an option with a middle stage to offer; (mf, ml) = the
+    least per-layer f + b of such an option on each first slice 0..j (j = 1..U) and on each last
+    slice i..U (i = 0..U-1); the most layers a middle stage holds). Option o offers min(caps[o], stages) stages of at most rooms[o] layers (options of
+    one pool counted apart: a relaxation, as ConfigBounds._bottleneck). Zm: a placement whose
+    largest n_s A_o is z holds at most the `stages` largest min(floor(z / A_o), room_o), and that
+    total never falls as z grows, so the least z among the breakpoints k A_o whose total reaches
+    L' is at most every placement's maximum. LSm: the L' layers to the least A first (a
+    fractional knapsack of unit items, each option at most its stages x room)."""
+    opts = [o for o in usable if caps[o] > 0 and rooms[o] > 0] if stages > 0 else []
+    C = len(n_)
+    Zm, LSm = np.full((L + 1, C), np.inf), np.full((L + 1, C), np.inf)
+    Zm[0], LSm[0] = 0.0, 0.0
+    if not opts:
+        U = len(terms[usable[0]][0]) - 1     # no middle layer: its slice terms count 0 times
+        return Zm, LSm, np.full(C, np.inf), (np.zeros(U), np.zeros(U)), 0
+    A = np.array([terms[o][0][n_] for o in opts])                       # options x counts
+    room = np.array([rooms[o] for o in opts])
+    cap = np.array([min(caps[o], stages) for o in opts])
+    for c in range(C):
+        z = np.unique(np.concatenate([A[i, c] * np.arange(1, room[i] + 1) for i in range(len(opts))]))
+        hold = np.minimum(np.floor(z[:, None] / A[None, :, c] + 1e-9), room[None, :])   # cands x options
+        idx = np.argsort(-hold, axis=1, kind="stable")
+        h, cp = np.take_along_axis(hold, idx, axis=1), cap[idx]
+        taken = np.minimum(cp, np.maximum(stages - (np.cumsum(cp, axis=1) - cp), 0))
+        total = np.maximum.accumulate((h * taken).sum(axis=1))
+        at = np.searchsorted(total, np.arange(1, L + 1), side="left")
+        Zm[1:, c] = np.where(at < len(z), z[np.minimum(at, len(z) - 1)], np.inf)
+        order = np.argsort(A[:, c], kind="stable")
+        offer = (cap * room)[order]
+        before = np.cumsum(offer) - offer
+        need = np.arange(1, L + 1)[:, None]
+        take = np.clip(need - before[None, :], 0, offer[None, :])
+        LSm[1:, c] = np.where(take.sum(axis=1) >= need[:, 0], (take * A[order, c][None, :]).sum(axis=1), np.inf)
+    u = tuple(np.min([terms[o][7][side][0] for o in opts], axis=0) for side in ("first", "last"))
+    return Zm, LSm, A.min(axis=0), u, int(room.max())
+
+
+def _fill_path(m: int, a: np.ndarray, b: np.ndarray, mid: np.ndarray, n_: np.ndarray, Aw: np.ndarray,
+               Ew: np.ndarray, blk: np.ndarray, end: np.ndarray, mids: np.ndarray, hop: np.ndarray) -> np.ndarray:
+    """M(K-1) (a x b x counts), the heaviest end stage's machine path with the first slice's
+    length j enumerated: the end stage (b layers) runs every item, W >= b Aw[n, j] + Ew[n, j]
+    (its per-layer and head sums over the cuts with that first slice, `with_first`; Aw, Ew
+    [n, j - 1] for j = 1..U), and slice 0
+    (j units) passes the a layers and the embedding of stage 0 (blk[j - 1], end[j - 1]), the mid
+    middle layers (each at least mids[j - 1]) and every hop down and back (hop[j - 1]):
+        M >= min_j m (b Aw[n, j] + Ew[n, j]) + a blk[j] + end[j] + mid mids[j] + hop[j].
+    With the stages' roles swapped and the last slice's start i for j (`with_last`; the arrays
+    over i = 0..U-1, hop reversed: U - i units) it is M(0). The other first slice terms without
+    a fill are dropped (at least 0)."""
+    n = n_[None, None, :, None]
+    W = b[..., None] * Aw[n, np.arange(len(blk))] + Ew[n, np.arange(len(blk))]
+    fill = a[..., None] * blk + end + mid[..., None] * mids + hop
+    with np.errstate(invalid="ignore"):
+        got = m * W + fill
+    return np.where(np.isnan(got), np.inf, got).min(axis=3)
+
+
+def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple, room0: int, room1: int,
+              middle: tuple, Qn: np.ndarray, An: np.ndarray, hop: float, tail: np.ndarray, opt: np.ndarray
+              ) -> np.ndarray:
+    """Per count n (of n_): at least the step of every plan (K >= 2 stages, m micro-batches)
+    whose stage 0 runs the option of `first` with a = 1..room0 layers and stage K-1 the option
+    of `last` with b = 1..room1 layers, cut into n slices; the least over a and b. first, last:
+    WorkBounds.option_ends of the two options (A, E, H per count; uf, ul, ef, hl); middle:
+    `_middle` of the K - 2 middle stages with the ends' stages taken from their pools; Qn, An:
+    per count the least sum_k (alpha_k + min(emb_k, head_k)) and sum_k alpha_k (alpha, emb, head
+    the least over the options); hop: every hop down and back with one unit of tokens
+    (`_hop_chain`); tail[a - 1]:
+    stage 0's tail at a layers (its reduction's piece 0, Coefficients.dp_time, and the tied
+    all-reduce with that option at stage 0, bounds._sync_by_end); opt[a - 1, b - 1]: the optimizer
+    term's excess over the config's (cb._opt). With L' = L - a - b layers in the middle,
+    W_0 >= a A_0 + E_0, W_{K-1} >= b A_1 + H_1 and max_mid W_s >= Zm(L') (`_middle`):
+
+        M(K-1) >= m W_{K-1} + a uf_0 + ef_0 + L' uf + hop   (the fill: slice 0 above K-1)
+        M(0)   >= m W_0 + b ul_1 + hl_1 + L' ul + hop       (the drain: the last slice below 0)
+        M(s)   >= m W_s + a uf_0 + ef_0 + b ul_1 + hl_1 + (L' - n_s) min(uf, ul) + hop   (s the heaviest
+                  middle stage; n_s <= min(W_s / A_min, room), L' - n_s >= K - 3; the term
+                  never falls as W_s grows, so W_s = Zm(L') bounds it)
+        P      >= (m - 1) W_max + S / n + (1 - 1/n) Q + hop   (ends_step: S >= W_0 + W_{K-1} +
+                  LSm(L'), Q = sum_k min(p_{0,k}, p_{K-1,k}) >= Qn + (min(a, b) - 1) An)
+        m W_max
+
+    (slice_bounds docstring, M(s) and P(s, k); each first- or last-slice term at its own least
+    over the slice's length, uf and ul those of a middle option), and T >= the largest + tail[a] + opt[a, b]. inf where no placement fits."""
+    A0, E0, _, uf0, _, ef0, _, by0 = first
+    A1, _, H1, _, ul1, _, hl1, by1 = last
+    Zm, LSm, Amin, (mf, ml), rmax = middle
+    uf, ul = mf.min(), ml.min()
+    a = np.arange(1, room0 + 1)[:, None, None]
+    b = np.arange(1, room1 + 1)[None, :, None]
+    mid = L - a - b                                                       # a x b x 1
+    ok = (mid >= K - 2) & (mid >= 0)
+    midc = np.clip(mid, 0, L)
+    Zc, LSc = Zm[midc[..., 0]], LSm[midc[..., 0]]                         # a x b x counts
+    n = n_[None, None, :].astype(float)
+    W0, W1 = a * A0[n_] + E0[n_], b * A1[n_] + H1[n_]
+    fill0, drain1 = a * uf0 + ef0, b * ul1 + hl1
+    U = len(mf)
+    T = np.maximum(_fill_path(m, a, b, mid, n_, by1["A_first"][:, 1:], by1["H_first"][:, 1:], *by0["first"], mf, hop),
+                   _fill_path(m, b, a, mid, n_, by0["A_last"][:, :U], by0["E_last"][:, :U], *by1["last"], ml,
+                              hop[::-1]))
+    Wmax = np.maximum(W0, W1)
+    if K >= 3:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rest = np.maximum(np.maximum(K - 3, mid - rmax), mid - Zc / Amin)
+        T = np.maximum(T, m * Zc + fill0 + drain1 + rest * min(uf, ul) + hop[0])
+        Wmax = np.maximum(Wmax, Zc)
+    S = W0 + W1 + LSc
+    Q = Qn + (np.minimum(a, b) - 1) * An
+    T = np.maximum(T, np.maximum(m * Wmax, (m - 1) * Wmax + S / n + (1 - 1 / n) * Q) + hop[0])
+    T = T + tail[:, None, None] + opt[:, :, None]
+    T = np.where(ok & np.isfinite(Zc) & np.isfinite(LSc), T, np.inf)
+    return T.min(axis=(0, 1))
 
 
 def scale_from(R: np.ndarray, j: int) -> np.ndarray:
@@ -1027,7 +1284,8 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     first over bounds of rising cost, each at most the next: `WorkBounds.quick` (every layer at
     the fastest option; the first keys, `_initial_keys`, one numpy pass per options group), the
     same plus stage 0's tail without the memory rooms (ConfigBounds._dp), `WorkBounds.config`
-    without the memory rooms, then with them. A config is refined when it is the least on the
+    without the memory rooms, then with them, then with the end stages enumerated too
+    (`WorkBounds.end_steps`). A config is refined when it is the least on the
     heap, keyed by the largest of its bounds so far; the first final bound popped is the least
     (no other config can lower it), and a config whose bound reaches the least final bound pushed
     so far is dropped. For the default's decision (`default_line`): cheap enough to run after
@@ -1048,8 +1306,9 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     cb.inst, cb.limits, cb.tails = inst, limits, {}
     work = WorkBounds(inst, limits, range(2, units + 1))
     heap = _initial_keys(prepared, work, limits)   # (bound, config index, stage): 0 quick without
-    # context, 1 with, 2 WorkBounds.config without the memory rooms, 3 with them, 4 full
-    last = 4 if refine > 0 else 3
+    # context, 1 with, 2 WorkBounds.config without the memory rooms, 3 with them, 4 with the end
+    # stages enumerated too, 5 full
+    last = 5 if refine > 0 else 4
     dl = Deadline(math.inf, work=refine) if refine > 0 else None
     full = None
     read, final = 0, math.inf    # final: the least last-stage bound pushed; the answer is at most it
@@ -1065,10 +1324,12 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
             tail = cb._dp(coef, 1 if coef.cfg.pp > 1 else inst.model.num_layers, memory=False)
             got = cb._finish(coef, min(quick.values()) + tail, coef.cfg.pp) if quick else None
         elif stage == 1:
-            got, _ = work.config(coef, cb, final, memory=False)
+            got, _ = work.config(coef, cb, final, memory=False, ends=False)
         elif stage == 2:
             read += 1
             # cut at `final`: a value at or above it (whole or not) cannot be the least
+            got, _ = work.config(coef, cb, final, ends=False)
+        elif stage == 3:
             got, _ = work.config(coef, cb, final)
         else:
             full = full or ConfigBounds(inst, limits, range(2, units + 1))
