@@ -711,3 +711,43 @@ def test_default_line_refines_a_close_bound(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(sb, "quick_bound", functools.partial(fake, lb=obj * 0.8))
     line = slice_plan.default_line(inst, req, limits, res)
     assert "undecided" in line and "at most 20%" in line and calls == [0.0], line
+
+
+@pytest.mark.parametrize("make,batch", [("two_speed", 1), ("tiny", 1), ("two_speed", 2)])
+def test_end_stage_bound_of_each_count_never_exceeds_its_plans(tmp_path_factory, make, batch):
+    """WorkBounds.end_steps (the end stages' options and layers enumerated: their embedding and
+    head sums, stage 0's tail at its layers, the heaviest end's machine path with its first or
+    last slice's length enumerated, the middle's bottleneck, hops by pool chain), plus the
+    optimizer term, is at most the simulated step of every plan of the config that fits memory
+    cut into n slices, for each count n on its own (brute force over every slicing; pp 2..4: an
+    empty, a one-stage and a two-stage middle), and it bites: above the work bound without it
+    (WorkBounds.config, ends=False) on some config and count."""
+    from milp_plan.slice_plan import _fits_memory
+    from milp_plan.solvers import bounds as ub
+    inst = (tiny if make == "tiny" else two_speed)(str(tmp_path_factory.mktemp("t")), batch)
+    limits = Limits("min-time")
+    cb = sb.ConfigBounds(inst, limits, range(2, SEQ + 1))
+    checked, bites = 0, 0
+    for coef in gpipe_configs(inst, 4):
+        found = ub.usable_options(coef, limits)
+        if coef.cfg.pp < 2 or found is None:
+            continue
+        caps, _, rooms, usable = found
+        ends = cb.work_bounds.end_steps(coef, cb, caps, rooms, usable)
+        least: dict[int, float] = {}
+        for plan in every_plan(inst, coef):
+            if not _fits_memory(plan):
+                continue
+            for lengths in compositions(SEQ):
+                if len(lengths) < 2:
+                    continue
+                step = predict.evaluate(inst, sliced(plan, lengths), basis=predict.SIMULATED).step_time_s
+                n = len(lengths)
+                assert n in ends and ends[n] + cb._opt(coef) <= step * (1 + 1e-9), \
+                    (coef.cfg.label(), [(st.gpu, st.num_layers) for st in plan.stages], lengths)
+                least[n] = min(least.get(n, math.inf), step)
+                checked += 1
+        without, _ = cb.work_bounds.config(coef, cb, ends=False)
+        with_ends, _ = cb.work_bounds.config(coef, cb)
+        bites += with_ends is not None and without is not None and with_ends > without * (1 + 1e-6)
+    assert checked > 300 and bites, (checked, bites)

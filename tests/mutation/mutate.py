@@ -169,6 +169,11 @@ MUTATIONS = [
     (SLICE, "a slicing row's machine path prices the end slices at the dearest option",
      "        u = np.minimum(alpha[:, 0, :].min(axis=1), alpha[ar, last, :].min(axis=1))",
      "        u = np.minimum(alpha[:, 0, :].max(axis=1), alpha[ar, last, :].max(axis=1))"),
+    (SLICE, "the end stages' bound counts the heaviest middle stage's layers in the other middle stages' fill",
+     "        T = np.maximum(T, m * Zc + fill0 + drain1 + rest * min(uf, ul) + hop[0])",
+     "        T = np.maximum(T, m * Zc + fill0 + drain1 + mid * min(uf, ul) + hop[0])"),
+    (SLICE, "the end stages' bound counts every hop of the pool chain twice over",
+     "    return best / coef.inst.job.seq_length", "    return 2 * best / coef.inst.job.seq_length"),
     ("milp_plan/solvers/bounds.py", "coupled_budget_bound caps the dear type's stages one below what the budget allows",
      "                                 type_caps={dear: d_max})", "                                 type_caps={dear: d_max - 1})"),
     ("milp_plan/solvers/bounds.py", "least_usd_per_hour_with fills the other stages from the dearest pool first",
@@ -353,6 +358,9 @@ test_slice_search.test_scaled_placements_with_unlike_speeds(_Tmp())
 # each slicing row's full bound (its paths and the heaviest stage's machine path) against every plan's
 for make, batch in (("tiny", 1), ("two_speed", 1), ("tiny", 2)):
     test_slice_search.test_full_bound_of_each_slicing_never_exceeds_its_plans(_Tmp(), make, batch)
+# the end stages' bound of each count (WorkBounds.end_steps) against every plan's simulated step
+for make, batch in (("two_speed", 1), ("tiny", 1), ("two_speed", 2)):
+    test_slice_search.test_end_stage_bound_of_each_count_never_exceeds_its_plans(_Tmp(), make, batch)
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
