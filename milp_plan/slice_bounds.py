@@ -60,7 +60,8 @@ per-layer sum A*_{o,n} over the cuts into n slices (`count_sums`, a shortest pat
 Z_n and least layer sum S_n of the placements at those times, and T >= max(m Z_n, (m - 1) Z_n +
 S_n / n, fill, ends) + tails (`work_step`: the machine path M(s) of the heaviest stage, and P(s, k)
 at the slice of most work; `fill_step`: M(s) with the other stages' first or last slices;
-`ends_step`: P(s, k) with R_k through the end stages). `full` takes it too (the paths have no m W term at m = 1); the default's
+`ends_step`: P(s, k) with R_k through the end stages), and the same paths with the end stages'
+options and layers enumerated (`WorkBounds.end_steps`, `end_paths`). `full` takes it too (the paths have no m W term at m = 1); the default's
 decision reads its least over the configs (`quick_bound`). formulations/pipeline.md, "Token
 slices", gives the proofs; tests/test_slice_search.py checks each part against enumeration."""
 from __future__ import annotations
