@@ -1129,7 +1129,12 @@ def _middle(terms: dict, usable: list[int], caps: dict[int, int], rooms: dict[in
     their placements, inf where none holds L'; LSm[L', count] = the least sum_s n_s A*_{o(s),n};
     A_min[count] = the least A*_{o,n} of an option with a middle stage to offer; (mf, ml) = the
     least per-layer f + b of such an option on each first slice 0..j (j = 1..U) and on each last
-    slice i..U (i = 0..U-1); the most layers a middle stage holds). Option o offers min(caps[o], stages) stages of at most rooms[o] layers (options of
+    slice i..U (i = 0..U-1); the most layers a middle stage holds; (lam_f[count, j - 1],
+    lam_l[count, i]) = the least over those options of A_o(n, first slice 0..j) / A*_{o,n} and of
+    A_o(n, last slice i..U) / A*_{o,n} (`with_first`, `with_last`): every per-layer sum of a cut
+    with that first (last) slice is at least lam times the option's A*, so the middle's heaviest
+    stage on such a cut takes at least lam Zm (the bottleneck scales with the per-layer times,
+    as `scale_from`)). Option o offers min(caps[o], stages) stages of at most rooms[o] layers (options of
     one pool counted apart: a relaxation, as ConfigBounds._bottleneck). Zm: a placement whose
     largest n_s A_o is z holds at most the `stages` largest min(floor(z / A_o), room_o), and that
     total never falls as z grows, so the least z among the breakpoints k A_o whose total reaches
@@ -1141,7 +1146,7 @@ def _middle(terms: dict, usable: list[int], caps: dict[int, int], rooms: dict[in
     Zm[0], LSm[0] = 0.0, 0.0
     if not opts:
         U = len(terms[usable[0]][0]) - 1     # no middle layer: its slice terms count 0 times
-        return Zm, LSm, np.full(C, np.inf), (np.zeros(U), np.zeros(U)), 0
+        return Zm, LSm, np.full(C, np.inf), (np.zeros(U), np.zeros(U)), 0, (np.ones((C, U)),) * 2
     A = np.array([terms[o][0][n_] for o in opts])                       # options x counts
     room = np.array([rooms[o] for o in opts])
     cap = np.array([min(caps[o], stages) for o in opts])
@@ -1161,7 +1166,11 @@ def _middle(terms: dict, usable: list[int], caps: dict[int, int], rooms: dict[in
         take = np.clip(need - before[None, :], 0, offer[None, :])
         LSm[1:, c] = np.where(take.sum(axis=1) >= need[:, 0], (take * A[order, c][None, :]).sum(axis=1), np.inf)
     u = tuple(np.min([terms[o][7][side][0] for o in opts], axis=0) for side in ("first", "last"))
-    return Zm, LSm, A.min(axis=0), u, int(room.max())
+    U = len(u[0])
+    with np.errstate(invalid="ignore"):
+        lam = tuple(np.min([terms[o][7][name][n_][:, cols] / A[i][:, None] for i, o in enumerate(opts)], axis=0)
+                    for name, cols in (("A_first", slice(1, U + 1)), ("A_last", slice(0, U))))
+    return Zm, LSm, A.min(axis=0), u, int(room.max()), lam
 
 
 def _fill_path(m: int, a: np.ndarray, b: np.ndarray, mid: np.ndarray, n_: np.ndarray, Aw: np.ndarray,
@@ -1184,6 +1193,11 @@ def _fill_path(m: int, a: np.ndarray, b: np.ndarray, mid: np.ndarray, n_: np.nda
     return np.where(np.isnan(got), np.inf, got).min(axis=3)
 
 
+def _least(x: np.ndarray) -> np.ndarray:
+    """The least over the last axis, nan (0 x inf: no slice of that length) read as inf."""
+    return np.where(np.isnan(x), np.inf, x).min(axis=-1)
+
+
 def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple, room0: int, room1: int,
               middle: tuple, Qn: np.ndarray, An: np.ndarray, hop: float, tail: np.ndarray, opt: np.ndarray
               ) -> np.ndarray:
@@ -1204,7 +1218,10 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
         M(0)   >= m W_0 + b ul_1 + hl_1 + L' ul + hop       (the drain: the last slice below 0)
         M(s)   >= m W_s + a uf_0 + ef_0 + b ul_1 + hl_1 + (L' - n_s) min(uf, ul) + hop   (s the heaviest
                   middle stage; n_s <= min(W_s / A_min, room), L' - n_s >= K - 3; the term
-                  never falls as W_s grows, so W_s = Zm(L') bounds it)
+                  never falls as W_s grows, so W_s = Zm(L') bounds it); and with the first
+                  slice's length j enumerated, W_s >= lam_f[n, j] Zm(L') and stage 0's part
+                  a t_0(0, j) + emb_0(0, j) (L' - n_s >= max(K - 3, L' - room)), or the last
+                  slice's with lam_l and stage K-1's part
         P      >= (m - 1) W_max + S / n + (1 - 1/n) Q + hop   (ends_step: S >= W_0 + W_{K-1} +
                   LSm(L'), Q = sum_k min(p_{0,k}, p_{K-1,k}) >= Qn + (min(a, b) - 1) An)
         m W_max
@@ -1213,7 +1230,7 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
     over the slice's length, uf and ul those of a middle option), and T >= the largest + tail[a] + opt[a, b]. inf where no placement fits."""
     A0, E0, _, uf0, _, ef0, _, by0 = first
     A1, _, H1, _, ul1, _, hl1, by1 = last
-    Zm, LSm, Amin, (mf, ml), rmax = middle
+    Zm, LSm, Amin, (mf, ml), rmax, (lam_f, lam_l) = middle
     uf, ul = mf.min(), ml.min()
     a = np.arange(1, room0 + 1)[:, None, None]
     b = np.arange(1, room1 + 1)[None, :, None]
@@ -1234,6 +1251,12 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
             rest = np.maximum(np.maximum(K - 3, mid - rmax), mid - Zc / Amin)
         T = np.maximum(T, m * Zc + fill0 + drain1 + rest * min(uf, ul) + hop[0])
         Wmax = np.maximum(Wmax, Zc)
+        # the heaviest middle stage with the first (last) slice's length enumerated: W_s >= lam Zm
+        others = np.maximum(K - 3, mid - rmax) * min(uf, ul) + hop[0]
+        with np.errstate(invalid="ignore"):
+            fj = m * lam_f[None, None] * Zc[..., None] + (a[..., None] * by0["first"][0] + by0["first"][1])
+            di = m * lam_l[None, None] * Zc[..., None] + (b[..., None] * by1["last"][0] + by1["last"][1])
+        T = np.maximum(T, np.maximum(_least(fj) + drain1, _least(di) + fill0) + others)
     S = W0 + W1 + LSc
     Q = Qn + (np.minimum(a, b) - 1) * An
     T = np.maximum(T, np.maximum(m * Wmax, (m - 1) * Wmax + S / n + (1 - 1 / n) * Q) + hop[0])
