@@ -606,7 +606,7 @@ class ConfigBounds:
         self.row_bounds[coef.cfg] = T
         got = self._finish(coef, T, K)
         cheap = self.cheap(coef)
-        work, _ = self.work_bounds.config(coef, self)
+        work, _ = self.work_bounds.config(coef, self, paths=True)
         self.work += len(self.work_bounds.counts) * len(coef.options) * WORK_PER_COUNT
         return None if got is None or cheap is None or work is None else max(got, cheap, work)
 
@@ -985,13 +985,18 @@ class WorkBounds:
                                          float(T[:U, U].min()), float(Te[0, 1:].min()), float(Th[:U, U].min()),
                                          dict(A_first=with_first(T), H_first=with_first(Th), A_last=with_last(T),
                                               E_last=with_last(Te), first=(T[0, 1:], Te[0, 1:]),
-                                              last=(T[:U, U], Th[:U, U])))
+                                              last=(T[:U, U], Th[:U, U])),
+                                         dict(T=T, Te=Te, Th=Th, pre=prefix_sums(T), pre_e=prefix_sums(Te),
+                                              suf=suffix_sums(T), suf_h=suffix_sums(Th)))
         return got
 
-    def end_steps(self, coef, cb: "ConfigBounds", caps: dict, rooms: dict, usable: list[int]) -> dict[int, float]:
+    def end_steps(self, coef, cb: "ConfigBounds", caps: dict, rooms: dict, usable: list[int], paths: bool = False,
+                  limit: float = math.inf) -> dict[int, float]:
         """Per count n: at least the step of every plan of the config (K >= 2) cut into n slices,
         less the optimizer term cb._opt (so that cb._finish adds it back), with the end stages'
-        options and layers enumerated (`end_paths`); a count absent: no plan."""
+        options and layers enumerated (`end_paths`); a count absent: no plan. paths: each (a, b)
+        whose bound is below the count's least so far (and `limit`, a step) is raised by every
+        path through the end stages and one slice, over every cut (`_lazy_paths`; dearer)."""
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
         n_ = np.array(self.counts)
@@ -1003,7 +1008,7 @@ class WorkBounds:
         Qn, An = np.asarray(Qn)[n_], np.asarray(least_sums(U, alpha))[n_]
         from milp_plan.solvers import bounds
         sync = bounds._sync_by_end(coef, caps, usable) if self.inst.model.tied_embeddings else {}
-        best = np.full(len(n_), np.inf)
+        pairs = []
         for o0 in usable:
             for o1 in usable:
                 left = dict(caps)
@@ -1015,16 +1020,30 @@ class WorkBounds:
                     sync.get(o0, 0.0)
                 opt = np.maximum.outer([coef.opt_time(o0, 0)(a) for a in range(1, rooms[o0] + 1)],
                                        [coef.opt_time(o1, K - 1)(b) for b in range(1, rooms[o1] + 1)])
-                T = end_paths(m, K, L, n_, terms[o0], terms[o1], rooms[o0], rooms[o1],
-                              _middle(terms, usable, {o: left[coef.pool_of[o]] for o in usable}, rooms, K - 2, L, n_),
-                              Qn, An, _hop_chain(coef, caps, coef.pool_of[o0], coef.pool_of[o1]) * unit *
-                              np.arange(1, U + 1), tail,
-                              np.maximum(opt, cb._opt(coef)) - cb._opt(coef))
-                best = np.minimum(best, T)
+                middle = _middle(terms, usable, {o: left[coef.pool_of[o]] for o in usable}, rooms, K - 2, L, n_)
+                hop = _hop_chain(coef, caps, coef.pool_of[o0], coef.pool_of[o1]) * unit
+                extra = tail[:, None] + np.maximum(opt, cb._opt(coef)) - cb._opt(coef)
+                T, Wmax = end_paths(m, K, L, n_, terms[o0], terms[o1], rooms[o0], rooms[o1], middle, Qn, An,
+                                    hop * np.arange(1, U + 1), tail, extra - tail[:, None], coupled=not paths)
+                pairs.append((o0, o1, T, Wmax, extra, middle, hop))
+        best = np.min([T.min(axis=(0, 1)) for _, _, T, _, _, _, _ in pairs], axis=0) if pairs else \
+            np.full(len(n_), np.inf)
+        if paths:     # the counts in increasing bound, each raised while it can lower the least
+            least = limit
+            for c in np.argsort(best, kind="stable"):
+                if best[c] >= least:
+                    break
+                raised = math.inf
+                for o0, o1, T, Wmax, extra, middle, hop in pairs:
+                    mid_t = np.min([self.table(coef, o) for o in middle[6]], axis=0) if middle[6] else None
+                    raised = min(raised, _lazy_paths(T[:, :, c], Wmax[:, :, c], extra, min(raised, least), m, L,
+                                                     int(n_[c]), terms[o0][8], terms[o1][8], mid_t, hop))
+                best[c] = max(best[c], raised)
+                least = min(least, best[c])
         return {int(n): float(t) for n, t in zip(n_, best) if t < math.inf}
 
-    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf, memory: bool = True, ends: bool = True
-               ) -> tuple[float | None, bool]:
+    def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf, memory: bool = True, ends: bool = True,
+               paths: bool = False) -> tuple[float | None, bool]:
         """(the least over the counts of the work bound (class docstring) of the config's plans,
         as an objective: T plus stage 0's tail (cb._dp) and the optimizer term, priced
         (cb._finish); whether it is the whole bound). None: no placement fits or none meets the
@@ -1034,7 +1053,8 @@ class WorkBounds:
         cutoff it is the whole one. memory=False: every stage may hold every layer and every option
         with a stage to offer is usable (stage 0's tail likewise): at most the bound with the rooms.
         ends (K > 1): each count's bound is at least `end_steps`' (the end stages enumerated);
-        without: lower, and cheaper (quick_bound raises a config to it only when it tops the heap)."""
+        without: lower, and cheaper (quick_bound raises a config to it only when it tops the heap).
+        paths: `end_steps` with every path through the end stages and one slice (dearer)."""
         from milp_plan.solvers import bounds
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
@@ -1052,7 +1072,7 @@ class WorkBounds:
         if K > 1:
             u, v, Q = self.ends(coef, usable)
             hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
-        ends = self.end_steps(coef, cb, caps, rooms, usable) if K > 1 and ends else {}
+        ends = self.end_steps(coef, cb, caps, rooms, usable, paths, limit) if K > 1 and ends else {}
         key = {n: max(quick[n] + tail, ends.get(n, -math.inf)) for n in quick}
         counts = sorted(quick, key=lambda n: (key[n], n))      # by the quick term and the end stages' bound
         n_, q = np.array(counts), np.array([key[n] for n in counts])
@@ -1122,6 +1142,86 @@ def with_last(T: np.ndarray) -> np.ndarray:
     return out
 
 
+def prefix_sums(T: np.ndarray) -> np.ndarray:
+    """F[k, x] (k, x = 0..U): the least sum of k slices covering units 0..x (F[0] = 0 at 0, inf
+    elsewhere; inf where none), the forward shortest path of `least_sums` kept per step."""
+    U = len(T) - 1
+    out = np.full((U + 1, U + 1), np.inf)
+    out[0, 0] = 0.0
+    for k in range(1, U + 1):
+        out[k] = (out[k - 1][:, None] + T).min(axis=0)
+    return out
+
+
+def suffix_sums(T: np.ndarray) -> np.ndarray:
+    """G[c, x] (c, x = 0..U): the least sum of c slices covering units x..U (G[0] = 0 at U)."""
+    U = len(T) - 1
+    out = np.full((U + 1, U + 1), np.inf)
+    out[0, U] = 0.0
+    for c in range(1, U + 1):
+        out[c] = (T + out[c - 1][None, :]).min(axis=1)
+    return out
+
+
+PATH_BATCH = 64   # _lazy_paths: end-stage layer pairs raised at a time
+
+
+def _lazy_paths(T: np.ndarray, Wmax: np.ndarray, extra: np.ndarray, cutoff: float, m: int, L: int, n: int,
+                t0: dict, t1: dict, mid: np.ndarray | None, hop: float) -> float:
+    """The least over the end stages' layers (a, b) of max(T[a, b], `slice_paths` + (m - 1) W_max
+    + extra[a, b]), raising the pairs in increasing T, PATH_BATCH at a time, while T is below the
+    least found and `cutoff` (a pair's value is at least its T, so the pairs left cannot lower
+    it; at or above the cutoff it need not be known: then the cutoff, a bound, is returned; inf
+    where no pair fits)."""
+    flat = np.argsort(T, axis=None, kind="stable")
+    best = math.inf
+    for start in range(0, flat.size, PATH_BATCH):
+        idx = flat[start:start + PATH_BATCH]
+        idx = idx[T.flat[idx] < min(best, cutoff)]
+        if not len(idx):
+            break
+        a, b = np.unravel_index(idx, T.shape)
+        V = slice_paths(a + 1, b + 1, L, n, t0, t1, mid, hop)
+        got = np.maximum(T[a, b], V + (m - 1) * Wmax[a, b] + extra[a, b])
+        best = min(best, float(got.min()))
+    if best < cutoff:
+        return best
+    return max(cutoff, float(T.min()))     # every pair's value is at least the cutoff (inf: no pair fits)
+
+
+def slice_paths(a: np.ndarray, b: np.ndarray, L: int, n: int, t0: dict, t1: dict, mid: np.ndarray | None,
+                hop: float) -> np.ndarray:
+    """Per (a, b): at least min over the cuts into n slices of max_k of the path through stage 0,
+    slice k and stage K-1 (slice_bounds docstring, P(0, s, K-1, k) without (m - 1) W_s):
+        sum_{i<=k} p_{0,i} + sum_{0<r<K-1} p_{r,k} + sum_{i>=k} p_{K-1,i} + 2 sum_h hop_{h,k},
+    stage 0 holding a layers and the embedding (option tables t0: per-layer T, embedding Te,
+    prefix sums pre, pre_e), stage K-1 b layers and the head (t1: T, Th, suffix sums suf, suf_h),
+    the L - a - b middle layers each at least `mid` (the least per-layer f + b of a middle option
+    per slice; None: no middle stage), every hop down and back `hop` per unit of the slice. The
+    slices before k on stage 0 take at least the least sum of k slices covering their units, and
+    those after k on stage K-1 likewise (`prefix_sums`, `suffix_sums`), so each path's term reads
+    only slice k's ends (x', x); the least over the cuts of the largest term is a bottleneck path
+    over the unit positions: V_0[x] = c_0(0, x), V_k[x] = min_{x' < x} max(V_{k-1}[x'], c_k(x', x)),
+    the answer V_{n-1}[U]."""
+    U = len(t0["T"]) - 1
+    arc = np.isfinite(t0["T"])
+    z = lambda x: np.where(arc, x, 0.0)
+    a_, b_ = a[:, None, None].astype(float), b[:, None, None].astype(float)
+    ends = a_ * z(t0["T"]) + z(t0["Te"]) + b_ * z(t1["T"]) + z(t1["Th"]) + hop * np.maximum(
+        np.arange(U + 1)[None, :] - np.arange(U + 1)[:, None], 0)
+    if mid is not None:
+        ends = ends + (L - a_ - b_) * z(mid)
+    V = None
+    for k in range(n):
+        pre = a_[:, :, 0] * t0["pre"][k] + t0["pre_e"][k]               # P x (U + 1), at x'
+        suf = b_[:, :, 0] * t1["suf"][n - k - 1] + t1["suf_h"][n - k - 1]   # at x
+        with np.errstate(invalid="ignore"):
+            c = np.where(arc, ends + pre[:, :, None] + suf[:, None, :], np.inf)
+        c = np.where(np.isnan(c), np.inf, c)
+        V = c[:, 0, :] if k == 0 else np.maximum(V[:, :, None], c).min(axis=1)
+    return V[:, U]
+
+
 def _middle(terms: dict, usable: list[int], caps: dict[int, int], rooms: dict[int, int], stages: int, L: int,
             n_: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float]:
     """What `end_paths` reads of the middle stages (K - 2 of them, `stages`) holding L' = 0..L
@@ -1146,7 +1246,7 @@ def _middle(terms: dict, usable: list[int], caps: dict[int, int], rooms: dict[in
     Zm[0], LSm[0] = 0.0, 0.0
     if not opts:
         U = len(terms[usable[0]][0]) - 1     # no middle layer: its slice terms count 0 times
-        return Zm, LSm, np.full(C, np.inf), (np.zeros(U), np.zeros(U)), 0, (np.ones((C, U)),) * 2
+        return Zm, LSm, np.full(C, np.inf), (np.zeros(U), np.zeros(U)), 0, (np.ones((C, U)),) * 2, []
     A = np.array([terms[o][0][n_] for o in opts])                       # options x counts
     room = np.array([rooms[o] for o in opts])
     cap = np.array([min(caps[o], stages) for o in opts])
@@ -1170,7 +1270,7 @@ def _middle(terms: dict, usable: list[int], caps: dict[int, int], rooms: dict[in
     with np.errstate(invalid="ignore"):
         lam = tuple(np.min([terms[o][7][name][n_][:, cols] / A[i][:, None] for i, o in enumerate(opts)], axis=0)
                     for name, cols in (("A_first", slice(1, U + 1)), ("A_last", slice(0, U))))
-    return Zm, LSm, A.min(axis=0), u, int(room.max()), lam
+    return Zm, LSm, A.min(axis=0), u, int(room.max()), lam, opts
 
 
 def _fill_path(m: int, a: np.ndarray, b: np.ndarray, mid: np.ndarray, n_: np.ndarray, Aw: np.ndarray,
@@ -1199,8 +1299,8 @@ def _least(x: np.ndarray) -> np.ndarray:
 
 
 def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple, room0: int, room1: int,
-              middle: tuple, Qn: np.ndarray, An: np.ndarray, hop: float, tail: np.ndarray, opt: np.ndarray
-              ) -> np.ndarray:
+              middle: tuple, Qn: np.ndarray, An: np.ndarray, hop: float, tail: np.ndarray, opt: np.ndarray,
+              coupled: bool = True) -> np.ndarray:
     """Per count n (of n_): at least the step of every plan (K >= 2 stages, m micro-batches)
     whose stage 0 runs the option of `first` with a = 1..room0 layers and stage K-1 the option
     of `last` with b = 1..room1 layers, cut into n slices; the least over a and b. first, last:
@@ -1227,10 +1327,13 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
         m W_max
 
     (slice_bounds docstring, M(s) and P(s, k); each first- or last-slice term at its own least
-    over the slice's length, uf and ul those of a middle option), and T >= the largest + tail[a] + opt[a, b]. inf where no placement fits."""
-    A0, E0, _, uf0, _, ef0, _, by0 = first
-    A1, _, H1, _, ul1, _, hl1, by1 = last
-    Zm, LSm, Amin, (mf, ml), rmax, (lam_f, lam_l) = middle
+    over the slice's length, uf and ul those of a middle option), and T >= the largest + tail[a] + opt[a, b]. inf where no placement fits.
+    Returns (T[a - 1, b - 1, count], the lower bound on W_max used). coupled=False: the machine
+    paths with each first or last slice term at its own least (cheaper; `slice_paths` then
+    couples them)."""
+    A0, E0, _, uf0, _, ef0, _, by0, _ = first
+    A1, _, H1, _, ul1, _, hl1, by1, _ = last
+    Zm, LSm, Amin, (mf, ml), rmax, (lam_f, lam_l), _ = middle
     uf, ul = mf.min(), ml.min()
     a = np.arange(1, room0 + 1)[:, None, None]
     b = np.arange(1, room1 + 1)[None, :, None]
@@ -1242,9 +1345,13 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
     W0, W1 = a * A0[n_] + E0[n_], b * A1[n_] + H1[n_]
     fill0, drain1 = a * uf0 + ef0, b * ul1 + hl1
     U = len(mf)
-    T = np.maximum(_fill_path(m, a, b, mid, n_, by1["A_first"][:, 1:], by1["H_first"][:, 1:], *by0["first"], mf, hop),
-                   _fill_path(m, b, a, mid, n_, by0["A_last"][:, :U], by0["E_last"][:, :U], *by1["last"], ml,
-                              hop[::-1]))
+    if coupled:
+        T = np.maximum(_fill_path(m, a, b, mid, n_, by1["A_first"][:, 1:], by1["H_first"][:, 1:], *by0["first"], mf,
+                                  hop),
+                       _fill_path(m, b, a, mid, n_, by0["A_last"][:, :U], by0["E_last"][:, :U], *by1["last"], ml,
+                                  hop[::-1]))
+    else:     # each first or last slice term at its own least
+        T = np.maximum(m * W1 + fill0 + mid * uf, m * W0 + drain1 + mid * ul) + hop[0]
     Wmax = np.maximum(W0, W1)
     if K >= 3:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -1254,15 +1361,16 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
         # the heaviest middle stage with the first (last) slice's length enumerated: W_s >= lam Zm
         others = np.maximum(K - 3, mid - rmax) * min(uf, ul) + hop[0]
         with np.errstate(invalid="ignore"):
-            fj = m * lam_f[None, None] * Zc[..., None] + (a[..., None] * by0["first"][0] + by0["first"][1])
-            di = m * lam_l[None, None] * Zc[..., None] + (b[..., None] * by1["last"][0] + by1["last"][1])
-        T = np.maximum(T, np.maximum(_least(fj) + drain1, _least(di) + fill0) + others)
+            fj = None if not coupled else m * lam_f[None, None] * Zc[..., None] + (a[..., None] * by0["first"][0] + by0["first"][1])
+            di = None if not coupled else m * lam_l[None, None] * Zc[..., None] + (b[..., None] * by1["last"][0] + by1["last"][1])
+        if coupled:
+            T = np.maximum(T, np.maximum(_least(fj) + drain1, _least(di) + fill0) + others)
     S = W0 + W1 + LSc
     Q = Qn + (np.minimum(a, b) - 1) * An
     T = np.maximum(T, np.maximum(m * Wmax, (m - 1) * Wmax + S / n + (1 - 1 / n) * Q) + hop[0])
     T = T + tail[:, None, None] + opt[:, :, None]
     T = np.where(ok & np.isfinite(Zc) & np.isfinite(LSc), T, np.inf)
-    return T.min(axis=(0, 1))
+    return T, Wmax
 
 
 def scale_from(R: np.ndarray, j: int) -> np.ndarray:
@@ -1308,8 +1416,8 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     first over bounds of rising cost, each at most the next: `WorkBounds.quick` (every layer at
     the fastest option; the first keys, `_initial_keys`, one numpy pass per options group), the
     same plus stage 0's tail without the memory rooms (ConfigBounds._dp), `WorkBounds.config`
-    without the memory rooms, then with them, then with the end stages enumerated too
-    (`WorkBounds.end_steps`). A config is refined when it is the least on the
+    without the memory rooms, then with them, then with the end stages enumerated and the paths
+    through them and one slice too (`WorkBounds.end_steps`). A config is refined when it is the least on the
     heap, keyed by the largest of its bounds so far; the first final bound popped is the least
     (no other config can lower it), and a config whose bound reaches the least final bound pushed
     so far is dropped. For the default's decision (`default_line`): cheap enough to run after
@@ -1331,7 +1439,7 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     work = WorkBounds(inst, limits, range(2, units + 1))
     heap = _initial_keys(prepared, work, limits)   # (bound, config index, stage): 0 quick without
     # context, 1 with, 2 WorkBounds.config without the memory rooms, 3 with them, 4 with the end
-    # stages enumerated too, 5 full
+    # stages enumerated and the paths through them and one slice too, 5 full
     last = 5 if refine > 0 else 4
     dl = Deadline(math.inf, work=refine) if refine > 0 else None
     full = None
@@ -1354,7 +1462,7 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
             # cut at `final`: a value at or above it (whole or not) cannot be the least
             got, _ = work.config(coef, cb, final, ends=False)
         elif stage == 3:
-            got, _ = work.config(coef, cb, final)
+            got, _ = work.config(coef, cb, final, paths=True)
         else:
             full = full or ConfigBounds(inst, limits, range(2, units + 1))
             got = full.full(coef, final)

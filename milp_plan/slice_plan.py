@@ -279,7 +279,7 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
         if stage < 2:
             coef = prepared.coef(i)
             if stage == 0:   # the work bound (no slicing enumerated) before the full one
-                got, _ = bounds.work_bounds.config(coef, bounds, found.objective)
+                got, _ = bounds.work_bounds.config(coef, bounds, found.objective, paths=True)
                 dl.charge(WORK.bound + len(bounds.work_bounds.counts) * len(coef.options) * slice_bounds.WORK_PER_COUNT)
             else:
                 got = bounds.full(coef, found.objective)

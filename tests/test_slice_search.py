@@ -391,8 +391,8 @@ def test_scaled_placements_with_unlike_speeds(tmp_path_factory):
 def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
     """The default's bound (slice_bounds.quick_bound: no slicing enumerated) is at most the
     brute-force optimum over every sliced plan of every GPipe config of pp <= 2 (2..5 slices), and
-    it is exactly the least work bound over the configs (WorkBounds.config on each; its best-first
-    order skips none that could lower it)."""
+    it is exactly the least work bound over the configs (WorkBounds.config with the end stages'
+    paths on each; its best-first order skips none that could lower it)."""
     inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
     limits = Limits(objective)
     counts = list(range(2, SEQ + 1))
@@ -400,7 +400,8 @@ def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
     assert read >= 1 and lb is not None
     assert lb <= brute_force(inst, limits, counts, max_pp=2) * (1 + 1e-9)
     bounds = sb.ConfigBounds(inst, limits, counts)
-    every = [b for c in gpipe_configs(inst, 8) for b in [bounds.work_bounds.config(c, bounds)[0]] if b is not None]
+    every = [b for c in gpipe_configs(inst, 8) for b in [bounds.work_bounds.config(c, bounds, paths=True)[0]]
+             if b is not None]
     assert lb == pytest.approx(min(every), rel=1e-12)
 
 
@@ -720,20 +721,22 @@ def test_end_stage_bound_of_each_count_never_exceeds_its_plans(tmp_path_factory,
     last slice's length enumerated, the middle's bottleneck, hops by pool chain), plus the
     optimizer term, is at most the simulated step of every plan of the config that fits memory
     cut into n slices, for each count n on its own (brute force over every slicing; pp 2..4: an
-    empty, a one-stage and a two-stage middle), and it bites: above the work bound without it
-    (WorkBounds.config, ends=False) on some config and count."""
+    empty, a one-stage and a two-stage middle), with and without the paths through the end
+    stages and one slice (`slice_paths`, paths=True), and each bites: above the work bound
+    without it (WorkBounds.config, ends=False) on some config, and the paths above it."""
     from milp_plan.slice_plan import _fits_memory
     from milp_plan.solvers import bounds as ub
     inst = (tiny if make == "tiny" else two_speed)(str(tmp_path_factory.mktemp("t")), batch)
     limits = Limits("min-time")
     cb = sb.ConfigBounds(inst, limits, range(2, SEQ + 1))
-    checked, bites = 0, 0
+    checked, bites, raised = 0, 0, 0
     for coef in gpipe_configs(inst, 4):
         found = ub.usable_options(coef, limits)
         if coef.cfg.pp < 2 or found is None:
             continue
         caps, _, rooms, usable = found
         ends = cb.work_bounds.end_steps(coef, cb, caps, rooms, usable)
+        paths = cb.work_bounds.end_steps(coef, cb, caps, rooms, usable, paths=True)
         least: dict[int, float] = {}
         for plan in every_plan(inst, coef):
             if not _fits_memory(plan):
@@ -743,11 +746,14 @@ def test_end_stage_bound_of_each_count_never_exceeds_its_plans(tmp_path_factory,
                     continue
                 step = predict.evaluate(inst, sliced(plan, lengths), basis=predict.SIMULATED).step_time_s
                 n = len(lengths)
-                assert n in ends and ends[n] + cb._opt(coef) <= step * (1 + 1e-9), \
-                    (coef.cfg.label(), [(st.gpu, st.num_layers) for st in plan.stages], lengths)
+                for got in (ends, paths):
+                    assert n in got and got[n] + cb._opt(coef) <= step * (1 + 1e-9), \
+                        (coef.cfg.label(), [(st.gpu, st.num_layers) for st in plan.stages], lengths, got is paths)
                 least[n] = min(least.get(n, math.inf), step)
                 checked += 1
         without, _ = cb.work_bounds.config(coef, cb, ends=False)
         with_ends, _ = cb.work_bounds.config(coef, cb)
+        with_paths, _ = cb.work_bounds.config(coef, cb, paths=True)
         bites += with_ends is not None and without is not None and with_ends > without * (1 + 1e-6)
-    assert checked > 300 and bites, (checked, bites)
+        raised += with_paths is not None and with_ends is not None and with_paths > with_ends * (1 + 1e-6)
+    assert checked > 300 and bites and raised, (checked, bites, raised)
