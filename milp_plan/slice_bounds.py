@@ -87,6 +87,8 @@ GRID_RATIO, GRID_STEPS = 1.04, 6   # ConfigBounds._refined: bottleneck intervals
 REFINE_CHUNK = 1024   # ConfigBounds._refine_lazily: slicing rows refined at a time
 WORK_PER_COUNT = 2e-4   # work charged per slice count x option of WorkBounds.config (about its wall time)
 SECONDS_PER_CELL = 6e-8   # work charged per row x option x step of the bounds' numpy passes (about its wall time)
+QUICK_WORK_PER_OPTION = 1.6e-4   # quick_bound: work charged per config option of its WorkBounds.config stages
+# (0.75 s CPU for 4,580 options at scale-1024: 1.6e-4 s each)
 
 
 @functools.lru_cache(maxsize=8)
@@ -1019,8 +1021,8 @@ def _initial_keys(prepared, work: WorkBounds, limits: Limits) -> list[tuple[floa
     return heap
 
 
-def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None, refine: float = 0.0
-                ) -> tuple[float | None, int]:
+def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None, refine: float = 0.0,
+                work_limit: float | None = None, refine_if=None) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
     (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound within
     the memory rooms was computed): the least over the configs of `WorkBounds.config`, found best
@@ -1034,7 +1036,11 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     every solve. None: no GPipe config (or none meets the limits). `where` (a list): the config
     whose bound is returned is appended to it, as its coefficients. refine > 0: a last stage,
     `ConfigBounds.full` (every slicing enumerated), within `refine` work units (deadline.py);
-    when they run out, the least key on the heap (every config's bound is at least it)."""
+    `refine_if` (a function of the bound without it, the first final key of stage 3): whether
+    to go on to it, in the same search (its stages 0-3 are not redone). `work_limit`: the whole
+    search's work units (its stages charged by QUICK_WORK_PER_OPTION per config option); when
+    they run out, as when `refine`'s do, the least key on the heap (every config's bound is at
+    least it)."""
     from milp_plan.solve import job_fix
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solvers import driver
@@ -1050,16 +1056,21 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     heap = _initial_keys(prepared, work, limits)   # (bound, config index, stage): 0 quick without
     # context, 1 with, 2 WorkBounds.config without the memory rooms, 3 with them, 4 full
     last = 4 if refine > 0 else 3
-    dl = Deadline(math.inf, work=refine) if refine > 0 else None
+    dl = Deadline(math.inf, work=work_limit)
+    rl = Deadline(math.inf, work=refine) if refine > 0 else None
     full = None
     read, final = 0, math.inf    # final: the least last-stage bound pushed; the answer is at most it
     while heap:
         key, i, stage = heapq.heappop(heap)
-        if stage == last or (dl is not None and dl.expired()):
+        if stage == 3 and refine_if is not None:   # the first final key: the bound without the refinement
+            last, refine_if = (4 if refine_if(key) else 3), None
+        if stage == last or dl.expired() or (rl is not None and rl.expired()):
             if where is not None:
                 where.append(prepared.coef(i))
             return key, read
         coef = prepared.coef(i)
+        if stage in (1, 2):
+            dl.charge(QUICK_WORK_PER_OPTION * len(coef.options))
         if stage == 0:   # with context, and stage 0's tail without the memory rooms (at most config's)
             quick = work.quick(coef)
             tail = cb._dp(coef, 1 if coef.cfg.pp > 1 else inst.model.num_layers, memory=False)
@@ -1073,6 +1084,7 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
         else:
             full = full or ConfigBounds(inst, limits, range(2, units + 1))
             got = full.full(coef, final)
+            rl.charge(WORK.bound + full.work)
             dl.charge(WORK.bound + full.work)
         if got is not None and max(got, key) < final:
             heapq.heappush(heap, (max(got, key), i, stage + 1))

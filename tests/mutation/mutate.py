@@ -250,6 +250,11 @@ MUTATIONS = [
      "        layers[s] -= cut\n", "        layers[s] -= 0\n"),
     (FREE_START, "free_start scores plans over a limit or memory",
      "if limits.admit(plan) and matches_pins(inst, coef.pins, plan):", "if matches_pins(inst, coef.pins, plan):"),
+    (SLICE, "quick_bound ignores its work limit (the default's decision unbudgeted)",
+     "        if stage == last or dl.expired() or (rl is not None and rl.expired()):",
+     "        if stage == last or (rl is not None and rl.expired()):"),
+    (SLICE, "quick_bound refines whatever refine_if says",
+     "            last, refine_if = (4 if refine_if(key) else 3), None", "            last, refine_if = 4, None"),
 ]
 
 PROBE = r'''
@@ -353,6 +358,8 @@ test_slice_search.test_scaled_placements_with_unlike_speeds(_Tmp())
 # each slicing row's full bound (its paths and the heaviest stage's machine path) against every plan's
 for make, batch in (("tiny", 1), ("two_speed", 1), ("tiny", 2)):
     test_slice_search.test_full_bound_of_each_slicing_never_exceeds_its_plans(_Tmp(), make, batch)
+# the default decision's budget and its refinement in one search
+test_slice_search.test_quick_bound_budget_and_refinement_in_one_search(_Tmp())
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
