@@ -255,6 +255,9 @@ MUTATIONS = [
      "        if stage == last or (rl is not None and rl.expired()):"),
     (SLICE, "quick_bound refines whatever refine_if says",
      "            last, refine_if = (4 if refine_if(key) else 3), None", "            last, refine_if = 4, None"),
+    ("milp_plan/solvers/backends.py", "a CP-SAT run closed at stop_at reports its objective as proven",
+     'return BackendRun("closed", solver.objective_value, solver.best_objective_bound, solver.value, wall, work)',
+     'return BackendRun("closed", solver.objective_value, solver.objective_value, solver.value, wall, work)'),
 ]
 
 PROBE = r'''
@@ -360,6 +363,9 @@ for make, batch in (("tiny", 1), ("two_speed", 1), ("tiny", 2)):
     test_slice_search.test_full_bound_of_each_slicing_never_exceeds_its_plans(_Tmp(), make, batch)
 # the default decision's budget and its refinement in one search
 test_slice_search.test_quick_bound_budget_and_refinement_in_one_search(_Tmp())
+# a CP-SAT run stopped at stop_at (a config closed at its bound) keeps CP-SAT's own bound
+import test_backends
+test_backends.test_cpsat_stops_at_the_first_solution_at_or_below_stop_at()
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
