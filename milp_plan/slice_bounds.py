@@ -88,6 +88,11 @@ GRID_RATIO, GRID_STEPS = 1.04, 6   # ConfigBounds._refined: bottleneck intervals
 REFINE_CHUNK = 1024   # ConfigBounds._refine_lazily: slicing rows refined at a time
 WORK_PER_COUNT = 2e-4   # work charged per slice count x option of WorkBounds.config (about its wall time)
 SECONDS_PER_CELL = 6e-8   # work charged per row x option x step of the bounds' numpy passes (about its wall time)
+PATH_SECONDS_PER_CELL = 8e-8   # quick_bound: work charged per array cell WorkBounds.end_steps touches ...
+PATH_WORK_PER_PAIR = 3e-4      # ... and per pair of end options (default instance: 0.43 s CPU for 92 configs,
+# 368 pairs, 3.8e6 cells; every config without a cutoff: 19.5 s for 2.2e8 cells)
+QUICK_WORK_PER_OPTION = 1.6e-4   # quick_bound: work charged per config option of its WorkBounds.config stages
+# (0.75 s CPU for 4,580 options at scale-1024: 1.6e-4 s each)
 
 
 @functools.lru_cache(maxsize=8)
@@ -868,6 +873,8 @@ class WorkBounds:
         self.end_terms: dict = {}
         self.placements: dict = {}  # (slots, stages) -> (Z, S) or None (`placement`)
         self.quick_terms: dict = {}
+        self.cells = 0              # array cells `end_steps` touched (its work: PATH_SECONDS_PER_CELL each)
+        self.middles: dict = {}     # `_middle` by stage count and the usable options' kinds, stages and rooms
 
     def table(self, coef, o: int, context: bool = True, kind: str | None = None) -> np.ndarray:
         """arc_times of option o (its blocks, or `kind`: "embedding", "head"), memoised by node
@@ -1020,11 +1027,17 @@ class WorkBounds:
                     sync.get(o0, 0.0)
                 opt = np.maximum.outer([coef.opt_time(o0, 0)(a) for a in range(1, rooms[o0] + 1)],
                                        [coef.opt_time(o1, K - 1)(b) for b in range(1, rooms[o1] + 1)])
-                middle = _middle(terms, usable, {o: left[coef.pool_of[o]] for o in usable}, rooms, K - 2, L, n_)
+                mkey = (K, tuple((coef.types[coef.options[o].k].name, coef.options[o].tp, coef.options[o].mbs,
+                                  left[coef.pool_of[o]], rooms[o]) for o in usable))
+                middle = self.middles.get(mkey)
+                if middle is None:
+                    middle = self.middles[mkey] = _middle(terms, usable, {o: left[coef.pool_of[o]] for o in usable},
+                                                          rooms, K - 2, L, n_)
                 hop = _hop_chain(coef, caps, coef.pool_of[o0], coef.pool_of[o1]) * unit
                 extra = tail[:, None] + np.maximum(opt, cb._opt(coef)) - cb._opt(coef)
                 T, Wmax = end_paths(m, K, L, n_, terms[o0], terms[o1], rooms[o0], rooms[o1], middle, Qn, An,
                                     hop * np.arange(1, U + 1), tail, extra - tail[:, None], coupled=not paths)
+                self.cells += T.size * (1 if paths else U)
                 pairs.append((o0, o1, T, Wmax, extra, middle, hop))
         best = np.min([T.min(axis=(0, 1)) for _, _, T, _, _, _, _ in pairs], axis=0) if pairs else \
             np.full(len(n_), np.inf)
@@ -1035,9 +1048,10 @@ class WorkBounds:
                     break
                 raised = math.inf
                 for o0, o1, T, Wmax, extra, middle, hop in pairs:
-                    mid_t = np.min([self.table(coef, o) for o in middle[6]], axis=0) if middle[6] else None
-                    raised = min(raised, _lazy_paths(T[:, :, c], Wmax[:, :, c], extra, min(raised, least), m, L,
-                                                     int(n_[c]), terms[o0][8], terms[o1][8], mid_t, hop))
+                    mid_t = np.min([self.table(coef, usable[i]) for i in middle[6]], axis=0) if middle[6] else None
+                    got, cells = _lazy_paths(T[:, :, c], Wmax[:, :, c], extra, min(raised, least), m, L,
+                                             int(n_[c]), terms[o0][8], terms[o1][8], mid_t, hop)
+                    raised, self.cells = min(raised, got), self.cells + cells
                 best[c] = max(best[c], raised)
                 least = min(least, best[c])
         return {int(n): float(t) for n, t in zip(n_, best) if t < math.inf}
@@ -1172,9 +1186,9 @@ def _lazy_paths(T: np.ndarray, Wmax: np.ndarray, extra: np.ndarray, cutoff: floa
     + extra[a, b]), raising the pairs in increasing T, PATH_BATCH at a time, while T is below the
     least found and `cutoff` (a pair's value is at least its T, so the pairs left cannot lower
     it; at or above the cutoff it need not be known: then the cutoff, a bound, is returned; inf
-    where no pair fits)."""
+    where no pair fits); and the array cells the paths touched."""
     flat = np.argsort(T, axis=None, kind="stable")
-    best = math.inf
+    best, cells = math.inf, 0
     for start in range(0, flat.size, PATH_BATCH):
         idx = flat[start:start + PATH_BATCH]
         idx = idx[T.flat[idx] < min(best, cutoff)]
@@ -1182,11 +1196,12 @@ def _lazy_paths(T: np.ndarray, Wmax: np.ndarray, extra: np.ndarray, cutoff: floa
             break
         a, b = np.unravel_index(idx, T.shape)
         V = slice_paths(a + 1, b + 1, L, n, t0, t1, mid, hop)
+        cells += len(idx) * n * len(t0["T"]) ** 2
         got = np.maximum(T[a, b], V + (m - 1) * Wmax[a, b] + extra[a, b])
         best = min(best, float(got.min()))
     if best < cutoff:
-        return best
-    return max(cutoff, float(T.min()))     # every pair's value is at least the cutoff (inf: no pair fits)
+        return best, cells
+    return max(cutoff, float(T.min())), cells     # every pair's value is at least the cutoff (inf: none fits)
 
 
 def slice_paths(a: np.ndarray, b: np.ndarray, L: int, n: int, t0: dict, t1: dict, mid: np.ndarray | None,
@@ -1239,7 +1254,9 @@ def _middle(terms: dict, usable: list[int], caps: dict[int, int], rooms: dict[in
     largest n_s A_o is z holds at most the `stages` largest min(floor(z / A_o), room_o), and that
     total never falls as z grows, so the least z among the breakpoints k A_o whose total reaches
     L' is at most every placement's maximum. LSm: the L' layers to the least A first (a
-    fractional knapsack of unit items, each option at most its stages x room)."""
+    fractional knapsack of unit items, each option at most its stages x room). Last, the middle
+    options' places in `usable` (the result is shared by configs with the same options' kinds,
+    stages and rooms, WorkBounds.middles)."""
     opts = [o for o in usable if caps[o] > 0 and rooms[o] > 0] if stages > 0 else []
     C = len(n_)
     Zm, LSm = np.full((L + 1, C), np.inf), np.full((L + 1, C), np.inf)
@@ -1250,27 +1267,30 @@ def _middle(terms: dict, usable: list[int], caps: dict[int, int], rooms: dict[in
     A = np.array([terms[o][0][n_] for o in opts])                       # options x counts
     room = np.array([rooms[o] for o in opts])
     cap = np.array([min(caps[o], stages) for o in opts])
-    for c in range(C):
-        z = np.unique(np.concatenate([A[i, c] * np.arange(1, room[i] + 1) for i in range(len(opts))]))
-        hold = np.minimum(np.floor(z[:, None] / A[None, :, c] + 1e-9), room[None, :])   # cands x options
-        idx = np.argsort(-hold, axis=1, kind="stable")
-        h, cp = np.take_along_axis(hold, idx, axis=1), cap[idx]
-        taken = np.minimum(cp, np.maximum(stages - (np.cumsum(cp, axis=1) - cp), 0))
-        total = np.maximum.accumulate((h * taken).sum(axis=1))
-        at = np.searchsorted(total, np.arange(1, L + 1), side="left")
-        Zm[1:, c] = np.where(at < len(z), z[np.minimum(at, len(z) - 1)], np.inf)
-        order = np.argsort(A[:, c], kind="stable")
-        offer = (cap * room)[order]
-        before = np.cumsum(offer) - offer
-        need = np.arange(1, L + 1)[:, None]
-        take = np.clip(need - before[None, :], 0, offer[None, :])
-        LSm[1:, c] = np.where(take.sum(axis=1) >= need[:, 0], (take * A[order, c][None, :]).sum(axis=1), np.inf)
+    # every count at once (columns): the candidates k A_o, sorted per count (duplicates are harmless)
+    z = np.sort(np.concatenate([A[i][None, :] * np.arange(1, room[i] + 1)[:, None] for i in range(len(opts))]),
+                axis=0)                                                              # cands x counts
+    hold = np.minimum(np.floor(z[:, :, None] / A.T[None, :, :] + 1e-9), room)         # cands x counts x options
+    idx = np.argsort(-hold, axis=2, kind="stable")
+    h, cp = np.take_along_axis(hold, idx, axis=2), cap[idx]
+    taken = np.minimum(cp, np.maximum(stages - (np.cumsum(cp, axis=2) - cp), 0))
+    total = np.maximum.accumulate((h * taken).sum(axis=2), axis=0)                   # cands x counts
+    need = np.arange(1, L + 1)
+    reach = total[:, :, None] >= need[None, None, :]                                  # cands x counts x L
+    at = reach.argmax(axis=0)                                                         # counts x L
+    Zm[1:] = np.where(reach.any(axis=0).T, np.take_along_axis(z, at.T, axis=0), np.inf)
+    order = np.argsort(A, axis=0, kind="stable")                                     # options x counts
+    offer = (cap * room)[order]
+    before = np.cumsum(offer, axis=0) - offer
+    take = np.clip(need[:, None, None] - before[None], 0, offer[None])                # L x options x counts
+    LSm[1:] = np.where(take.sum(axis=1) >= need[:, None],
+                       (take * np.take_along_axis(A, order, axis=0)[None]).sum(axis=1), np.inf)
     u = tuple(np.min([terms[o][7][side][0] for o in opts], axis=0) for side in ("first", "last"))
     U = len(u[0])
     with np.errstate(invalid="ignore"):
         lam = tuple(np.min([terms[o][7][name][n_][:, cols] / A[i][:, None] for i, o in enumerate(opts)], axis=0)
                     for name, cols in (("A_first", slice(1, U + 1)), ("A_last", slice(0, U))))
-    return Zm, LSm, A.min(axis=0), u, int(room.max()), lam, opts
+    return Zm, LSm, A.min(axis=0), u, int(room.max()), lam, [usable.index(o) for o in opts]
 
 
 def _fill_path(m: int, a: np.ndarray, b: np.ndarray, mid: np.ndarray, n_: np.ndarray, Aw: np.ndarray,
@@ -1408,8 +1428,8 @@ def _initial_keys(prepared, work: WorkBounds, limits: Limits) -> list[tuple[floa
     return heap
 
 
-def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None, refine: float = 0.0
-                ) -> tuple[float | None, int]:
+def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = None, refine: float = 0.0,
+                work_limit: float | None = None, refine_if=None) -> tuple[float | None, int]:
     """(at least the objective of every GPipe plan cut into 2..U token slices, within --fix `fix`
     (its schedule pinned to GPipe: slice_plan._gpipe_fix); the configs whose work bound within
     the memory rooms was computed): the least over the configs of `WorkBounds.config`, found best
@@ -1424,7 +1444,11 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     every solve. None: no GPipe config (or none meets the limits). `where` (a list): the config
     whose bound is returned is appended to it, as its coefficients. refine > 0: a last stage,
     `ConfigBounds.full` (every slicing enumerated), within `refine` work units (deadline.py);
-    when they run out, the least key on the heap (every config's bound is at least it)."""
+    `refine_if` (a function of the bound without it, the first final key of stage 3): whether
+    to go on to it, in the same search (its stages 0-3 are not redone). `work_limit`: the whole
+    search's work units (its stages charged by QUICK_WORK_PER_OPTION per config option); when
+    they run out, as when `refine`'s do, the least key on the heap (every config's bound is at
+    least it)."""
     from milp_plan.solve import job_fix
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solvers import driver
@@ -1441,34 +1465,47 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     # context, 1 with, 2 WorkBounds.config without the memory rooms, 3 with them, 4 with the end
     # stages enumerated and the paths through them and one slice too, 5 full
     last = 5 if refine > 0 else 4
-    dl = Deadline(math.inf, work=refine) if refine > 0 else None
+    dl = Deadline(math.inf, work=work_limit)
+    rl = Deadline(math.inf, work=refine) if refine > 0 else None
     full = None
     read, final = 0, math.inf    # final: the least last-stage bound pushed; the answer is at most it
+    unrefined = math.inf         # the least stage-4 bound pushed: stages 1-3 are cut there (a bound cut at a
+    # value is still a bound, at least that value; without the refinement the answer is at most it)
     while heap:
         key, i, stage = heapq.heappop(heap)
-        if stage == last or (dl is not None and dl.expired()):
+        if stage == 4 and refine_if is not None:   # the first final key: the bound without the refinement
+            last, refine_if = (5 if refine_if(key) else 4), None
+        if stage == last or dl.expired() or (rl is not None and rl.expired()):
             if where is not None:
                 where.append(prepared.coef(i))
             return key, read
         coef = prepared.coef(i)
+        if stage in (1, 2):
+            dl.charge(QUICK_WORK_PER_OPTION * len(coef.options))
         if stage == 0:   # with context, and stage 0's tail without the memory rooms (at most config's)
             quick = work.quick(coef)
             tail = cb._dp(coef, 1 if coef.cfg.pp > 1 else inst.model.num_layers, memory=False)
             got = cb._finish(coef, min(quick.values()) + tail, coef.cfg.pp) if quick else None
         elif stage == 1:
-            got, _ = work.config(coef, cb, final, memory=False, ends=False)
+            got, _ = work.config(coef, cb, min(final, unrefined), memory=False, ends=False)
         elif stage == 2:
             read += 1
             # cut at `final`: a value at or above it (whole or not) cannot be the least
-            got, _ = work.config(coef, cb, final, ends=False)
+            got, _ = work.config(coef, cb, min(final, unrefined), ends=False)
         elif stage == 3:
-            got, _ = work.config(coef, cb, final, paths=True)
+            cells = work.cells
+            got, _ = work.config(coef, cb, min(final, unrefined), paths=True)
+            dl.charge(QUICK_WORK_PER_OPTION * len(coef.options) + (work.cells - cells) * PATH_SECONDS_PER_CELL +
+                      len(coef.options) ** 2 * PATH_WORK_PER_PAIR)
         else:
             full = full or ConfigBounds(inst, limits, range(2, units + 1))
             got = full.full(coef, final)
+            rl.charge(WORK.bound + full.work)
             dl.charge(WORK.bound + full.work)
         if got is not None and max(got, key) < final:
             heapq.heappush(heap, (max(got, key), i, stage + 1))
             if stage + 1 == last:
                 final = max(got, key)
+            if stage + 1 == 4:
+                unrefined = min(unrefined, max(got, key))
     return None, read

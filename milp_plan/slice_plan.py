@@ -414,8 +414,8 @@ def _restated(a: SolveResult, bound: float | None) -> SolveResult:
 
 
 QUIET_SAVING = 0.01   # default_line: a possible saving below this share is not worth a slicing runtime
-REFINE_SAVING = 0.10  # ... below this share the quick bound is refined (every slicing, REFINE_WORK units)
-REFINE_WORK = 5.0     # work units (deadline.py; about CPU seconds) of that refinement
+REFINE_SAVING = 0.10  # ... below this share the quick bound is refined (every slicing, within decision_work)
+REFINE_WORK = 5.0     # work units (deadline.py; about CPU seconds): the most the decision may spend
 
 
 def _own_slicing(inst: Instance, plan: Plan, limits: Limits, below: float) -> Candidate | None:
@@ -461,14 +461,25 @@ def _least_config_slicing(inst: Instance, coef, limits: Limits, below: float) ->
 
 
 LEAST_CONFIG_WORK = 0.5   # work units (deadline.py) of the heuristic plan default_line slices
+DECISION_WORK = 1.0       # work units the default's decision may spend on its bound at least ...
+DECISION_SHARE = 0.25     # ... or this share of the solve's own, when more (at most REFINE_WORK)
+
+
+def decision_work(result: SolveResult) -> float:
+    """Work units (deadline.py) of the default's bound on sliced plans (quick_bound, its
+    refinement included): DECISION_WORK, or DECISION_SHARE of the solve's work when more, at most
+    REFINE_WORK, so that the decision never costs much beside the solve (at 1024 GPUs it took
+    4.7 s CPU after a 3 s solve before it had a budget)."""
+    return min(REFINE_WORK, max(DECISION_WORK, DECISION_SHARE * result.work))
 
 
 def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> str:
     """The default's decision on token slices (no --slices; the plan and plan.json are the exact
     search's, unsliced), from a quick proven bound on every sliced plan (slice_bounds.quick_bound:
     the work bound of every GPipe config, no slicing enumerated; where it leaves a saving of
-    QUIET_SAVING..REFINE_SAVING, refined by the full bound of the configs of least bound within
-    REFINE_WORK work units) against the plan's objective:
+    QUIET_SAVING..REFINE_SAVING, refined in the same search by the full bound of the configs of
+    least bound; all within `decision_work` units, after which the least bound reached stands)
+    against the plan's objective:
       * at or above it: slicing cannot beat the plan (proven);
       * below it by less than QUIET_SAVING: not worth a runtime that can slice (proven);
       * else, when the plan's own stages cut into token slices (GPipe), or the heuristic plan of the
@@ -483,17 +494,24 @@ def default_line(inst: Instance, req, limits: Limits, result: SolveResult) -> st
     except InputError:     # the pins rule out GPipe: no sliced plan
         fix = None
     where: list = []
-    lb = None if fix is None else slice_bounds.quick_bound(inst, limits, fix, where)[0]
+    quick: list[float] = []   # the bound before the refinement, when the search reached it
+
+    def close(lb: float) -> bool:   # then refined: every slicing of the configs of least bound
+        return QUIET_SAVING <= 1 - lb / obj < REFINE_SAVING
+    budget = decision_work(result)
+    lb = None if fix is None else slice_bounds.quick_bound(
+        inst, limits, fix, where, refine=REFINE_WORK, work_limit=budget,
+        refine_if=lambda q: quick.append(q) or close(q))[0]
     unit = "$/step" if limits.objective == "min-cost" else "s/step"
     units = units_for(inst.job.seq_length)
     space = f"every GPipe plan cut into 2..{units} token slices"
     why = "the heaviest stage's sliced work on every micro-batch, and the bubble that slices leave"
     if lb is None:
         return f"token slices: off; no plan can be sliced here ({space} is empty or breaks the limits)"
-    if QUIET_SAVING <= 1 - lb / obj < REFINE_SAVING:   # close: every slicing of the configs of least bound
-        where = []
-        lb = max(lb, slice_bounds.quick_bound(inst, limits, fix, where, refine=REFINE_WORK)[0])
-        why += "; every slicing enumerated on the configs of least bound"
+    if not quick:
+        why += f"; its search stopped at {budget:.2g} work units"
+    elif close(quick[0]):
+        why += f"; every slicing enumerated on the configs of least bound, within {budget:.2g} work units"
     if lb >= obj * (1 - REL_EPS):
         return (f"token slices: off; slicing cannot beat this plan (proven): {space} takes at least {lb:.4g} "
                 f"{unit} ({why})")

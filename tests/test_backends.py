@@ -47,3 +47,57 @@ def test_cpsat_runs_without_presolve_inclusion_detection():
     be.minimize(2 * x + y)
     run = be.solve(10, 1)
     assert seen == [0] and run.status == "optimal" and run.objective == 3
+
+
+def test_cpsat_stops_at_the_first_solution_at_or_below_stop_at():
+    """`stop_at` (CpsatBackend.solve): min x + 10 y over x, y in 0..20 with x + y >= 5, started
+    from the hint x = 20, y = 0 (objective 20; the optimum is x = 5, y = 0: 5). Stopping at 30
+    closes on the hint's solution, the first found, with its objective and a bound no higher
+    (status "closed", the bound CP-SAT proved, here below it); stopping at 4, below the optimum, never stops: "optimal" at 5; the same
+    call twice stops at the same solution (one worker: deterministic). Presolve is off here: it
+    solves so small a model outright, before the first solution is reported."""
+    from milp_plan.solvers.backends import make_backend
+
+    def run(stop_at):
+        be = make_backend("cpsat")
+        be.parameters["cp_model_presolve"] = False
+        x, y = be.new_int(0, 20, "x"), be.new_int(0, 20, "y")
+        be.add(x + y >= 5)
+        be.minimize(x + 10 * y)
+        be.hint(x, 20)
+        be.hint(y, 0)
+        got = be.solve(10, 1, stop_at=stop_at)
+        return got.status, got.objective, got.bound, (got.value(x), got.value(y))
+    status, obj, bound, xy = run(30.0)
+    assert status == "closed" and obj == 20 and bound < obj and xy == (20, 0)   # not proven: its own bound
+    assert run(30.0) == (status, obj, bound, xy)
+    assert run(4.0)[:2] == ("optimal", 5)
+
+
+def test_a_config_closed_at_its_bound_keeps_the_optimum(monkeypatch):
+    """driver._solve_model stops a config's CP-SAT run at a plan within CLOSE_GAP of the
+    config's proven bound (the search's lb): on two-type-32 (GPT-3 6.7B, batch 256, Megatron mode)
+    one run closes so, and the solve returns the same objective and status as with every run
+    solved to its optimum, within PROOF_TOL / 2, with a gap within PROOF_TOL."""
+    from milp_plan.result import PROOF_TOL
+    from milp_plan.solvers import backends
+    inst = build_instance(InstanceSpec(cluster="two-type-32", model="gpt3-6.7b", global_batch_size=256))
+    statuses = []
+    real = backends.CpsatBackend.solve
+
+    def counting(self, *a, **k):
+        got = real(self, *a, **k)
+        statuses.append(got.status)
+        return got
+    monkeypatch.setattr(backends.CpsatBackend, "solve", counting)
+    closed = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
+    assert statuses.count("closed") >= 1
+
+    def exact_runs(self, *a, stop_at=None, **k):   # every run to its optimum
+        return counting(self, *a, **k)
+    monkeypatch.setattr(backends.CpsatBackend, "solve", exact_runs)
+    statuses.clear()
+    exact = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
+    assert "closed" not in statuses
+    assert closed.status == exact.status == "optimal" and closed.gap <= PROOF_TOL
+    assert exact.objective <= closed.objective <= exact.objective * (1 + PROOF_TOL / 2)

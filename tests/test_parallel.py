@@ -81,6 +81,7 @@ class _Done:
 @pytest.mark.parametrize("statuses, charges, taken", [
     (["optimal"], [0.5], True),
     (["infeasible"], [0.5], True),
+    (["closed"], [0.5], True),           # stopped at a plan close to the bound both started from
     (["feasible"], [0.5], False),        # a run stopped by a limit (a wall clock's, say): not the serial answer
     (["timeout"], [0.5], False),
     (["optimal", "expired"], [0.5], False),
@@ -92,9 +93,11 @@ def test_take_only_answers_no_limit_touched(statuses, charges, taken):
     dl.charge(0.5)
     ahead = parallel.Ahead(None, None, "cpsat", 1, 2)
     inputs = (1.0, None, None)
-    ahead.pending["cfg"] = (inputs, _Done(("plan", 2.0, parallel.Trace(statuses, ["path"], charges))))
-    got = ahead.take("cfg", inputs, dl)
+    ahead.pending["cfg"] = ((inputs, 0.8), _Done(("plan", 2.0, parallel.Trace(statuses, ["path"], charges))))
+    got = ahead.take("cfg", inputs, dl, 0.8)
     assert (got == ("plan", 2.0, ["path"])) is taken
     assert dl.work_used() == (0.5 + sum(charges) if taken else 0.5)   # charged only when taken
-    ahead.pending["cfg"] = (inputs, _Done(("plan", 2.0, parallel.Trace(["optimal"], [], [0.1]))))
-    assert ahead.take("cfg", (0.9, None, None), dl) is None            # the incumbent moved since
+    ahead.pending["cfg"] = ((inputs, 0.8), _Done(("plan", 2.0, parallel.Trace(["optimal"], [], [0.1]))))
+    assert ahead.take("cfg", (0.9, None, None), dl, 0.8) is None       # the incumbent moved since
+    ahead.pending["cfg"] = ((inputs, 0.8), _Done(("plan", 2.0, parallel.Trace(["optimal"], [], [0.1]))))
+    assert ahead.take("cfg", inputs, dl, 0.85) is None                 # another bound to start from

@@ -405,6 +405,27 @@ def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
     assert lb == pytest.approx(min(every), rel=1e-12)
 
 
+def test_quick_bound_budget_and_refinement_in_one_search(tmp_path_factory):
+    """quick_bound's work limit and its refinement decided in the same search (the default's
+    decision, slice_plan.default_line): refine_if sees the unrefined bound and, declining, leaves
+    it as it is; accepting, the bound is the refined one, as a separate refining call gives; with
+    no work to spend the search reads no config and returns the least first key, which is at
+    most the bound (every config's bound is at least its key)."""
+    from milp_plan import slice_plan
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
+    limits, fix = Limits("min-time"), FIX + ",schedule=gpipe"
+    lb, read = sb.quick_bound(inst, limits, fix)
+    refined = sb.quick_bound(inst, limits, fix, refine=slice_plan.REFINE_WORK)[0]
+    seen: list = []
+    assert sb.quick_bound(inst, limits, fix, refine=slice_plan.REFINE_WORK,
+                          refine_if=lambda q: seen.append(q) or False)[0] == lb
+    assert seen == [lb]
+    assert sb.quick_bound(inst, limits, fix, refine=slice_plan.REFINE_WORK, refine_if=lambda q: True)[0] == refined
+    assert lb <= refined and read >= 1   # (the end stages' paths already reach the refined bound here)
+    first, none_read = sb.quick_bound(inst, limits, fix, work_limit=0.0)
+    assert none_read == 0 and first <= lb
+
+
 def test_quick_bound_of_a_one_unit_sequence_is_none(tmp_path):
     """A sequence of one token unit (U = 1) has no slicing into 2..U slices: no bound (the
     default's line then says no plan can be sliced)."""
@@ -491,7 +512,7 @@ def test_default_line_decides_with_its_figure(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(slice_plan, "_own_slicing", lambda *a: None)
     for lb, want in ((obj, "slicing cannot beat this plan (proven)"), (obj * 0.995, "not worth it: slicing could "
                      "save at most 0.50%"), (obj * 0.5, "undecided")):
-        monkeypatch.setattr(sb, "quick_bound", lambda *a, lb=lb: (lb, 1))
+        monkeypatch.setattr(sb, "quick_bound", lambda *a, lb=lb, **k: (lb, 1))
         line = slice_plan.default_line(inst, req, limits, res)
         assert want in line and f"{lb:.4g}" in line, line
     assert "could save at most 50% here; --slices auto" in line
@@ -499,7 +520,9 @@ def test_default_line_decides_with_its_figure(tmp_path_factory, monkeypatch):
     line = slice_plan.default_line(inst, req, limits, res)
     lb = sb.quick_bound(inst, limits, FIX + ",schedule=gpipe")[0]
     if slice_plan.QUIET_SAVING <= 1 - lb / obj < slice_plan.REFINE_SAVING:   # refined (here: 2% left)
-        lb = max(lb, sb.quick_bound(inst, limits, FIX + ",schedule=gpipe", refine=slice_plan.REFINE_WORK)[0])
+        lb = sb.quick_bound(inst, limits, FIX + ",schedule=gpipe", refine=slice_plan.REFINE_WORK,
+                            work_limit=slice_plan.decision_work(res))[0]
+        assert "every slicing enumerated" in line
     assert "token slices: off" in line and f"{lb:.4g}" in line, line
     assert res.plan.to_json() == before
 
@@ -689,9 +712,11 @@ def test_quick_bound_refined_by_the_full_bound(tmp_path_factory):
 
 
 def test_default_line_refines_a_close_bound(tmp_path_factory, monkeypatch):
-    """Where the quick bound leaves a saving of 1..10%, the default refines it (quick_bound with
-    REFINE_WORK units): here the refined bound meets the plan, so the line says slicing cannot
-    beat it (proven), naming the enumerated slicings; a quick bound 20% below is not refined."""
+    """Where the quick bound leaves a saving of 1..10%, the default refines it (quick_bound's
+    refine_if, in the same search, within decision_work units): here the refined bound meets the
+    plan, so the line says slicing cannot beat it (proven), naming the enumerated slicings; a
+    quick bound 20% below is not refined; a search that ran out of work before its first final
+    bound says so."""
     from milp_plan import slice_plan
     inst = tiny(str(tmp_path_factory.mktemp("t")), 4)
     req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
@@ -699,19 +724,24 @@ def test_default_line_refines_a_close_bound(tmp_path_factory, monkeypatch):
     res = solving.run(inst, req, limits)
     obj, calls = res.objective, []
 
-    def fake(inst, limits, fix, where=None, refine=0.0, lb=None):
-        calls.append(refine)
-        return (obj if refine else lb, 1)
+    def fake(inst, limits, fix, where=None, refine=0.0, work_limit=None, refine_if=None, lb=None, reached=True):
+        calls.append((refine, work_limit))
+        if not reached:
+            return lb, 1
+        return (obj if refine_if(lb) else lb, 1)
     monkeypatch.setattr(slice_plan, "_own_slicing", lambda *a: None)
     monkeypatch.setattr(slice_plan, "_least_config_slicing", lambda *a: None)
     monkeypatch.setattr(sb, "quick_bound", functools.partial(fake, lb=obj * 0.95))
     line = slice_plan.default_line(inst, req, limits, res)
-    assert "cannot beat this plan (proven)" in line and "every slicing enumerated" in line, line
-    assert calls == [0.0, slice_plan.REFINE_WORK]
+    assert "cannot beat this plan (proven)" in line and "every slicing enumerated" in line and "work units" in line, line
+    assert calls == [(slice_plan.REFINE_WORK, slice_plan.decision_work(res))]
     calls.clear()
     monkeypatch.setattr(sb, "quick_bound", functools.partial(fake, lb=obj * 0.8))
     line = slice_plan.default_line(inst, req, limits, res)
-    assert "undecided" in line and "at most 20%" in line and calls == [0.0], line
+    assert "undecided" in line and "at most 20%" in line and "enumerated" not in line and len(calls) == 1, line
+    monkeypatch.setattr(sb, "quick_bound", functools.partial(fake, lb=obj * 0.95, reached=False))
+    line = slice_plan.default_line(inst, req, limits, res)
+    assert "undecided" in line and "its search stopped at" in line and "enumerated" not in line, line
 
 
 @pytest.mark.parametrize("make,batch", [("two_speed", 1), ("tiny", 1), ("two_speed", 2)])
@@ -757,3 +787,17 @@ def test_end_stage_bound_of_each_count_never_exceeds_its_plans(tmp_path_factory,
         bites += with_ends is not None and without is not None and with_ends > without * (1 + 1e-6)
         raised += with_paths is not None and with_ends is not None and with_paths > with_ends * (1 + 1e-6)
     assert checked > 300 and bites and raised, (checked, bites, raised)
+
+
+
+def test_decision_work_follows_the_solve():
+    """The default's decision spends DECISION_WORK units, or DECISION_SHARE of the solve's work
+    when more, at most REFINE_WORK: 1 unit after a 1.87-unit solve (the default), 1.03 after 4.11
+    (scale-1024), 5 after 40."""
+    from milp_plan import slice_plan
+    from milp_plan.result import SolveResult
+    def of(work):
+        r = SolveResult.__new__(SolveResult)
+        r.work = work
+        return slice_plan.decision_work(r)
+    assert of(1.87) == 1.0 and of(4.11) == pytest.approx(1.0275) and of(40.0) == 5.0

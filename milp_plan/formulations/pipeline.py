@@ -917,6 +917,10 @@ class PipelineModel:
         """Model objective -> seconds (min-time) or $/step (min-cost)."""
         return raw / self._objective_scale()
 
+    def units_of(self, objective: float) -> float:
+        """Seconds (min-time) or $/step (min-cost) -> model objective units."""
+        return objective * self._objective_scale()
+
     def extract(self, value) -> tuple[list[int], list[int], list[int]]:
         """(option per stage, layers per stage, recomputed layers per stage) from a value(var) function."""
         opts, layers, rs = [], [], []

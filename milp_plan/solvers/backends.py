@@ -39,7 +39,7 @@ DETERMINISTIC_BACKENDS = ("cpsat",)   # those that take a work limit (CP-SAT's d
 
 @dataclass
 class BackendRun:
-    status: str                      # optimal | feasible | infeasible | timeout
+    status: str                      # optimal | closed (stop_at) | feasible | infeasible | timeout
     objective: float | None          # raw model units
     bound: float | None              # raw model units
     value: Callable[[Any], float] | None
@@ -119,7 +119,11 @@ class CpsatBackend:
         self.model.clear_hints()
 
     def solve(self, time_limit_s: float, seed: int, workers: int = 1,
-              on_progress: Callable[[float, float], None] | None = None, work: float | None = None) -> BackendRun:
+              on_progress: Callable[[float, float], None] | None = None, work: float | None = None,
+              stop_at: float | None = None) -> BackendRun:
+        """`stop_at` (raw model units): stop at the first solution whose objective is at or below
+        it, status "closed" (the caller knows a bound that close; one worker's search, and so
+        where it stops, is deterministic)."""
         solver = self.cp.CpSolver()
         p = solver.parameters
         p.max_time_in_seconds = max(0.01, time_limit_s)
@@ -142,11 +146,15 @@ class CpsatBackend:
         for name, value in self.parameters.items():
             setattr(p, name, value)
         p.catch_sigint_signal = False  # SIGINT goes to Python (deadline.handle_signals), which stops us
-        cb = None
-        if on_progress is not None:
+        cb, closed = None, []
+        if on_progress is not None or stop_at is not None:
             class _CB(self.cp.CpSolverSolutionCallback):
                 def on_solution_callback(inner) -> None:  # noqa: N805
-                    on_progress(inner.objective_value, inner.best_objective_bound)
+                    if on_progress is not None:
+                        on_progress(inner.objective_value, inner.best_objective_bound)
+                    if stop_at is not None and inner.objective_value <= stop_at:
+                        closed.append(True)
+                        inner.stop_search()
             cb = _CB()
         t0 = time.perf_counter()
         status = deadline.run_native(lambda: solver.solve(self.model, cb) if cb else solver.solve(self.model),
@@ -155,6 +163,8 @@ class CpsatBackend:
         cp = self.cp
         if status == cp.OPTIMAL:
             return BackendRun("optimal", solver.objective_value, solver.objective_value, solver.value, wall, work)
+        if status == cp.FEASIBLE and closed:
+            return BackendRun("closed", solver.objective_value, solver.best_objective_bound, solver.value, wall, work)
         if status == cp.FEASIBLE:
             return BackendRun("feasible", solver.objective_value, solver.best_objective_bound, solver.value, wall,
                               work)
@@ -207,8 +217,10 @@ class PulpBackend:
         var.setInitialValue(int(value))
 
     def solve(self, time_limit_s: float, seed: int, workers: int = 1,
-              on_progress: Callable[[float, float], None] | None = None, work: None = None) -> BackendRun:
-        """`work`: always None (solvers/driver.py refuses a work limit for HiGHS and CBC)."""
+              on_progress: Callable[[float, float], None] | None = None, work: None = None,
+              stop_at: float | None = None) -> BackendRun:
+        """`work`: always None (solvers/driver.py refuses a work limit for HiGHS and CBC).
+        `stop_at` is not read: HiGHS and CBC solve to their optimum."""
         pulp = self.pulp
         limit = max(0.05, time_limit_s)
         if self.name == "highs":

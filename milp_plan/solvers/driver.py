@@ -78,6 +78,7 @@ HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a pla
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
 BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this share of the time limit
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
+CLOSE_GAP = PROOF_TOL / 5    # a config's solve stops at a plan this close to its proven bound (_solve_model)
 FREE_COMPLETIONS = 64        # free mode: a parent with at most this many complete configs below it opens into them
 MANY_POOLS = 3               # free_start runs on free configs of this many pools or more (many_pools)
 PROGRESS_EVERY_S = 0.1       # the search reports its progress at most this often (wall clock)
@@ -328,8 +329,11 @@ def _solve_model(coef: Coefficients, limits: Limits, backend: str, cutoff: float
     if hint is not None:
         model.hint(*hint)
     bound, cuts, paths = lb, 0, 0
+    # a solution within CLOSE_GAP of the config's proven bound closes it (pipeline.md, "Closing a
+    # config at its bound"): at most PROOF_TOL / 2 off once exactly priced, else solved on
+    stop = model.units_of(lb * (1 + CLOSE_GAP)) if lb > 0 else None
     while True:
-        run = be.solve(dl.left(), seed, 1, work=dl.work_left())
+        run = be.solve(dl.left(), seed, 1, work=dl.work_left(), stop_at=stop)
         dl.charge(run.work)
         if trace is not None:
             trace.statuses.append(run.status)
@@ -361,13 +365,17 @@ def _solve_model(coef: Coefficients, limits: Limits, backend: str, cutoff: float
                 model.add_objective_floor(run.bound)  # what this run proved holds for the next
             continue
         value = objective_of(plan, limits)
+        if run.status == "closed" and value > lb * (1 + PROOF_TOL / 2):   # the rounding took it further
+            stop = None
         err = model.rounding_error(opts, layers, rs, plan.predicted.usd_per_hour, plan.predicted.step_time_s)
         drift = (model.objective_drift(run.objective, value, err, run.status == "optimal")
                  or model.usd_per_hour_drift(run.value(model.v.usd_h), plan.predicted.usd_per_hour, opts))
         if drift is not None:
             raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
-        if limits.admit(plan):
+        if limits.admit(plan) and (run.status != "closed" or stop is not None):
             return plan, bound
+        if limits.admit(plan):   # closed too far from lb: the model again, to its optimum
+            continue
         drift = model.limit_drift(plan, opts, layers, rs)
         if drift is not None:
             raise InternalError(f"{backend} on {coef.cfg.label()}: {drift}")
@@ -719,7 +727,7 @@ def _solve_or_take(ahead: Ahead | None, coef: Coefficients, limits: Limits, back
     """_solve_config's answer for `coef` under `inputs` (cutoff, hint, paths): a worker's
     when it is the one this solve would give (parallel.Ahead.take), else this solve's."""
     cutoff, hint, _ = inputs
-    got = ahead.take(coef.cfg, inputs, dl) if ahead is not None else None
+    got = ahead.take(coef.cfg, inputs, dl, lb) if ahead is not None else None
     if got is None:
         return _solve_config(coef, limits, backend, cutoff, hint, dl, seed, lb)
     plan, bound, paths = got

@@ -12,8 +12,10 @@ when that answer is the one its own solve would give:
 
 - the same inputs: the cutoff (the incumbent has not improved since), the hint, and on a
   simulated instance the same known critical paths (driver._solve_config learns paths that
-  every config of the same schedule, pp, m and vpp reads);
-- no limit touched it: every backend run ended optimal or infeasible, and the worker's
+  every config of the same schedule, pp, m and vpp reads), and the same bound to start from
+  (a run stops at a plan close enough to it: driver._solve_model);
+- no limit touched it: every backend run ended optimal, closed (at the config's bound:
+  driver._solve_model) or infeasible, and the worker's
   deadline never expired; and, under a work limit, the worker's charges, replayed on the
   search's meter, stay below the search's own work limit, so every run of the search's solve
   would have had more work than the worker's run used.
@@ -73,10 +75,11 @@ def _init_worker() -> None:
     deadline_mod._active = 0   # the parent's signal routing: backend runs in this thread
 
 
-def _solve_ahead(cfg, limits, backend, cutoff, hint, seconds, work, seed, paths):
-    """In a worker: driver._solve_config of `cfg` as the search would run it now (bound 0:
-    the search takes the larger of its own bound and this one). Returns (plan, bound, trace),
-    or None when it raised (the search then solves it itself, and raises the same)."""
+def _solve_ahead(cfg, limits, backend, cutoff, hint, seconds, work, seed, paths, lb):
+    """In a worker: driver._solve_config of `cfg` as the search would run it now, from the
+    bound `lb` the search would hand it (its heap key and full bound: a run closes at a plan
+    that close to it, driver._solve_model). Returns (plan, bound, trace), or None when it raised
+    (the search then solves it itself, and raises the same)."""
     prep, solve_config = _FORKED
     coef = Coefficients(prep.inst, cfg, prep.shared, prep.fix)
     if paths is not None:
@@ -89,7 +92,7 @@ def _solve_ahead(cfg, limits, backend, cutoff, hint, seconds, work, seed, paths)
         charge(units)
     dl.charge = logged
     try:
-        plan, bound = solve_config(coef, limits, backend, cutoff, hint, dl, seed, 0.0, trace)
+        plan, bound = solve_config(coef, limits, backend, cutoff, hint, dl, seed, lb, trace)
     except Exception:  # noqa: BLE001 - the search's own solve raises it again
         return None
     if dl.expired():
@@ -160,10 +163,10 @@ class Ahead:
             cutoff, hint, paths = inputs
             if not self._start():
                 return
-            work = dl.work_left()
+            work, lb = dl.work_left(), max(lb, full)   # the bound the search's solve would start from
             job = self.pool.apply_async(_solve_ahead, (cfg, self.limits, self.backend, cutoff, hint, dl.left(),
-                                                       work, self.seed, paths))
-            self.pending[cfg] = (inputs, job)
+                                                       work, self.seed, paths, lb))
+            self.pending[cfg] = ((inputs, lb), job)
             self.running.append(job)
             free -= 1
 
@@ -181,15 +184,15 @@ class Ahead:
             self.pool = context.Pool(self.size, initializer=_init_worker)
         return True
 
-    def take(self, cfg, inputs, dl: Deadline):
+    def take(self, cfg, inputs, dl: Deadline, lb: float):
         """The worker's (plan, bound) for `cfg` when it is what the search's own solve under
-        `inputs` and `dl` would return, its charges replayed on `dl` and its paths learned by
+        `inputs`, from the bound `lb`, and `dl` would return, its charges replayed on `dl` and its paths learned by
         `learn(path)`'s caller; else None (the search solves it)."""
         got = self.pending.pop(cfg, None)
         if got is None:
             return None
         self.dropped += 1
-        if got[0] != inputs:
+        if got[0] != (inputs, lb):
             return None
         waited = time.perf_counter()
         while not got[1].ready():
@@ -200,7 +203,7 @@ class Ahead:
         if answer is None:
             return None
         plan, bound, trace = answer
-        if any(s not in ("optimal", "infeasible") for s in trace.statuses):
+        if any(s not in ("optimal", "closed", "infeasible") for s in trace.statuses):
             return None
         if dl.work_end is not None:
             used = dl.meter.used

@@ -260,6 +260,14 @@ MUTATIONS = [
      "        layers[s] -= cut\n", "        layers[s] -= 0\n"),
     (FREE_START, "free_start scores plans over a limit or memory",
      "if limits.admit(plan) and matches_pins(inst, coef.pins, plan):", "if matches_pins(inst, coef.pins, plan):"),
+    (SLICE, "quick_bound ignores its work limit (the default's decision unbudgeted)",
+     "        if stage == last or dl.expired() or (rl is not None and rl.expired()):",
+     "        if stage == last or (rl is not None and rl.expired()):"),
+    (SLICE, "quick_bound refines whatever refine_if says",
+     "            last, refine_if = (4 if refine_if(key) else 3), None", "            last, refine_if = 4, None"),
+    ("milp_plan/solvers/backends.py", "a CP-SAT run closed at stop_at reports its objective as proven",
+     'return BackendRun("closed", solver.objective_value, solver.best_objective_bound, solver.value, wall, work)',
+     'return BackendRun("closed", solver.objective_value, solver.objective_value, solver.value, wall, work)'),
 ]
 
 PROBE = r'''
@@ -366,6 +374,11 @@ for make, batch in (("tiny", 1), ("two_speed", 1), ("tiny", 2)):
 # the end stages' bound of each count (WorkBounds.end_steps) against every plan's simulated step
 for make, batch in (("two_speed", 1), ("tiny", 1), ("two_speed", 2)):
     test_slice_search.test_end_stage_bound_of_each_count_never_exceeds_its_plans(_Tmp(), make, batch)
+# the default decision's budget and its refinement in one search
+test_slice_search.test_quick_bound_budget_and_refinement_in_one_search(_Tmp())
+# a CP-SAT run stopped at stop_at (a config closed at its bound) keeps CP-SAT's own bound
+import test_backends
+test_backends.test_cpsat_stops_at_the_first_solution_at_or_below_stop_at()
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
