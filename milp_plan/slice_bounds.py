@@ -311,15 +311,16 @@ def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int) -> float:
     stage on one slice crosses each hop down and back (M(s), P(s, k)); the pools of the middle
     stages are chosen, each pool at most caps[p] stages in all, for the least sum (a shortest path
     over (pool of the stage, stages used per pool)), a hop between stages of pools p, q costing
-    at least hop_inter(p, type of q) + hop_inter(q, type of p), or twice hop_intra(p) where p = q
-    and a node holds two of its stages (as `_least_hop_per_token`). Where the states would be
-    many (more than 4 pools), the caps are dropped (lower)."""
+    at least hop_inter(p, type of q) + hop_inter(q, type of p), or hop_intra(p) + hop_intra(q)
+    where the two pools are of one node type and one of them puts two stages on a node (they may
+    share it; `_least_hop_per_token` allows the intra-node hop likewise). Where the states would
+    be many (more than 4 pools), the caps are dropped (lower)."""
     K, pools = coef.cfg.pp, range(len(coef.pools))
 
     def cost(p, q):
         got = coef.hop_inter(p, coef.pools[q].k) + coef.hop_inter(q, coef.pools[p].k)
-        if p == q and coef.pools[p].place.stages_per_node >= 2:
-            got = min(got, 2 * coef.hop_intra(p))
+        if coef.pools[p].k == coef.pools[q].k and max(coef.pools[r].place.stages_per_node for r in (p, q)) >= 2:
+            got = min(got, coef.hop_intra(p) + coef.hop_intra(q))     # they may share a node
         return got
     c = {(p, q): cost(p, q) for p in pools for q in pools}
     used0 = [0] * len(coef.pools)
@@ -1387,7 +1388,8 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
             T = np.maximum(T, np.maximum(_least(fj) + drain1, _least(di) + fill0) + others)
     S = W0 + W1 + LSc
     Q = Qn + (np.minimum(a, b) - 1) * An
-    T = np.maximum(T, np.maximum(m * Wmax, (m - 1) * Wmax + S / n + (1 - 1 / n) * Q) + hop[0])
+    bubble = (m - 1) * Wmax if m > 1 else 0.0      # (0 x inf where no placement: masked below)
+    T = np.maximum(T, np.maximum(m * Wmax, bubble + S / n + (1 - 1 / n) * Q) + hop[0])
     T = T + tail[:, None, None] + opt[:, :, None]
     T = np.where(ok & np.isfinite(Zc) & np.isfinite(LSc), T, np.inf)
     return T, Wmax
