@@ -1036,22 +1036,27 @@ class WorkBounds:
                                                           rooms, K - 2, L, n_)
                 hop = _hop_chain(coef, caps, coef.pool_of[o0], coef.pool_of[o1]) * unit
                 extra = tail[:, None] + np.maximum(opt, cb._opt(coef)) - cb._opt(coef)
-                T, Wmax = end_paths(m, K, L, n_, terms[o0], terms[o1], rooms[o0], rooms[o1], middle, Qn, An,
+                T, Wmax, base = end_paths(m, K, L, n_, terms[o0], terms[o1], rooms[o0], rooms[o1], middle, Qn, An,
                                     hop * np.arange(1, U + 1), tail, extra - tail[:, None], coupled=not paths)
                 self.cells += T.size * (1 if paths else U)
-                pairs.append((o0, o1, T, Wmax, extra, middle, hop))
-        best = np.min([T.min(axis=(0, 1)) for _, _, T, _, _, _, _ in pairs], axis=0) if pairs else \
-            np.full(len(n_), np.inf)
+                pairs.append((o0, o1, T, Wmax, extra, middle, hop, base, left))
+        best = np.min([p[2].min(axis=(0, 1)) for p in pairs], axis=0) if pairs else np.full(len(n_), np.inf)
         if paths:     # the counts in increasing bound, each raised while it can lower the least
             least = limit
             for c in np.argsort(best, kind="stable"):
                 if best[c] >= least:
                     break
                 raised = math.inf
-                for o0, o1, T, Wmax, extra, middle, hop in pairs:
-                    mid_t = np.min([self.table(coef, usable[i]) for i in middle[6]], axis=0) if middle[6] else None
+                for o0, o1, T, Wmax, extra, middle, hop, base, left in pairs:
+                    mids = [usable[i] for i in middle[6]]
+                    mid_t = np.min([self.table(coef, o) for o in mids], axis=0) if mids else None
+                    split = None
+                    if len(mids) >= 2:     # the middle's layers split by the bottleneck's intervals
+                        split = (base[:, :, c], middle[0][:, c], np.array([self.table(coef, o) for o in mids]),
+                                 np.array([terms[o][0][n_[c]] for o in mids]), np.array([rooms[o] for o in mids]),
+                                 np.array([min(left[coef.pool_of[o]], K - 2) for o in mids]))
                     got, cells = _lazy_paths(T[:, :, c], Wmax[:, :, c], extra, min(raised, least), m, L,
-                                             int(n_[c]), terms[o0][8], terms[o1][8], mid_t, hop)
+                                             int(n_[c]), terms[o0][8], terms[o1][8], mid_t, hop, split)
                     raised, self.cells = min(raised, got), self.cells + cells
                 best[c] = max(best[c], raised)
                 least = min(least, best[c])
@@ -1182,38 +1187,77 @@ PATH_BATCH = 64   # _lazy_paths: end-stage layer pairs raised at a time
 
 
 def _lazy_paths(T: np.ndarray, Wmax: np.ndarray, extra: np.ndarray, cutoff: float, m: int, L: int, n: int,
-                t0: dict, t1: dict, mid: np.ndarray | None, hop: float) -> float:
+                t0: dict, t1: dict, mid: np.ndarray | None, hop: float, split: tuple | None = None
+                ) -> tuple[float, int]:
     """The least over the end stages' layers (a, b) of max(T[a, b], `slice_paths` + (m - 1) W_max
     + extra[a, b]), raising the pairs in increasing T, PATH_BATCH at a time, while T is below the
     least found and `cutoff` (a pair's value is at least its T, so the pairs left cannot lower
     it; at or above the cutoff it need not be known: then the cutoff, a bound, is returned; inf
-    where no pair fits); and the array cells the paths touched."""
-    flat = np.argsort(T, axis=None, kind="stable")
+    where no pair fits); and the array cells the paths touched.
+
+    split (several middle options): (base[a, b], Zm[L'], the middle options' per-layer tables,
+    A*_{o,n}, rooms, stages): the middle's bottleneck Y = max_s n_s A*_{o(s),n} >= Zm(L') is split
+    into intervals [y_j, y_{j+1}), y_j = Zm GRID_RATIO^j (j < GRID_STEPS; the last unbounded), as
+    ConfigBounds._refined: within one, the heaviest middle stage's machine path is at least
+    m y_j + base and W_max >= y_j, and option o holds at most stages_o min(floor(y_{j+1} / A_o),
+    room_o) middle layers, so each slice's middle sum is at least the least sum of L' layers
+    under those holds (`_middle_sums`, the cheapest option of the slice first) instead of L'
+    times the least per-layer time. Every plan lies in one interval: the least over (a, b, j)."""
+    if split is None:
+        keys, Wj, Tj = T, Wmax, T
+    else:
+        base, Zm, tabs, A, room, cap = split
+        ra, rb = T.shape
+        Lp = L - np.arange(1, ra + 1)[:, None] - np.arange(1, rb + 1)[None, :]
+        Zc = Zm[np.clip(Lp, 0, L)]
+        ys = Zc[..., None] * GRID_RATIO ** np.arange(GRID_STEPS + 1)                 # a x b x J
+        upper = np.concatenate([ys[..., 1:], np.full(ys.shape[:2] + (1,), np.inf)], axis=2)
+        with np.errstate(invalid="ignore"):
+            holds = cap * np.minimum(np.floor(upper[..., None] / A + 1e-9), room)     # a x b x J x options
+        Tj = np.maximum(T[..., None], m * ys + base[..., None])
+        Tj = np.where(np.isfinite(Zc)[..., None] & (holds.sum(axis=3) >= Lp[..., None]), Tj, np.inf)
+        keys, Wj = Tj, np.maximum(Wmax[..., None], ys)
+    flat = np.argsort(keys, axis=None, kind="stable")
     best, cells = math.inf, 0
     for start in range(0, flat.size, PATH_BATCH):
         idx = flat[start:start + PATH_BATCH]
-        idx = idx[T.flat[idx] < min(best, cutoff)]
+        idx = idx[keys.flat[idx] < min(best, cutoff)]
         if not len(idx):
             break
-        a, b = np.unravel_index(idx, T.shape)
-        V = slice_paths(a + 1, b + 1, L, n, t0, t1, mid, hop)
-        cells += len(idx) * n * len(t0["T"]) ** 2
-        got = np.maximum(T[a, b], V + (m - 1) * Wmax[a, b] + extra[a, b])
+        at = np.unravel_index(idx, keys.shape)
+        a, b = at[0], at[1]
+        sums = None if split is None else _middle_sums(holds[at], Lp[a, b], tabs)
+        V = slice_paths(a + 1, b + 1, L, n, t0, t1, mid, hop, sums)
+        cells += len(idx) * n * len(t0["T"]) ** 2 * (1 if split is None else 1 + len(tabs))
+        got = np.maximum(keys.flat[idx], V + (m - 1) * Wj.flat[idx] + extra[a, b])
         best = min(best, float(got.min()))
     if best < cutoff:
         return best, cells
-    return max(cutoff, float(T.min())), cells     # every pair's value is at least the cutoff (inf: none fits)
+    return max(cutoff, float(keys.min())), cells     # every value is at least the cutoff (inf: none fits)
+
+
+def _middle_sums(holds: np.ndarray, Lp: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+    """Per row (P x options holds, P layer counts L'): each slice's least sum_o t_o T_o[x', x]
+    over t_o <= holds_o, sum_o t_o = L' (the cheapest option of the slice first: a fractional
+    knapsack of unit items), P x (U + 1) x (U + 1); 0 off the arcs."""
+    z = np.where(np.isfinite(tabs), tabs, 0.0)                                   # options x arcs
+    order = np.argsort(z, axis=0, kind="stable")
+    al = np.take_along_axis(z, order, axis=0)
+    h = holds[:, order]                                                          # P x options x arcs
+    taken = np.minimum(h, np.maximum(Lp[:, None, None, None] - (np.cumsum(h, axis=1) - h), 0))
+    return (taken * al[None]).sum(axis=1)
 
 
 def slice_paths(a: np.ndarray, b: np.ndarray, L: int, n: int, t0: dict, t1: dict, mid: np.ndarray | None,
-                hop: float) -> np.ndarray:
+                hop: float, sums: np.ndarray | None = None) -> np.ndarray:
     """Per (a, b): at least min over the cuts into n slices of max_k of the path through stage 0,
     slice k and stage K-1 (slice_bounds docstring, P(0, s, K-1, k) without (m - 1) W_s):
         sum_{i<=k} p_{0,i} + sum_{0<r<K-1} p_{r,k} + sum_{i>=k} p_{K-1,i} + 2 sum_h hop_{h,k},
     stage 0 holding a layers and the embedding (option tables t0: per-layer T, embedding Te,
     prefix sums pre, pre_e), stage K-1 b layers and the head (t1: T, Th, suffix sums suf, suf_h),
     the L - a - b middle layers each at least `mid` (the least per-layer f + b of a middle option
-    per slice; None: no middle stage), every hop down and back `hop` per unit of the slice. The
+    per slice; None: no middle stage; or `sums`, each row's least middle sum per slice), every hop
+    down and back `hop` per unit of the slice. The
     slices before k on stage 0 take at least the least sum of k slices covering their units, and
     those after k on stage K-1 likewise (`prefix_sums`, `suffix_sums`), so each path's term reads
     only slice k's ends (x', x); the least over the cuts of the largest term is a bottleneck path
@@ -1225,7 +1269,9 @@ def slice_paths(a: np.ndarray, b: np.ndarray, L: int, n: int, t0: dict, t1: dict
     a_, b_ = a[:, None, None].astype(float), b[:, None, None].astype(float)
     ends = a_ * z(t0["T"]) + z(t0["Te"]) + b_ * z(t1["T"]) + z(t1["Th"]) + hop * np.maximum(
         np.arange(U + 1)[None, :] - np.arange(U + 1)[:, None], 0)
-    if mid is not None:
+    if sums is not None:       # the middle's least sum on each slice (`_middle_sums`)
+        ends = ends + sums
+    elif mid is not None:
         ends = ends + (L - a_ - b_) * z(mid)
     V = None
     for k in range(n):
@@ -1349,7 +1395,8 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
 
     (slice_bounds docstring, M(s) and P(s, k); each first- or last-slice term at its own least
     over the slice's length, uf and ul those of a middle option), and T >= the largest + tail[a] + opt[a, b]. inf where no placement fits.
-    Returns (T[a - 1, b - 1, count], the lower bound on W_max used). coupled=False: the machine
+    Returns (T[a - 1, b - 1, count], the lower bound on W_max used, and (K >= 3) the heaviest
+    middle stage's machine path less m W_s, with the tail and the optimizer). coupled=False: the machine
     paths with each first or last slice term at its own least (cheaper; `slice_paths` then
     couples them)."""
     A0, E0, _, uf0, _, ef0, _, by0, _ = first
@@ -1382,8 +1429,10 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
         # the heaviest middle stage with the first (last) slice's length enumerated: W_s >= lam Zm
         others = np.maximum(K - 3, mid - rmax) * min(uf, ul) + hop[0]
         with np.errstate(invalid="ignore"):
-            fj = None if not coupled else m * lam_f[None, None] * Zc[..., None] + (a[..., None] * by0["first"][0] + by0["first"][1])
-            di = None if not coupled else m * lam_l[None, None] * Zc[..., None] + (b[..., None] * by1["last"][0] + by1["last"][1])
+            fj = None if not coupled else \
+                m * lam_f[None, None] * Zc[..., None] + (a[..., None] * by0["first"][0] + by0["first"][1])
+            di = None if not coupled else \
+                m * lam_l[None, None] * Zc[..., None] + (b[..., None] * by1["last"][0] + by1["last"][1])
         if coupled:
             T = np.maximum(T, np.maximum(_least(fj) + drain1, _least(di) + fill0) + others)
     S = W0 + W1 + LSc
@@ -1392,7 +1441,9 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
     T = np.maximum(T, np.maximum(m * Wmax, bubble + S / n + (1 - 1 / n) * Q) + hop[0])
     T = T + tail[:, None, None] + opt[:, :, None]
     T = np.where(ok & np.isfinite(Zc) & np.isfinite(LSc), T, np.inf)
-    return T, Wmax
+    # the heaviest middle stage's machine path at a bottleneck y >= Zm: m y + this
+    base = np.broadcast_to(fill0 + drain1 + others + tail[:, None, None] + opt[:, :, None], T.shape) if K >= 3 else None
+    return T, Wmax, base
 
 
 def scale_from(R: np.ndarray, j: int) -> np.ndarray:
