@@ -999,12 +999,14 @@ class WorkBounds:
         return got
 
     def end_steps(self, coef, cb: "ConfigBounds", caps: dict, rooms: dict, usable: list[int], paths: bool = False,
-                  limit: float = math.inf) -> dict[int, float]:
+                  limit: float = math.inf, split: bool = True) -> dict[int, float]:
         """Per count n: at least the step of every plan of the config (K >= 2) cut into n slices,
         less the optimizer term cb._opt (so that cb._finish adds it back), with the end stages'
         options and layers enumerated (`end_paths`); a count absent: no plan. paths: each (a, b)
         whose bound is below the count's least so far (and `limit`, a step) is raised by every
-        path through the end stages and one slice, over every cut (`_lazy_paths`; dearer)."""
+        path through the end stages and one slice, over every cut (`_lazy_paths`; dearer); split:
+        with several middle options, those paths with the middle's layers split by its
+        bottleneck's intervals (`_lazy_paths`' split; about 3x dearer again)."""
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
         n_ = np.array(self.counts)
@@ -1050,20 +1052,20 @@ class WorkBounds:
                 for o0, o1, T, Wmax, extra, middle, hop, base, left in pairs:
                     mids = [usable[i] for i in middle[6]]
                     mid_t = np.min([self.table(coef, o) for o in mids], axis=0) if mids else None
-                    split = None
-                    if len(mids) >= 2:     # the middle's layers split by the bottleneck's intervals
-                        split = (base[:, :, c], middle[0][:, c], np.array([self.table(coef, o) for o in mids]),
+                    parts = None
+                    if split and len(mids) >= 2:     # the middle's layers split by the bottleneck's intervals
+                        parts = (base[:, :, c], middle[0][:, c], np.array([self.table(coef, o) for o in mids]),
                                  np.array([terms[o][0][n_[c]] for o in mids]), np.array([rooms[o] for o in mids]),
                                  np.array([min(left[coef.pool_of[o]], K - 2) for o in mids]))
                     got, cells = _lazy_paths(T[:, :, c], Wmax[:, :, c], extra, min(raised, least), m, L,
-                                             int(n_[c]), terms[o0][8], terms[o1][8], mid_t, hop, split)
+                                             int(n_[c]), terms[o0][8], terms[o1][8], mid_t, hop, parts)
                     raised, self.cells = min(raised, got), self.cells + cells
                 best[c] = max(best[c], raised)
                 least = min(least, best[c])
         return {int(n): float(t) for n, t in zip(n_, best) if t < math.inf}
 
     def config(self, coef, cb: "ConfigBounds", cutoff: float = math.inf, memory: bool = True, ends: bool = True,
-               paths: bool = False) -> tuple[float | None, bool]:
+               paths: bool = False, split: bool = True) -> tuple[float | None, bool]:
         """(the least over the counts of the work bound (class docstring) of the config's plans,
         as an objective: T plus stage 0's tail (cb._dp) and the optimizer term, priced
         (cb._finish); whether it is the whole bound). None: no placement fits or none meets the
@@ -1074,7 +1076,8 @@ class WorkBounds:
         with a stage to offer is usable (stage 0's tail likewise): at most the bound with the rooms.
         ends (K > 1): each count's bound is at least `end_steps`' (the end stages enumerated);
         without: lower, and cheaper (quick_bound raises a config to it only when it tops the heap).
-        paths: `end_steps` with every path through the end stages and one slice (dearer)."""
+        paths: `end_steps` with every path through the end stages and one slice (dearer); split:
+        and the middle's layers split by its bottleneck's intervals (dearer again)."""
         from milp_plan.solvers import bounds
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
@@ -1092,7 +1095,7 @@ class WorkBounds:
         if K > 1:
             u, v, Q = self.ends(coef, usable)
             hops = 2 * (K - 1) * _least_hop_per_token(coef) * (self.inst.job.seq_length // (len(Q) - 1))
-        ends = self.end_steps(coef, cb, caps, rooms, usable, paths, limit) if K > 1 and ends else {}
+        ends = self.end_steps(coef, cb, caps, rooms, usable, paths, limit, split) if K > 1 and ends else {}
         key = {n: max(quick[n] + tail, ends.get(n, -math.inf)) for n in quick}
         counts = sorted(quick, key=lambda n: (key[n], n))      # by the quick term and the end stages' bound
         n_, q = np.array(counts), np.array([key[n] for n in counts])
@@ -1516,7 +1519,8 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     work = WorkBounds(inst, limits, range(2, units + 1))
     heap = _initial_keys(prepared, work, limits)   # (bound, config index, stage): 0 quick without
     # context, 1 with, 2 WorkBounds.config without the memory rooms, 3 with them, 4 with the end
-    # stages enumerated and the paths through them and one slice too, 5 full
+    # stages enumerated and the paths through them and one slice too (the middle not split), 5
+    # full (its work bound splits the middle)
     last = 5 if refine > 0 else 4
     dl = Deadline(math.inf, work=work_limit)
     rl = Deadline(math.inf, work=refine) if refine > 0 else None
@@ -1547,7 +1551,7 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
             got, _ = work.config(coef, cb, min(final, unrefined), ends=False)
         elif stage == 3:
             cells = work.cells
-            got, _ = work.config(coef, cb, min(final, unrefined), paths=True)
+            got, _ = work.config(coef, cb, min(final, unrefined), paths=True, split=False)
             dl.charge(QUICK_WORK_PER_OPTION * len(coef.options) + (work.cells - cells) * PATH_SECONDS_PER_CELL +
                       len(coef.options) ** 2 * PATH_WORK_PER_PAIR)
         else:

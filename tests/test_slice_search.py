@@ -400,8 +400,8 @@ def test_quick_bound_never_exceeds_any_sliced_plan(tmp_path_factory, objective):
     assert read >= 1 and lb is not None
     assert lb <= brute_force(inst, limits, counts, max_pp=2) * (1 + 1e-9)
     bounds = sb.ConfigBounds(inst, limits, counts)
-    every = [b for c in gpipe_configs(inst, 8) for b in [bounds.work_bounds.config(c, bounds, paths=True)[0]]
-             if b is not None]
+    every = [b for c in gpipe_configs(inst, 8)
+             for b in [bounds.work_bounds.config(c, bounds, paths=True, split=False)[0]] if b is not None]
     assert lb == pytest.approx(min(every), rel=1e-12)
 
 
