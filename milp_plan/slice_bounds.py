@@ -61,7 +61,8 @@ Z_n and least layer sum S_n of the placements at those times, and T >= max(m Z_n
 S_n / n, fill, ends) + tails (`work_step`: the machine path M(s) of the heaviest stage, and P(s, k)
 at the slice of most work; `fill_step`: M(s) with the other stages' first or last slices;
 `ends_step`: P(s, k) with R_k through the end stages), and the same paths with the end stages'
-options and layers enumerated (`WorkBounds.end_steps`, `end_paths`). `full` takes it too (the paths have no m W term at m = 1); the default's
+options and layers enumerated (`WorkBounds.end_steps`, `end_paths`, `slice_paths`). `full` takes it too
+(the paths have no m W term at m = 1); the default's
 decision reads its least over the configs (`quick_bound`). formulations/pipeline.md, "Token
 slices", gives the proofs; tests/test_slice_search.py checks each part against enumeration."""
 from __future__ import annotations
@@ -1397,7 +1398,8 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
         m W_max
 
     (slice_bounds docstring, M(s) and P(s, k); each first- or last-slice term at its own least
-    over the slice's length, uf and ul those of a middle option), and T >= the largest + tail[a] + opt[a, b]. inf where no placement fits.
+    over the slice's length, uf and ul those of a middle option), and T >= the largest + tail[a]
+    + opt[a, b]. inf where no placement fits.
     Returns (T[a - 1, b - 1, count], the lower bound on W_max used, and (K >= 3) the heaviest
     middle stage's machine path less m W_s, with the tail and the optimizer). coupled=False: the machine
     paths with each first or last slice term at its own least (cheaper; `slice_paths` then
