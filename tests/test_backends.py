@@ -80,7 +80,7 @@ def test_a_config_closed_at_its_bound_keeps_the_optimum(monkeypatch):
     one run closes so, and the solve returns the same objective and status as with every run
     solved to its optimum, within PROOF_TOL / 2, with a gap within PROOF_TOL."""
     from milp_plan.result import PROOF_TOL
-    from milp_plan.solvers import backends
+    from milp_plan.solvers import backends, driver
     inst = build_instance(InstanceSpec(cluster="two-type-32", model="gpt3-6.7b", global_batch_size=256))
     statuses = []
     real = backends.CpsatBackend.solve
@@ -101,3 +101,8 @@ def test_a_config_closed_at_its_bound_keeps_the_optimum(monkeypatch):
     assert "closed" not in statuses
     assert closed.status == exact.status == "optimal" and closed.gap <= PROOF_TOL
     assert exact.objective <= closed.objective <= exact.objective * (1 + PROOF_TOL / 2)
+    # closing 1% above the bound: the plans priced more than PROOF_TOL / 2 above it are solved on
+    monkeypatch.setattr(backends.CpsatBackend, "solve", counting)
+    monkeypatch.setattr(driver, "CLOSE_GAP", 0.01)
+    wide = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
+    assert wide.status == "optimal" and exact.objective <= wide.objective <= exact.objective * (1 + PROOF_TOL / 2)

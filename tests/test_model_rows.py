@@ -102,3 +102,30 @@ def test_every_free_config_model_alone_reaches_its_optimum(tmp_path, monkeypatch
         assert best * (1 - 1e-9) <= got <= best * (1 + PROOF_TOL), (coef.cfg.label(), got, best)
         solved += 1
     assert solved >= 50
+
+
+def test_a_run_closed_near_the_bound_returns_the_optimum_or_solves_on(tmp_path, monkeypatch):
+    """driver._solve_model closes a config's run at a plan within CLOSE_GAP of the bound it is
+    given (CpsatBackend.solve's stop_at). Given each config's brute-force optimum as its bound,
+    the plan returned is within PROOF_TOL / 2 of it and the bound returned at most it; given
+    0.9 x it with CLOSE_GAP = 0.2 (the run may close at plans up to 8% above the optimum), a
+    plan priced more than PROOF_TOL / 2 above that bound is solved on, so the optimum is still
+    returned."""
+    from test_bounds import config_optimum
+    kw, gbs, limits, _ = CASES[0]
+    inst = _instance(tmp_path, kw, gbs)
+    solved = 0
+    for coef in _free_configs(inst):
+        if not coef.options:
+            continue
+        best = config_optimum(inst, coef, limits)
+        if best == math.inf:
+            continue
+        for lb, gap in ((best, driver.CLOSE_GAP), (0.9 * best, 0.2)):
+            monkeypatch.setattr(driver, "CLOSE_GAP", gap)
+            plan, bound = driver._solve_model(coef, limits, "cpsat", None, None, Deadline(60.0, work=30.0), 1, lb)
+            got = objective_of(plan, limits)
+            assert best * (1 - 1e-9) <= got <= best * (1 + PROOF_TOL / 2) and bound <= best * (1 + 1e-9), \
+                (coef.cfg.label(), lb, got, best, bound)
+        solved += 1
+    assert solved >= 50

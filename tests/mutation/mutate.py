@@ -273,6 +273,11 @@ MUTATIONS = [
     ("milp_plan/solvers/backends.py", "a CP-SAT run closed at stop_at reports its objective as proven",
      'return BackendRun("closed", solver.objective_value, solver.best_objective_bound, solver.value, wall, work)',
      'return BackendRun("closed", solver.objective_value, solver.objective_value, solver.value, wall, work)'),
+    ("milp_plan/solvers/driver.py", "a run closed near the bound is kept however far its plan is priced above it",
+     '        far = run.status == "closed" and value > lb * (1 + PROOF_TOL / 2)',
+     '        far = False and run.status == "closed" and value > lb * (1 + PROOF_TOL / 2)'),
+    ("milp_plan/solvers/driver.py", "a sweep's heap records nothing of the bounds it pruned",
+     "                if prepared.sweep:   # for the sweep", "                if False:   # for the sweep"),
 ]
 
 PROBE = r'''
@@ -384,6 +389,13 @@ test_slice_search.test_quick_bound_budget_and_refinement_in_one_search(_Tmp())
 # a CP-SAT run stopped at stop_at (a config closed at its bound) keeps CP-SAT's own bound
 import test_backends
 test_backends.test_cpsat_stops_at_the_first_solution_at_or_below_stop_at()
+# ... and a run closed near its bound returns the config's optimum (brute force), or solves on
+import test_model_rows
+with pytest.MonkeyPatch.context() as mp:
+    test_model_rows.test_a_run_closed_near_the_bound_returns_the_optimum_or_solves_on(Path(tempfile.mkdtemp()), mp)
+# a sweep's solve records the bounds its heap pruned, a single solve does not
+import test_pareto_memo
+test_pareto_memo.test_only_a_sweep_records_the_bounds_its_heap_pruned()
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
