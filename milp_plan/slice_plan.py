@@ -461,15 +461,19 @@ def _least_config_slicing(inst: Instance, coef, limits: Limits, below: float) ->
 
 
 LEAST_CONFIG_WORK = 0.5   # work units (deadline.py) of the heuristic plan default_line slices
-DECISION_WORK = 1.0       # work units the default's decision may spend on its bound at least ...
-DECISION_SHARE = 0.25     # ... or this share of the solve's own, when more (at most REFINE_WORK)
+DECISION_WORK = 0.06      # work units the default's decision may spend on its bound at least ...
+DECISION_SHARE = 0.03     # ... or this share of the solve's own, when more (at most REFINE_WORK)
 
 
 def decision_work(result: SolveResult) -> float:
     """Work units (deadline.py) of the default's bound on sliced plans (quick_bound, its
     refinement included): DECISION_WORK, or DECISION_SHARE of the solve's work when more, at most
-    REFINE_WORK, so that the decision never costs much beside the solve (at 1024 GPUs it took
-    4.7 s CPU after a 3 s solve before it had a budget)."""
+    REFINE_WORK, so that the decision costs little beside the solve (`solve`'s time outside the
+    search: issue 19's < 0.5 s on the default). Measured, CPU (its line's saving at most):
+    before it had a budget, 6.5 s after a 3 s solve at scale-1024 (1.7%); with the end stages'
+    paths (slice_bounds, quick_bound's stage 3), on the default 1.7 s at 1 unit (8%), 0.32 s at
+    0.19 (20%), 0.22 s at 0.06 (24%, as without the paths: 0.18 s); scale-1024 1.1 s at 0.41
+    units (15%), 0.67 s at 0.13 (25%). `--slices auto` searches with the full bounds."""
     return min(REFINE_WORK, max(DECISION_WORK, DECISION_SHARE * result.work))
 
 

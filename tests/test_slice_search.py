@@ -792,12 +792,12 @@ def test_end_stage_bound_of_each_count_never_exceeds_its_plans(tmp_path_factory,
 
 def test_decision_work_follows_the_solve():
     """The default's decision spends DECISION_WORK units, or DECISION_SHARE of the solve's work
-    when more, at most REFINE_WORK: 1 unit after a 1.87-unit solve (the default), 1.03 after 4.11
-    (scale-1024), 5 after 40."""
+    when more, at most REFINE_WORK: 0.06 units after a 1.87-unit solve (the default), 0.1233 after
+    4.11 (scale-1024), 5 after 200."""
     from milp_plan import slice_plan
     from milp_plan.result import SolveResult
     def of(work):
         r = SolveResult.__new__(SolveResult)
         r.work = work
         return slice_plan.decision_work(r)
-    assert of(1.87) == 1.0 and of(4.11) == pytest.approx(1.0275) and of(40.0) == 5.0
+    assert of(1.87) == 0.06 and of(4.11) == pytest.approx(0.1233) and of(200.0) == 5.0
