@@ -81,19 +81,23 @@ def test_every_plan_of_every_free_config_solves_its_model(tmp_path, monkeypatch,
     assert pinned >= 100 and multi >= 40   # plans enough, many with a pool hosting two stages
 
 
+def _with_optima(inst, limits):
+    """(coef, its brute-force optimum, inf when it has no plan) of every free config with options."""
+    from test_bounds import config_optimum
+    for coef in _free_configs(inst):
+        if coef.options:
+            yield coef, config_optimum(inst, coef, limits)
+
+
 @pytest.mark.parametrize("basis", [predict.SIMULATED, predict.CLOSED_FORM])
 def test_every_free_config_model_alone_reaches_its_optimum(tmp_path, monkeypatch, basis):
     """No heuristic and no cutoff (driver._solve_model): the rows must not cut the optimum."""
-    from test_bounds import config_optimum
     if basis == predict.CLOSED_FORM:
         monkeypatch.setattr(predict, "STEP_SIM_MAX_OPERATIONS", 0)
     kw, gbs, limits, _ = CASES[0]
     inst = _instance(tmp_path, kw, gbs)
     solved = 0
-    for coef in _free_configs(inst):
-        if not coef.options:
-            continue
-        best = config_optimum(inst, coef, limits)
+    for coef, best in _with_optima(inst, limits):
         plan, bound = driver._solve_model(coef, limits, "cpsat", None, None, Deadline(60.0, work=30.0), 1, 0.0)
         if best == math.inf:
             assert plan is None
@@ -111,14 +115,10 @@ def test_a_run_closed_near_the_bound_returns_the_optimum_or_solves_on(tmp_path, 
     0.9 x it with CLOSE_GAP = 0.2 (the run may close at plans up to 8% above the optimum), a
     plan priced more than PROOF_TOL / 2 above that bound is solved on, so the optimum is still
     returned."""
-    from test_bounds import config_optimum
     kw, gbs, limits, _ = CASES[0]
     inst = _instance(tmp_path, kw, gbs)
     solved = 0
-    for coef in _free_configs(inst):
-        if not coef.options:
-            continue
-        best = config_optimum(inst, coef, limits)
+    for coef, best in _with_optima(inst, limits):
         if best == math.inf:
             continue
         for lb, gap in ((best, driver.CLOSE_GAP), (0.9 * best, 0.2)):
