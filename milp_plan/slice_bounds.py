@@ -1502,7 +1502,7 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
     every solve. None: no GPipe config (or none meets the limits). `where` (a list): the config
     whose bound is returned is appended to it, as its coefficients. refine > 0: a last stage,
     `ConfigBounds.full` (every slicing enumerated), within `refine` work units (deadline.py);
-    `refine_if` (a function of the bound without it, the first final key of stage 3): whether
+    `refine_if` (a function of the bound without it, the first final key of stage 4): whether
     to go on to it, in the same search (its stages 0-3 are not redone). `work_limit`: the whole
     search's work units (its stages charged by QUICK_WORK_PER_OPTION per config option); when
     they run out, as when `refine`'s do, the least key on the heap (every config's bound is at

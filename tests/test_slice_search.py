@@ -416,11 +416,18 @@ def test_quick_bound_budget_and_refinement_in_one_search(tmp_path_factory):
     limits, fix = Limits("min-time"), FIX + ",schedule=gpipe"
     lb, read = sb.quick_bound(inst, limits, fix)
     refined = sb.quick_bound(inst, limits, fix, refine=slice_plan.REFINE_WORK)[0]
-    seen: list = []
-    assert sb.quick_bound(inst, limits, fix, refine=slice_plan.REFINE_WORK,
-                          refine_if=lambda q: seen.append(q) or False)[0] == lb
-    assert seen == [lb]
-    assert sb.quick_bound(inst, limits, fix, refine=slice_plan.REFINE_WORK, refine_if=lambda q: True)[0] == refined
+    seen, fulls = [], []
+    full = sb.ConfigBounds.full
+    sb.ConfigBounds.full = lambda self, *a, **k: fulls.append(1) or full(self, *a, **k)   # the refinement's calls
+    try:
+        declined = sb.quick_bound(inst, limits, fix, refine=slice_plan.REFINE_WORK,
+                                  refine_if=lambda q: seen.append(q) or False)[0]
+        refined_here = len(fulls)
+        accepted = sb.quick_bound(inst, limits, fix, refine=slice_plan.REFINE_WORK, refine_if=lambda q: True)[0]
+    finally:
+        sb.ConfigBounds.full = full
+    assert declined == lb and seen == [lb] and refined_here == 0 < len(fulls)
+    assert accepted == refined
     assert lb <= refined and read >= 1   # (the end stages' paths already reach the refined bound here)
     first, none_read = sb.quick_bound(inst, limits, fix, work_limit=0.0)
     assert none_read == 0 and first <= lb

@@ -269,7 +269,7 @@ MUTATIONS = [
      "        if stage == last or dl.expired() or (rl is not None and rl.expired()):",
      "        if stage == last or (rl is not None and rl.expired()):"),
     (SLICE, "quick_bound refines whatever refine_if says",
-     "            last, refine_if = (4 if refine_if(key) else 3), None", "            last, refine_if = 4, None"),
+     "            last, refine_if = (5 if refine_if(key) else 4), None", "            last, refine_if = 5, None"),
     ("milp_plan/solvers/backends.py", "a CP-SAT run closed at stop_at reports its objective as proven",
      'return BackendRun("closed", solver.objective_value, solver.best_objective_bound, solver.value, wall, work)',
      'return BackendRun("closed", solver.objective_value, solver.objective_value, solver.value, wall, work)'),
