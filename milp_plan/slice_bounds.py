@@ -734,9 +734,9 @@ def least_sums(units: int, t) -> list[float]:
     """For n = 0..units: the least sum_k t(x_{k-1}, x_k) over the slicings 0 = x_0 < ... < x_n =
     units into exactly n slices (inf at n = 0): a shortest path over (unit, slices used),
     F_c[j] = min_{i < j} F_{c-1}[i] + t(i, j), F_0 = (0, inf, ..., inf), the answer F_n[units]
-    (Bellman: the slice times add, and each depends on its own start and end alone); one numpy
-    pass over the (i, j) table per slice count. `t`: a callable t(i, j), or the table itself
-    ((units + 1) x (units + 1), inf off the arcs)."""
+    (Bellman: the slice times add, and each depends on its own start and end alone): column
+    `units` of `prefix_sums`, one numpy pass over the (i, j) table per slice count. `t`: a
+    callable t(i, j), or the table itself ((units + 1) x (units + 1), inf off the arcs)."""
     if callable(t):
         T = np.full((units + 1, units + 1), np.inf)
         for i in range(units):
@@ -744,13 +744,7 @@ def least_sums(units: int, t) -> list[float]:
                 T[i, j] = t(i, j)
     else:
         T = t
-    F = np.full(units + 1, np.inf)
-    F[0] = 0.0
-    out = [math.inf]
-    for _ in range(units):
-        F = (F[:, None] + T).min(axis=0)
-        out.append(float(F[units]))
-    return out
+    return [math.inf] + [float(x) for x in prefix_sums(T)[1:, units]]
 
 
 def _kind_parts(inst: Instance, nt, tp: int, mbs: int, kind: str) -> tuple[np.ndarray, float]:
@@ -989,14 +983,14 @@ class WorkBounds:
         if got is None:
             T, Te, Th = (self.table(coef, o, True, kd) for kd in (None, "embedding", "head"))
             U = len(T) - 1
+            pre, pre_e, suf, suf_h = prefix_sums(T), prefix_sums(Te), suffix_sums(T), suffix_sums(Th)
             got = self.end_terms[key] = (np.asarray(self.per_count(coef, o)), np.asarray(least_sums(U, Te)),
                                          np.asarray(least_sums(U, Th)), float(T[0, 1:].min()),
                                          float(T[:U, U].min()), float(Te[0, 1:].min()), float(Th[:U, U].min()),
-                                         dict(A_first=with_first(T), H_first=with_first(Th), A_last=with_last(T),
-                                              E_last=with_last(Te), first=(T[0, 1:], Te[0, 1:]),
-                                              last=(T[:U, U], Th[:U, U])),
-                                         dict(T=T, Te=Te, Th=Th, pre=prefix_sums(T), pre_e=prefix_sums(Te),
-                                              suf=suffix_sums(T), suf_h=suffix_sums(Th)))
+                                         dict(A_first=with_first(T, suf), H_first=with_first(Th, suf_h),
+                                              A_last=with_last(T, pre), E_last=with_last(Te, pre_e),
+                                              first=(T[0, 1:], Te[0, 1:]), last=(T[:U, U], Th[:U, U])),
+                                         dict(T=T, Te=Te, Th=Th, pre=pre, pre_e=pre_e, suf=suf, suf_h=suf_h))
         return got
 
     def end_steps(self, coef, cb: "ConfigBounds", caps: dict, rooms: dict, usable: list[int], paths: bool = False,
@@ -1138,37 +1132,32 @@ class WorkBounds:
         return (None if best == math.inf else cb._finish(coef, best, K)), whole
 
 
-def with_first(T: np.ndarray) -> np.ndarray:
+def with_first(T: np.ndarray, suf: np.ndarray | None = None) -> np.ndarray:
     """F[n, j] (n, j = 0..U): the least sum_k T[x_{k-1}, x_k] over the cuts 0 = x_0 < x_1 = j <
     ... < x_n = U into n slices whose first slice is units 0..j (inf where none): T[0, j] plus
-    the least sum of n - 1 slices covering j..U, G_c[i] = min_{i' > i} T[i, i'] + G_{c-1}[i'],
-    G_0 = 0 at U (a shortest path, as `least_sums`)."""
+    the least sum of n - 1 slices covering j..U (`suffix_sums`, or `suf`, its value)."""
     U = len(T) - 1
-    G = np.full(U + 1, np.inf)
-    G[U] = 0.0
+    suf = suffix_sums(T) if suf is None else suf
     out = np.full((U + 1, U + 1), np.inf)
-    for n in range(1, U + 1):
-        out[n, 1:] = T[0, 1:] + G[1:]
-        G = (T + G[None, :]).min(axis=1)
+    out[1:, 1:] = T[0, 1:] + suf[:U, 1:]
     return out
 
 
-def with_last(T: np.ndarray) -> np.ndarray:
+def with_last(T: np.ndarray, pre: np.ndarray | None = None) -> np.ndarray:
     """L[n, i] (n, i = 0..U): the least sum over the cuts into n slices whose last slice is
-    units i..U (inf where none): T[i, U] plus the least sum of n - 1 slices covering 0..i."""
+    units i..U (inf where none): T[i, U] plus the least sum of n - 1 slices covering 0..i
+    (`prefix_sums`, or `pre`, its value)."""
     U = len(T) - 1
-    F = np.full(U + 1, np.inf)
-    F[0] = 0.0
+    pre = prefix_sums(T) if pre is None else pre
     out = np.full((U + 1, U + 1), np.inf)
-    for n in range(1, U + 1):
-        out[n, :U] = T[:U, U] + F[:U]
-        F = (F[:, None] + T).min(axis=0)
+    out[1:, :U] = T[:U, U] + pre[:U, :U]
     return out
 
 
 def prefix_sums(T: np.ndarray) -> np.ndarray:
     """F[k, x] (k, x = 0..U): the least sum of k slices covering units 0..x (F[0] = 0 at 0, inf
-    elsewhere; inf where none), the forward shortest path of `least_sums` kept per step."""
+    elsewhere; inf where none): a shortest path over (unit, slices used), F_k[x] = min_{x' < x}
+    F_{k-1}[x'] + T[x', x] (`least_sums` reads its column U)."""
     U = len(T) - 1
     out = np.full((U + 1, U + 1), np.inf)
     out[0, 0] = 0.0
