@@ -1014,6 +1014,8 @@ class WorkBounds:
         from milp_plan.solvers import bounds
         sync = bounds._sync_by_end(coef, caps, usable) if self.inst.model.tied_embeddings else {}
         pairs = []
+        tails = {o: np.array([max(0.0, coef.dp_time(o, 0)[0](a)) for a in range(1, rooms[o] + 1)]) + sync.get(o, 0.0)
+                 for o in usable}     # stage 0's tail at a = 1..room layers, run as o
         for o0 in usable:
             for o1 in usable:
                 left = dict(caps)
@@ -1021,8 +1023,7 @@ class WorkBounds:
                 left[coef.pool_of[o1]] -= 1
                 if min(left.values()) < 0:
                     continue
-                tail = np.array([max(0.0, coef.dp_time(o0, 0)[0](a)) for a in range(1, rooms[o0] + 1)]) + \
-                    sync.get(o0, 0.0)
+                tail = tails[o0]
                 opt = np.maximum.outer([coef.opt_time(o0, 0)(a) for a in range(1, rooms[o0] + 1)],
                                        [coef.opt_time(o1, K - 1)(b) for b in range(1, rooms[o1] + 1)])
                 mkey = (K, tuple((coef.types[coef.options[o].k].name, coef.options[o].tp, coef.options[o].mbs,
@@ -1422,12 +1423,10 @@ def end_paths(m: int, K: int, L: int, n_: np.ndarray, first: tuple, last: tuple,
         Wmax = np.maximum(Wmax, Zc)
         # the heaviest middle stage with the first (last) slice's length enumerated: W_s >= lam Zm
         others = np.maximum(K - 3, mid - rmax) * min(uf, ul) + hop[0]
-        with np.errstate(invalid="ignore"):
-            fj = None if not coupled else \
-                m * lam_f[None, None] * Zc[..., None] + (a[..., None] * by0["first"][0] + by0["first"][1])
-            di = None if not coupled else \
-                m * lam_l[None, None] * Zc[..., None] + (b[..., None] * by1["last"][0] + by1["last"][1])
         if coupled:
+            with np.errstate(invalid="ignore"):
+                fj = m * lam_f[None, None] * Zc[..., None] + (a[..., None] * by0["first"][0] + by0["first"][1])
+                di = m * lam_l[None, None] * Zc[..., None] + (b[..., None] * by1["last"][0] + by1["last"][1])
             T = np.maximum(T, np.maximum(_least(fj) + drain1, _least(di) + fill0) + others)
     S = W0 + W1 + LSc
     Q = Qn + (np.minimum(a, b) - 1) * An
