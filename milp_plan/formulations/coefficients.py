@@ -576,6 +576,11 @@ class Coefficients:
         return _affine(lambda n, r: cm.optimizer_s(self.inst, self._params(opt, n, first, last) / div, nt), False)
 
     # ---- hops (per pool: with sequence parallelism a stage sends B / group samples' worth) ----
+    def pool_options(self) -> tuple[tuple[int, ...], ...]:
+        """The options of each pool (by index), in option order."""
+        return self._memo(self._local, "pool options", lambda: tuple(
+            tuple(o for o, q in enumerate(self.pool_of) if q == p) for p in range(len(self.pools))))
+
     def hop_bytes(self, p: int) -> float:
         """Bytes one GPU of pool p sends per micro-batch and hop; equal for every option of
         the pool (space.FREE_SP_REFUSAL), which is asserted."""

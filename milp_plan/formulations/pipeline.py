@@ -150,7 +150,7 @@ class PipelineModel:
         self.S = range(coef.cfg.pp)
         self.O = range(len(coef.options))
         self.P = range(len(coef.pools))
-        self.opts_of = [[o for o in self.O if coef.pool_of[o] == p] for p in self.P]
+        self.opts_of = coef.pool_options()
         self.pool_of_type = {pool.k: p for p, pool in enumerate(coef.pools)}
         assert len(self.pool_of_type) == len(coef.pools), "a solved config has one stage size per node type"
         self.L = coef.inst.model.num_layers

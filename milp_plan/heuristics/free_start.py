@@ -54,7 +54,7 @@ class _Stages:
 
     def __init__(self, coef: Coefficients) -> None:
         self.coef, self.unit, self.L = coef, coef.cfg.vpp, coef.inst.model.num_layers
-        self.opts_of = [[o for o in range(len(coef.options)) if coef.pool_of[o] == p] for p in range(len(coef.pools))]
+        self.opts_of = coef.pool_options()
         self._alts: dict[tuple[int, int], list[tuple]] = {}
 
     def alts(self, p: int, s: int) -> list[tuple]:
@@ -136,7 +136,7 @@ def _counts(coef: Coefficients, order: Sequence[int]) -> dict[int, int] | None:
         add = min(left, coef.max_stages(p) - beta[p])
         beta[p] += add
         left -= add
-    return None if left or left < 0 else beta
+    return None if left else beta
 
 
 def _moves(seq: tuple[int, ...], lo: dict[int, int], hi: dict[int, int]):
