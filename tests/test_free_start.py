@@ -11,31 +11,27 @@ from __future__ import annotations
 import math
 
 from milp_plan import predict
-from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.job import Limits
 from milp_plan.heuristics import free_start
 from milp_plan.formulations.placement import build_plan
 from milp_plan.result import objective_of
 from milp_plan.solvers import driver
-from instances import COMPARABLE_BW, write_instance
 from test_bounds import config_optimum
-from test_trust import _completions
+from test_model_rows import CASES, complete_configs, _instance as rows_instance
 
-# three node types of 1-GPU nodes (two fast, one slow, one mid); memory binds on the fast type
-# (0.003 GiB: recompute and the option differ between positions), hops cost time
-KW = dict(layers=4, gpn=1, counts=(2, 1), third=True, memory_gib=(0.003, None, None), bw=COMPARABLE_BW[0],
-          billing=("gpu", "node"))
+# test_model_rows' second case: three node types of 1-GPU nodes (two fast, one slow, one mid),
+# memory binding on the fast type (0.003 GiB: recompute and the option differ between
+# positions), hops that cost time, global batch 2
+KW, GBS = CASES[1][:2]
 
 
 def _instance(tmp):
-    spec = write_instance(tmp, **KW)
-    return build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 2}))
+    return rows_instance(tmp, KW, GBS)
 
 
 def _three_pool_configs(inst):
     prepared = driver.prepare(inst, None, "free")
-    coefs = [kid for c in prepared.coefs for kid in _completions(prepared, c)]
-    return prepared, [c for c in coefs if len(c.pools) >= 3 and c.options]
+    return prepared, [c for c in complete_configs(prepared) if len(c.pools) >= 3 and c.options]
 
 
 def test_free_start_plans_are_valid_priced_and_never_below_the_optimum(tmp_path):
@@ -70,7 +66,7 @@ def test_free_start_runs_on_many_pools_only(tmp_path, monkeypatch):
     heuristic is called on exactly those configs' solves."""
     inst = _instance(tmp_path)
     prepared = driver.prepare(inst, None, "free")
-    coefs = [kid for c in prepared.coefs for kid in _completions(prepared, c)]
+    coefs = complete_configs(prepared)
     assert any(driver.many_pools(c) for c in coefs) and not all(driver.many_pools(c) for c in coefs)
     assert all(driver.many_pools(c) == (len(c.pools) >= driver.MANY_POOLS) for c in coefs)
     assert not any(driver.many_pools(c) for c in prepared.base.coefs)
@@ -91,7 +87,7 @@ def test_the_search_records_no_bound_above_a_configs_optimum(tmp_path):
     limits = Limits()
     res = driver.solve(inst, limits, mode="free", prepared=prepared, time_limit_s=60)
     assert res.status == "optimal"
-    coefs = {c.cfg: c for c in (kid for p in prepared.coefs for kid in _completions(prepared, p))}
+    coefs = {c.cfg: c for c in complete_configs(prepared)}
     checked = 0
     for cfg, records in prepared.proven.items():
         if cfg not in coefs:

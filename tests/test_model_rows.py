@@ -42,9 +42,13 @@ def _instance(tmp, kw, gbs):
     return build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs}))
 
 
-def _free_configs(inst):
-    prepared = driver.prepare(inst, None, "free")
+def complete_configs(prepared):
+    """Every complete config below the free search's parents (test_trust._completions)."""
     return [kid for c in prepared.coefs for kid in _completions(prepared, c)]
+
+
+def _free_configs(inst):
+    return complete_configs(driver.prepare(inst, None, "free"))
 
 
 def _pinned(coef, limits, cand):
