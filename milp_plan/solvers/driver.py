@@ -44,13 +44,15 @@ Lower bound of a config: formulations/pipeline.md, "Lower bound of a config"
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import heapq
 import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from milp_plan import check, predict
 from milp_plan.deadline import WORK, Deadline
@@ -67,7 +69,7 @@ from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, rel
 from milp_plan.heuristics import free_start, warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
 from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound, full_bound
-from milp_plan.solvers.parallel import Ahead, Trace, paths_of
+from milp_plan.solvers.parallel import Ahead, BoundWorkers, Trace, paths_of
 from milp_plan.solvers.parent_bounds import gpu_budget_bound
 
 REL_EPS = 1e-9
@@ -77,6 +79,7 @@ HEURISTIC_CONFIGS = 16      # Configs of least bound given a heuristic plan befo
 HEURISTIC_MAX_CONFIGS = 256  # ... or more, up to this many, until one has a plan,
 HEURISTIC_SHARE = 0.1        # ... within this share of the time limit
 BOUNDING_SHARE = 0.5         # the cheap bounding of every config stops at this share of the time limit
+NO_FULL_COLLECTIONS = 10 ** 9  # _young_collections_only: gc's third threshold while a search runs
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 CLOSE_GAP = PROOF_TOL / 5    # a config's solve stops at a plan this close to its proven bound (_solve_model)
 FREE_COMPLETIONS = 64        # free mode: a parent with at most this many complete configs below it opens into them
@@ -464,24 +467,33 @@ class _Heap:
         return None
 
 
-def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFamilyBounds) -> tuple[list, list]:
-    """(bounded, later): every config at its cheap bound (a free parent: its GPU-budget bound)
-    and every family at its work bound (`weak`, whose shared terms are computed once per group),
-    sorted; the families the bounding did not reach (BOUNDING_SHARE of the limit) at bound 0,
-    bounded when popped."""
+def _cheap_bound(coef: Coefficients, limits: Limits) -> float | None:
+    """A config alone's root bound: a free parent's GPU-budget bound (parent_bounds), the bound
+    it is lifted by when popped (solve), so that it is not bounded twice (10% of scale-1024's
+    CPU); a complete config's cheap bound."""
+    if not coef.cfg.complete:
+        return gpu_budget_bound(coef, limits)
+    return config_lower_bound(coef, limits, memory=False)
+
+
+def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFamilyBounds,
+                  computed: dict[int, float | None] | None = None) -> tuple[list, list]:
+    """(bounded, later): every config at its cheap bound (`_cheap_bound`; `computed`: those
+    workers found, by config index, parallel.RootBounds) and every family at its work bound
+    (`weak`, whose shared terms are computed once per group), sorted; the families the
+    bounding did not reach (BOUNDING_SHARE of the limit, from its start) at bound 0, bounded
+    when popped."""
     bounded, later = [], []
     families = prepared.families()
+    since = dl.mark()
     for f, members in enumerate(families):
-        if f % 16 == 0 and (dl.expired() or dl.spent() > BOUNDING_SHARE):
+        if f % 16 == 0 and (dl.expired() or dl.spent(since) > BOUNDING_SHARE):
             later = [(0.0, prepared.configs[ms[0]], 2, ms) for ms in families[f:]]  # the heuristic gets the rest
             break
         if len(members) == 1:
             dl.charge(WORK.bound)
             head = prepared.coef(members[0])
-            # a free parent goes in at its GPU-budget bound (parent_bounds), the bound it is lifted
-            # by when popped (solve): it is not bounded twice (10% of scale-1024's CPU)
-            lb = (gpu_budget_bound(head, limits) if not head.cfg.complete
-                  else config_lower_bound(head, limits, memory=False))
+            lb = computed[members[0]] if computed and members[0] in computed else _cheap_bound(head, limits)
             if lb is not None:
                 bounded.append((lb, head.cfg, 0, head))
             continue
@@ -584,6 +596,21 @@ def megatron_mode_start(inst: Instance, limits: Limits, prepared: Prepared, back
     return inc
 
 
+@contextlib.contextmanager
+def _young_collections_only() -> Iterator[None]:
+    """Python's cyclic garbage collector without its full collections while the block runs
+    (the young ones go on; the thresholds are restored after). A search keeps millions of
+    objects alive (configs, coefficients, memoised terms) and makes no long-lived garbage
+    cycles: on scale-1024 (free mode, to the proof) its 10 full collections freed nothing and
+    took 1.1 s of its 12.8 s, on scale-8192 (Megatron mode) 8 took 0.55 s of 2.7 s."""
+    old = gc.get_threshold()
+    gc.set_threshold(old[0], old[1], max(old[2], NO_FULL_COLLECTIONS))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
           time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
           progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None,
@@ -592,6 +619,13 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     interrupt): a first incumbent (heuristic_start, or megatron_mode_start in free mode), then
     best-first over the configs by bound, each solved by _solve_config until the next bound
     cannot beat the incumbent. Configs left unexamined count with bound 0 (or theirs)."""
+    with _young_collections_only():
+        return _solve(inst, limits, backend, fix, time_limit_s, seed, workers, mode, progress, prepared, dl)
+
+
+def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_limit_s: float, seed: int,
+           workers: int, mode: str, progress: Callable[[Progress], None] | None, prepared: Prepared | None,
+           dl: Deadline | None) -> SolveResult:
     if backend not in BACKENDS:
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
     dl = dl or Deadline(time_limit_s)
@@ -601,13 +635,25 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     t0 = dl.start
     prepared = prepared or prepare(inst, fix, mode, dl)
     weak = WeakFamilyBounds(limits)
-    bounded, later = _cheap_bounds(prepared, limits, dl, weak)
     if prepared.base is not None:
+        # the Megatron-mode optimum first (it reads none of the free configs' bounds), while
+        # --workers' processes bound them (parallel.RootBounds); then their bounding
         start = "Megatron-mode"
-        inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
+        bounders = BoundWorkers(prepared, limits, workers, _cheap_bound) if workers > 1 else None
+        try:
+            if bounders is not None:
+                bounders.root(prepared.configs, [ms[0] for ms in prepared.families() if len(ms) == 1])
+            inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
+            bounded, later = _cheap_bounds(prepared, limits, dl, weak,
+                                           bounders.root_bounds(dl) if bounders is not None else None)
+        except BaseException:
+            if bounders is not None:
+                bounders.close()
+            raise
         inc.offer_known(known(prepared, limits), limits)
     else:
-        start = "heuristic"
+        bounded, later = _cheap_bounds(prepared, limits, dl, weak)
+        start, bounders = "heuristic", None
         inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl, weak), dl, known(prepared, limits))
     heuristic_obj = inc.objective if inc.plan is not None else None
     warm = inc.plan if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
@@ -667,8 +713,13 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
             carried = prepared.carried(cfg, limits)
             # exact below the incumbent, all this search reads of it (bounds.full_bound); a sweep's
             # later solves read it whole (Prepared.proven)
-            full_lb = full_bound(coef, limits, max(lb, carried) if cfg.complete else lb,
-                                 enough=math.inf if prepared.sweep else inc.objective * (1 - REL_EPS))
+            floor = max(lb, carried) if cfg.complete else lb
+            enough = math.inf if prepared.sweep else inc.objective * (1 - REL_EPS)
+            got = None
+            if bounders is not None and not cfg.complete:   # the next parents' bounds, in the workers
+                bounders.ahead(heap, enough, dl, lifted)
+                got = bounders.take(cfg, floor, dl)
+            full_lb = got[0] if got is not None else full_bound(coef, limits, floor, enough=enough)
             dl.charge(full_bound_work(coef, limits))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 if cfg.complete:  # what the bound proved, for later solves (a sweep's: too_slow, carried)
@@ -697,6 +748,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
                 continue
             if ahead is not None:
                 ahead.dispatch(heap, inputs_of, inc.objective, dl, REL_EPS)
+            if bounders is not None:
+                bounders.ahead(heap, math.inf if prepared.sweep else inc.objective * (1 - REL_EPS), dl, lifted)
             cutoff = inc.objective if inc.plan is not None else None
             plan, open_lb = _solve_or_take(ahead, coef, limits, backend, inputs_of(coef), dl, seed, lb)
             # what it proved: its bound, or (no plan under the cutoff) that none beats the incumbent
@@ -711,6 +764,8 @@ def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict |
     finally:
         if ahead is not None:
             ahead.close()
+        if bounders is not None:
+            bounders.close()
     prepared.found.extend(inc.found)
     return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, total, solved, pruned, heuristic_obj,
                    start)

@@ -31,6 +31,25 @@ search's alone (a taken answer's charges are replayed in order; dropped ones are
 charged), so the work limit, the incumbents, the bound and the plan are those of one
 process: N changes only the wall time.
 
+Free mode's bounding runs ahead too (the bounds are functions of the config and the limits
+alone; tests/test_bound_memo.py checks a memoised bound against a fresh one):
+
+- `BoundWorkers.root`: every parent's root bound (driver._cheap_bounds) is computed in the
+  workers while the search's own process solves the Megatron-mode start, which does not read
+  them; the search then charges and cuts the bounding as if it had computed them.
+- `BoundWorkers.ahead`: while the search bounds or solves one config, the workers compute the
+  full bound (bounds.full_bound) of the next parents of the heap, from the heap key each would
+  be popped with, asked for the search's incumbent of then (bounds.full_bound's `enough`:
+  exact below it); the search takes a worker's bound when it pops that parent at that key.
+  Its incumbent may have fallen since, never risen, and all it reads of a parent's bound is
+  whether it reaches the incumbent (the parent is dropped) or else its exact value (the
+  children start from it): the same from either.
+- Each config goes to the worker of its samples per micro-batch B (`BoundWorkers.worker`):
+  the configs of one B share their stage options, so most of the terms a bound memoises
+  (the options' memory fits, their time terms, the recompute pieces). A worker fills its own
+  cache; spread over the workers by config, each worker filled most of every B's: two workers
+  on scale-1024 spent 4.5 s of CPU each on bounds one process computes in 5 s.
+
 Workers are forked (the configs and coefficients are the parent's, copied on write) when a
 solve first has work for them, and end with it (where a platform cannot fork, the search
 solves every config itself). They ignore SIGINT (a terminal's Ctrl-C reaches the whole
@@ -54,6 +73,8 @@ QUEUE = 2        # configs handed out per worker at most (one running, one waiti
 MAX_WAIT_S = 600.0   # the search waits this long for a worker's answer at most, then solves it itself
 
 _FORKED = None   # (Prepared, driver._solve_config) of the search a forked worker serves
+_BOUNDS = None   # (Prepared, Limits, driver._cheap_bound) of the bounding a forked BoundWorkers process serves
+BOUND_QUEUE = 32 # full bounds handed to a BoundWorkers process at most (3-10 ms each at 1024 GPUs)
 
 
 @dataclass
@@ -98,6 +119,142 @@ def _solve_ahead(cfg, limits, backend, cutoff, hint, seconds, work, seed, paths,
     if dl.expired():
         trace.statuses.append("expired")
     return plan, bound, trace
+
+
+def _full_bound(cfg, floor, enough):
+    """In a BoundWorkers process: (bounds.full_bound of `cfg` from `floor`, asked for `enough`,),
+    or None when it raised (the search then bounds it itself, and raises the same)."""
+    from milp_plan.solvers.bounds import full_bound
+    prep, limits, _ = _BOUNDS
+    try:
+        return (full_bound(Coefficients(prep.inst, cfg, prep.shared, prep.fix), limits, floor, enough),)
+    except Exception:  # noqa: BLE001 - the search's own bound raises it again
+        return None
+
+
+def _root_bounds(indices: list[int]):
+    """In a BoundWorkers process: the root bound of each config `indices` names (by its index
+    in the Prepared), or None when one raised."""
+    prep, limits, bound = _BOUNDS
+    try:
+        return [bound(prep.coef(i), limits) for i in indices]
+    except Exception:  # noqa: BLE001 - the search's own bound raises it again
+        return None
+
+
+def _fork_pool(processes: int):
+    """A pool of forked workers, or None where the platform cannot fork."""
+    try:
+        context = multiprocessing.get_context("fork")
+    except ValueError:
+        return None
+    return context.Pool(processes, initializer=_init_worker)
+
+
+class BoundWorkers:
+    """Free mode's bounds computed ahead by forked processes, each config in the process of its
+    samples per micro-batch (module docstring): the root bounds (`root`, `root_bounds`) and the
+    next parents' full bounds (`ahead`, `take`)."""
+
+    def __init__(self, prepared, limits, processes: int, root_bound):
+        """root_bound: driver._cheap_bound (passed in: this module does not import the driver)."""
+        self.prepared, self.limits, self.root_bound = prepared, limits, root_bound
+        self.size = processes
+        self.pools: list = []                   # the full bounds' workers, forked on first use
+        self.forked = False
+        self.of_samples: dict[int, int] = {}   # B -> its worker, in order of first sight
+        self.asked: dict = {}                   # Config -> (floor, AsyncResult)
+        self.running: list[list] = []
+        self.roots: list = []                   # (indices, AsyncResult, pool)
+        self.taken = 0
+
+    def _fork(self, processes: int) -> list:
+        """`processes` pools of one forked process each ([] where the platform cannot fork)."""
+        global _BOUNDS
+        _BOUNDS = self.prepared, self.limits, self.root_bound
+        pools = [_fork_pool(1) for _ in range(processes)]
+        if any(p is None for p in pools):
+            _close(pools)
+            return []
+        return pools
+
+    def worker(self, cfg) -> int:
+        return self.of_samples.setdefault(cfg.samples, len(self.of_samples) % self.size)
+
+    def root(self, configs: list, indices: list[int]) -> None:
+        """Start the root bounds of configs[i] for i in `indices`, in size - 1 processes forked
+        now, beside the search's own (the Megatron-mode start). The full bounds' are forked
+        later, when they inherit what the search's process has memoised by then."""
+        n = max(1, self.size - 1)
+        mine: list[list[int]] = [[] for _ in range(n)]
+        by_samples: dict[int, int] = {}
+        for i in indices:
+            mine[by_samples.setdefault(configs[i].samples, len(by_samples) % n)].append(i)
+        pools = self._fork(n)
+        self.roots = [(ix, pool.apply_async(_root_bounds, (ix,)), pool) for ix, pool in zip(mine, pools) if ix]
+
+    def root_bounds(self, dl: Deadline) -> dict[int, float | None]:
+        """Config index -> its root bound, of the workers done when all are or `dl` expires (the
+        search bounds the rest itself, or stops bounding); their processes end."""
+        while not all(job.ready() for _, job, _ in self.roots) and not dl.expired():
+            next(job for _, job, _ in self.roots if not job.ready()).wait(0.05)
+        out: dict[int, float | None] = {}
+        for ix, job, _ in self.roots:
+            got = job.get() if job.ready() else None
+            if got is not None:
+                out.update(zip(ix, got))
+        _close([pool for _, _, pool in self.roots])
+        self.roots = []
+        return out
+
+    def ahead(self, heap, enough: float, dl: Deadline, lifted) -> None:
+        """Hand each worker, up to BOUND_QUEUE, the next parents of `heap` the search would
+        full-bound (kind 0, open stage sizes, in `lifted`: their GPU-budget bound read, below
+        `enough`: the incumbent less REL_EPS, or inf in a sweep), each from its heap key and
+        asked for `enough` (bounds.full_bound: exact below it). The search's `enough` when it
+        takes one is no larger (its incumbent only falls), so it reads the same of it: the
+        exact bound below its own, a bound at least its own where the exact one is."""
+        if not self.forked:
+            self.pools, self.forked = self._fork(self.size), True
+            self.running = [[] for _ in self.pools]
+        if not self.pools or dl.expired():
+            return
+        for w, jobs in enumerate(self.running):
+            self.running[w] = [j for j in jobs if not j.ready()]
+        if all(len(jobs) > BOUND_QUEUE // 2 for jobs in self.running):
+            return   # every worker has work: the heap is walked again once one has half
+        for lb, cfg, kind, _ in smallest(heap.entries, LOOKAHEAD):
+            if lb >= enough:
+                break
+            if kind != 0 or cfg.complete or cfg in self.asked or cfg not in lifted:
+                continue
+            w = self.worker(cfg)
+            if len(self.running[w]) >= BOUND_QUEUE:
+                continue
+            job = self.pools[w].apply_async(_full_bound, (cfg, lb, enough))
+            self.asked[cfg] = (lb, job)
+            self.running[w].append(job)
+
+    def take(self, cfg, floor: float, dl: Deadline) -> tuple | None:
+        """(the full bound of `cfg` from `floor`,) where a worker was asked for it (`ahead`), else
+        None (the search bounds it itself)."""
+        got = self.asked.pop(cfg, None)
+        if got is None or got[0] != floor:
+            return None
+        answer = Ahead._wait(got[1], dl)
+        self.taken += answer is not None
+        return answer
+
+    def close(self) -> None:
+        _close(self.pools + [pool for _, _, pool in self.roots])
+        self.pools, self.roots = [], []
+
+
+def _close(pools: list) -> None:
+    for pool in pools:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
 
 
 def smallest(entries: list, k: int):
@@ -170,18 +327,26 @@ class Ahead:
             self.running.append(job)
             free -= 1
 
+    @staticmethod
+    def _wait(job, dl: Deadline):
+        """The job's answer, or None where the deadline or MAX_WAIT_S came first."""
+        waited = time.perf_counter()
+        while not job.ready():
+            if dl.expired() or time.perf_counter() - waited > MAX_WAIT_S:
+                return None   # (a worker lost, e.g. killed): the search's own work gives the same answer
+            job.wait(0.05)
+        return job.get()
+
     def _start(self) -> bool:
         """The pool, forked on first use; False where the platform cannot fork (the search then
         solves every config itself, as with one process)."""
         global _FORKED
         if self.pool is None:
-            try:
-                context = multiprocessing.get_context("fork")
-            except ValueError:
+            _FORKED = self.prepared, self.solve_config
+            self.pool = _fork_pool(self.size)
+            if self.pool is None:
                 self.size = 0
                 return False
-            _FORKED = self.prepared, self.solve_config
-            self.pool = context.Pool(self.size, initializer=_init_worker)
         return True
 
     def take(self, cfg, inputs, dl: Deadline, lb: float):
@@ -194,12 +359,7 @@ class Ahead:
         self.dropped += 1
         if got[0] != (inputs, lb):
             return None
-        waited = time.perf_counter()
-        while not got[1].ready():
-            if dl.expired() or time.perf_counter() - waited > MAX_WAIT_S:
-                return None   # (a worker lost, e.g. killed): the search's own solve gives the same answer
-            got[1].wait(0.05)
-        answer = got[1].get()
+        answer = self._wait(got[1], dl)
         if answer is None:
             return None
         plan, bound, trace = answer
