@@ -1,6 +1,7 @@
-"""--workers N (solvers/parallel.py): the configs solved ahead in worker processes give the same
-plan.json, bound, status and work as one process, with or without a work limit that cuts the
-search short; and the workers' answers are used (not all dropped)."""
+"""--workers N (solvers/parallel.py): the configs solved ahead in worker processes, and free
+mode's bounds computed ahead in them, give the same plan.json, bound, status and work as one
+process, with or without a work limit that cuts the search short; and the workers' answers are
+used (not all dropped)."""
 from __future__ import annotations
 
 import json
@@ -24,6 +25,25 @@ def counted(monkeypatch):
         seen.append((self.taken, self.dropped))
         close(self)
     monkeypatch.setattr(parallel.Ahead, "close", record)
+    return seen
+
+
+@pytest.fixture
+def bounded(monkeypatch):
+    """Each free solve's (root bounds, full bounds) its BoundWorkers' processes gave the search."""
+    seen = []
+    root_bounds, close = parallel.BoundWorkers.root_bounds, parallel.BoundWorkers.close
+
+    def roots(self, dl):
+        got = root_bounds(self, dl)
+        seen.append([len(got), 0])
+        return got
+
+    def record(self):
+        seen[-1][1] = self.taken
+        close(self)
+    monkeypatch.setattr(parallel.BoundWorkers, "root_bounds", roots)
+    monkeypatch.setattr(parallel.BoundWorkers, "close", record)
     return seen
 
 
@@ -52,6 +72,38 @@ def test_same_answer_when_the_work_limit_cuts_the_search(counted):
     assert one[0] != "optimal"                   # the limit cut it short
     assert _outcome(inst, "pp=3", 2, 1.0, limits) == one
     assert sum(t for t, _ in counted) > 0
+
+
+@pytest.fixture(scope="module")
+def free_default():
+    inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256), Objective(mode="free"))
+    return inst, _outcome(inst, None, 1, 2.5, inst.objective.limits())
+
+
+def test_free_bounds_ahead_give_the_same_answer(free_default, bounded):
+    """Free mode on the default, cut short after its Megatron-mode start, its parents' root
+    bounds and some of their full bounds (2.5 work units): the same plan, bound and work with 2
+    processes, whose workers computed every root bound and full bounds the search took."""
+    inst, one = free_default
+    assert one[0] == "feasible" and one[5] > 0   # cut short, after configs were solved
+    assert _outcome(inst, None, 2, 2.5, inst.objective.limits()) == one
+    (roots, taken), = bounded
+    assert roots == 646 and taken > 20            # every root parent (3,195 configs with their children)
+
+
+def _raised(*args):
+    return None   # what a bound worker answers when its bound raised
+
+
+@pytest.mark.parametrize("broken", ["_root_bounds", "_full_bound"])
+def test_a_bound_worker_that_fails_leaves_the_bound_to_the_search(free_default, bounded, monkeypatch, broken):
+    """A worker whose bound raised answers None (parallel._root_bounds, _full_bound): the search
+    computes those bounds itself, with the same answer."""
+    monkeypatch.setattr(parallel, broken, _raised)   # the forked workers inherit it
+    inst, one = free_default
+    assert _outcome(inst, None, 2, 2.5, inst.objective.limits()) == one
+    (roots, taken), = bounded
+    assert (roots, taken > 0) == ((0, True) if broken == "_root_bounds" else (646, False))
 
 
 def test_cli_plan_json_bytes_do_not_depend_on_workers(tmp_path, capsys):

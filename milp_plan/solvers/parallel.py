@@ -142,6 +142,15 @@ def _root_bounds(indices: list[int]):
         return None
 
 
+def _answer(job):
+    """A finished job's answer, or None where it failed on its way (a worker's own failures
+    answer None: the search then does the work itself, and raises what it raised)."""
+    try:
+        return job.get()
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _fork_pool(processes: int):
     """A pool of forked workers, or None where the platform cannot fork."""
     try:
@@ -200,7 +209,7 @@ class BoundWorkers:
             next(job for _, job, _ in self.roots if not job.ready()).wait(0.05)
         out: dict[int, float | None] = {}
         for ix, job, _ in self.roots:
-            got = job.get() if job.ready() else None
+            got = _answer(job) if job.ready() else None
             if got is not None:
                 out.update(zip(ix, got))
         _close([pool for _, _, pool in self.roots])
@@ -335,7 +344,7 @@ class Ahead:
             if dl.expired() or time.perf_counter() - waited > MAX_WAIT_S:
                 return None   # (a worker lost, e.g. killed): the search's own work gives the same answer
             job.wait(0.05)
-        return job.get()
+        return _answer(job)
 
     def _start(self) -> bool:
         """The pool, forked on first use; False where the platform cannot fork (the search then

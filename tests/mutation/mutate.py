@@ -278,6 +278,10 @@ MUTATIONS = [
      '        far = False and run.status == "closed" and value > lb * (1 + PROOF_TOL / 2)'),
     ("milp_plan/solvers/driver.py", "a sweep's heap records nothing of the bounds it pruned",
      "                if prepared.sweep:   # for the sweep", "                if False:   # for the sweep"),
+    ("milp_plan/solvers/parallel.py", "--workers' full bounds asked for less than the search's incumbent",
+     "apply_async(_full_bound, (cfg, lb, enough))", "apply_async(_full_bound, (cfg, lb, enough * 0.98))"),
+    ("milp_plan/solvers/parallel.py", "--workers' root bounds handed to the search one config off",
+     "                out.update(zip(ix, got))", "                out.update(zip(ix, got[1:] + got[:1]))"),
 ]
 
 PROBE = r'''
@@ -396,6 +400,12 @@ with pytest.MonkeyPatch.context() as mp:
 # a sweep's solve records the bounds its heap pruned, a single solve does not
 import test_pareto_memo
 test_pareto_memo.test_only_a_sweep_records_the_bounds_its_heap_pruned()
+# --workers: free mode's bounds computed ahead in forked workers give the search's own answer
+import test_parallel
+from milp_plan.job import Objective
+_free = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256), Objective(mode="free"))
+assert (test_parallel._outcome(_free, None, 2, 2.5, _free.objective.limits())
+        == test_parallel._outcome(_free, None, 1, 2.5, _free.objective.limits()))
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
