@@ -182,8 +182,8 @@ def solve(cluster: ClusterOpt = None, model: ModelOpt = None, profiles: Profiles
           work_limit: WorkLimitOpt = None,
           seed: SeedOpt = 1,
           workers: Annotated[int, typer.Option(
-              help="Processes that solve configurations side by side, 1 to 64 (the exact planners; the "
-                   "same plan.json whatever the number, only faster).")] = 1,
+              help="Processes that solve (and in free mode bound) configurations side by side, 1 to 64 "
+                   "(the exact planners; the same plan.json whatever the number, only faster).")] = 1,
           fix: Annotated[Optional[str], typer.Option(
               help="Pin global choices: tp=8,pp=8,dp=1,mbs=1,vpp=3,recompute=full,sp=off,schedule=interleaved; "
                    "cap with tp<=4,mbs<=8; pin per stage with layers=12,20,order=A10,A100-80GB.")] = None,

@@ -155,6 +155,31 @@ def test_budget_bound_lifts_a_deep_parent_to_its_optimum(tmp_path):
     assert gpu_budget_bound(parent, limits) == pytest.approx(0.192, rel=1e-4)
 
 
+@pytest.mark.parametrize("cluster, model, gbs", [("default", "gpt3-6.7b", 256), ("scale-1024", "gpt3-175b", 1536)])
+def test_budget_bound_asked_for_enough_is_exact_below_it(cluster, model, gbs):
+    """gpu_budget_bound(enough=E) (the search passes its incumbent to the root bounds): the exact
+    bound where that is below E, at least E where the exact one is, None exactly where it is
+    None; and under a time limit (which may rule out the exact bound's plans, not a smaller
+    bound's) the exact bound whatever E. On the simulated basis (the default: several weight
+    pairs) and the closed form (scale-1024: one); the early exit takes place."""
+    inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
+    parents = [c for c in prepare(inst, None, "free").coefs if not c.cfg.complete][::7]
+    short = 0
+    for coef in parents:
+        exact = gpu_budget_bound(coef, Limits())
+        ref = exact if exact is not None else 1.0
+        for enough in (ref * 0.97, ref, ref * 1.0001, ref * 1.5, math.inf):
+            got = gpu_budget_bound(coef, Limits(), enough)
+            if exact is None or exact < enough:
+                assert got == exact, (coef.cfg.label(), enough)
+            else:
+                assert got >= enough, (coef.cfg.label(), enough, got, exact)
+                short += got < exact
+        timed = Limits(time_limit_s=ref * 1.2)
+        assert gpu_budget_bound(coef, timed, ref * 0.5) == gpu_budget_bound(coef, timed)
+    assert short >= len(parents) // 2
+
+
 def test_capacity_is_at_least_what_any_option_per_type_achieves():
     """The default instance (free root, real profiles: options differ in GPU-seconds a layer):
     every node type's GPUs all running one of its options do at most C layer-micro-batches a

@@ -8,7 +8,9 @@ incumbent and the bounds of every config not solved to optimality, so the report
 is honest even when the time limit cuts the search short.
 
 Free mode: the configs (samples per micro-batch, pp, schedule, no uniform rule) whose
-node types' stage sizes are open. Configs are kept in one heap by bound: a config with an open
+node types' stage sizes are open. The Megatron-mode optimum comes first (megatron_mode_start),
+then their bounding (with --workers, in worker processes beside it: parallel.BoundWorkers).
+Configs are kept in one heap by bound: a config with an open
 size goes in at its GPU-budget bound (parent_bounds.gpu_budget_bound: the stages share the
 cluster's GPUs; one the bounding did not reach is lifted by it when popped, back into the heap
 where that is higher), then full-bounded and
@@ -467,22 +469,25 @@ class _Heap:
         return None
 
 
-def _cheap_bound(coef: Coefficients, limits: Limits) -> float | None:
+def _cheap_bound(coef: Coefficients, limits: Limits, enough: float = math.inf) -> float | None:
     """A config alone's root bound: a free parent's GPU-budget bound (parent_bounds), the bound
     it is lifted by when popped (solve), so that it is not bounded twice (10% of scale-1024's
-    CPU); a complete config's cheap bound."""
+    CPU), exact below `enough`; a complete config's cheap bound."""
     if not coef.cfg.complete:
-        return gpu_budget_bound(coef, limits)
+        return gpu_budget_bound(coef, limits, enough)
     return config_lower_bound(coef, limits, memory=False)
 
 
 def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFamilyBounds,
-                  computed: dict[int, float | None] | None = None) -> tuple[list, list]:
-    """(bounded, later): every config at its cheap bound (`_cheap_bound`; `computed`: those
-    workers found, by config index, parallel.RootBounds) and every family at its work bound
-    (`weak`, whose shared terms are computed once per group), sorted; the families the
-    bounding did not reach (BOUNDING_SHARE of the limit, from its start) at bound 0, bounded
-    when popped."""
+                  computed: dict[int, float | None] | None = None, enough: float = math.inf) -> tuple[list, list]:
+    """(bounded, later): every config at its cheap bound (`_cheap_bound`, exact below `enough`,
+    the incumbent; `computed`: those workers found, by config index, exact:
+    parallel.BoundWorkers.root) and every family at its work bound (`weak`, whose shared terms
+    are computed once per group), sorted; the families the bounding did not reach
+    (BOUNDING_SHARE of the limit, from its start) at bound 0, bounded when popped. A bound at
+    or above the incumbent is never popped (the search prunes it) and adds nothing to the
+    bound of a search cut short (the least of the incumbent and the open bounds), so exact or
+    not, it gives the same answer."""
     bounded, later = [], []
     families = prepared.families()
     since = dl.mark()
@@ -493,7 +498,7 @@ def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFa
         if len(members) == 1:
             dl.charge(WORK.bound)
             head = prepared.coef(members[0])
-            lb = computed[members[0]] if computed and members[0] in computed else _cheap_bound(head, limits)
+            lb = computed[members[0]] if computed and members[0] in computed else _cheap_bound(head, limits, enough)
             if lb is not None:
                 bounded.append((lb, head.cfg, 0, head))
             continue
@@ -645,7 +650,8 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                 bounders.root(prepared.configs, [ms[0] for ms in prepared.families() if len(ms) == 1])
             inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
             bounded, later = _cheap_bounds(prepared, limits, dl, weak,
-                                           bounders.root_bounds(dl) if bounders is not None else None)
+                                           bounders.root_bounds(dl) if bounders is not None else None,
+                                           math.inf if prepared.sweep else inc.objective)
         except BaseException:
             if bounders is not None:
                 bounders.close()

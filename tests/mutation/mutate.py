@@ -282,6 +282,12 @@ MUTATIONS = [
      "apply_async(_full_bound, (cfg, lb, enough))", "apply_async(_full_bound, (cfg, lb, enough * 0.98))"),
     ("milp_plan/solvers/parallel.py", "--workers' root bounds handed to the search one config off",
      "                out.update(zip(ix, got))", "                out.update(zip(ix, got[1:] + got[:1]))"),
+    ("milp_plan/solvers/parent_bounds.py", "the GPU-budget bound without its fixed terms returned below enough",
+     "        if got is None or got >= enough:", "        if got is None or got >= enough * 0.9:"),
+    ("milp_plan/solvers/parent_bounds.py", "the GPU-budget bound's Z search stops below enough",
+     "or min(tail, lb) >= enough:", "or min(tail, lb) >= enough * 0.9:"),
+    ("milp_plan/solvers/parent_bounds.py", "the GPU-budget bound's early exit under a time limit",
+     "if enough < math.inf and limits.time_limit_s is None and", "if enough < math.inf and"),
 ]
 
 PROBE = r'''
@@ -370,6 +376,8 @@ for args in tpb.test_least_step_bounds_every_pipeline_of_whole_gpus.pytestmark[0
 tpb.test_least_layer_sum_by_hand()
 tpb.test_least_step_by_hand_where_the_fastest_option_binds()
 tpb.test_capacity_is_at_least_what_any_option_per_type_achieves()
+for args in tpb.test_budget_bound_asked_for_enough_is_exact_below_it.pytestmark[0].args[1]:
+    tpb.test_budget_bound_asked_for_enough_is_exact_below_it(*args)
 tpb.test_budget_bound_lifts_a_deep_parent_to_its_optimum(Path(tempfile.mkdtemp()))
 # the work bound that orders the families before their weak bound (both objectives, by hand)
 test_bounds.test_work_bound_by_hand(Path(tempfile.mkdtemp()))
