@@ -142,6 +142,16 @@ def _root_bounds(indices: list[int]):
         return None
 
 
+def _wait(job, dl: Deadline):
+    """The job's answer, or None where the deadline or MAX_WAIT_S came first."""
+    waited = time.perf_counter()
+    while not job.ready():
+        if dl.expired() or time.perf_counter() - waited > MAX_WAIT_S:
+            return None   # (a worker lost, e.g. killed): the search's own work gives the same answer
+        job.wait(0.05)
+    return _answer(job)
+
+
 def _answer(job):
     """A finished job's answer, or None where it failed on its way (a worker's own failures
     answer None: the search then does the work itself, and raises what it raised)."""
@@ -250,7 +260,7 @@ class BoundWorkers:
         got = self.asked.pop(cfg, None)
         if got is None or got[0] != floor:
             return None
-        answer = Ahead._wait(got[1], dl)
+        answer = _wait(got[1], dl)
         self.taken += answer is not None
         return answer
 
@@ -336,16 +346,6 @@ class Ahead:
             self.running.append(job)
             free -= 1
 
-    @staticmethod
-    def _wait(job, dl: Deadline):
-        """The job's answer, or None where the deadline or MAX_WAIT_S came first."""
-        waited = time.perf_counter()
-        while not job.ready():
-            if dl.expired() or time.perf_counter() - waited > MAX_WAIT_S:
-                return None   # (a worker lost, e.g. killed): the search's own work gives the same answer
-            job.wait(0.05)
-        return _answer(job)
-
     def _start(self) -> bool:
         """The pool, forked on first use; False where the platform cannot fork (the search then
         solves every config itself, as with one process)."""
@@ -368,7 +368,7 @@ class Ahead:
         self.dropped += 1
         if got[0] != (inputs, lb):
             return None
-        answer = self._wait(got[1], dl)
+        answer = _wait(got[1], dl)
         if answer is None:
             return None
         plan, bound, trace = answer
