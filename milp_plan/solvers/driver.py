@@ -707,10 +707,12 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
                 heap.push((lb, cfg, 0, coef))
                 continue
+            # a parent's GPU-budget bound at or above the incumbent is never popped (as in _cheap_bounds)
+            budget_enough = math.inf if prepared.sweep else inc.objective
             if not cfg.complete and cfg not in lifted:  # a parent: first its GPU-budget bound (cheap)
                 lifted.add(cfg)
                 dl.charge(WORK.bound)
-                budget_lb = gpu_budget_bound(coef, limits)
+                budget_lb = gpu_budget_bound(coef, limits, budget_enough)
                 if budget_lb is None:
                     continue  # no plan below it meets the limits
                 if budget_lb > lb:
@@ -745,7 +747,7 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                     if kid.cfg.complete:
                         kid_lb = config_lower_bound(kid, limits, memory=False)
                     else:
-                        kid_lb = gpu_budget_bound(kid, limits)
+                        kid_lb = gpu_budget_bound(kid, limits, budget_enough)
                         lifted.add(kid.cfg)
                     dl.charge(WORK.bound)
                     if kid_lb is not None:
