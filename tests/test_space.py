@@ -178,3 +178,20 @@ def test_a_profile_that_covers_nothing_says_how_to_go_on(tmp_path):
     inst = tiny_instance(tmp_path, seq_length=1000)
     with pytest.raises(InputError, match="sequence length 1000.*--extrapolate"):
         solve(inst, Limits())
+
+
+@pytest.mark.parametrize("cluster, model, gbs, fix", [("default", "gpt3-6.7b", 256, None),
+                                                      ("mixed-128", "gpt3-13b", 512, {"pp": 4})])
+def test_free_children_from_the_parents_options_are_those_from_scratch(cluster, model, gbs, fix):
+    """free_children and free_completions given a parent's options (the search's Prepared.children
+    passes its Coefficients'; each child gets the parent's of the size it settles) list the same
+    configs, in order, as from stage_options: two node types (children complete) and four
+    (children that are parents again)."""
+    from milp_plan.formulations.space import free_children, free_completions, stage_options
+    inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
+    parents = [c for c in enumerate_configs(inst, fix, mode="free") if not c.complete][::5]
+    assert parents
+    for cfg in parents:
+        options = stage_options(inst, cfg, fix)
+        assert list(free_children(inst, cfg, fix, options)) == list(free_children(inst, cfg, fix))
+        assert list(free_completions(inst, cfg, fix, options)) == list(free_completions(inst, cfg, fix))

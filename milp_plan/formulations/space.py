@@ -306,25 +306,29 @@ def stage_options(inst: Instance, cfg: Config, fix: dict[str, object] | None = N
     return sorted(out, key=lambda o: (o.k, o.group, o.tp, o.recompute))
 
 
-def free_children(inst: Instance, cfg: Config, fix: dict[str, object] | None = None) -> Iterator[Config]:
+def free_children(inst: Instance, cfg: Config, fix: dict[str, object] | None = None,
+                  options: list[StageOption] | None = None) -> Iterator[Config]:
     """Branch on the first node type whose stage size is open: each size its options offer,
     and 0 (the type hosts no stage). A type with a size hosts at least one stage, so every
-    plan belongs to exactly one completion."""
+    plan belongs to exactly one completion. `options`: cfg's stage_options where known."""
     k = cfg.sizes.index(OPEN)
-    sizes = sorted({o.group for o in stage_options(inst, cfg, fix) if o.k == k})
+    sizes = sorted({o.group for o in (stage_options(inst, cfg, fix) if options is None else options) if o.k == k})
     for g in [0] + sizes:
         settled = cfg.sizes[:k] + (g,) + cfg.sizes[k + 1:]
         if any(settled) and sum(1 for x in settled if x > 0) <= cfg.pp:
             yield replace(cfg, sizes=settled)
 
 
-def free_completions(inst: Instance, cfg: Config, fix: dict[str, object] | None = None) -> Iterator[Config]:
-    """Every complete config below `cfg` (the brute force's space)."""
+def free_completions(inst: Instance, cfg: Config, fix: dict[str, object] | None = None,
+                     options: list[StageOption] | None = None) -> Iterator[Config]:
+    """Every complete config below `cfg` (the brute force's space). `options`: cfg's
+    stage_options where known (a child's are its parent's of the size it settles)."""
     if cfg.complete:
         yield cfg
         return
-    for child in free_children(inst, cfg, fix):
-        yield from free_completions(inst, child, fix)
+    options = stage_options(inst, cfg, fix) if options is None else options
+    for child in free_children(inst, cfg, fix, options):
+        yield from free_completions(inst, child, fix, [o for o in options if child.sizes[o.k] in (OPEN, o.group)])
 
 
 def recompute_choices(inst: Instance) -> tuple[str, ...]:

@@ -211,9 +211,11 @@ class Prepared:
         """Free mode: a config with open stage sizes, branched at once into its complete configs
         where they are at most FREE_COMPLETIONS (each then bounded on its own, no open config
         between), else on its first open node type."""
-        kids = list(itertools.islice(free_completions(coef.inst, coef.cfg, self.fix), FREE_COMPLETIONS + 1))
+        # a parent's options are its stage_options (no dominated one dropped: Coefficients)
+        kids = list(itertools.islice(free_completions(coef.inst, coef.cfg, self.fix, coef.options),
+                                     FREE_COMPLETIONS + 1))
         if len(kids) > FREE_COMPLETIONS:
-            kids = list(free_children(coef.inst, coef.cfg, self.fix))
+            kids = list(free_children(coef.inst, coef.cfg, self.fix, coef.options))
         return [Coefficients(coef.inst, child, self.shared, self.fix) for child in kids]
 
 
