@@ -644,7 +644,7 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
     weak = WeakFamilyBounds(limits)
     if prepared.base is not None:
         # the Megatron-mode optimum first (it reads none of the free configs' bounds), while
-        # --workers' processes bound them (parallel.RootBounds); then their bounding
+        # --workers' processes bound them (parallel.BoundWorkers.root); then their bounding
         start = "Megatron-mode"
         bounders = BoundWorkers(prepared, limits, workers, _cheap_bound) if workers > 1 else None
         try:
@@ -759,7 +759,7 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if ahead is not None:
                 ahead.dispatch(heap, inputs_of, inc.objective, dl, REL_EPS)
             if bounders is not None:
-                bounders.ahead(heap, math.inf if prepared.sweep else inc.objective * (1 - REL_EPS), dl, lifted)
+                bounders.ahead(heap, enough, dl, lifted)
             cutoff = inc.objective if inc.plan is not None else None
             plan, open_lb = _solve_or_take(ahead, coef, limits, backend, inputs_of(coef), dl, seed, lb)
             # what it proved: its bound, or (no plan under the cutoff) that none beats the incumbent
