@@ -363,3 +363,25 @@ def test_free_mode_under_a_short_time_limit_returns_its_start_with_an_honest_gap
     assert res.start == "Megatron-mode" and res.objective <= res.heuristic_objective
     assert res.best_bound <= res.objective and 0 <= res.gap <= 1
     assert check.check_plan(inst, res.plan) == []
+
+
+def test_a_search_runs_without_full_collections_and_restores_the_thresholds(monkeypatch):
+    """driver.solve raises gc's third threshold (no full collections: a search keeps millions of
+    objects and makes no long-lived cycles) and restores all three after it, also when it raises;
+    the young collections keep their thresholds."""
+    import gc
+    from milp_plan.solvers import driver
+    before, seen = gc.get_threshold(), []
+
+    def search(*args):
+        seen.append(gc.get_threshold())
+        if len(seen) > 1:
+            raise KeyboardInterrupt
+        return "answer"
+    monkeypatch.setattr(driver, "_solve", search)
+    assert driver.solve(None, Limits()) == "answer"
+    assert seen[0][:2] == before[:2] and seen[0][2] >= driver.NO_FULL_COLLECTIONS > before[2]
+    assert gc.get_threshold() == before
+    with pytest.raises(KeyboardInterrupt):
+        driver.solve(None, Limits())
+    assert gc.get_threshold() == before
