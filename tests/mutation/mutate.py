@@ -288,6 +288,8 @@ MUTATIONS = [
      "or min(tail, lb) >= enough:", "or min(tail, lb) >= enough * 0.9:"),
     ("milp_plan/solvers/parent_bounds.py", "the GPU-budget bound's early exit under a time limit",
      "if enough < math.inf and limits.time_limit_s is None and", "if enough < math.inf and"),
+    ("milp_plan/solvers/driver.py", "a search leaves gc's full collections off after it",
+     "        gc.set_threshold(*old)", "        pass"),
 ]
 
 PROBE = r'''
@@ -408,6 +410,10 @@ with pytest.MonkeyPatch.context() as mp:
 # a sweep's solve records the bounds its heap pruned, a single solve does not
 import test_pareto_memo
 test_pareto_memo.test_only_a_sweep_records_the_bounds_its_heap_pruned()
+# a search runs without gc's full collections and restores the thresholds after it
+import test_solve
+with pytest.MonkeyPatch.context() as mp:
+    test_solve.test_a_search_runs_without_full_collections_and_restores_the_thresholds(mp)
 # --workers: free mode's bounds computed ahead in forked workers give the search's own answer
 import test_parallel
 from milp_plan.job import Objective
