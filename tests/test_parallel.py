@@ -153,3 +153,23 @@ def test_take_only_answers_no_limit_touched(statuses, charges, taken):
     assert ahead.take("cfg", (0.9, None, None), dl, 0.8) is None       # the incumbent moved since
     ahead.pending["cfg"] = ((inputs, 0.8), _Done(("plan", 2.0, parallel.Trace(["optimal"], [], [0.1]))))
     assert ahead.take("cfg", inputs, dl, 0.85) is None                 # another bound to start from
+
+
+def test_a_wall_clock_limit_that_ends_the_bounding_keeps_the_workers_bounds():
+    """A limit that ends before free mode's bounding (during its Megatron-mode start): under a
+    wall clock alone every parent the workers bounded goes in at its bound (the answer then
+    proves them); under a work limit none does (one process, which bounds none, gives the same
+    answer), all at bound 0."""
+    from milp_plan.deadline import Deadline
+    from milp_plan.job import Limits
+    from milp_plan.solvers import driver
+    from milp_plan.solvers.bounds import WeakFamilyBounds
+    inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
+    prepared = driver.prepare(inst, None, "free")
+    computed = {i: 1.0 + i for i in range(len(prepared.configs) - 1)}   # the last one not reached
+    weak = WeakFamilyBounds(Limits())
+    bounded, later = driver._cheap_bounds(prepared, Limits(), Deadline(0.0), weak, computed)
+    assert sorted(lb for lb, *_ in bounded) == sorted(computed.values())
+    assert [cfg for _, cfg, *_ in later] == [prepared.configs[-1]]
+    bounded, later = driver._cheap_bounds(prepared, Limits(), Deadline(60.0, work=0.0), weak, computed)
+    assert not bounded and len(later) == len(prepared.configs)

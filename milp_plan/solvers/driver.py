@@ -486,16 +486,23 @@ def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFa
     the incumbent; `computed`: those workers found, by config index, exact:
     parallel.BoundWorkers.root) and every family at its work bound (`weak`, whose shared terms
     are computed once per group), sorted; the families the bounding did not reach
-    (BOUNDING_SHARE of the limit, from its start) at bound 0, bounded when popped. A bound at
-    or above the incumbent is never popped (the search prunes it) and adds nothing to the
-    bound of a search cut short (the least of the incumbent and the open bounds), so exact or
-    not, it gives the same answer."""
+    (BOUNDING_SHARE of the limit, from its start) at bound 0, bounded when popped; under a
+    wall-clock limit alone, which keeps no search deterministic, those the workers bounded go
+    in at their bounds (a limit that ends during the Megatron-mode start then still proves
+    what the workers found). A bound at or above the incumbent is never popped (the search
+    prunes it) and adds nothing to the bound of a search cut short (the least of the
+    incumbent and the open bounds), so exact or not, it gives the same answer."""
     bounded, later = [], []
     families = prepared.families()
     since = dl.mark()
+    found = computed if computed and dl.work is None else {}
     for f, members in enumerate(families):
         if f % 16 == 0 and (dl.expired() or dl.spent(since) > BOUNDING_SHARE):
-            later = [(0.0, prepared.configs[ms[0]], 2, ms) for ms in families[f:]]  # the heuristic gets the rest
+            for ms in families[f:]:   # the heuristic gets the rest
+                if ms[0] not in found:
+                    later.append((0.0, prepared.configs[ms[0]], 2, ms))
+                elif found[ms[0]] is not None:
+                    bounded.append((found[ms[0]], prepared.configs[ms[0]], 0, prepared.coef(ms[0])))
             break
         if len(members) == 1:
             dl.charge(WORK.bound)

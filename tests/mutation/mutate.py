@@ -290,6 +290,8 @@ MUTATIONS = [
      "if enough < math.inf and limits.time_limit_s is None and", "if enough < math.inf and"),
     ("milp_plan/solvers/driver.py", "a search leaves gc's full collections off after it",
      "        gc.set_threshold(*old)", "        pass"),
+    ("milp_plan/solvers/driver.py", "the workers' root bounds taken past the bounding's end under a work limit too",
+     "found = computed if computed and dl.work is None else {}", "found = computed if computed else {}"),
 ]
 
 PROBE = r'''
@@ -420,6 +422,7 @@ from milp_plan.job import Objective
 _free = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256), Objective(mode="free"))
 assert (test_parallel._outcome(_free, None, 2, 2.5, _free.objective.limits())
         == test_parallel._outcome(_free, None, 1, 2.5, _free.objective.limits()))
+test_parallel.test_a_wall_clock_limit_that_ends_the_bounding_keeps_the_workers_bounds()
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
