@@ -265,8 +265,10 @@ class BoundWorkers:
         return answer
 
     def close(self) -> None:
+        global _BOUNDS
         _close(self.pools + [pool for _, _, pool in self.roots])
         self.pools, self.roots = [], []
+        _BOUNDS = None   # the search's configs and caches are freed with it, not at exit
 
 
 def _close(pools: list) -> None:
@@ -307,10 +309,12 @@ class Ahead:
         self.taken = self.dropped = 0   # answers the search took, and dropped (another cutoff, a limit)
 
     def close(self) -> None:
+        global _FORKED
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
             self.pool = None
+            _FORKED = None   # the search's configs and caches are freed with it, not at exit
 
     def _busy(self) -> int:
         self.running = [r for r in self.running if not r.ready()]
