@@ -716,7 +716,8 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if lb >= inc.objective * (1 - REL_EPS):  # a family's members may bound above the family
                 heap.push((lb, cfg, 0, coef))
                 continue
-            # a parent's GPU-budget bound at or above the incumbent is never popped (as in _cheap_bounds)
+            # what the bounds below need reach: a parent's GPU-budget bound at or above the incumbent
+            # is never popped (as in _cheap_bounds); none in a sweep, whose later solves read them whole
             budget_enough = math.inf if prepared.sweep else inc.objective
             if not cfg.complete and cfg not in lifted:  # a parent: first its GPU-budget bound (cheap)
                 lifted.add(cfg)
@@ -728,10 +729,10 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                     heap.push((budget_lb, cfg, 0, coef))
                     continue
             carried = prepared.carried(cfg, limits)
-            # exact below the incumbent, all this search reads of it (bounds.full_bound); a sweep's
-            # later solves read it whole (Prepared.proven)
+            # exact below the incumbent (less REL_EPS, as the search prunes), all this search reads
+            # of it (bounds.full_bound); a sweep's later solves read it whole (Prepared.proven)
             floor = max(lb, carried) if cfg.complete else lb
-            enough = math.inf if prepared.sweep else inc.objective * (1 - REL_EPS)
+            enough = budget_enough * (1 - REL_EPS)
             got = None
             if bounders is not None and not cfg.complete:   # the next parents' bounds, in the workers
                 bounders.ahead(heap, enough, dl, lifted)
