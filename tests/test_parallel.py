@@ -173,3 +173,45 @@ def test_a_wall_clock_limit_that_ends_the_bounding_keeps_the_workers_bounds():
     assert [cfg for _, cfg, *_ in later] == [prepared.configs[-1]]
     bounded, later = driver._cheap_bounds(prepared, Limits(), Deadline(60.0, work=0.0), weak, computed)
     assert not bounded and len(later) == len(prepared.configs)
+
+
+class _Shared:
+    """A stand-in for the incumbent the search shares with its workers (a RawValue's .value)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+
+def _solve_until_stopped(coef, limits, backend, cutoff, hint, dl, seed, lb, trace):
+    """A worker's solve that runs until its deadline expires (as CP-SAT does when stopped)."""
+    import time
+    while not dl.expired():
+        time.sleep(0.01)
+    trace.statuses.append("timeout")
+    return None, None
+
+
+@pytest.mark.parametrize("cutoff, shared, stopped", [
+    (3.0, 3.0, False),                  # the search's incumbent is the job's cutoff: solved on
+    (3.0, 2.5, True),                   # it fell: the search will not take this answer
+    (None, float("inf"), False),        # no incumbent then, none now
+    (None, 2.5, True),                  # no incumbent then, one now
+])
+def test_a_solve_ahead_stops_once_the_incumbent_moves(monkeypatch, cutoff, shared, stopped):
+    """_solve_ahead under a cutoff the search no longer has (its incumbent, shared with the
+    workers, moved) is stopped at once and answers None; under the search's cutoff it runs to its
+    own end (here its 1 s deadline). The worker's stop flag is cleared after either."""
+    import time
+    from milp_plan import deadline
+    monkeypatch.setattr(parallel, "Coefficients", lambda *a: None)
+    prepared = type("P", (), {"inst": None, "shared": None, "fix": None})()
+    monkeypatch.setattr(parallel, "_FORKED", (prepared, _solve_until_stopped, _Shared(shared)))
+    t0 = time.perf_counter()
+    got = parallel._solve_ahead("cfg", None, "cpsat", cutoff, None, 1.0, None, 1, None, 0.0)
+    took = time.perf_counter() - t0
+    assert deadline.interrupted() is None
+    if stopped:
+        assert got is None and took < 0.9
+    else:
+        plan, bound, trace = got
+        assert took >= 1.0 and trace.statuses == ["timeout", "expired"]

@@ -776,6 +776,8 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             solved += 1
             if plan is not None:
                 inc.offer(plan, limits)
+                if ahead is not None:
+                    ahead.moved(inc.objective)
             if open_lb is not None:
                 open_bounds.append(open_lb)
             report()

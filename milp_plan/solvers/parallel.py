@@ -24,7 +24,9 @@ CP-SAT with one worker is deterministic for one model, seed and hint, and a run 
 before its limits does not depend on them (tests/test_parallel.py, and golden_plans.py with
 --workers 2, check the whole answer), so the search's own solve would return the same plan
 and bound. Otherwise (the incumbent improved, a limit, an error) the search solves the
-config itself, as with one process, and drops the worker's answer. A worker's solve runs
+config itself, as with one process, and drops the worker's answer. The search shares its
+incumbent with the workers (`Ahead.moved`), and a worker stops a solve whose cutoff it no longer
+is (`_stop_when_stale`): its answer would be dropped. A worker's solve runs
 every check the search's does (the checker, the drift checks); one that raises is solved
 again by the search, which raises the same. The work charged is the
 search's alone (a taken answer's charges are replayed in order; dropped ones are not
@@ -57,9 +59,12 @@ process group): the search handles it (deadline.py), stops, and terminates them.
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
+import math
 import multiprocessing
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -72,7 +77,8 @@ LOOKAHEAD = 64   # heap entries looked at, per dispatch, for configs to solve ah
 QUEUE = 2        # configs handed out per worker at most (one running, one waiting)
 MAX_WAIT_S = 600.0   # the search waits this long for a worker's answer at most, then solves it itself
 
-_FORKED = None   # (Prepared, driver._solve_config) of the search a forked worker serves
+_FORKED = None   # (Prepared, driver._solve_config, the shared incumbent) of the search a forked worker serves
+STALE_POLL_S = 0.05   # how often a worker's solve ahead reads whether the search's incumbent moved
 _BOUNDS = None   # (Prepared, Limits, driver._cheap_bound) of the bounding a forked BoundWorkers process serves
 BOUND_QUEUE = 32 # full bounds handed to a BoundWorkers process at most (3-10 ms each at 1024 GPUs)
 
@@ -101,7 +107,7 @@ def _solve_ahead(cfg, limits, backend, cutoff, hint, seconds, work, seed, paths,
     bound `lb` the search would hand it (its heap key and full bound: a run closes at a plan
     that close to it, driver._solve_model). Returns (plan, bound, trace), or None when it raised
     (the search then solves it itself, and raises the same)."""
-    prep, solve_config = _FORKED
+    prep, solve_config, incumbent = _FORKED
     coef = Coefficients(prep.inst, cfg, prep.shared, prep.fix)
     if paths is not None:
         coef.paths()[:] = list(paths)
@@ -112,13 +118,45 @@ def _solve_ahead(cfg, limits, backend, cutoff, hint, seconds, work, seed, paths,
         trace.charges.append(units)
         charge(units)
     dl.charge = logged
-    try:
-        plan, bound = solve_config(coef, limits, backend, cutoff, hint, dl, seed, lb, trace)
-    except Exception:  # noqa: BLE001 - the search's own solve raises it again
-        return None
+    with _stop_when_stale(incumbent, math.inf if cutoff is None else cutoff) as stale:
+        try:
+            plan, bound = solve_config(coef, limits, backend, cutoff, hint, dl, seed, lb, trace)
+        except Exception:  # noqa: BLE001 - the search's own solve raises it again
+            return None
+    if stale:
+        return None   # the search's cutoff moved: it would not take this answer
     if dl.expired():
         trace.statuses.append("expired")
     return plan, bound, trace
+
+
+@contextlib.contextmanager
+def _stop_when_stale(incumbent, cutoff: float):
+    """In a worker: stop the solve in the block (deadline.request_stop: its Deadline expires and
+    CP-SAT's stop_search is called) once the search's incumbent, shared in `incumbent`, is no
+    longer `cutoff`. The search takes an answer only under the cutoff it was solved with
+    (Ahead.take), and its incumbent only falls, so the rest of such a solve is wasted: on
+    mixed-128 free with --workers 2, one config solved under the Megatron-mode start's cutoff
+    ran 21.5 s after the search had found a better plan. Yields a list that holds True when it
+    stopped the solve (the worker's stop flag is cleared on the way out)."""
+    stale: list[bool] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(STALE_POLL_S):
+            if incumbent.value != cutoff:
+                stale.append(True)
+                deadline_mod.request_stop()
+                return
+    watcher = threading.Thread(target=watch, name="milp-plan-stale", daemon=True)
+    deadline_mod.reset()
+    watcher.start()
+    try:
+        yield stale
+    finally:
+        done.set()
+        watcher.join()
+        deadline_mod.reset()
 
 
 def _full_bound(cfg, floor, enough):
@@ -305,6 +343,7 @@ class Ahead:
         self.full: dict = {}      # Config -> its full bound (bounds.full_bound) under these limits
         self.pool = None
         self.pending: dict = {}   # Config -> (inputs, AsyncResult)
+        self.incumbent = None     # the search's incumbent objective, shared with the workers (inf: none)
         self.running: list = []   # every job not known to be done (taken, dropped or pending)
         self.taken = self.dropped = 0   # answers the search took, and dropped (another cutoff, a limit)
 
@@ -315,6 +354,12 @@ class Ahead:
             self.pool.join()
             self.pool = None
             _FORKED = None   # the search's configs and caches are freed with it, not at exit
+
+    def moved(self, objective: float) -> None:
+        """The search's incumbent is now `objective`: the workers stop the solves they run under
+        another cutoff (_stop_when_stale), whose answers the search would not take."""
+        if self.incumbent is not None:
+            self.incumbent.value = objective
 
     def _busy(self) -> int:
         self.running = [r for r in self.running if not r.ready()]
@@ -343,6 +388,7 @@ class Ahead:
             cutoff, hint, paths = inputs
             if not self._start():
                 return
+            self.moved(math.inf if cutoff is None else cutoff)
             work, lb = dl.work_left(), max(lb, full)   # the bound the search's solve would start from
             job = self.pool.apply_async(_solve_ahead, (cfg, self.limits, self.backend, cutoff, hint, dl.left(),
                                                        work, self.seed, paths, lb))
@@ -355,7 +401,9 @@ class Ahead:
         solves every config itself, as with one process)."""
         global _FORKED
         if self.pool is None:
-            _FORKED = self.prepared, self.solve_config
+            self.incumbent = multiprocessing.get_context("fork").RawValue("d", math.inf) \
+                if "fork" in multiprocessing.get_all_start_methods() else None
+            _FORKED = self.prepared, self.solve_config, self.incumbent
             self.pool = _fork_pool(self.size)
             if self.pool is None:
                 self.size = 0
