@@ -31,6 +31,7 @@ from milp_plan.solvers.driver import DETERMINISTIC_BACKENDS, solve
 
 CASES = [  # (label, cluster, model, global batch, time limit s)
     ("default (32 GPUs, 2 types)", "default", "gpt3-6.7b", 256, 30),
+    ("shipped-default (2.7B, batch 80)", "default", "gpt3-2.7b", 80, 30),   # what `milp-plan solve` runs
     ("two-type-32 (32 GPUs)", "two-type-32", "gpt3-6.7b", 256, 30),
     ("mixed-128 (128 GPUs, 4 types)", "mixed-128", "gpt3-13b", 512, 30),
     ("scale-1024", "scale-1024", "gpt3-175b", 1536, 10),
