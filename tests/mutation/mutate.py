@@ -114,7 +114,7 @@ MUTATIONS = [
     (PIPE, "tied embedding all-reduce inside one node priced over the network",
      "                                           - (both if j == k else 0)))", "                                           - 0))"),
     (PIPE, "tied embedding all-reduce left out of the closed form's reduction tail",
-     "                        dp = be.sum([dp, v.emb])", "                        pass", CLOSED),
+     "                    dp = be.sum([dp, v.emb])", "                    pass", CLOSED),
     (PIPE, "$/h budget 10% looser in the model",
      "be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))",
      "be.add(v.usd_h <= down(1.1 * lim.budget_usd_per_hour * res.money))"),
@@ -292,6 +292,10 @@ MUTATIONS = [
      "        gc.set_threshold(*old)", "        pass"),
     ("milp_plan/solvers/driver.py", "the workers' root bounds taken past the bounding's end under a work limit too",
      "found = computed if computed and dl.work is None else {}", "found = computed if computed else {}"),
+    (PIPE, "the closed form's reduction tail reads each option's first piece only",
+     "self._aff_ticks(p[min(i, len(p) - 1)], s, o)", "self._aff_ticks(p[0], s, o)", CLOSED),
+    (PIPE, "the closed form's reduction tail reads the first option's pieces only",
+     "for o, p in pieces.items()])", "for o, p in list(pieces.items())[:1]])", CLOSED),
 ]
 
 PROBE = r'''
