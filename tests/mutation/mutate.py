@@ -296,6 +296,10 @@ MUTATIONS = [
      "self._aff_ticks(p[min(i, len(p) - 1)], s, o)", "self._aff_ticks(p[0], s, o)", CLOSED),
     (PIPE, "the closed form's reduction tail reads the first option's pieces only",
      "for o, p in pieces.items()])", "for o, p in list(pieces.items())[:1]])", CLOSED),
+    ("milp_plan/solvers/parallel.py", "a solve ahead stopped while the incumbent is still its cutoff",
+     "            if incumbent.value != cutoff:", "            if incumbent.value == cutoff:"),
+    ("milp_plan/solvers/parallel.py", "a worker's stop flag left set after its solve ahead",
+     "        watcher.join()\n        deadline_mod.reset()", "        watcher.join()"),
 ]
 
 PROBE = r'''
@@ -513,6 +517,17 @@ for sched in ("1f1b", "interleaved", "gpipe"):
     fix = {"tp": 1, "dp": 4, "pp": 4, "mbs": 1, "recompute": "full" if sched == "gpipe" else "none", "schedule": sched}
     res = solve(inst, Limits(), fix=fix, dl=Deadline(3600, work=200))
     assert res.status == "optimal", (sched, res.status)
+# overlapped reductions on the closed-form basis: the model's reduction tail (D >= each piece of
+# the option a stage runs as) agrees with the cost model where the second piece decides
+if sys.argv[3] == "closed-form":
+    import test_overlap
+    for intra in (100, 1):
+        test_overlap.test_closed_form_basis_with_overlap(Path(tempfile.mkdtemp()), intra)
+# a worker's solve ahead stops once the search's incumbent is no longer its cutoff, and only then
+import test_parallel
+with pytest.MonkeyPatch.context() as mp:
+    for args in test_parallel.test_a_solve_ahead_stops_once_the_incumbent_moves.pytestmark[0].args[1]:
+        test_parallel.test_a_solve_ahead_stops_once_the_incumbent_moves(mp, *args)
 print("probe passed", cases, "random cases")
 '''
 
