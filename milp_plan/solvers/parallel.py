@@ -76,9 +76,9 @@ from milp_plan.predict import SIMULATED
 LOOKAHEAD = 64   # heap entries looked at, per dispatch, for configs to solve ahead
 QUEUE = 2        # configs handed out per worker at most (one running, one waiting)
 MAX_WAIT_S = 600.0   # the search waits this long for a worker's answer at most, then solves it itself
+STALE_POLL_S = 0.05  # how often a worker's solve ahead reads whether the search's incumbent moved
 
 _FORKED = None   # (Prepared, driver._solve_config, the shared incumbent) of the search a forked worker serves
-STALE_POLL_S = 0.05   # how often a worker's solve ahead reads whether the search's incumbent moved
 _BOUNDS = None   # (Prepared, Limits, driver._cheap_bound) of the bounding a forked BoundWorkers process serves
 BOUND_QUEUE = 32 # full bounds handed to a BoundWorkers process at most (3-10 ms each at 1024 GPUs)
 
@@ -140,6 +140,9 @@ def _stop_when_stale(incumbent, cutoff: float):
     ran 21.5 s after the search had found a better plan. Yields a list that holds True when it
     stopped the solve (the worker's stop flag is cleared on the way out)."""
     stale: list[bool] = []
+    if incumbent is None:   # nothing shared (no fork): nothing to watch
+        yield stale
+        return
     done = threading.Event()
 
     def watch() -> None:
