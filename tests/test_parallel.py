@@ -199,19 +199,18 @@ def _solve_until_stopped(coef, limits, backend, cutoff, hint, dl, seed, lb, trac
 ])
 def test_a_solve_ahead_stops_once_the_incumbent_moves(monkeypatch, cutoff, shared, stopped):
     """_solve_ahead under a cutoff the search no longer has (its incumbent, shared with the
-    workers, moved) is stopped at once and answers None; under the search's cutoff it runs to its
-    own end (here its 1 s deadline). The worker's stop flag is cleared after either."""
-    import time
+    workers, moved) is stopped and answers None; under the search's cutoff it runs to its own
+    end (here a 0.3 s deadline) and answers. The worker's stop flag is cleared after either. (A
+    stopped solve gets 20 s, which only a watcher that never fires would reach.)"""
     from milp_plan import deadline
     monkeypatch.setattr(parallel, "Coefficients", lambda *a: None)
     prepared = type("P", (), {"inst": None, "shared": None, "fix": None})()
     monkeypatch.setattr(parallel, "_FORKED", (prepared, _solve_until_stopped, _Shared(shared)))
-    t0 = time.perf_counter()
-    got = parallel._solve_ahead("cfg", None, "cpsat", cutoff, None, 1.0, None, 1, None, 0.0)
-    took = time.perf_counter() - t0
+    seconds = 20.0 if stopped else 0.3
+    got = parallel._solve_ahead("cfg", None, "cpsat", cutoff, None, seconds, None, 1, None, 0.0)
     assert deadline.interrupted() is None
     if stopped:
-        assert got is None and took < 0.9
+        assert got is None
     else:
         plan, bound, trace = got
-        assert took >= 1.0 and trace.statuses == ["timeout", "expired"]
+        assert trace.statuses == ["timeout", "expired"]
