@@ -665,11 +665,10 @@ class PipelineModel:
         holds every value: one option per stage is on, so b_k is at most the largest |a| L +
         |rho| L + |c| of its options' rounded-up b, and a hop at most the slowest transfer
         (h_hi)."""
-        be, v, sc, L = self.be, self.v, v_scale(self.cfg), self.L
+        be, v, sc, L, up_ = self.be, self.v, v_scale(self.cfg), self.L, self.res.t_up
         out: list = [0]
         most = 0
         for k in list(self.S)[:-1]:
-            up_ = self.res.t_up
             most += max(abs(up_(b.a)) * L + abs(up_(b.rho)) * L + abs(up_(b.c))
                         for b in (self.c.time(o, k)[1] for o in self.O)) + sc * self.h_hi
             x = be.new_int(-most, most, f"B[{k + 1}]")

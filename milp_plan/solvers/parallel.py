@@ -140,9 +140,6 @@ def _stop_when_stale(incumbent, cutoff: float):
     ran 21.5 s after the search had found a better plan. Yields a list that holds True when it
     stopped the solve (the worker's stop flag is cleared on the way out)."""
     stale: list[bool] = []
-    if incumbent is None:   # nothing shared (no fork): nothing to watch
-        yield stale
-        return
     done = threading.Event()
 
     def watch() -> None:
@@ -391,7 +388,7 @@ class Ahead:
             cutoff, hint, paths = inputs
             if not self._start():
                 return
-            self.moved(math.inf if cutoff is None else cutoff)
+            self.moved(objective)   # the job's cutoff (inf: no incumbent yet), for its watcher
             work, lb = dl.work_left(), max(lb, full)   # the bound the search's solve would start from
             job = self.pool.apply_async(_solve_ahead, (cfg, self.limits, self.backend, cutoff, hint, dl.left(),
                                                        work, self.seed, paths, lb))
@@ -404,8 +401,7 @@ class Ahead:
         solves every config itself, as with one process)."""
         global _FORKED
         if self.pool is None:
-            self.incumbent = multiprocessing.get_context("fork").RawValue("d", math.inf) \
-                if "fork" in multiprocessing.get_all_start_methods() else None
+            self.incumbent = multiprocessing.RawValue("d", math.inf)   # shared memory the fork inherits
             _FORKED = self.prepared, self.solve_config, self.incumbent
             self.pool = _fork_pool(self.size)
             if self.pool is None:
