@@ -68,6 +68,7 @@ W_MAGNITUDE = 2**36
 
 
 class Backend(Protocol):
+    name: str           # cpsat, highs or cbc
     magnitude: int      # largest step bound in ticks at which the backend stays exact (and fast)
 
     def new_bool(self, name: str) -> Any: ...
@@ -166,6 +167,10 @@ class PipelineModel:
         self.opt_hi = self._stage_upper_bound(coef.opt_time)
 
     # ---- rounding -------------------------------------------------------------------------
+    def _prices_step(self) -> bool:
+        """Whether a $/step term (min-cost, a $/step budget) links the step to the prices (add_cost's W)."""
+        return self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None
+
     def _positions(self) -> list[int]:
         """One stage position of each kind the cost model tells apart: first, a middle one, last."""
         return sorted({0, min(1, self.cfg.pp - 1), self.cfg.pp - 1})
@@ -179,7 +184,7 @@ class PipelineModel:
         the backend's magnitude (W_MAGNITUDE when a $/step term links it to a big-M)."""
         c = self.c
         mag = self.be.magnitude
-        if self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None:
+        if self._prices_step():
             mag = min(mag, W_MAGNITUDE)
         t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
         h = max([c.hop_intra(p) for p in self.P] + [c.hop_inter(p, j) for p in self.P for j in self.pool_of_type])
@@ -781,7 +786,7 @@ class PipelineModel:
         v.usd_h = be.sum([price[key] * onehot[key] for key in onehot])
         if lim.budget_usd_per_hour is not None:
             be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))
-        if lim.objective == "min-cost" or lim.budget_usd_per_step is not None:
+        if self._prices_step():
             hi = self._step_upper_bound()
             if lim.time_limit_s is not None:  # T <= the limit in every plan the model admits
                 hi = min(hi, down(v.scale * lim.time_limit_s * res.tps))
@@ -829,6 +834,15 @@ class PipelineModel:
                        self.add_hops,
                        self.add_embedding_sync, *step, self.add_cost, self.set_objective):
             family()
+        if self.be.name == "cpsat" and not self._prices_step():
+            # no cutting planes where the step alone is priced: on these small models CP-SAT's cut
+            # loop (MIR, clique, zero-half: 869 cuts from 5,281 calls on one 205-variable path-round
+            # model of the shipped default's job) took 1.5-1.9 s a solve that proves in 0.4-0.7 s
+            # without it, time its deterministic measure barely counts. Free mode to the proof, CPU
+            # (bench_solve.py): the shipped default's job 23.3 -> 12.9 s, the default 5.9 -> 4.5 s,
+            # mixed-128 21.8 -> 17.6 s. With W's big-M rows the cuts pay: the Pareto benchmark took
+            # 32.4 work units without them, 26.1 with
+            self.be.parameters["cut_level"] = 0
         return self.v
 
     def hint(self, options: Sequence[int], layers: Sequence[int], rs: Sequence[int]) -> None:
