@@ -106,3 +106,32 @@ def test_a_config_closed_at_its_bound_keeps_the_optimum(monkeypatch):
     monkeypatch.setattr(driver, "CLOSE_GAP", 0.01)
     wide = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
     assert wide.status == "optimal" and exact.objective <= wide.objective <= exact.objective * (1 + PROOF_TOL / 2)
+
+
+def test_cpsat_cuts_off_where_only_the_step_is_priced(tmp_path, monkeypatch):
+    """The per-config model runs CP-SAT without cutting planes (cut_level 0) when no $/step term
+    links the step to the prices (min-time, no $/step budget), and with them otherwise (the W
+    rows' big-M: formulations/pipeline.py, PipelineModel.build). Either way each solve reaches
+    brute force's optimum: the parameter only changes how fast it is proven."""
+    from milp_plan.solvers.backends import CpsatBackend
+    spec = write_instance(tmp_path, layers=3, fast_ms=(2, 4), slow_ms=(2, 4), gpn=2, counts=(1, 1), prices=(8, 1),
+                          bw=(0.02, 0.002), billing=("gpu", "node"))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 2}))
+    fastest = bruteforce.solve(inst, Limits(), mode="free").plan
+    cheapest = bruteforce.solve(inst, Limits("min-cost"), mode="free").plan.predicted.usd_per_step
+    seen: list = []
+    plain = CpsatBackend.solve
+
+    def recording(self, *args, **kw):
+        seen.append(self.parameters.get("cut_level"))
+        return plain(self, *args, **kw)
+    monkeypatch.setattr(CpsatBackend, "solve", recording)
+    # the $/step budget lies between the cheapest plan's and the fastest's: it binds
+    assert fastest.predicted.usd_per_step > 1.2 * cheapest
+    for limits, cuts in ((Limits(), 0), (Limits(budget_usd_per_step=1.2 * cheapest), None),
+                         (Limits("min-cost", time_limit_s=2 * fastest.predicted.step_time_s), None)):
+        seen.clear()
+        got = solve(inst, limits, backend="cpsat", mode="free")
+        ref = bruteforce.solve(inst, limits, mode="free")
+        assert got.status == "optimal" and got.objective == pytest.approx(ref.objective, rel=1e-4), limits
+        assert seen and set(seen) == {cuts}, limits
