@@ -167,7 +167,7 @@ class PipelineModel:
         self.opt_hi = self._stage_upper_bound(coef.opt_time)
 
     # ---- rounding -------------------------------------------------------------------------
-    def _prices_step(self) -> bool:
+    def prices_step(self) -> bool:
         """Whether a $/step term (min-cost, a $/step budget) links the step to the prices (add_cost's W)."""
         return self.lim.objective == "min-cost" or self.lim.budget_usd_per_step is not None
 
@@ -184,7 +184,7 @@ class PipelineModel:
         the backend's magnitude (W_MAGNITUDE when a $/step term links it to a big-M)."""
         c = self.c
         mag = self.be.magnitude
-        if self._prices_step():
+        if self.prices_step():
             mag = min(mag, W_MAGNITUDE)
         t = max(self._aff_hi_s(c.time(o, s)[0]) for o in self.O for s in self._positions())
         h = max([c.hop_intra(p) for p in self.P] + [c.hop_inter(p, j) for p in self.P for j in self.pool_of_type])
@@ -786,7 +786,7 @@ class PipelineModel:
         v.usd_h = be.sum([price[key] * onehot[key] for key in onehot])
         if lim.budget_usd_per_hour is not None:
             be.add(v.usd_h <= down(lim.budget_usd_per_hour * res.money))
-        if self._prices_step():
+        if self.prices_step():
             hi = self._step_upper_bound()
             if lim.time_limit_s is not None:  # T <= the limit in every plan the model admits
                 hi = min(hi, down(v.scale * lim.time_limit_s * res.tps))
@@ -834,7 +834,7 @@ class PipelineModel:
                        self.add_hops,
                        self.add_embedding_sync, *step, self.add_cost, self.set_objective):
             family()
-        if self.be.name == "cpsat" and not self._prices_step():
+        if self.be.name == "cpsat" and not self.prices_step():
             # no cutting planes where the step alone is priced: on these small models CP-SAT's cut
             # loop (MIR, clique, zero-half: 869 cuts from 5,281 calls on one 205-variable path-round
             # model of the shipped default's job) took 1.5-1.9 s a solve that proves in 0.4-0.7 s

@@ -39,7 +39,7 @@ DETERMINISTIC_BACKENDS = ("cpsat",)   # those that take a work limit (CP-SAT's d
 
 @dataclass
 class BackendRun:
-    status: str                      # optimal | closed (stop_at) | feasible | infeasible | timeout
+    status: str                      # optimal | closed (stop_at) | stopped (stop_if) | feasible | infeasible | timeout
     objective: float | None          # raw model units
     bound: float | None              # raw model units
     value: Callable[[Any], float] | None
@@ -120,10 +120,11 @@ class CpsatBackend:
 
     def solve(self, time_limit_s: float, seed: int, workers: int = 1,
               on_progress: Callable[[float, float], None] | None = None, work: float | None = None,
-              stop_at: float | None = None) -> BackendRun:
+              stop_at: float | None = None, stop_if: Callable[[Callable], bool] | None = None) -> BackendRun:
         """`stop_at` (raw model units): stop at the first solution whose objective is at or below
         it, status "closed" (the caller knows a bound that close; one worker's search, and so
-        where it stops, is deterministic)."""
+        where it stops, is deterministic). `stop_if(value)`: stop at the first solution for
+        which it holds (value(var) reads the solution), status "stopped"."""
         solver = self.cp.CpSolver()
         p = solver.parameters
         p.max_time_in_seconds = max(0.01, time_limit_s)
@@ -152,13 +153,16 @@ class CpsatBackend:
             setattr(p, name, value)
         p.catch_sigint_signal = False  # SIGINT goes to Python (deadline.handle_signals), which stops us
         cb, closed = None, []
-        if on_progress is not None or stop_at is not None:
+        if on_progress is not None or stop_at is not None or stop_if is not None:
             class _CB(self.cp.CpSolverSolutionCallback):
                 def on_solution_callback(inner) -> None:  # noqa: N805
                     if on_progress is not None:
                         on_progress(inner.objective_value, inner.best_objective_bound)
                     if stop_at is not None and inner.objective_value <= stop_at:
                         closed.append(True)
+                        inner.stop_search()
+                    elif stop_if is not None and stop_if(inner.value):
+                        closed.append(False)
                         inner.stop_search()
             cb = _CB()
         t0 = time.perf_counter()
@@ -168,6 +172,9 @@ class CpsatBackend:
         cp = self.cp
         if status == cp.OPTIMAL:
             return BackendRun("optimal", solver.objective_value, solver.objective_value, solver.value, wall, work)
+        if status == cp.FEASIBLE and closed == [False]:
+            return BackendRun("stopped", solver.objective_value, solver.best_objective_bound, solver.value, wall,
+                              work)
         if status == cp.FEASIBLE and closed:
             return BackendRun("closed", solver.objective_value, solver.best_objective_bound, solver.value, wall, work)
         if status == cp.FEASIBLE:

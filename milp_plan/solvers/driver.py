@@ -339,8 +339,24 @@ def _solve_model(coef: Coefficients, limits: Limits, backend: str, cutoff: float
     # a solution within CLOSE_GAP of the config's proven bound closes it (pipeline.md, "Closing a
     # config at its bound"): at most PROOF_TOL / 2 off once exactly priced, else solved on
     stop = model.units_of(lb * (1 + CLOSE_GAP)) if lb > 0 else None
+    # simulated step, the step alone priced: a run stops at its first solution whose plan misses
+    # its critical path, rather than proving a model that lacks that path optimal (under a $/step
+    # term each round's floor spares that proof instead: pipeline.md, "add_paths")
+    checked = [0]
+
+    def missed(value) -> bool:
+        checked[0] += 1
+        opts, layers, rs = model.extract(value)
+        try:
+            plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+        except ValueError:   # the loop below reads the same solution and says why
+            return False
+        return model.step_short(value(model.v.step), plan, opts, layers, rs)
+    lazy = {"stop_if": missed} if model.simulated and backend == "cpsat" and not model.prices_step() else {}
     while True:
-        run = be.solve(dl.left(), seed, 1, work=dl.work_left(), stop_at=stop)
+        run = be.solve(dl.left(), seed, 1, work=dl.work_left(), stop_at=stop, **lazy)
+        dl.charge(WORK.plan * checked[0])
+        checked[0] = 0
         dl.charge(run.work)
         if trace is not None:
             trace.statuses.append(run.status)
