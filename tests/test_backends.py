@@ -74,6 +74,64 @@ def test_cpsat_stops_at_the_first_solution_at_or_below_stop_at():
     assert run(4.0)[:2] == ("optimal", 5)
 
 
+def test_cpsat_stops_at_the_first_solution_stop_if_accepts():
+    """`stop_if` (CpsatBackend.solve): the model of the stop_at test, started from the hint x = 20,
+    y = 0. A predicate that holds for x >= 10 stops on the hint's solution, the first found
+    (status "stopped", its objective 20 and CP-SAT's bound below it); one that never holds
+    lets the run prove the optimum 5, having been asked about every solution found on the way."""
+    from milp_plan.solvers.backends import make_backend
+
+    def run(accept):
+        be = make_backend("cpsat")
+        be.parameters["cp_model_presolve"] = False
+        x, y = be.new_int(0, 20, "x"), be.new_int(0, 20, "y")
+        be.add(x + y >= 5)
+        be.minimize(x + 10 * y)
+        be.hint(x, 20)
+        be.hint(y, 0)
+        asked = []
+
+        def stop_if(value):
+            asked.append((value(x), value(y)))
+            return accept(value(x))
+        got = be.solve(10, 1, stop_if=stop_if)
+        return got.status, got.objective, got.bound, asked
+    status, obj, bound, asked = run(lambda x: x >= 10)
+    assert status == "stopped" and obj == 20 and bound < obj and asked == [(20, 0)]
+    status, obj, bound, asked = run(lambda x: False)
+    assert status == "optimal" and obj == bound == 5 and asked[0] == (20, 0) and asked[-1] == (5, 0)
+
+
+def test_path_rounds_stopped_at_a_missed_path_keep_the_optimum(monkeypatch):
+    """On the simulated basis a config's run stops at its first solution whose plan misses its
+    critical path (driver._solve_model's stop_if; pipeline.md, "add_paths"): on the shipped
+    default's job (GPT-3 2.7B, batch 80, free mode, pinned to pp 5, interleaved v2) some runs stop so, and the solve
+    returns the same plan, status and bound as with every round solved to its model's optimum."""
+    from milp_plan.formulations.space import parse_fix
+    from milp_plan.solvers import backends
+    inst = build_instance(InstanceSpec(global_batch_size=80))
+    statuses = []
+    real = backends.CpsatBackend.solve
+
+    def counting(self, *a, **k):
+        got = real(self, *a, **k)
+        statuses.append(got.status)
+        return got
+    monkeypatch.setattr(backends.CpsatBackend, "solve", counting)
+    fix = parse_fix("schedule=interleaved,pp=5,vpp=2")
+    lazy = solve(inst, Limits(), backend="cpsat", mode="free", fix=fix, time_limit_s=600)
+    assert statuses.count("stopped") >= 1
+
+    def whole_rounds(self, *a, stop_if=None, **k):   # every round to its model's optimum
+        return counting(self, *a, **k)
+    monkeypatch.setattr(backends.CpsatBackend, "solve", whole_rounds)
+    statuses.clear()
+    whole = solve(inst, Limits(), backend="cpsat", mode="free", fix=fix, time_limit_s=600)
+    assert "stopped" not in statuses
+    assert lazy.status == whole.status == "optimal"
+    assert lazy.best_bound == whole.best_bound and lazy.plan.to_json() == whole.plan.to_json()
+
+
 def test_a_config_closed_at_its_bound_keeps_the_optimum(monkeypatch):
     """driver._solve_model stops a config's CP-SAT run at a plan within CLOSE_GAP of the
     config's proven bound (the search's lb): on two-type-32 (GPT-3 6.7B, batch 256, Megatron mode)
