@@ -67,6 +67,7 @@ decision reads its least over the configs (`quick_bound`). formulations/pipeline
 slices", gives the proofs; tests/test_slice_search.py checks each part against enumeration."""
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import math
@@ -84,8 +85,10 @@ from milp_plan.slicing import compositions
 from milp_plan.units import SECONDS_PER_HOUR
 
 MAX_ENUM_UNITS = 16   # slicings are enumerated (2^(U-1) of them); slicing.units_for gives U <= 16
+TERMS_KEPT = 8        # ConfigBounds: sets of stage options whose gathered terms are kept (the last used)
 BISECT_STEPS = 40     # ConfigBounds._bottleneck: z to within 2^-40 of its range
 GRID_RATIO, GRID_STEPS = 1.04, 6   # ConfigBounds._refined: bottleneck intervals z 1.04^j, j <= 6, then beyond
+PATH_CHUNK = 4096     # path_bounds: slicing rows at a time (its passes' arrays 0.5 MB, not 4 MB at U = 16)
 REFINE_CHUNK = 1024   # ConfigBounds._refine_lazily: slicing rows refined at a time
 WORK_PER_COUNT = 2e-4   # work charged per slice count x option of WorkBounds.config (about its wall time)
 SECONDS_PER_CELL = 6e-8   # work charged per row x option x step of the bounds' numpy passes (about its wall time)
@@ -151,10 +154,14 @@ def path_bounds(p: Sequence[Sequence[float]], hop: Sequence[Sequence[float]], m:
     at stage a after its last backward and take a's reduction (then it skips the way back to
     stage 0); without them no reduction is counted. P splits into (m - 1) W_s + X_a(k) + Y_b(k), so a running maximum of X over a <= s
     and of Y over b >= s gives the maximum over (a, b) for each s in O(K) passes."""
-    P = [_gather(ps, rows) for ps in p]                            # K of (rows x U)
-    Hk = [_gather(h, rows) for h in hop]                           # K-1 of (rows x U)
-    F = [_gather(fs, rows) for fs in f] if f is not None else None
-    return gathered_paths(P, Hk, m, rows < arcs_n, F, dp)
+    out = np.empty(len(rows))
+    for lo in range(0, len(rows), PATH_CHUNK):   # each row on its own: the same values in chunks
+        r = rows[lo:lo + PATH_CHUNK]
+        P = [_gather(ps, r) for ps in p]                               # K of (chunk x U)
+        Hk = [_gather(h, r) for h in hop]                              # K-1 of (chunk x U)
+        F = [_gather(fs, r) for fs in f] if f is not None else None
+        out[lo:lo + len(r)] = gathered_paths(P, Hk, m, r < arcs_n, F, dp)
+    return out
 
 
 def gathered_paths(P: list[np.ndarray], Hk: list[np.ndarray], m: int, valid: np.ndarray,
@@ -437,7 +444,8 @@ class ConfigBounds:
         self.arcs, self.rows = slicing_rows(self.units, counts)
         self.valid = self.rows < len(self.arcs)
         self.tokens = _gather([(j - i) * self.unit for i, j in self.arcs], self.rows)
-        self.memo: dict = {}
+        self.sums: dict = {}           # A and Phi per set of stage options (`cheap`: one float a row)
+        self.memo: collections.OrderedDict = collections.OrderedDict()   # gathered terms, TERMS_KEPT last used
         self.arcs_memo: dict = {}
         self.row_bounds: dict = {}     # config -> the bound per slicing row (full)
         self.work = 0.0                # work units (deadline.py) of the last `full`, beyond WORK.bound
@@ -451,27 +459,40 @@ class ConfigBounds:
         return (tuple(sorted({(o.k, o.tp, o.mbs) for o in coef.options})),
                 all(o.recompute == "full" for o in coef.options))
 
+    def _arcs_of(self, key: tuple, coef) -> tuple:
+        arcs = self.arcs_memo.get(key)
+        if arcs is None:
+            arcs = self.arcs_memo[key] = _option_arcs(self.inst, coef, self.arcs, self.unit)
+        return arcs
+
     def _terms(self, coef, full: bool = True) -> dict:
         """The gathered per-arc terms of the config's options (what the arc times read: node
-        type, tp, micro-batch size, full recompute); `full=False`: A and Phi alone."""
+        type, tp, micro-batch size, full recompute); `full=False`: A and Phi alone (kept for every
+        set of options). The gathered arrays (rows x U, 4 MB each at U = 16) are kept for the
+        TERMS_KEPT sets used last: `--slices auto` on the shipped default's job kept them all,
+        1.6 GB at its peak."""
         key = self._terms_key(coef)
+        if not full:
+            got = self.sums.get(key)
+            if got is None:
+                alpha, _, _, phi, _ = self._arcs_of(key, coef)
+                got = self.sums[key] = dict(A=_gather(alpha, self.rows).sum(axis=1),
+                                            Phi=_gather(phi, self.rows).sum(axis=1))
+            return got
         got = self.memo.get(key)
-        if got is None:
-            arcs = self.arcs_memo.get(key)
-            if arcs is None:
-                arcs = self.arcs_memo[key] = _option_arcs(self.inst, coef, self.arcs, self.unit)
-            alpha, _, _, phi, per = arcs
-            a, ph = _gather(alpha, self.rows), _gather(phi, self.rows)
-            A = a.sum(axis=1)
-            per_a = {o: _gather(v, self.rows) for o, v in per.items()}
-            got = self.memo[key] = dict(a=a, ph=ph, A=A, Phi=ph.sum(axis=1), per_a=per_a,
-                                        per={o: v.sum(axis=1) for o, v in per_a.items()})
-        if full and "c0" not in got:
-            _, emb, head, _, _ = self.arcs_memo[key]
-            e_, h_ = _gather(emb, self.rows), _gather(head, self.rows)
-            E, H = e_.sum(axis=1), h_.sum(axis=1)
-            got.update(ends=E + H, big_end=np.maximum(E, H),
-                       c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - got["ph"])
+        if got is not None:
+            self.memo.move_to_end(key)
+            return got
+        alpha, emb, head, phi, per = self._arcs_of(key, coef)
+        a, ph = _gather(alpha, self.rows), _gather(phi, self.rows)
+        per_a = {o: _gather(v, self.rows) for o, v in per.items()}
+        e_, h_ = _gather(emb, self.rows), _gather(head, self.rows)
+        E, H = e_.sum(axis=1), h_.sum(axis=1)
+        got = self.memo[key] = dict(a=a, ph=ph, A=a.sum(axis=1), Phi=ph.sum(axis=1), per_a=per_a,
+                                    per={o: v.sum(axis=1) for o, v in per_a.items()}, ends=E + H,
+                                    big_end=np.maximum(E, H), c0=e_ + h_ + _excl_prefix(e_) + _excl_suffix(h_) - ph)
+        if len(self.memo) > TERMS_KEPT:
+            self.memo.popitem(last=False)
         return got
 
     def _stages(self, coef, t: dict) -> list[tuple[np.ndarray, np.ndarray, int, int]] | None:
