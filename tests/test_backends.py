@@ -104,9 +104,10 @@ def test_cpsat_stops_at_the_first_solution_stop_if_accepts():
 
 def test_path_rounds_stopped_at_a_missed_path_keep_the_optimum(monkeypatch):
     """On the simulated basis a config's run stops at its first solution whose plan misses its
-    critical path (driver._solve_model's stop_if; pipeline.md, "add_paths"): on the shipped
-    default's job (GPT-3 2.7B, batch 80, free mode, pinned to pp 5, interleaved v2) some runs stop so, and the solve
-    returns the same plan, status and bound as with every round solved to its model's optimum."""
+    critical path (driver._solve_model's stop_if; pipeline.md, "add_paths"). On the shipped
+    default's job (GPT-3 2.7B, batch 80, free mode, pinned to pp 5, interleaved v2) some runs
+    stop so, and the solve returns the same plan, status and bound as with every round solved to
+    its model's optimum."""
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solvers import backends
     inst = build_instance(InstanceSpec(global_batch_size=80))

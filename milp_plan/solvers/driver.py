@@ -349,7 +349,7 @@ def _solve_model(coef: Coefficients, limits: Limits, backend: str, cutoff: float
         opts, layers, rs = model.extract(value)
         try:
             plan = build_plan(coef.inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
-        except ValueError:   # the loop below reads the same solution and says why
+        except ValueError:   # not a plan to judge here: the loop below builds it again and raises
             return False
         return model.step_short(value(model.v.step), plan, opts, layers, rs)
     lazy = {"stop_if": missed} if model.simulated and backend == "cpsat" and not model.prices_step() else {}
