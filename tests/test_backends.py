@@ -6,8 +6,11 @@ import pytest
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.job import Limits
 from milp_plan.solvers import bruteforce
+from milp_plan.solvers.backends import CpsatBackend
 from milp_plan.solvers.driver import solve
 from instances import write_instance
+
+_REAL_SOLVE = CpsatBackend.solve   # before any test patches it
 
 
 def test_cbc_reads_large_values_back_inexactly_without_an_internal_error(tmp_path):
@@ -49,6 +52,20 @@ def test_cpsat_runs_without_presolve_inclusion_detection():
     assert seen == [0] and run.status == "optimal" and run.objective == 3
 
 
+def _hinted_model():
+    """min x + 10 y over x, y in 0..20 with x + y >= 5 (optimum x = 5, y = 0), hinted at x = 20,
+    y = 0, presolve off (it solves so small a model outright, before any solution is reported)."""
+    from milp_plan.solvers.backends import make_backend
+    be = make_backend("cpsat")
+    be.parameters["cp_model_presolve"] = False
+    x, y = be.new_int(0, 20, "x"), be.new_int(0, 20, "y")
+    be.add(x + y >= 5)
+    be.minimize(x + 10 * y)
+    be.hint(x, 20)
+    be.hint(y, 0)
+    return be, x, y
+
+
 def test_cpsat_stops_at_the_first_solution_at_or_below_stop_at():
     """`stop_at` (CpsatBackend.solve): min x + 10 y over x, y in 0..20 with x + y >= 5, started
     from the hint x = 20, y = 0 (objective 20; the optimum is x = 5, y = 0: 5). Stopping at 30
@@ -56,16 +73,8 @@ def test_cpsat_stops_at_the_first_solution_at_or_below_stop_at():
     (status "closed", the bound CP-SAT proved, here below it); stopping at 4, below the optimum, never stops: "optimal" at 5; the same
     call twice stops at the same solution (one worker: deterministic). Presolve is off here: it
     solves so small a model outright, before the first solution is reported."""
-    from milp_plan.solvers.backends import make_backend
-
     def run(stop_at):
-        be = make_backend("cpsat")
-        be.parameters["cp_model_presolve"] = False
-        x, y = be.new_int(0, 20, "x"), be.new_int(0, 20, "y")
-        be.add(x + y >= 5)
-        be.minimize(x + 10 * y)
-        be.hint(x, 20)
-        be.hint(y, 0)
+        be, x, y = _hinted_model()
         got = be.solve(10, 1, stop_at=stop_at)
         return got.status, got.objective, got.bound, (got.value(x), got.value(y))
     status, obj, bound, xy = run(30.0)
@@ -79,16 +88,8 @@ def test_cpsat_stops_at_the_first_solution_stop_if_accepts():
     y = 0. A predicate that holds for x >= 10 stops on the hint's solution, the first found
     (status "stopped", its objective 20 and CP-SAT's bound below it); one that never holds
     lets the run prove the optimum 5, having been asked about every solution found on the way."""
-    from milp_plan.solvers.backends import make_backend
-
     def run(accept):
-        be = make_backend("cpsat")
-        be.parameters["cp_model_presolve"] = False
-        x, y = be.new_int(0, 20, "x"), be.new_int(0, 20, "y")
-        be.add(x + y >= 5)
-        be.minimize(x + 10 * y)
-        be.hint(x, 20)
-        be.hint(y, 0)
+        be, x, y = _hinted_model()
         asked = []
 
         def stop_if(value):
@@ -102,6 +103,21 @@ def test_cpsat_stops_at_the_first_solution_stop_if_accepts():
     assert status == "optimal" and obj == bound == 5 and asked[0] == (20, 0) and asked[-1] == (5, 0)
 
 
+def _record_statuses(monkeypatch, drop: str | None = None) -> list:
+    """CpsatBackend.solve patched to record each run's status in the list returned; `drop`: a
+    keyword it ignores (stop_at or stop_if: every run then goes to its optimum)."""
+    statuses: list = []
+
+    def run(self, *a, **k):
+        if drop is not None:
+            k.pop(drop, None)
+        got = _REAL_SOLVE(self, *a, **k)
+        statuses.append(got.status)
+        return got
+    monkeypatch.setattr(CpsatBackend, "solve", run)
+    return statuses
+
+
 def test_path_rounds_stopped_at_a_missed_path_keep_the_optimum(monkeypatch):
     """On the simulated basis a config's run stops at its first solution whose plan misses its
     critical path (driver._solve_model's stop_if; pipeline.md, "add_paths"). On the shipped
@@ -109,24 +125,12 @@ def test_path_rounds_stopped_at_a_missed_path_keep_the_optimum(monkeypatch):
     stop so, and the solve returns the same plan, status and bound as with every round solved to
     its model's optimum."""
     from milp_plan.formulations.space import parse_fix
-    from milp_plan.solvers import backends
     inst = build_instance(InstanceSpec(global_batch_size=80))
-    statuses = []
-    real = backends.CpsatBackend.solve
-
-    def counting(self, *a, **k):
-        got = real(self, *a, **k)
-        statuses.append(got.status)
-        return got
-    monkeypatch.setattr(backends.CpsatBackend, "solve", counting)
     fix = parse_fix("schedule=interleaved,pp=5,vpp=2")
+    statuses = _record_statuses(monkeypatch)
     lazy = solve(inst, Limits(), backend="cpsat", mode="free", fix=fix, time_limit_s=600)
     assert statuses.count("stopped") >= 1
-
-    def whole_rounds(self, *a, stop_if=None, **k):   # every round to its model's optimum
-        return counting(self, *a, **k)
-    monkeypatch.setattr(backends.CpsatBackend, "solve", whole_rounds)
-    statuses.clear()
+    statuses = _record_statuses(monkeypatch, drop="stop_if")   # every round to its model's optimum
     whole = solve(inst, Limits(), backend="cpsat", mode="free", fix=fix, time_limit_s=600)
     assert "stopped" not in statuses
     assert lazy.status == whole.status == "optimal"
@@ -139,29 +143,18 @@ def test_a_config_closed_at_its_bound_keeps_the_optimum(monkeypatch):
     one run closes so, and the solve returns the same objective and status as with every run
     solved to its optimum, within PROOF_TOL / 2, with a gap within PROOF_TOL."""
     from milp_plan.result import PROOF_TOL
-    from milp_plan.solvers import backends, driver
+    from milp_plan.solvers import driver
     inst = build_instance(InstanceSpec(cluster="two-type-32", model="gpt3-6.7b", global_batch_size=256))
-    statuses = []
-    real = backends.CpsatBackend.solve
-
-    def counting(self, *a, **k):
-        got = real(self, *a, **k)
-        statuses.append(got.status)
-        return got
-    monkeypatch.setattr(backends.CpsatBackend, "solve", counting)
+    statuses = _record_statuses(monkeypatch)
     closed = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
     assert statuses.count("closed") >= 1
-
-    def exact_runs(self, *a, stop_at=None, **k):   # every run to its optimum
-        return counting(self, *a, **k)
-    monkeypatch.setattr(backends.CpsatBackend, "solve", exact_runs)
-    statuses.clear()
+    statuses = _record_statuses(monkeypatch, drop="stop_at")   # every run to its optimum
     exact = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
     assert "closed" not in statuses
     assert closed.status == exact.status == "optimal" and closed.gap <= PROOF_TOL
     assert exact.objective <= closed.objective <= exact.objective * (1 + PROOF_TOL / 2)
     # closing 1% above the bound: the plans priced more than PROOF_TOL / 2 above it are solved on
-    monkeypatch.setattr(backends.CpsatBackend, "solve", counting)
+    _record_statuses(monkeypatch)
     monkeypatch.setattr(driver, "CLOSE_GAP", 0.01)
     wide = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
     assert wide.status == "optimal" and exact.objective <= wide.objective <= exact.objective * (1 + PROOF_TOL / 2)
@@ -172,7 +165,6 @@ def test_cpsat_cuts_off_where_only_the_step_is_priced(tmp_path, monkeypatch):
     links the step to the prices (min-time, no $/step budget), and with them otherwise (the W
     rows' big-M: formulations/pipeline.py, PipelineModel.build). Either way each solve reaches
     brute force's optimum: the parameter only changes how fast it is proven."""
-    from milp_plan.solvers.backends import CpsatBackend
     spec = write_instance(tmp_path, layers=3, fast_ms=(2, 4), slow_ms=(2, 4), gpn=2, counts=(1, 1), prices=(8, 1),
                           bw=(0.02, 0.002), billing=("gpu", "node"))
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 2}))
