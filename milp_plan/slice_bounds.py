@@ -85,6 +85,7 @@ from milp_plan.slicing import compositions
 from milp_plan.units import SECONDS_PER_HOUR
 
 MAX_ENUM_UNITS = 16   # slicings are enumerated (2^(U-1) of them); slicing.units_for gives U <= 16
+CHAIN_MAX_STATES = 4096   # _least_chain: usage vectors at most, else the pools' caps are dropped
 TERMS_KEPT = 8        # ConfigBounds: sets of stage options whose gathered terms are kept (the last used)
 BISECT_STEPS = 40     # ConfigBounds._bottleneck: z to within 2^-40 of its range
 GRID_RATIO, GRID_STEPS = 1.04, 6   # ConfigBounds._refined: bottleneck intervals z 1.04^j, j <= 6, then beyond
@@ -313,7 +314,7 @@ def _least_hop_per_token(coef) -> float:
     return min(hops) / coef.inst.job.seq_length
 
 
-def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int) -> float:
+def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int, memo: dict | None = None) -> float:
     """At least sum_h (hop_{h} forward + hop_{h} back) per token of any plan of the config whose
     stage 0 is in pool p0 and stage K-1 in pool p1 (seconds per token): a path through every
     stage on one slice crosses each hop down and back (M(s), P(s, k)); the pools of the middle
@@ -322,7 +323,9 @@ def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int) -> float:
     at least hop_inter(p, type of q) + hop_inter(q, type of p), or hop_intra(p) + hop_intra(q)
     where the two pools are of one node type and one of them puts two stages on a node (they may
     share it; `_least_hop_per_token` allows the intra-node hop likewise). Where the states would
-    be many (more than 4 pools), the caps are dropped (lower)."""
+    be many (more than 4 pools), the caps are dropped (lower). The shortest path is kept in
+    `memo` by what it reads (stage count, caps, ends, hop costs): at pp 20-32 on four pools its
+    states run to tens of thousands, and a config's end-option pairs share a few pool pairs."""
     K, pools = coef.cfg.pp, range(len(coef.pools))
 
     def cost(p, q):
@@ -330,25 +333,37 @@ def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int) -> float:
         if coef.pools[p].k == coef.pools[q].k and max(coef.pools[r].place.stages_per_node for r in (p, q)) >= 2:
             got = min(got, coef.hop_intra(p) + coef.hop_intra(q))     # they may share a node
         return got
-    c = {(p, q): cost(p, q) for p in pools for q in pools}
-    used0 = [0] * len(coef.pools)
+    c = tuple(tuple(cost(p, q) for q in pools) for p in pools)
+    key = (K, tuple(caps.get(q, 0) for q in pools), p0, p1, c)
+    memo = {} if memo is None else memo
+    if key not in memo:
+        memo[key] = _least_chain(K, key[1], p0, p1, c)
+    return memo[key] / coef.inst.job.seq_length
+
+
+def _least_chain(K: int, caps: tuple[int, ...], p0: int, p1: int, c: tuple[tuple[float, ...], ...]) -> float:
+    """`_hop_chain`'s shortest path: the least sum of c[p][q] over the consecutive stages of K
+    stages whose first is in pool p0 and last in p1, each pool at most caps[p] stages. Where the
+    usage vectors could number more than CHAIN_MAX_STATES (or with more than 4 pools) the caps
+    are dropped: a lower sum, still a bound."""
+    pools = range(len(caps))
+    used0 = [0] * len(caps)
     used0[p0] += 1
     used0[p1] += 1
-    capped = len(coef.pools) <= 4
-    if capped and any(u > caps.get(q, 0) for q, u in enumerate(used0)):
+    capped = len(caps) <= 4 and math.prod(min(cap, K) + 1 for cap in caps) <= CHAIN_MAX_STATES
+    if capped and any(u > caps[q] for q, u in enumerate(used0)):
         return math.inf
     states = {(p0, tuple(used0)): 0.0}
     for _ in range(K - 2):
         nxt: dict = {}
         for (last, used), v in states.items():
             for q in pools:
-                if capped and used[q] >= caps.get(q, 0):
+                if capped and used[q] >= caps[q]:
                     continue
                 key = (q, tuple(u + (i == q) for i, u in enumerate(used)) if capped else ())
-                nxt[key] = min(nxt.get(key, math.inf), v + c[last, q])
+                nxt[key] = min(nxt.get(key, math.inf), v + c[last][q])
         states = nxt
-    best = min((v + c[last, p1] for (last, _), v in states.items()), default=math.inf)
-    return best / coef.inst.job.seq_length
+    return min((v + c[last][p1] for (last, _), v in states.items()), default=math.inf)
 
 
 def _embedding_sync(coef, limits: Limits, memory: bool = True) -> float:
@@ -892,6 +907,7 @@ class WorkBounds:
         self.quick_terms: dict = {}
         self.cells = 0              # array cells `end_steps` touched (its work: PATH_SECONDS_PER_CELL each)
         self.middles: dict = {}     # `_middle` by stage count and the usable options' kinds, stages and rooms
+        self.chains: dict = {}      # `_hop_chain`'s shortest paths by what they read
 
     def table(self, coef, o: int, context: bool = True, kind: str | None = None) -> np.ndarray:
         """arc_times of option o (its blocks, or `kind`: "embedding", "head"), memoised by node
@@ -1053,7 +1069,7 @@ class WorkBounds:
                 if middle is None:
                     middle = self.middles[mkey] = _middle(terms, usable, {o: left[coef.pool_of[o]] for o in usable},
                                                           rooms, K - 2, L, n_)
-                hop = _hop_chain(coef, caps, coef.pool_of[o0], coef.pool_of[o1]) * unit
+                hop = _hop_chain(coef, caps, coef.pool_of[o0], coef.pool_of[o1], self.chains) * unit
                 extra = tail[:, None] + np.maximum(opt, cb._opt(coef)) - cb._opt(coef)
                 T, Wmax, base = end_paths(m, K, L, n_, terms[o0], terms[o1], rooms[o0], rooms[o1], middle, Qn, An,
                                     hop * np.arange(1, U + 1), tail, extra - tail[:, None], coupled=not paths)

@@ -152,6 +152,34 @@ def test_bounds_the_same_when_the_gathered_terms_are_evicted(tmp_path_factory, m
         assert c1 == c2 and f1 == f2 and (r1 is r2 is None or np.array_equal(r1, r2))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_least_chain_is_the_enumerated_least(seed, monkeypatch):
+    """`_least_chain` (the hop term of the sliced bounds): the least sum of c[p][q] over the
+    consecutive stages of K stages from pool p0 to pool p1, each pool at most caps[p] stages,
+    against every sequence of pools (3-4 pools, K <= 6, random caps and costs). With the usage
+    vectors over CHAIN_MAX_STATES the caps are dropped: then it is the least over every sequence,
+    never above the capped least."""
+    rng = np.random.default_rng(seed)
+    P, K = int(rng.integers(3, 5)), int(rng.integers(2, 7))
+    caps = tuple(int(x) for x in rng.integers(0, 4, size=P))
+    c = tuple(tuple(float(x) for x in row) for row in rng.uniform(0.1, 2.0, size=(P, P)))
+    for p0, p1 in itertools.product(range(P), repeat=2):
+        capped = uncapped = math.inf
+        for mid in itertools.product(range(P), repeat=K - 2):
+            seq = (p0, *mid, p1)
+            total = 0.0
+            for a, b in zip(seq, seq[1:]):
+                total += c[a][b]
+            uncapped = min(uncapped, total)
+            if all(seq.count(q) <= caps[q] for q in range(P)):
+                capped = min(capped, total)
+        assert sb._least_chain(K, caps, p0, p1, c) == pytest.approx(capped, rel=1e-12)
+        with monkeypatch.context() as mp:
+            mp.setattr(sb, "CHAIN_MAX_STATES", 0)
+            got = sb._least_chain(K, caps, p0, p1, c)
+        assert got == pytest.approx(uncapped, rel=1e-12) and got <= capped
+
+
 def brute_force(inst, limits, counts, max_pp=4):
     """The least objective of every sliced plan (count in `counts`) of every GPipe config,
     admitted by the limits (memory included)."""
