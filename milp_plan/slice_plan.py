@@ -374,15 +374,14 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
             raise Infeasible(f"--slices {setting}: no GPipe plan cut into {setting} slices meets the limits "
                              f"({searched}); try --slices auto")
         bound = _joint_bound(found, a_obj, a) if a.plan is not None else None
-        out = a if a.plan is None else _restated(a, bound)
+        out = a if a.plan is None else _restated(a, bound, wall)
         return out, (f"token slices: off; no sliced plan ({space}) beats the unsliced plan's {what} "
                      f"{a_obj:.6g} ({out.status}{_gap_text(out)}; {searched})")
     bound = _joint_bound(found, found.objective, a)
     unsliced = "" if a is None else (f" against the best unsliced plan's {a_obj:.6g} ({a.status})"
                                      if a.plan is not None else " (no unsliced plan)")
     res = _sliced_result(inst, a, found.best, bound, req.solver if a is None else a.backend, req.seed,
-                         wall + (0 if a is None else a.wall_time_s),
-                         [_proof_note(_status_of(bound, found.objective), space)])
+                         wall, [_proof_note(_status_of(bound, found.objective), space)])
     return res, (f"token slices: {found.best.count} slices {list(found.best.slices)} tokens; {what} "
                  f"{found.objective:.6g}{unsliced}; {res.status}{_gap_text(res)} over {space} ({searched})")
 
@@ -405,12 +404,13 @@ def _proof_note(status: str, space: str) -> str:
             f"solved model (formulations/pipeline.md, 'Token slices')")
 
 
-def _restated(a: SolveResult, bound: float | None) -> SolveResult:
-    """The unsliced result with its bound over the joint space (sliced plans included)."""
+def _restated(a: SolveResult, bound: float | None, wall: float) -> SolveResult:
+    """The unsliced result with its bound over the joint space (sliced plans included) and the
+    wall time of the whole search (the unsliced solve, the GPipe solve and the sliced search)."""
     gap = None if bound is None else relative_gap(a.objective, bound)
     status = Status(_status_of(bound, a.objective))
     rec = replace(a.plan.solver, status=status.value, best_bound=bound, gap=gap) if a.plan.solver else None
-    return replace(a, status=status, best_bound=bound, gap=gap, plan=a.plan.with_(solver=rec))
+    return replace(a, status=status, best_bound=bound, gap=gap, plan=a.plan.with_(solver=rec), wall_time_s=wall)
 
 
 QUIET_SAVING = 0.01   # default_line: a possible saving below this share is not worth a slicing runtime
