@@ -323,7 +323,8 @@ def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int, memo: dict | None =
     at least hop_inter(p, type of q) + hop_inter(q, type of p), or hop_intra(p) + hop_intra(q)
     where the two pools are of one node type and one of them puts two stages on a node (they may
     share it; `_least_hop_per_token` allows the intra-node hop likewise). Where the states would
-    be many (more than 4 pools), the caps are dropped (lower). The shortest path is kept in
+    be many (more than 4 pools, or more than CHAIN_MAX_STATES usage vectors), the caps are dropped
+    (lower: `_least_chain`). The shortest path is kept in
     `memo` by what it reads (stage count, caps, ends, hop costs): at pp 20-32 on four pools its
     states run to tens of thousands, and a config's end-option pairs share a few pool pairs."""
     K, pools = coef.cfg.pp, range(len(coef.pools))
