@@ -233,13 +233,15 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
 
 
 def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,
-                  seeds: Iterable[Plan] = ()) -> SlicedSearch:
+                  seeds: Iterable[Plan] = (), report=None) -> SlicedSearch:
     """Best-first over the GPipe configs by their sliced bound (slice_bounds.ConfigBounds: the
     cheap bound first, then the work bound (WorkBounds.config, no slicing enumerated), the full
     one when a config reaches the top again): each config whose bound
     beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and the best
     slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
-    next bound cannot beat it. Every config not examined within the deadline keeps its bound."""
+    next bound cannot beat it. Every config not examined within the deadline keeps its bound.
+    `report(found, least)`, where given, is called at most every PROGRESS_EVERY_S with the search
+    so far and the least bound still open (the caller's progress line)."""
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solve import job_fix
     from milp_plan.solvers import driver
@@ -255,10 +257,18 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
         found.open_bounds.append(0.0)
     bounds = slice_bounds.ConfigBounds(inst, limits, counts)
     heap = []          # (bound, config index, stage): 0 cheap, 1 the work bound, 2 the full one
+    last = -math.inf
+
+    def tell(least: float) -> None:
+        nonlocal last
+        if report is not None and (now := time.perf_counter()) - last >= driver.PROGRESS_EVERY_S:
+            last = now
+            report(found, least)
+    found.configs = sum(1 for cfg in prepared.configs if cfg.sched.slices_ok)
     for i, cfg in enumerate(prepared.configs):
         if not cfg.sched.slices_ok:
             continue
-        found.configs += 1
+        tell(0.0)          # configs not bounded yet: no bound beyond 0
         if dl.expired():
             found.open_bounds.append(0.0)
             continue
@@ -268,6 +278,7 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
             heap.append((lb, i, 0))
     heapq.heapify(heap)
     while heap:
+        tell(min([heap[0][0], *found.open_bounds]))
         lb, i, stage = heap[0]
         if lb >= found.objective * (1 - REL_EPS):
             found.pruned += len(heap)
@@ -359,7 +370,8 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
     # the best unsliced GPipe plan, sliced, is the first incumbent of the sliced search
     g = a if a is not None and a.plan is not None and schedule_of(a.plan.schedule, a.plan.vpp).slices_ok else \
         solving.run(inst, replace(req, fix=_gpipe_fix(req.fix)), limits)
-    found = sliced_search(inst, req, limits, counts, a_obj, seeds=[g.plan] if g.plan is not None else [])
+    found = sliced_search(inst, req, limits, counts, a_obj, seeds=[g.plan] if g.plan is not None else [],
+                          report=None if progress is None else _reporter(progress, t0, a))
     wall = time.perf_counter() - t0
     space = _what(counts, units, unit, basis)
     sliced_lb = min([found.objective, *found.open_bounds])
@@ -384,6 +396,21 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
                          wall, [_proof_note(_status_of(bound, found.objective), space)])
     return res, (f"token slices: {found.best.count} slices {list(found.best.slices)} tokens; {what} "
                  f"{found.objective:.6g}{unsliced}; {res.status}{_gap_text(res)} over {space} ({searched})")
+
+
+def _reporter(progress, t0: float, a: SolveResult | None):
+    """The sliced search's progress line, on the command's clock: the best plan so far (unsliced
+    or sliced), the least bound over both parts, and the GPipe configs settled of all."""
+    from milp_plan.result import Progress
+
+    def report(found: SlicedSearch, least: float) -> None:
+        inc = min(found.objective, math.inf if a is None or a.objective is None else a.objective)
+        parts = [least, found.objective]
+        if a is not None and a.best_bound is not None:
+            parts.append(a.best_bound)
+        progress(Progress(time.perf_counter() - t0, None if inc == math.inf else inc, min(parts),
+                          found.examined + found.pruned, found.configs))
+    return report
 
 
 def _status_of(bound: float | None, objective: float) -> str:

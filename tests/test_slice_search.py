@@ -236,6 +236,34 @@ def test_optimal_is_claimed_where_proven(tmp_path_factory):
     assert "optimal over 2..5 slices" in line and "simulated step" in line
 
 
+def test_sliced_search_reports_its_progress(tmp_path_factory, monkeypatch):
+    """--slices auto with a progress callback: the sliced search reports too (its first step at
+    once), on the command's clock (the times never go back), with the GPipe configs settled of
+    all, the best plan so far over both parts and the least bound over both: every bound at most
+    the final objective, every incumbent at least it (global batch 1: a sliced plan wins, proven)."""
+    from milp_plan import slice_plan
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 1)
+    req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
+    sliced: list = []
+    real = slice_plan._reporter
+
+    def recording(progress, t0, a):
+        inner = real(progress, t0, a)
+
+        def report(found, least):
+            sliced.append(found.configs)
+            inner(found, least)
+        return report
+    monkeypatch.setattr(slice_plan, "_reporter", recording)
+    seen: list = []
+    res, line = solve_with_slices(inst, req, inst.objective.limits(), "auto", progress=seen.append)
+    assert res.status == "optimal" and sliced and all(n > 0 for n in sliced), line
+    tail = seen[-len(sliced):]
+    assert all(p.total == sliced[0] and 0 <= p.done <= p.total for p in tail)
+    assert all(p.incumbent >= res.objective * (1 - 1e-9) and p.bound <= res.objective * (1 + 1e-9) for p in tail)
+    assert [p.elapsed_s for p in seen] == sorted(p.elapsed_s for p in seen)
+
+
 def test_heuristic_planner_with_slices(tmp_path_factory):
     """--solver warm-start (no bound on the unsliced plans) with --slices auto: a plan, feasible,
     no bound (the unsliced part proves none), deterministic."""
