@@ -163,7 +163,7 @@ def test_a_config_closed_at_its_bound_keeps_the_optimum(monkeypatch):
 def test_cpsat_cuts_off_where_only_the_step_is_priced(tmp_path, monkeypatch):
     """The per-config model runs CP-SAT without cutting planes (cut_level 0) when no $/step term
     links the step to the prices (min-time, no $/step budget), and with them otherwise (the W
-    rows' big-M: formulations/pipeline.py, PipelineModel.build). Either way each solve reaches
+    rows' big-M: driver._solve_model). Either way each solve reaches
     brute force's optimum: the parameter only changes how fast it is proven."""
     spec = write_instance(tmp_path, layers=3, fast_ms=(2, 4), slow_ms=(2, 4), gpn=2, counts=(1, 1), prices=(8, 1),
                           bw=(0.02, 0.002), billing=("gpu", "node"))

@@ -68,7 +68,6 @@ W_MAGNITUDE = 2**36
 
 
 class Backend(Protocol):
-    name: str           # cpsat, highs or cbc
     magnitude: int      # largest step bound in ticks at which the backend stays exact (and fast)
 
     def new_bool(self, name: str) -> Any: ...
@@ -834,15 +833,6 @@ class PipelineModel:
                        self.add_hops,
                        self.add_embedding_sync, *step, self.add_cost, self.set_objective):
             family()
-        if self.be.name == "cpsat" and not self.prices_step():
-            # no cutting planes where the step alone is priced: on these small models CP-SAT's cut
-            # loop (MIR, clique, zero-half: 869 cuts from 5,281 calls on one 205-variable path-round
-            # model of the shipped default's job) took 1.5-1.9 s a solve that proves in 0.4-0.7 s
-            # without it, time its deterministic measure barely counts. Free mode to the proof, CPU
-            # (bench_solve.py): the shipped default's job 23.3 -> 12.9 s, the default 5.9 -> 4.5 s,
-            # mixed-128 21.8 -> 17.6 s. With W's big-M rows the cuts pay: the Pareto benchmark took
-            # 32.4 work units with cuts off on every solve, 26.1 with them on every one, 24.0 as here
-            self.be.parameters["cut_level"] = 0
         return self.v
 
     def hint(self, options: Sequence[int], layers: Sequence[int], rs: Sequence[int]) -> None:
