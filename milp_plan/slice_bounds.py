@@ -314,7 +314,7 @@ def _least_hop_per_token(coef) -> float:
     return min(hops) / coef.inst.job.seq_length
 
 
-def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int, memo: dict | None = None) -> float:
+def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int, memo: dict) -> float:
     """At least sum_h (hop_{h} forward + hop_{h} back) per token of any plan of the config whose
     stage 0 is in pool p0 and stage K-1 in pool p1 (seconds per token): a path through every
     stage on one slice crosses each hop down and back (M(s), P(s, k)); the pools of the middle
@@ -336,7 +336,6 @@ def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int, memo: dict | None =
         return got
     c = tuple(tuple(cost(p, q) for q in pools) for p in pools)
     key = (K, tuple(caps.get(q, 0) for q in pools), p0, p1, c)
-    memo = {} if memo is None else memo
     if key not in memo:
         memo[key] = _least_chain(K, key[1], p0, p1, c)
     return memo[key] / coef.inst.job.seq_length
@@ -815,7 +814,6 @@ def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool, 
             lt = costmodel.layer_times(inst, nt, tp, mbs, kind, int(b - a) * unit, int(a) * unit)
             T[a, b] = lt.fwd_s + lt.bwd_s
         return T
-    memo = {} if memo is None else memo
     key = (nt.name, tp, mbs, kind)
     if key not in memo:
         memo[key] = _kind_parts(inst, nt, tp, mbs, kind)
