@@ -814,6 +814,7 @@ def _kind_arcs(inst: Instance, nt, tp: int, mbs: int, kind: str, context: bool, 
             lt = costmodel.layer_times(inst, nt, tp, mbs, kind, int(b - a) * unit, int(a) * unit)
             T[a, b] = lt.fwd_s + lt.bwd_s
         return T
+    memo = {} if memo is None else memo
     key = (nt.name, tp, mbs, kind)
     if key not in memo:
         memo[key] = _kind_parts(inst, nt, tp, mbs, kind)
