@@ -369,7 +369,8 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
     a_obj = math.inf if a is None or a.plan is None else objective_of(a.plan, limits)
     # the best unsliced GPipe plan, sliced, is the first incumbent of the sliced search
     g = a if a is not None and a.plan is not None and schedule_of(a.plan.schedule, a.plan.vpp).slices_ok else \
-        solving.run(inst, replace(req, fix=_gpipe_fix(req.fix)), limits)
+        solving.run(inst, replace(req, fix=_gpipe_fix(req.fix)), limits,
+                    progress=None if progress is None else _seed_reporter(progress, t0, a))
     found = sliced_search(inst, req, limits, counts, a_obj, seeds=[g.plan] if g.plan is not None else [],
                           report=None if progress is None else _reporter(progress, t0, a))
     wall = time.perf_counter() - t0
@@ -410,6 +411,19 @@ def _reporter(progress, t0: float, a: SolveResult | None):
             parts.append(a.best_bound)
         progress(Progress(time.perf_counter() - t0, None if inc == math.inf else inc, min(parts),
                           found.examined + found.pruned, found.configs))
+    return report
+
+
+def _seed_reporter(progress, t0: float, a: SolveResult | None):
+    """The progress line while the best unsliced GPipe plan is solved for (the sliced search's
+    first incumbent, sliced), on the command's clock: the best plan so far (the unsliced
+    plan's; the GPipe solve's own plans are not plans of the answer unsliced), no bound yet (the
+    sliced plans have none before their search), and that solve's configs settled of all."""
+    from milp_plan.result import Progress
+    inc = None if a is None else a.objective
+
+    def report(p: Progress) -> None:
+        progress(Progress(time.perf_counter() - t0, inc, None, p.done, p.total))
     return report
 
 

@@ -240,12 +240,24 @@ def test_sliced_search_reports_its_progress(tmp_path_factory, monkeypatch):
     """--slices auto with a progress callback: the sliced search reports too (its first step at
     once), on the command's clock (the times never go back), with the GPipe configs settled of
     all, the best plan so far over both parts and the least bound over both: every bound at most
-    the final objective, every incumbent at least it (global batch 1: a sliced plan wins, proven)."""
+    the final objective, every incumbent at least it (global batch 1: a sliced plan wins, proven).
+    So does the solve for the best unsliced GPipe plan that seeds it (the unsliced plan is 1F1B
+    here): the unsliced plan's objective as the incumbent, no bound yet, that solve's configs."""
     from milp_plan import slice_plan
     inst = tiny(str(tmp_path_factory.mktemp("t")), 1)
     req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
     sliced: list = []
     real = slice_plan._reporter
+    real_seed, seeded = slice_plan._seed_reporter, []
+
+    def recording_seed(progress, t0, a):
+        inner = real_seed(progress, t0, a)
+
+        def report(p):
+            seeded.append((p, a.objective))
+            inner(p)
+        return report
+    monkeypatch.setattr(slice_plan, "_seed_reporter", recording_seed)
 
     def recording(progress, t0, a):
         inner = real(progress, t0, a)
@@ -262,6 +274,11 @@ def test_sliced_search_reports_its_progress(tmp_path_factory, monkeypatch):
     assert all(p.total == sliced[0] and 0 <= p.done <= p.total for p in tail)
     assert all(p.incumbent >= res.objective * (1 - 1e-9) and p.bound <= res.objective * (1 + 1e-9) for p in tail)
     assert [p.elapsed_s for p in seen] == sorted(p.elapsed_s for p in seen)
+    assert seeded, "the GPipe solve reported nothing"
+    first = len(seen) - len(sliced) - len(seeded)   # the unsliced solve's, the GPipe solve's, the sliced search's
+    assert all(p.incumbent == inc and p.bound is None and 0 <= p.done <= p.total
+               for p, (_, inc) in zip(seen[first:first + len(seeded)], seeded))
+    assert [p.done for p in seen[first:first + len(seeded)]] == [p.done for p, _ in seeded]
 
 
 def test_heuristic_planner_with_slices(tmp_path_factory):
