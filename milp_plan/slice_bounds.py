@@ -314,7 +314,21 @@ def _least_hop_per_token(coef) -> float:
     return min(hops) / coef.inst.job.seq_length
 
 
-def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int, memo: dict) -> float:
+def _hop_costs(coef) -> tuple[tuple[float, ...], ...]:
+    """`_hop_chain`'s least cost of a hop between stages of pools p and q, both ways (its
+    docstring), as c[p][q]: found once per config, for every end pair's chain."""
+    pools = range(len(coef.pools))
+
+    def cost(p, q):
+        got = coef.hop_inter(p, coef.pools[q].k) + coef.hop_inter(q, coef.pools[p].k)
+        if coef.pools[p].k == coef.pools[q].k and max(coef.pools[r].place.stages_per_node for r in (p, q)) >= 2:
+            got = min(got, coef.hop_intra(p) + coef.hop_intra(q))     # they may share a node
+        return got
+    return tuple(tuple(cost(p, q) for q in pools) for p in pools)
+
+
+def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int, memo: dict,
+               c: tuple[tuple[float, ...], ...]) -> float:
     """At least sum_h (hop_{h} forward + hop_{h} back) per token of any plan of the config whose
     stage 0 is in pool p0 and stage K-1 in pool p1 (seconds per token): a path through every
     stage on one slice crosses each hop down and back (M(s), P(s, k)); the pools of the middle
@@ -326,15 +340,9 @@ def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int, memo: dict) -> floa
     be many (more than 4 pools, or more than CHAIN_MAX_STATES usage vectors), the caps are dropped
     (lower: `_least_chain`). The shortest path is kept in
     `memo` by what it reads (stage count, caps, ends, hop costs): at pp 20-32 on four pools its
-    states run to tens of thousands, and a config's end-option pairs share a few pool pairs."""
+    states run to tens of thousands, and a config's end-option pairs share a few pool pairs.
+    `c`: the hop costs (`_hop_costs(coef)`)."""
     K, pools = coef.cfg.pp, range(len(coef.pools))
-
-    def cost(p, q):
-        got = coef.hop_inter(p, coef.pools[q].k) + coef.hop_inter(q, coef.pools[p].k)
-        if coef.pools[p].k == coef.pools[q].k and max(coef.pools[r].place.stages_per_node for r in (p, q)) >= 2:
-            got = min(got, coef.hop_intra(p) + coef.hop_intra(q))     # they may share a node
-        return got
-    c = tuple(tuple(cost(p, q) for q in pools) for p in pools)
     key = (K, tuple(caps.get(q, 0) for q in pools), p0, p1, c)
     if key not in memo:
         memo[key] = _least_chain(K, key[1], p0, p1, c)
@@ -1050,7 +1058,7 @@ class WorkBounds:
         Qn, An = np.asarray(Qn)[n_], np.asarray(least_sums(U, alpha))[n_]
         from milp_plan.solvers import bounds
         sync = bounds._sync_by_end(coef, caps, usable) if self.inst.model.tied_embeddings else {}
-        pairs = []
+        pairs, hop_costs = [], _hop_costs(coef)
         tails = {o: np.array([max(0.0, coef.dp_time(o, 0)[0](a)) for a in range(1, rooms[o] + 1)]) + sync.get(o, 0.0)
                  for o in usable}     # stage 0's tail at a = 1..room layers, run as o
         for o0 in usable:
@@ -1069,7 +1077,7 @@ class WorkBounds:
                 if middle is None:
                     middle = self.middles[mkey] = _middle(terms, usable, {o: left[coef.pool_of[o]] for o in usable},
                                                           rooms, K - 2, L, n_)
-                hop = _hop_chain(coef, caps, coef.pool_of[o0], coef.pool_of[o1], self.chains) * unit
+                hop = _hop_chain(coef, caps, coef.pool_of[o0], coef.pool_of[o1], self.chains, hop_costs) * unit
                 extra = tail[:, None] + np.maximum(opt, cb._opt(coef)) - cb._opt(coef)
                 T, Wmax, base = end_paths(m, K, L, n_, terms[o0], terms[o1], rooms[o0], rooms[o1], middle, Qn, An,
                                     hop * np.arange(1, U + 1), tail, extra - tail[:, None], coupled=not paths)
