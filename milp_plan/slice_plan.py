@@ -9,6 +9,10 @@ off (the default)  nothing changes: the plan is the exact search's, byte for byt
 N (>= 2)           the space is every GPipe plan with each sequence cut into exactly N slices.
 auto               the space is every unsliced plan (the exact search as asked, plan A) and
                    every GPipe plan cut into 2..U slices.
+With N or auto the command's budget (--max-solve-time, --work-limit) is one for its parts: the
+unsliced solve (auto) and then the GPipe solve that seeds the sliced search (with N, or where
+the unsliced plan is not a GPipe one) each get PART_SHARE of what is left, the sliced search
+the rest; the result reports the whole command's wall time and work.
 
 The sliced part is a best-first search over the GPipe configs (`sliced_search`), like the
 unsliced driver's: each config gets a lower bound on every sliced plan of it, over every layer
@@ -122,6 +126,8 @@ def _candidate(inst: Instance, plan: Plan, limits: Limits, tokens: tuple[int, ..
 
 
 SPLIT_ENUM_MAX = 512   # a config with at most this many plans (stage options x layer splits) is enumerated
+PART_SHARE = 0.5       # solve_with_slices: the unsliced solve, then the GPipe solve that seeds the sliced
+#                        search, each get this share of the budget left; the sliced search gets the rest
 
 
 @dataclass
@@ -233,7 +239,7 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
 
 
 def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,
-                  seeds: Iterable[Plan] = (), report=None) -> SlicedSearch:
+                  seeds: Iterable[Plan] = (), report=None, dl: Deadline | None = None) -> SlicedSearch:
     """Best-first over the GPipe configs by their sliced bound (slice_bounds.ConfigBounds: the
     cheap bound first, then the work bound (WorkBounds.config, no slicing enumerated), the full
     one when a config reaches the top again): each config whose bound
@@ -241,11 +247,12 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
     slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
     next bound cannot beat it. Every config not examined within the deadline keeps its bound.
     `report(found, least)`, where given, is called at most every PROGRESS_EVERY_S with the search
-    so far and the least bound still open (the caller's progress line)."""
+    so far and the least bound still open (the caller's progress line). `dl`: what the command's
+    budget leaves it (else the request's)."""
     from milp_plan.formulations.space import parse_fix
     from milp_plan.solve import job_fix
     from milp_plan.solvers import driver
-    dl = req.deadline()
+    dl = dl or req.deadline()
     found = SlicedSearch(objective=cutoff)
     for plan in seeds:
         found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
@@ -365,14 +372,20 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
     counts = [setting] if isinstance(setting, int) else list(range(2, units + 1))
     basis = predict.step_basis(inst)
     what = "$/step" if limits.objective == "min-cost" else "step"
-    a = None if isinstance(setting, int) else solving.run(inst, req, limits, progress=progress)
+    # one budget (--max-solve-time, --work-limit) for the command's parts: the unsliced solve and
+    # the GPipe solve that seeds the sliced search each get PART_SHARE of what is left, the
+    # sliced search the rest
+    dl = req.deadline()
+    a = None if isinstance(setting, int) else solving.run(inst, req, limits, progress=progress,
+                                                          dl=dl.part_of_left(PART_SHARE))
     a_obj = math.inf if a is None or a.plan is None else objective_of(a.plan, limits)
     # the best unsliced GPipe plan, sliced, is the first incumbent of the sliced search
     g = a if a is not None and a.plan is not None and schedule_of(a.plan.schedule, a.plan.vpp).slices_ok else \
         solving.run(inst, replace(req, fix=_gpipe_fix(req.fix)), limits,
-                    progress=None if progress is None else _seed_reporter(progress, t0, a))
+                    progress=None if progress is None else _seed_reporter(progress, t0, a),
+                    dl=dl.part_of_left(PART_SHARE))
     found = sliced_search(inst, req, limits, counts, a_obj, seeds=[g.plan] if g.plan is not None else [],
-                          report=None if progress is None else _reporter(progress, t0, a))
+                          report=None if progress is None else _reporter(progress, t0, a), dl=dl)
     wall = time.perf_counter() - t0
     space = _what(counts, units, unit, basis)
     sliced_lb = min([found.objective, *found.open_bounds])
@@ -387,7 +400,8 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
             raise Infeasible(f"--slices {setting}: no GPipe plan cut into {setting} slices meets the limits "
                              f"({searched}); try --slices auto")
         bound = _joint_bound(found, a_obj, a) if a.plan is not None else None
-        out = a if a.plan is None else _restated(a, bound, wall)
+        out = replace(a, wall_time_s=wall) if a.plan is None else _restated(a, bound, wall)
+        out.work = dl.work_used()
         return out, (f"token slices: off; no sliced plan ({space}) beats the unsliced plan's {what} "
                      f"{a_obj:.6g} ({out.status}{_gap_text(out)}; {searched})")
     bound = _joint_bound(found, found.objective, a)
@@ -395,6 +409,7 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
                                      if a.plan is not None else " (no unsliced plan)")
     res = _sliced_result(inst, a, found.best, bound, req.solver if a is None else a.backend, req.seed,
                          wall, [_proof_note(_status_of(bound, found.objective), space)])
+    res.work = dl.work_used()
     return res, (f"token slices: {found.best.count} slices {list(found.best.slices)} tokens; {what} "
                  f"{found.objective:.6g}{unsliced}; {res.status}{_gap_text(res)} over {space} ({searched})")
 

@@ -76,12 +76,13 @@ def job_fix(inst: Instance, fix: dict[str, object]) -> dict[str, object]:
 
 
 def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progress=None,
-        prepared=None) -> SolveResult:
-    """One exact solve; `prepared` (driver.prepare) reuses configs and coefficients across solves."""
+        prepared=None, dl: Deadline | None = None) -> SolveResult:
+    """One exact solve; `prepared` (driver.prepare) reuses configs and coefficients across solves.
+    `dl`: its budget where the command's is shared (a part of it, Deadline.part), else the request's."""
     check_request(req)
     limits = limits or inst.objective.limits()
     fix = job_fix(inst, parse_fix(req.fix))
-    dl = req.deadline()
+    dl = dl or req.deadline()
     result = planners.get(req.solver).plan(inst, limits, dl, fix=fix, seed=req.seed,
                                            workers=req.workers, progress=progress, prepared=prepared)
     result.work = dl.work_used()

@@ -281,6 +281,39 @@ def test_sliced_search_reports_its_progress(tmp_path_factory, monkeypatch):
     assert [p.done for p in seen[first:first + len(seeded)]] == [p.done for p, _ in seeded]
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_parts_share_one_budget(tmp_path_factory, monkeypatch, batch):
+    """--slices auto under --work-limit W: the unsliced solve gets W / 2 of work, the GPipe solve
+    that seeds the sliced search half of what it left, the sliced search the rest, all on one
+    meter; the result reports the whole command's work (here each part ends before its share:
+    the work of all three), whether a sliced plan wins (global batch 1) or the unsliced one (2).
+    The unsliced plan is 1F1B or interleaved, so the GPipe solve runs."""
+    from milp_plan import slice_plan
+    inst = tiny(str(tmp_path_factory.mktemp("t")), batch)
+    W = 7.0
+    req = solving.SolveRequest("auto", FIX, 60, 1, 1, W)
+    budgets, real_run, real_search = [], solving.run, slice_plan.sliced_search
+
+    def run(*args, dl=None, **kw):
+        budgets.append((dl.work, dl.meter.used))
+        got = real_run(*args, dl=dl, **kw)
+        budgets[-1] += (got.work,)
+        return got
+
+    def search(*args, dl=None, **kw):
+        budgets.append((dl.work_left(), dl.meter.used))
+        return real_search(*args, dl=dl, **kw)
+    monkeypatch.setattr(solving, "run", run)
+    monkeypatch.setattr(slice_plan, "sliced_search", search)
+    res, line = solve_with_slices(inst, req, inst.objective.limits(), "auto")
+    (a_work, a_start, a_used), (g_work, g_start, g_used), (s_left, s_start) = budgets
+    assert a_start == 0.0 and a_work == W / 2 and 0 < a_used <= a_work
+    assert g_start == a_used and g_work == pytest.approx((W - a_used) / 2) and 0 < g_used <= g_work
+    assert s_start == pytest.approx(a_used + g_used) and s_left == pytest.approx(W - a_used - g_used)
+    assert a_used + g_used < res.work <= W, line
+    assert bool(res.plan.slices) == (batch == 1), line
+
+
 def test_heuristic_planner_with_slices(tmp_path_factory):
     """--solver warm-start (no bound on the unsliced plans) with --slices auto: a plan, feasible,
     no bound (the unsliced part proves none), deterministic."""
