@@ -240,24 +240,12 @@ def test_sliced_search_reports_its_progress(tmp_path_factory, monkeypatch):
     """--slices auto with a progress callback: the sliced search reports too (its first step at
     once), on the command's clock (the times never go back), with the GPipe configs settled of
     all, the best plan so far over both parts and the least bound over both: every bound at most
-    the final objective, every incumbent at least it (global batch 1: a sliced plan wins, proven).
-    So does the solve for the best unsliced GPipe plan that seeds it (the unsliced plan is 1F1B
-    here): the unsliced plan's objective as the incumbent, no bound yet, that solve's configs."""
+    the final objective, every incumbent at least it (global batch 1: a sliced plan wins, proven)."""
     from milp_plan import slice_plan
     inst = tiny(str(tmp_path_factory.mktemp("t")), 1)
     req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
     sliced: list = []
     real = slice_plan._reporter
-    real_seed, seeded = slice_plan._seed_reporter, []
-
-    def recording_seed(progress, t0, a):
-        inner = real_seed(progress, t0, a)
-
-        def report(p):
-            seeded.append((p, a.objective))
-            inner(p)
-        return report
-    monkeypatch.setattr(slice_plan, "_seed_reporter", recording_seed)
 
     def recording(progress, t0, a):
         inner = real(progress, t0, a)
@@ -274,20 +262,41 @@ def test_sliced_search_reports_its_progress(tmp_path_factory, monkeypatch):
     assert all(p.total == sliced[0] and 0 <= p.done <= p.total for p in tail)
     assert all(p.incumbent >= res.objective * (1 - 1e-9) and p.bound <= res.objective * (1 + 1e-9) for p in tail)
     assert [p.elapsed_s for p in seen] == sorted(p.elapsed_s for p in seen)
-    assert seeded, "the GPipe solve reported nothing"
-    first = len(seen) - len(sliced) - len(seeded)   # the unsliced solve's, the GPipe solve's, the sliced search's
-    assert all(p.incumbent == inc and p.bound is None and 0 <= p.done <= p.total
-               for p, (_, inc) in zip(seen[first:first + len(seeded)], seeded))
-    assert [p.done for p in seen[first:first + len(seeded)]] == [p.done for p, _ in seeded]
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_the_parts_share_one_budget(tmp_path_factory, monkeypatch, batch):
-    """--slices auto under --work-limit W: the unsliced solve gets W / 2 of work, the GPipe solve
-    that seeds the sliced search half of what it left, the sliced search the rest, all on one
-    meter; the result reports the whole command's work (here each part ends before its share:
-    the work of all three), whether a sliced plan wins (global batch 1) or the unsliced one (2).
-    The unsliced plan is 1F1B or interleaved, so the GPipe solve runs."""
+def test_slices_n_reports_its_gpipe_solve(tmp_path_factory, monkeypatch):
+    """--slices N's solve for the best GPipe plan (cut into N slices, the sliced search's first
+    incumbent) reports progress on the command's clock: no plan and no bound yet (its unsliced
+    plans are no answer), that solve's configs; then the sliced search's reports follow."""
+    from milp_plan import slice_plan
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 1)
+    req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
+    real_seed, seeded = slice_plan._seed_reporter, []
+
+    def recording_seed(progress, t0):
+        inner = real_seed(progress, t0)
+
+        def report(p):
+            seeded.append(p)
+            inner(p)
+        return report
+    monkeypatch.setattr(slice_plan, "_seed_reporter", recording_seed)
+    seen: list = []
+    res, line = solve_with_slices(inst, req, inst.objective.limits(), 2, progress=seen.append)
+    assert res.plan is not None and len(res.plan.slices) == 2 and seeded, line
+    mine = seen[:len(seeded)]
+    assert all(p.incumbent is None and p.bound is None and 0 <= p.done <= p.total for p in mine)
+    assert [p.done for p in mine] == [p.done for p in seeded] and len(seen) > len(seeded)
+    assert [p.elapsed_s for p in seen] == sorted(p.elapsed_s for p in seen)
+
+
+@pytest.mark.parametrize("batch,setting", [(1, "auto"), (2, "auto"), (1, 2)])
+def test_the_parts_share_one_budget(tmp_path_factory, monkeypatch, batch, setting):
+    """--slices auto|N under --work-limit W: the first solve (the unsliced plan's; with N the best
+    GPipe plan's) gets W / 2 of work, the sliced search the rest, on one meter; with auto no
+    GPipe solve runs (the unsliced plan's own stages under GPipe start the sliced search). The
+    result reports the whole command's work (here the first solve ends before its share: the
+    work of both), whether a sliced plan wins (global batch 1) or the unsliced one (2)."""
     from milp_plan import slice_plan
     inst = tiny(str(tmp_path_factory.mktemp("t")), batch)
     W = 7.0
@@ -301,17 +310,17 @@ def test_the_parts_share_one_budget(tmp_path_factory, monkeypatch, batch):
         return got
 
     def search(*args, dl=None, **kw):
-        budgets.append((dl.work_left(), dl.meter.used))
+        budgets.append((dl.work_left(), dl.meter.used, kw["seeds"]))
         return real_search(*args, dl=dl, **kw)
     monkeypatch.setattr(solving, "run", run)
     monkeypatch.setattr(slice_plan, "sliced_search", search)
-    res, line = solve_with_slices(inst, req, inst.objective.limits(), "auto")
-    (a_work, a_start, a_used), (g_work, g_start, g_used), (s_left, s_start) = budgets
+    res, line = solve_with_slices(inst, req, inst.objective.limits(), setting)
+    (a_work, a_start, a_used), (s_left, s_start, seeds) = budgets
     assert a_start == 0.0 and a_work == W / 2 and 0 < a_used <= a_work
-    assert g_start == a_used and g_work == pytest.approx((W - a_used) / 2) and 0 < g_used <= g_work
-    assert s_start == pytest.approx(a_used + g_used) and s_left == pytest.approx(W - a_used - g_used)
-    assert a_used + g_used < res.work <= W, line
+    assert s_start == pytest.approx(a_used) and s_left == pytest.approx(W - a_used)
+    assert a_used < res.work <= W, line
     assert bool(res.plan.slices) == (batch == 1), line
+    assert len(seeds) == 1 and seeds[0].schedule == "gpipe" and seeds[0].predicted is not None
 
 
 def test_heuristic_planner_with_slices(tmp_path_factory):
