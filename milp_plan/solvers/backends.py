@@ -239,7 +239,7 @@ class PulpBackend:
             solver = pulp.HiGHS(msg=False, timeLimit=limit, gapRel=0.0, threads=workers, random_seed=seed)
         else:
             solver = pulp.COIN_CMD(path=_cbc_path(), msg=False, timeLimit=limit, gapRel=0.0, threads=workers,
-                                   options=[f"randomSeed {seed}", f"randomCbcSeed {seed}"])
+                                   options=[f"randomSeed {seed}", f"randomCbcSeed {seed}", *CBC_OPTIONS])
         t0 = time.perf_counter()
         if self.name == "highs":
             deadline.run_native(lambda: self.prob.solve(solver), self._cancel_highs)
@@ -279,6 +279,19 @@ class PulpBackend:
         model = getattr(self.prob, "solverModel", None)
         if model is not None:
             model.cancelSolve()
+
+
+# CBC without cutting planes. In a $/step objective (W = T u: ticks x price units, ~1e12) the
+# bundled CBC 2.10.3's cuts are unsafe: on a free config of a 3-type, 12-layer instance (min-cost
+# under a time limit; tests/test_solve.py's issue-scale example) a Gomory cut and strong
+# branching fathomed the root and CBC called 3.0594e12 optimal where 2.8412e12 is feasible (HiGHS
+# and CP-SAT find it): the search wrote a plan 3.2% dearer than brute force's as `optimal`; and
+# two-type-32 (GPT-3 6.7B, batch 256) min-cost in Megatron mode stopped with an internal error
+# (exit 3) after 42 s, CBC's `optimal` solution priced above its own plan (the drift check).
+# Without cuts both are right; the min-time solves cost the same (default 1.00 -> 0.91 s,
+# shipped 3.3 -> 3.7 s), the min-cost ones more (the shipped default's job: proven in 54 s, a
+# 0.8% gap at 60 s without cuts)
+CBC_OPTIONS = ["cuts off"]
 
 
 @functools.cache
