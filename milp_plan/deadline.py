@@ -217,12 +217,6 @@ class Deadline:
             return (self.meter.used - w0) / self.work if self.work > 0 else 1.0
         return (time.perf_counter() - t0) / self.seconds if self.seconds > 0 else 1.0
 
-    def part_of_left(self, fraction: float) -> "Deadline":
-        """A deadline of `fraction` of what this one has left (seconds and work) from now; its
-        work counts on the same meter."""
-        work = None if self.work is None else fraction * self.work_left()
-        return Deadline(fraction * self.left(), work=work, meter=self.meter)
-
     def part(self, fraction: float) -> "Deadline":
         """A deadline of `fraction` of this one's budget (seconds and work) from now, never past
         this one's end; its work counts on the same meter."""

@@ -378,11 +378,11 @@ def solve_with_slices(inst: Instance, req, limits: Limits, setting: str | int, p
     dl = req.deadline()
     if isinstance(setting, int):   # the best GPipe plan, cut into N slices, is the first incumbent
         a = None
-        g = solving.run(inst, replace(req, fix=_gpipe_fix(req.fix)), limits, dl=dl.part_of_left(FIRST_SHARE),
+        g = solving.run(inst, replace(req, fix=_gpipe_fix(req.fix)), limits, dl=dl.part(FIRST_SHARE),
                         progress=None if progress is None else _seed_reporter(progress, t0))
         seeds = [] if g.plan is None else [g.plan]
     else:    # auto: the unsliced plan, and its own stages under GPipe, sliced, the first incumbent
-        a = solving.run(inst, req, limits, progress=progress, dl=dl.part_of_left(FIRST_SHARE))
+        a = solving.run(inst, req, limits, progress=progress, dl=dl.part(FIRST_SHARE))
         seeds = [] if a.plan is None else [_under_gpipe(inst, a.plan)]
     a_obj = math.inf if a is None or a.plan is None else objective_of(a.plan, limits)
     found = sliced_search(inst, req, limits, counts, a_obj, seeds=seeds,

@@ -78,7 +78,7 @@ def job_fix(inst: Instance, fix: dict[str, object]) -> dict[str, object]:
 def run(inst: Instance, req: SolveRequest, limits: Limits | None = None, progress=None,
         prepared=None, dl: Deadline | None = None) -> SolveResult:
     """One exact solve; `prepared` (driver.prepare) reuses configs and coefficients across solves.
-    `dl`: its budget where the command's is shared (a part of it: Deadline.part_of_left), else the request's."""
+    `dl`: its budget where the command's is shared (a part of it: Deadline.part), else the request's."""
     check_request(req)
     limits = limits or inst.objective.limits()
     fix = job_fix(inst, parse_fix(req.fix))
