@@ -17,7 +17,7 @@ from milp_plan.job import Limits
 from milp_plan.formulations.space import parse_fix, plan_fills
 from milp_plan.instance import Instance
 from milp_plan.result import SolveResult
-from milp_plan.units import format_duration
+from milp_plan.units import format_duration, format_duration_up
 
 SOLVERS = planners.NAMES
 
@@ -112,9 +112,11 @@ def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveRes
             p = free.plan.predicted
             parts = []
             if limits.time_limit_s is not None and p.step_time_s > limits.time_limit_s:
-                parts.append(f"the fastest plan takes {format_duration(p.step_time_s)}/step, more than the "
-                             f"--time-limit {format_duration(limits.time_limit_s)}/step")
-            cheapest = _run_within(inst, req, dl, Limits("min-cost"))
+                parts.append(_too_slow(inst, limits.time_limit_s, free))
+            # the cheapest plan, only where a budget reads it (a min-cost solve: 5 s of the shipped
+            # default's 7 s diagnosis of a time limit alone)
+            budgets = limits.budget_usd_per_hour is not None or limits.budget_usd_per_step is not None
+            cheapest = _run_within(inst, req, dl, Limits("min-cost")) if budgets else free
             cp = cheapest.plan.predicted if cheapest.plan else p
             if limits.budget_usd_per_hour is not None:
                 rent = _least_rent(inst, req, limits, min(p.usd_per_hour, cp.usd_per_hour), dl)
@@ -129,6 +131,23 @@ def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveRes
                 parts.append("no plan meets all limits together")
             return "; ".join(parts) if parts else "no plan meets the limits"
     return _memory_diagnosis(inst, _memory_deadline(dl))
+
+
+def _too_slow(inst: Instance, limit_s: float, fastest: SolveResult) -> str:
+    """The time limit below every plan: the fastest plan's step (proven, or the fastest found and
+    its bound), and the fix: the --time-limit to give (rounded up, so that the plan meets it), or
+    free mode's larger space where the search was Megatron mode's."""
+    step = fastest.plan.predicted.step_time_s
+    if fastest.status == "optimal":
+        said = f"the fastest plan takes {format_duration(step)}/step (proven)"
+    else:
+        said = (f"the fastest plan found takes {format_duration(step)}/step (none is faster than "
+                f"{format_duration(fastest.bound)}/step, proven)" if fastest.bound is not None
+                else f"the fastest plan found takes {format_duration(step)}/step")
+    fix = f"raise --time-limit to {format_duration_up(step)}/step or more"
+    if inst.objective.mode == "megatron":
+        fix += ", or try --mode free (tp, dp and recompute per stage; it may be faster)"
+    return f"{said}, more than the --time-limit {format_duration(limit_s)}/step; {fix}"
 
 
 def _run_within(inst: Instance, req: SolveRequest, dl: Deadline, limits: Limits) -> SolveResult:

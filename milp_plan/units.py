@@ -151,5 +151,15 @@ def format_duration(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
+def format_duration_up(seconds: float) -> str:
+    """`seconds` rounded up to 4 significant digits, as a duration option takes it ('1.306s',
+    '10.01ms', '123.5us'; parse_duration_s reads it back): a limit that admits what it was read from."""
+    unit, scale = ("s", 1.0) if seconds >= 1.0 else ("ms", 1e3) if seconds >= 1e-3 else ("us", 1e6)
+    x = seconds * scale
+    exp = math.floor(math.log10(x))
+    q = 10.0 ** (exp - 3)
+    return f"{math.ceil(x / q - 1e-9) * q:.{max(0, 3 - exp)}f}{unit}"
+
+
 def format_gib(n_bytes: float) -> str:
     return f"{n_bytes / GIB:.2f} GiB"

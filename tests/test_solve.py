@@ -185,6 +185,9 @@ def test_cli_infeasible_exit_1_with_diagnosis(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 1
     assert "fastest plan takes" in r.stderr and "Traceback" not in r.stderr
+    # the fix, with a limit that admits the fastest plan (1.306 s/step, Megatron mode)
+    assert "(proven)" in r.stderr and "raise --time-limit to 1.306s/step or more" in r.stderr, r.stderr
+    assert "--mode free" in r.stderr
     assert out.read_text() == "previous"  # a failed run overwrites nothing
 
 

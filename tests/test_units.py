@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, strategies as st
 
 from milp_plan.errors import InputError
-from milp_plan.units import (GIB, Money, format_duration, format_gib, parse_bandwidth_gb_per_s,
+from milp_plan.units import (GIB, Money, format_duration, format_duration_up, format_gib, parse_bandwidth_gb_per_s,
                              parse_duration_s, parse_memory_bytes, parse_money)
 
 
@@ -22,6 +23,27 @@ from milp_plan.units import (GIB, Money, format_duration, format_gib, parse_band
 ])
 def test_parse_duration(text, seconds):
     assert parse_duration_s(text) == pytest.approx(seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (1.30573, "1.306s"),     # up, not to the nearest
+    (1.3053, "1.306s"),
+    (1.306, "1.306s"),       # already 4 digits: itself
+    (0.0123456, "12.35ms"),
+    (0.9999, "999.9ms"),
+    (123.4, "123.4s"),
+    (0.000123451, "123.5us"),
+])
+def test_format_duration_up(seconds, text):
+    assert format_duration_up(seconds) == text
+
+
+@given(st.floats(min_value=1e-6, max_value=1e5))
+def test_format_duration_up_admits_what_it_was_read_from(seconds):
+    """The suggested --time-limit is read back at or above the step it came from (within the
+    float noise the limit check allows, 1e-6), and within 4 significant digits of it."""
+    back = parse_duration_s(format_duration_up(seconds) + "/step")
+    assert seconds * (1 - 1e-9) <= back <= seconds * (1 + 1.001e-3)
 
 
 @pytest.mark.parametrize("text", ["1.2parsecs", "1.2", "fast", "s", "1.2s/epoch", ""])
