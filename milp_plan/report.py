@@ -157,6 +157,8 @@ def render_plan(plan, inst=None, result=None) -> str:
     sched = plan.schedule + (f" (vpp {plan.vpp})" if plan.vpp > 1 else "")
     if plan.slices:
         sched += f" with {len(plan.slices)} token slices {list(plan.slices)} per sequence (TeraPipe)"
+    elif plan.pp == 1:
+        sched = f"no pipeline ({sched})"
     st0 = plan.stages[0]
     split = (f"{plan.micro_batch_size} per replica" if plan.uniform("micro_batch_size")
              else f"{st0.micro_batch_size * st0.dp} samples, split per stage (mbs x dp)")

@@ -144,6 +144,8 @@ class Schedule:
     needs_fork: ClassVar[str | None] = None  # why stock Megatron-LM cannot run it, or None
     megatron_note: ClassVar[str | None] = None  # how Megatron-LM runs it, where that differs from its name
     runs_slices: ClassVar[bool] = False      # token slices (TeraPipe) run under it (sliced_rank_order)
+    # at pp 1 (no pipeline) the schedule that dominates it, or None: the same step, no more memory
+    one_stage_twin: ClassVar[str | None] = None
 
     def __init__(self, vpp: int = 1):
         self.vpp = vpp
@@ -316,6 +318,9 @@ class GPipe(Schedule):
     period = Period.FLOW_SHOP
     megatron_note = "schedule gpipe runs as Megatron's 1F1B: the same bubble, fewer micro-batches in flight"
     runs_slices = True
+    # one stage runs its m micro-batches one after another under either: the same step, m (f + b);
+    # GPipe holds all m in flight, 1F1B one (in_flight)
+    one_stage_twin = "1f1b"
 
     def in_flight(self, pp: int, stage: int, m: int) -> float:
         return float(m)
@@ -600,6 +605,13 @@ def schedule_of(name: str, vpp: int = 1) -> Schedule:
     if cls is None:
         raise InputError(f"unknown schedule {name!r}; use {', '.join(NAMES)}", field="schedule")
     return cls(vpp)
+
+
+def searched(name: str, pp: int, names: tuple[str, ...]) -> bool:
+    """Whether the search enumerates schedule `name` at pp among `names`: not at pp 1 where the
+    schedule that dominates it there (Schedule.one_stage_twin) is among them (a plan of it is a
+    plan of the twin with the same step and no more memory, so no optimum is lost)."""
+    return not (pp == 1 and _CLASSES[name].one_stage_twin in names)
 
 
 def has_chunks(name: str) -> bool:

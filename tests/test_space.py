@@ -95,6 +95,35 @@ def test_gpipe_beats_the_old_space_on_slow_links(tmp_path, backend):
     assert old_space_optimum(inst) == pytest.approx((33.194 + 8.192) * MS, abs=0.002 * MS)
 
 
+@pytest.mark.parametrize("mode", ["megatron", "free"])
+def test_gpipe_is_searched_at_one_stage_only_when_pinned(mode):
+    """At pp 1 (no pipeline) GPipe is 1F1B's dominated twin (schedules.searched): the search
+    enumerates GPipe there only under --fix schedule=gpipe, and every other (pp, schedule) stays."""
+    inst = build_instance(InstanceSpec())
+    got = {(c.pp, c.schedule) for c in enumerate_configs(inst, {}, mode=mode)}
+    assert (1, "gpipe") not in got and (1, "1f1b") in got and (2, "gpipe") in got and (2, "1f1b") in got
+    pinned = {(c.pp, c.schedule) for c in enumerate_configs(inst, {"schedule": "gpipe", "pp": 1}, mode=mode)}
+    assert pinned == {(1, "gpipe")}
+
+
+def test_at_one_stage_gpipe_runs_1f1b_s_step_with_at_least_its_memory():
+    """Why GPipe is left out at pp 1: the shipped default's job pinned to one stage, GPipe, 5
+    micro-batches of 1 sample per replica (80 / 16 GPUs), and the same plan under 1F1B. Both
+    run the 5 micro-batches one after another (the same step, closed form and simulated); GPipe
+    holds all 5 in flight, 1F1B one, so its activations are 5x (the rest of memory equal)."""
+    from milp_plan import predict
+    inst = build_instance(InstanceSpec())
+    gp = solve(inst, Limits(), fix=parse_fix("pp=1,tp=1,dp=16,mbs=1,schedule=gpipe,recompute=none")).plan
+    assert gp.num_microbatches == 5 and gp.schedule == "gpipe"
+    ob = gp.with_schedule("1f1b", 1)
+    ob = ob.with_(predicted=predict.evaluate(inst, ob))
+    assert ob.predicted.step_time_s == pytest.approx(gp.predicted.step_time_s, rel=1e-12)
+    g0, o0 = gp.predicted.stages[0], ob.predicted.stages[0]
+    assert (g0.inflight_microbatches, o0.inflight_microbatches) == (5.0, 1.0)
+    assert g0.activations_gib == pytest.approx(5 * o0.activations_gib, rel=1e-12)
+    assert g0.peak_memory_gib - g0.activations_gib == pytest.approx(o0.peak_memory_gib - o0.activations_gib)
+
+
 def test_caps_parse_and_bound_the_space(tmp_path):
     assert parse_fix("tp<=4,mbs<=8,mbs<=2") == {"tp<=": 4, "mbs<=": 2}
     assert parse_fix(with_space_options("pp=2", True, 2, 4)) == {"pp": 2, "tp<=": 2, "mbs<=": 4, "extrapolate": True}

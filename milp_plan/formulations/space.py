@@ -652,7 +652,9 @@ def coverage_gap(inst: Instance, fix: dict[str, object]) -> str | None:
 
 
 def _schedules(fix, names, pp, n_mb, L):
-    for s in ([fix["schedule"]] if "schedule" in fix else names):
+    """(schedule, vpp) of the configs at pp: the pinned schedule, else each of `names` the search
+    enumerates there (schedules.searched: not GPipe at pp 1, where 1F1B dominates it)."""
+    for s in ([fix["schedule"]] if "schedule" in fix else [s for s in names if schedules.searched(s, pp, names)]):
         if schedules.has_chunks(s):
             for v in virtual_stages(fix, pp, n_mb, L):
                 if all(n % v == 0 for n in fix.get("layers", ())):  # each pinned stage whole chunks
