@@ -139,24 +139,25 @@ def test_path_rounds_stopped_at_a_missed_path_keep_the_optimum(monkeypatch):
 
 def test_a_config_closed_at_its_bound_keeps_the_optimum(monkeypatch):
     """driver._solve_model stops a config's CP-SAT run at a plan within CLOSE_GAP of the
-    config's proven bound (the search's lb): on two-type-32 (GPT-3 6.7B, batch 256, Megatron mode)
-    one run closes so, and the solve returns the same objective and status as with every run
-    solved to its optimum, within PROOF_TOL / 2, with a gap within PROOF_TOL."""
+    config's proven bound (the search's lb): on two-type-32 (GPT-3 6.7B, batch 256, free mode,
+    pp 2) one run closes so, and the solve returns the same objective and status as with every
+    run solved to its optimum, within PROOF_TOL / 2, with a gap within PROOF_TOL."""
     from milp_plan.result import PROOF_TOL
     from milp_plan.solvers import driver
     inst = build_instance(InstanceSpec(cluster="two-type-32", model="gpt3-6.7b", global_batch_size=256))
+    kw = dict(backend="cpsat", time_limit_s=600, mode="free", fix={"pp": 2})
     statuses = _record_statuses(monkeypatch)
-    closed = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
+    closed = solve(inst, Limits(), **kw)
     assert statuses.count("closed") >= 1
     statuses = _record_statuses(monkeypatch, drop="stop_at")   # every run to its optimum
-    exact = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
+    exact = solve(inst, Limits(), **kw)
     assert "closed" not in statuses
     assert closed.status == exact.status == "optimal" and closed.gap <= PROOF_TOL
     assert exact.objective <= closed.objective <= exact.objective * (1 + PROOF_TOL / 2)
     # closing 1% above the bound: the plans priced more than PROOF_TOL / 2 above it are solved on
     _record_statuses(monkeypatch)
     monkeypatch.setattr(driver, "CLOSE_GAP", 0.01)
-    wide = solve(inst, Limits(), backend="cpsat", time_limit_s=600)
+    wide = solve(inst, Limits(), **kw)
     assert wide.status == "optimal" and exact.objective <= wide.objective <= exact.objective * (1 + PROOF_TOL / 2)
 
 

@@ -3,7 +3,9 @@
 Decomposition (exact): every plan belongs to exactly one config (space.py). For each
 config a valid lower bound on the objective is computed from the cost model alone;
 configs are solved in increasing bound order and the search stops when the next bound
-is no better than the incumbent. The overall best bound is the minimum of the
+is no better than the incumbent. A config is popped at a cheap bound and then given its full
+bound (bounds.full_bound); where that passes the next entry of the heap, it goes back in at it
+(so the bounds configs are solved from never fall: tests/test_solve.py). The overall best bound is the minimum of the
 incumbent and the bounds of every config not solved to optimality, so the reported gap
 is honest even when the time limit cuts the search short.
 
@@ -717,6 +719,7 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
     total = len(prepared.configs)  # and, in free mode, every child made
     # free parents given their GPU-budget bound (parent_bounds): those _cheap_bounds bounded by it
     lifted: set[Config] = {cfg for _, cfg, kind, _ in bounded if kind == 0 and not cfg.complete}
+    fully: dict[Config, float] = {}   # complete configs back in the heap at their full bound, that bound
 
     last_report = [-math.inf]
 
@@ -773,8 +776,11 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if bounders is not None and not cfg.complete:   # the next parents' bounds, in the workers
                 bounders.ahead(heap, enough, dl, lifted)
                 got = bounders.take(cfg, floor, dl)
-            full_lb = got[0] if got is not None else full_bound(coef, limits, floor, enough=enough)
-            dl.charge(full_bound_work(coef, limits))
+            if cfg in fully:   # back in the heap at its full bound (below): known
+                full_lb = fully.pop(cfg)
+            else:
+                full_lb = got[0] if got is not None else full_bound(coef, limits, floor, enough=enough)
+                dl.charge(full_bound_work(coef, limits))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 if cfg.complete:  # what the bound proved, for later solves (a sweep's: too_slow, carried)
                     prepared.proven.setdefault(cfg, []).append((limits, math.inf if full_lb is None else full_lb))
@@ -786,6 +792,11 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                     heap.push((carried, cfg, 0, coef))
                 continue
             lb = max(lb, full_lb)
+            if cfg.complete and heap.entries and lb > heap.least() * (1 + REL_EPS):
+                # its full bound passes the next entry's: back in the heap at it (best-first order)
+                fully[cfg] = full_lb
+                heap.push((lb, cfg, 0, coef))
+                continue
             if not cfg.complete:
                 for kid in prepared.children(coef):
                     # a kid with open sizes: this bound and its own GPU-budget bound (its sizes
