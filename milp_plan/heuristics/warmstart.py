@@ -4,7 +4,10 @@ minimises the bottleneck stage time.
 Device grouping: the usable node types sorted by per-layer time (fastest first), each
 filled up to the stages it can hold until pp stages are placed; the same sorted by price
 per GPU-hour (cheapest first); j < pp stages on the fastest type and the rest cheapest-first
-(what a budget trades); and every single type that can hold all pp stages alone. Layer partition: for a
+(what a budget trades); the fastest type at both ends and the others between (the end stages
+hold the embedding and the head and all-reduce their tied gradient: on the shipped default's
+pp 4 x dp 8 config, A100, A10, A10, A100 gives 1.375 s where the contiguous groupings' best
+gives 1.587 s); and every single type that can hold all pp stages alone. Layer partition: for a
 candidate bottleneck z, stage s holds at most min(floor((z - c_s) / a_s), memory room)
 layers (multiples of vpp, at least vpp); the smallest z whose capacities cover the L
 layers is found by bisection over the values a_s j + c_s, and the surplus is taken from
@@ -38,8 +41,8 @@ Candidate = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (option,
 
 def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
     """Greedy grouping fastest-first, cheapest-first (per GPU-hour; budgets and min-cost),
-    j < pp stages of the fastest type then cheapest-first, and each type alone when it
-    holds all pp stages."""
+    j < pp stages of the fastest type then cheapest-first, the fastest type at both ends with
+    the others fastest-first between (pp >= 3), and each type alone when it holds all pp stages."""
     pp = coef.cfg.pp
     usable = range(len(coef.options))
     speed = {k: coef.time(k, min(1, pp - 1))[0].a for k in usable}
@@ -62,6 +65,12 @@ def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
         top = fastest[0]
         for j in range(most[top] - 1, 0, -1):
             fill([top] * j, cheapest)
+        if pp >= 3 and most[top] >= 2:  # the fastest type at both ends, the others between
+            middle: list[int] = []
+            for k in fastest[1:] + [top]:
+                middle += [k] * min(most[k] - (2 if k == top else 0), pp - 2 - len(middle))
+            if len(middle) == pp - 2 and (top, *middle, top) not in seqs:
+                seqs.append((top, *middle, top))
     for k in fastest:
         if most[k] >= pp and (k,) * pp not in seqs:
             seqs.append((k,) * pp)
