@@ -142,7 +142,7 @@ def _too_slow(inst: Instance, limit_s: float, fastest: SolveResult) -> str:
         said = f"the fastest plan takes {format_duration(step)}/step (proven)"
     else:
         said = (f"the fastest plan found takes {format_duration(step)}/step (none is faster than "
-                f"{format_duration(fastest.bound)}/step, proven)" if fastest.bound is not None
+                f"{format_duration(fastest.best_bound)}/step, proven)" if fastest.best_bound is not None
                 else f"the fastest plan found takes {format_duration(step)}/step")
     fix = f"raise --time-limit to {format_duration_up(step)}/step or more"
     if inst.objective.mode == "megatron":

@@ -214,6 +214,25 @@ def test_cli_infeasible_exit_1_with_diagnosis(tmp_path):
     assert out.read_text() == "previous"  # a failed run overwrites nothing
 
 
+def test_a_time_limit_diagnosis_says_what_is_proven_and_the_limit_to_give():
+    """solve._too_slow on the fastest plan's result: proven (status optimal), or the fastest
+    found with the bound the search proved (status feasible: a diagnosis cut short); the
+    --time-limit it suggests is the plan's step rounded up, and free mode only from Megatron mode."""
+    import dataclasses
+    from milp_plan.job import Objective
+    from milp_plan.solve import _too_slow
+    inst = build_instance(InstanceSpec())
+    fastest = solve(inst, Limits(), time_limit_s=60)
+    assert fastest.status == "optimal"
+    said = _too_slow(inst, 1.2, fastest)
+    assert said.startswith("the fastest plan takes 1.306 s/step (proven), more than the --time-limit 1.200 s/step")
+    assert "raise --time-limit to 1.306s/step or more, or try --mode free" in said
+    cut = dataclasses.replace(fastest, status="feasible", best_bound=1.25)
+    said = _too_slow(build_instance(InstanceSpec(), Objective(mode="free")), 1.2, cut)
+    assert said.startswith("the fastest plan found takes 1.306 s/step (none is faster than 1.250 s/step, proven)")
+    assert said.endswith("raise --time-limit to 1.306s/step or more")
+
+
 def test_cli_mission_command_on_the_default(tmp_path):
     """README's first contact: `milp-plan solve --objective min-cost --time-limit 1.4s/step` then
     `milp-plan verify plan.json`, on the shipped default (GPT-3 2.7B, global batch 80, on 2 x 8
