@@ -109,8 +109,9 @@ def test_gpipe_is_searched_at_one_stage_only_when_pinned(mode):
 def test_at_one_stage_gpipe_runs_1f1b_s_step_with_at_least_its_memory():
     """Why GPipe is left out at pp 1: the shipped default's job pinned to one stage, GPipe, 5
     micro-batches of 1 sample per replica (80 / 16 GPUs), and the same plan under 1F1B. Both
-    run the 5 micro-batches one after another (the same step, closed form and simulated); GPipe
-    holds all 5 in flight, 1F1B one, so its activations are 5x (the rest of memory equal)."""
+    run the 5 micro-batches one after another: the same step (simulated, the job's basis; the
+    closed forms agree by algebra, formulations/pipeline.md); GPipe holds all 5 in flight, 1F1B
+    one, so its activations are 5x (the rest of memory equal)."""
     from milp_plan import predict
     inst = build_instance(InstanceSpec())
     gp = solve(inst, Limits(), fix=parse_fix("pp=1,tp=1,dp=16,mbs=1,schedule=gpipe,recompute=none")).plan
