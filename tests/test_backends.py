@@ -52,6 +52,25 @@ def test_cpsat_runs_without_presolve_inclusion_detection():
     assert seen == [0] and run.status == "optimal" and run.objective == 3
 
 
+def test_highs_runs_without_presolve_and_keeps_stdout_clean(tmp_path, capfd):
+    """The brute-force cross-check's instance on which HiGHS's presolve lost a min-cost config's
+    optimum (backends.HIGHS_OPTIONS: 2 node types of two 1-GPU nodes each, 8 layers, batch 4,
+    min-cost under 1.613x the fastest step): HiGHS now finds brute force's optimum, and
+    the debug line highspy prints to stdout on the way (transformNewIntegerFeasibleSolution)
+    goes to stderr, so the CLI's stdout (--json) stays its own."""
+    from instances import limits_for
+    spec = write_instance(tmp_path, layers=8, fast_ms=(0.5, 1.0), slow_ms=(0.75, 1.5), gpn=1, counts=(2, 2),
+                          prices=(4.0, 1.0), bw=(1e9, 1e9), billing=("node", "node"))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
+    limits = limits_for("min-cost", bruteforce.solve(inst, Limits()).plan)
+    ref = bruteforce.solve(inst, limits)
+    capfd.readouterr()
+    got = solve(inst, limits, backend="highs", time_limit_s=60)
+    out, err = capfd.readouterr()
+    assert got.status == "optimal" and got.objective == pytest.approx(ref.objective, rel=1e-9)
+    assert "HighsMipSolverData" not in out and "HighsMipSolverData" in err
+
+
 def _hinted_model():
     """min x + 10 y over x, y in 0..20 with x + y >= 5 (optimum x = 5, y = 0), hinted at x = 20,
     y = 0, presolve off (it solves so small a model outright, before any solution is reported)."""
