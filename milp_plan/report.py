@@ -192,11 +192,24 @@ def render_plan(plan, inst=None, result=None) -> str:
         out.append(f"Solver {result.backend}: {result.status} for the {what}, objective {result.objective:.6g}, "
                    f"bound {bound}, gap "
                    f"{gap}, {result.wall_time_s:.2f} s ({result.work:.2f} work units), seed {result.seed} "
-                   f"({result.configs_solved} of "
-                   f"{result.configs_total} configurations solved, {result.configs_pruned} pruned by bounds"
+                   f"({configs_line(result)}"
                    + (f"; {result.start} start {result.heuristic_objective:.6g})"
                       if result.heuristic_objective is not None else ")"))
     return "\n".join(out)
+
+
+def configs_line(result) -> str:
+    """What became of the configurations searched (result.SolveResult's counts), adding up to the total."""
+    parts = [f"{result.configs_solved} of {result.configs_total} configurations solved",
+             f"{result.configs_pruned} pruned by bounds"]
+    if result.configs_ruled_out:
+        parts.append(f"{result.configs_ruled_out} ruled out (no plan fits memory and the limits)")
+    if result.configs_opened:
+        parts.append(f"{result.configs_opened} opened into stage sizes")
+    left = result.configs_total - result.configs_examined
+    if left > 0:
+        parts.append(f"{left} left open")
+    return ", ".join(parts)
 
 
 def format_gap(gap: float) -> str:

@@ -41,6 +41,9 @@ class SolveResult:
     seed: int
     backend: str
     plan: Plan | None
+    # what became of the configs searched (driver.Tally): solved, pruned by a bound at or above the
+    # incumbent, ruled out by a bound (no plan fits memory and the limits), opened into children
+    # (free mode's parents); the rest of configs_total were left open by a search cut short
     configs_total: int = 0
     configs_solved: int = 0
     configs_pruned: int = 0
@@ -48,6 +51,13 @@ class SolveResult:
     start: str = "heuristic"                   # where it came from: heuristic | Megatron-mode
     notes: list[str] = field(default_factory=list)
     work: float = 0.0                          # work units spent (deadline.py), set by whoever ran it
+    configs_ruled_out: int = 0
+    configs_opened: int = 0
+
+    @property
+    def configs_examined(self) -> int:
+        """The configs the search settled one way or another (the others were left open)."""
+        return self.configs_solved + self.configs_pruned + self.configs_ruled_out + self.configs_opened
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)

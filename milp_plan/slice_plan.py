@@ -320,7 +320,8 @@ def _sliced_result(inst: Instance, base: SolveResult | None, cand: Candidate, bo
     rec = SolverRecord(backend, status.value, cand.objective, bound, gap, None, seed)
     plan = cand.plan.with_(solver=rec, profile_fills=plan_fills(inst, cand.plan))
     kw = {} if base is None else dict(configs_total=base.configs_total, configs_solved=base.configs_solved,
-                                      configs_pruned=base.configs_pruned, heuristic_objective=base.heuristic_objective,
+                                      configs_pruned=base.configs_pruned, configs_ruled_out=base.configs_ruled_out,
+                                      configs_opened=base.configs_opened, heuristic_objective=base.heuristic_objective,
                                       start=base.start, work=base.work)
     return SolveResult(status, cand.objective, bound, gap, wall, seed, backend, plan,
                        notes=[*(base.notes if base else []), *notes, MEMORY_NOTE], **kw)

@@ -103,7 +103,7 @@ def diagnose(inst: Instance, req: SolveRequest, limits: Limits, result: SolveRes
             return memory  # no time would help
         limit, more = ((f"--max-solve-time {req.max_solve_time_s:g}s", "time") if req.work_limit is None
                        else (f"--work-limit {req.work_limit:g}", "work"))
-        return (f"no plan found within {limit} ({result.configs_solved} of {result.configs_total} configurations "
+        return (f"no plan found within {limit} ({result.configs_examined} of {result.configs_total} configurations "
                 f"examined); allow more {more}")
     relaxed = Limits("min-time")
     if limits != relaxed:

@@ -168,10 +168,10 @@ def test_a_wall_clock_limit_that_ends_the_bounding_keeps_the_workers_bounds():
     prepared = driver.prepare(inst, None, "free")
     computed = {i: 1.0 + i for i in range(len(prepared.configs) - 1)}   # the last one not reached
     weak = WeakFamilyBounds(Limits())
-    bounded, later = driver._cheap_bounds(prepared, Limits(), Deadline(0.0), weak, computed)
+    bounded, later, _ = driver._cheap_bounds(prepared, Limits(), Deadline(0.0), weak, computed)
     assert sorted(lb for lb, *_ in bounded) == sorted(computed.values())
     assert [cfg for _, cfg, *_ in later] == [prepared.configs[-1]]
-    bounded, later = driver._cheap_bounds(prepared, Limits(), Deadline(60.0, work=0.0), weak, computed)
+    bounded, later, _ = driver._cheap_bounds(prepared, Limits(), Deadline(60.0, work=0.0), weak, computed)
     assert not bounded and len(later) == len(prepared.configs)
 
 

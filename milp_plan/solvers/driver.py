@@ -439,6 +439,7 @@ class _Heap:
 
     def __init__(self, prepared: Prepared, limits: Limits, entries: list, dl: Deadline, weak: WeakFamilyBounds):
         self.prepared, self.limits, self.entries, self.dl, self.weak = prepared, limits, entries, dl, weak
+        self.ruled_out = 0   # configs its families' bounds showed to hold no plan (memory, the limits)
 
     def copy(self) -> "_Heap":
         return _Heap(self.prepared, self.limits, list(self.entries), self.dl, self.weak)
@@ -476,6 +477,8 @@ class _Heap:
                 lb = self.weak.family(cfg, [prep.configs[i] for i in members], make=lambda _, i=members[0]: prep.coef(i))
                 if lb is not None:
                     heapq.heappush(heap, (max(lb, flb), cfg, 2, members))
+                else:
+                    self.ruled_out += len(members)
                 if not heap:
                     return None
                 continue
@@ -483,6 +486,8 @@ class _Heap:
                 lb = family_lower_bound(prep.coef(members[0]), self.limits, [prep.configs[i] for i in members])
                 if lb is not None:
                     heapq.heappush(heap, (max(lb, flb), cfg, 1, members))
+                else:
+                    self.ruled_out += len(members)
                 if not heap:
                     return None
                 continue
@@ -491,6 +496,8 @@ class _Heap:
             for lb, i in zip(lbs, members):
                 if lb is not None:
                     heapq.heappush(heap, (max(lb, flb), prep.configs[i], 0, prep.coef(i)))
+                else:
+                    self.ruled_out += 1
             if not heap:
                 return None
         lb, cfg, _, coef = heapq.heappop(heap)
@@ -516,8 +523,8 @@ def _cheap_bound(coef: Coefficients, limits: Limits, enough: float = math.inf) -
 
 
 def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFamilyBounds,
-                  computed: dict[int, float | None] | None = None, enough: float = math.inf) -> tuple[list, list]:
-    """(bounded, later): every config at its cheap bound (`_cheap_bound`, exact below `enough`,
+                  computed: dict[int, float | None] | None = None, enough: float = math.inf) -> tuple[list, list, int]:
+    """(bounded, later, ruled out): every config at its cheap bound (`_cheap_bound`, exact below `enough`,
     the incumbent; `computed`: those workers found, by config index, exact:
     parallel.BoundWorkers.root) and every family at its work bound (`weak`, whose shared terms
     are computed once per group), sorted; the families the bounding did not reach
@@ -526,8 +533,9 @@ def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFa
     in at their bounds (a limit that ends during the Megatron-mode start then still proves
     what the workers found). A bound at or above the incumbent is never popped (the search
     prunes it) and adds nothing to the bound of a search cut short (the least of the
-    incumbent and the open bounds), so exact or not, it gives the same answer."""
-    bounded, later = [], []
+    incumbent and the open bounds), so exact or not, it gives the same answer. Ruled out: the
+    configs whose bound shows that no plan of theirs fits memory and the limits."""
+    bounded, later, ruled_out = [], [], 0
     families = prepared.families()
     since = dl.mark()
     found = computed if computed and dl.work is None else {}
@@ -538,6 +546,8 @@ def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFa
                     later.append((0.0, prepared.configs[ms[0]], 2, ms))
                 elif found[ms[0]] is not None:
                     bounded.append((found[ms[0]], prepared.configs[ms[0]], 0, prepared.coef(ms[0])))
+                else:
+                    ruled_out += 1
             break
         # a free config (free mode's families are one config each): its own bound at once; a Megatron-mode
         # family at its work bound, even of one config (--fix schedule=): scale-1024 under schedule=1f1b
@@ -548,12 +558,14 @@ def _cheap_bounds(prepared: Prepared, limits: Limits, dl: Deadline, weak: WeakFa
             lb = computed[members[0]] if computed and members[0] in computed else _cheap_bound(head, limits, enough)
             if lb is not None:
                 bounded.append((lb, head.cfg, 0, head))
+            else:
+                ruled_out += 1
             continue
         dl.charge(WORK.work_bound)
         cfg = prepared.configs[members[0]]
         bounded.append((weak.work_bound(cfg, make=lambda _, i=members[0]: prepared.coef(i)), cfg, 3, members))
     bounded.sort(key=lambda x: x[:3])
-    return bounded, later
+    return bounded, later, ruled_out
 
 
 @dataclass
@@ -696,7 +708,7 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if bounders is not None:
                 bounders.root(prepared.configs, [ms[0] for ms in prepared.families() if len(ms) == 1])
             inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
-            bounded, later = _cheap_bounds(prepared, limits, dl, weak,
+            bounded, later, ruled_out = _cheap_bounds(prepared, limits, dl, weak,
                                            bounders.root_bounds(dl) if bounders is not None else None,
                                            math.inf if prepared.sweep else inc.objective)
         except BaseException:
@@ -705,14 +717,16 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             raise
         inc.offer_known(known(prepared, limits), limits)
     else:
-        bounded, later = _cheap_bounds(prepared, limits, dl, weak)
+        bounded, later, ruled_out = _cheap_bounds(prepared, limits, dl, weak)
         start, bounders = "heuristic", None
         inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl, weak), dl, known(prepared, limits))
     heuristic_obj = inc.objective if inc.plan is not None else None
     warm = inc.plan if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
     # the deadline cut the enumeration short: bound 0 stays open
     open_bounds: list[float] = [0.0] if prepared.truncated else []
-    solved = pruned = 0
+    # what became of the configs: solved, pruned by a bound at or above the incumbent, ruled out
+    # (a bound shows no plan fits memory and the limits), opened into children (free parents)
+    solved = pruned = opened = 0
     # Best-first over the configs: a free config with open stage sizes is expanded when it is
     # popped (its children inherit its bound), a complete one is solved.
     heap = _Heap(prepared, limits, sorted(later + bounded, key=lambda x: x[:3]), dl, weak)
@@ -763,6 +777,7 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                 dl.charge(WORK.bound)
                 budget_lb = gpu_budget_bound(coef, limits, budget_enough)
                 if budget_lb is None:
+                    ruled_out += 1
                     continue  # no plan below it meets the limits
                 if budget_lb > lb:
                     heap.push((budget_lb, cfg, 0, coef))
@@ -784,12 +799,19 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 if cfg.complete:  # what the bound proved, for later solves (a sweep's: too_slow, carried)
                     prepared.proven.setdefault(cfg, []).append((limits, math.inf if full_lb is None else full_lb))
+                if full_lb is None:
+                    ruled_out += 1
+                else:
+                    pruned += 1
                 continue  # no plan fits in memory, or none can beat the incumbent
             if prepared.too_slow(cfg, limits):
+                ruled_out += 1
                 continue  # an earlier min-time solve proved it has no plan within the time limit
             if carried > lb and cfg.complete:  # an earlier solve of the sweep proved more: back in the heap
                 if carried < inc.objective * (1 - REL_EPS):
                     heap.push((carried, cfg, 0, coef))
+                else:
+                    pruned += 1
                 continue
             lb = max(lb, full_lb)
             if cfg.complete and heap.entries and lb > heap.least() * (1 + REL_EPS):
@@ -798,6 +820,7 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                 heap.push((lb, cfg, 0, coef))
                 continue
             if not cfg.complete:
+                opened += 1
                 for kid in prepared.children(coef):
                     # a kid with open sizes: this bound and its own GPU-budget bound (its sizes
                     # settled so far change its capacity), so siblings no longer tie at this one
@@ -834,8 +857,8 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
         if bounders is not None:
             bounders.close()
     prepared.found.extend(inc.found)
-    return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, total, solved, pruned, heuristic_obj,
-                   start)
+    tally = Tally(total, solved, pruned, ruled_out + heap.ruled_out, opened)
+    return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, tally, heuristic_obj, start)
 
 
 def full_bound_work(coef: Coefficients, limits: Limits) -> float:
@@ -860,17 +883,31 @@ def _solve_or_take(ahead: Ahead | None, coef: Coefficients, limits: Limits, back
     return plan, None if bound is None else max(lb, bound)
 
 
-def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, backend: str, total: int,
-            solved: int, pruned: int, heuristic_obj: float | None, start: str) -> SolveResult:
+def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, backend: str, tally: "Tally",
+            heuristic_obj: float | None, start: str) -> SolveResult:
     """The honest bound (the least of the incumbent and every bound left open) and status."""
     best, best_obj = inc.plan, inc.objective
     bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
+    counts = dict(configs_total=tally.total, configs_solved=tally.solved, configs_pruned=tally.pruned,
+                  configs_ruled_out=tally.ruled_out, configs_opened=tally.opened,
+                  heuristic_objective=heuristic_obj, start=start)
     if best is None:
         status = "timeout" if open_bounds else "infeasible"
-        return SolveResult(status, None, bound, None, wall, seed, backend, None, total, solved, pruned,
-                           heuristic_obj, start)
+        return SolveResult(status, None, bound, None, wall, seed, backend, None, **counts)
     gap = 0.0 if bound is None else relative_gap(best_obj, bound)
     status = "optimal" if gap <= PROOF_TOL else "feasible"
     record = SolverRecord(backend, status, best_obj, bound, gap, None, seed)
-    return SolveResult(status, best_obj, bound, gap, wall, seed, backend, best.with_(solver=record),
-                       total, solved, pruned, heuristic_obj, start)
+    return SolveResult(status, best_obj, bound, gap, wall, seed, backend, best.with_(solver=record), **counts)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What became of a search's configs (free mode: its children made too, `total`): solved,
+    pruned (a bound at or above the incumbent), ruled out (a bound shows that no plan of theirs
+    fits memory and the limits), opened (a free parent, into its children); the rest were left
+    open when the search stopped short."""
+    total: int
+    solved: int
+    pruned: int
+    ruled_out: int
+    opened: int
