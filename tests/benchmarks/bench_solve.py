@@ -57,7 +57,7 @@ def main() -> None:
                     help="also stop each search after this many work units (deterministic; cpsat only)")
     args = ap.parse_args()
     print(f"{'instance':32s} {'mode':8s} {'backend':7s} {'status':9s} {'step s':>9s} {'gap':>7s} {'wall s':>7s} "
-          f"{'cpu s':>7s} {'units':>6s} {'configs solved/pruned/total':>28s}")
+          f"{'cpu s':>7s} {'units':>6s} {'configs solved/pruned/ruled out/opened/total':>45s}")
     for mode in args.modes.split(","):
         for label, cluster, model, gbs, limit in CASES:
             if args.only and label.split()[0] not in args.only.split(","):
@@ -72,7 +72,8 @@ def main() -> None:
                 gap = "-" if r.gap is None else f"{r.gap:.2%}"
                 obj = "-" if r.objective is None else f"{r.objective:.4f}"
                 print(f"{label:32s} {mode:8s} {backend:7s} {r.status:9s} {obj:>9s} {gap:>7s} {wall:7.2f} {cpu:7.2f} "
-                      f"{dl.work_used():6.2f} {r.configs_solved:>10d}/{r.configs_pruned}/{r.configs_total}", flush=True)
+                      f"{dl.work_used():6.2f} {r.configs_solved:>10d}/{r.configs_pruned}/{r.configs_ruled_out}/{r.configs_opened}/"
+                      f"{r.configs_total}", flush=True)
     if not args.skip_pareto:
         from milp_plan.pareto import pareto_front
         from milp_plan.solve import SolveRequest
