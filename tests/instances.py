@@ -145,6 +145,8 @@ def assert_agrees(inst, res, ref, limits) -> None:
     cover its distance to brute force (so `optimal` is within driver.PROOF_TOL of it). The
     plan meets every limit by the cost model's own numbers."""
     assert (res.plan is None) == (ref.plan is None), (res.status, ref.status)
+    if res.status in ("optimal", "infeasible"):   # every config settled: the Solver line's counts add up
+        assert res.configs_examined == res.configs_total, res
     if ref.plan is None:
         assert res.status == ref.status
         return
