@@ -709,8 +709,8 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                 bounders.root(prepared.configs, [ms[0] for ms in prepared.families() if len(ms) == 1])
             inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
             bounded, later, ruled_out = _cheap_bounds(prepared, limits, dl, weak,
-                                           bounders.root_bounds(dl) if bounders is not None else None,
-                                           math.inf if prepared.sweep else inc.objective)
+                                                      bounders.root_bounds(dl) if bounders is not None else None,
+                                                      math.inf if prepared.sweep else inc.objective)
         except BaseException:
             if bounders is not None:
                 bounders.close()
@@ -883,7 +883,20 @@ def _solve_or_take(ahead: Ahead | None, coef: Coefficients, limits: Limits, back
     return plan, None if bound is None else max(lb, bound)
 
 
-def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, backend: str, tally: "Tally",
+@dataclass(frozen=True)
+class Tally:
+    """What became of a search's configs (free mode: its children made too, `total`): solved,
+    pruned (a bound at or above the incumbent), ruled out (a bound shows that no plan of theirs
+    fits memory and the limits), opened (a free parent, into its children); the rest were left
+    open when the search stopped short."""
+    total: int
+    solved: int
+    pruned: int
+    ruled_out: int
+    opened: int
+
+
+def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, backend: str, tally: Tally,
             heuristic_obj: float | None, start: str) -> SolveResult:
     """The honest bound (the least of the incumbent and every bound left open) and status."""
     best, best_obj = inc.plan, inc.objective
@@ -899,15 +912,3 @@ def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, ba
     record = SolverRecord(backend, status, best_obj, bound, gap, None, seed)
     return SolveResult(status, best_obj, bound, gap, wall, seed, backend, best.with_(solver=record), **counts)
 
-
-@dataclass(frozen=True)
-class Tally:
-    """What became of a search's configs (free mode: its children made too, `total`): solved,
-    pruned (a bound at or above the incumbent), ruled out (a bound shows that no plan of theirs
-    fits memory and the limits), opened (a free parent, into its children); the rest were left
-    open when the search stopped short."""
-    total: int
-    solved: int
-    pruned: int
-    ruled_out: int
-    opened: int
