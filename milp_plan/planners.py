@@ -50,15 +50,15 @@ class Planner(Protocol):
 
 
 def _heuristic_result(name: str, best, limits: Limits, seed: int, deadline: Deadline, total: int, done: int,
-                      notes: list[str]) -> SolveResult:
+                      notes: list[str], pruned: int = 0, ruled_out: int = 0) -> SolveResult:
     """A heuristic's answer: its best plan, feasible and unproven (no bound, no gap), with its
     solver record; timeout when it found none."""
     obj = None if best is None else objective_of(best, limits)
     if best is not None:
         best = best.with_(solver=SolverRecord(name, Status.FEASIBLE.value, obj, None, None, None, seed))
     return SolveResult(Status.FEASIBLE if best is not None else Status.TIMEOUT, obj, None, None, deadline.elapsed(),
-                       seed, name, best, configs_total=total, configs_solved=done, heuristic_objective=obj,
-                       notes=notes)
+                       seed, name, best, configs_total=total, configs_solved=done, configs_pruned=pruned,
+                       configs_ruled_out=ruled_out, heuristic_objective=obj, notes=notes)
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class WarmStartPlanner:
         from milp_plan.solvers.driver import prepare as prepare_configs
         prep = prepared if prepared is not None and prepared.mode == "megatron" else \
             prepare_configs(inst, fix, "megatron", deadline)
-        order = []
+        order, ruled_out = [], 0
         for i in range(len(prep.configs)):
             if deadline.expired():
                 break
@@ -115,17 +115,23 @@ class WarmStartPlanner:
             deadline.charge(WORK.bound)
             if lb is not None:
                 order.append((lb, i))
+            else:
+                ruled_out += 1   # no plan fits memory and the limits
         order.sort()
-        best, seen = None, 0
-        for lb, i in order:
-            if deadline.expired() or (best is not None and lb >= objective_of(best, limits)):
-                break  # no plan of the configs left can beat the best found (their bounds say so)
+        best, seen, pruned = None, 0, 0
+        for k, (lb, i) in enumerate(order):
+            if deadline.expired():
+                break
+            if best is not None and lb >= objective_of(best, limits):
+                pruned = len(order) - k   # no plan of the configs left can beat the best found (their bounds say so)
+                break
             seen += 1
             got = best_plan(prep.coef(i), limits, deadline)
             if got is not None and (best is None or objective_of(got[0], limits) < objective_of(best, limits)):
                 best = got[0]
         notes = [] if not deadline.expired() else [f"the deadline stopped the heuristic after {seen} configurations"]
-        return _heuristic_result(self.name, best, limits, seed, deadline, len(prep.configs), seen, notes)
+        return _heuristic_result(self.name, best, limits, seed, deadline, len(prep.configs), seen, notes, pruned,
+                                 ruled_out)
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,12 @@ def test_the_configs_of_a_search_add_up_and_none_ruled_out_has_a_plan(tmp_path, 
     short = solve(inst, limits, mode="free", dl=Deadline(600.0, work=0.05))
     left = short.configs_total - short.configs_examined
     assert left > 0 and configs_line(short).endswith(f", {left} left open")
+    # the warm-start heuristic stops at the first config whose cheap bound reaches its best plan:
+    # the rest are pruned by bounds, not left open
+    from milp_plan import planners
+    heur = planners.get("warm-start").plan(inst, limits, Deadline(600.0, work=30.0))
+    assert heur.plan is not None and heur.configs_examined == heur.configs_total == len(configs)
+    assert heur.configs_pruned > 0 and heur.configs_ruled_out <= without
 
 
 def test_brute_force_refuses_large_instances():
