@@ -56,10 +56,10 @@ def test_highs_runs_without_presolve_and_keeps_stdout_clean(tmp_path, capfd):
     """The brute-force cross-check's instance on which HiGHS's presolve lost a min-cost config's
     optimum (backends.HIGHS_OPTIONS: 2 node types of two 1-GPU nodes each, 8 layers, batch 4,
     no flash attention, min-cost under 1.613x the fastest step): HiGHS now finds brute force's
-    optimum (with presolve, an internal error: the objective of its "optimal" solution lies 4.4e-6
-    above the cost model's price of the plan it returned; the power-of-two objective scaling of HiGHS, user_objective_scale -10 to
-    -30, does not help: not the objective's magnitude), and
-    the debug line highspy prints to stdout on the way (transformNewIntegerFeasibleSolution)
+    optimum (with presolve, an internal error: the objective of its "optimal" solution lies
+    4.4e-6 above the cost model's price of the plan it returned; HiGHS's power-of-two objective
+    scaling, user_objective_scale -10 to -30, does not help: not the objective's magnitude),
+    and the debug line highspy prints to stdout on the way (transformNewIntegerFeasibleSolution)
     goes to stderr, so the CLI's stdout (--json) stays its own."""
     from instances import limits_for
     spec = write_instance(tmp_path, layers=8, fast_ms=(0.5, 1.0), slow_ms=(0.75, 1.5), gpn=1, counts=(2, 2),

@@ -110,7 +110,7 @@ def test_the_configs_of_a_search_add_up_and_none_ruled_out_has_a_plan(tmp_path, 
     into its stage sizes; at the proof they add up to the total (the Solver line printed "623
     pruned" of 10,214 where 9,501 more were ruled out). Brute force checks the ruled-out ones:
     no more than the configs without an admitted plan. Cut short by work, the rest is left
-    open, and the line says how many."""
+    open, and the line says how many. The warm-start heuristic's counts add up too."""
     from milp_plan.formulations.space import enumerate_configs
     from milp_plan.report import configs_line
     spec = write_instance(tmp_path, layers=6, fast_ms=(1.0, 2.0), slow_ms=(2.0, 4.0), gpn=2, counts=(2, 1),
