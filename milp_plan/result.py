@@ -41,7 +41,7 @@ class SolveResult:
     seed: int
     backend: str
     plan: Plan | None
-    # what became of the configs searched (driver.Tally): solved, pruned by a bound at or above the
+    # what became of the configs searched (driver._solve): solved, pruned by a bound at or above the
     # incumbent, ruled out by a bound (no plan fits memory and the limits), opened into children
     # (free mode's parents); the rest of configs_total were left open by a search cut short
     configs_total: int = 0

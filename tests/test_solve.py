@@ -105,7 +105,7 @@ def test_configs_are_solved_in_the_order_of_their_full_bounds(monkeypatch, mode)
 
 @pytest.mark.parametrize("objective", ["min-time", "min-cost"])
 def test_the_configs_of_a_search_add_up_and_none_ruled_out_has_a_plan(tmp_path, objective):
-    """What became of each config (result.SolveResult's counts, driver.Tally): solved, pruned by
+    """What became of each config (result.SolveResult's counts): solved, pruned by
     a bound, ruled out by a bound (no plan fits memory and the limits) or, in free mode, opened
     into its stage sizes; at the proof they add up to the total (the Solver line printed "623
     pruned" of 10,214 where 9,501 more were ruled out). Brute force checks the ruled-out ones:

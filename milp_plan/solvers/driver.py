@@ -857,8 +857,9 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
         if bounders is not None:
             bounders.close()
     prepared.found.extend(inc.found)
-    tally = Tally(total, solved, pruned, ruled_out + heap.ruled_out, opened)
-    return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, tally, heuristic_obj, start)
+    counts = dict(configs_total=total, configs_solved=solved, configs_pruned=pruned,
+                  configs_ruled_out=ruled_out + heap.ruled_out, configs_opened=opened)
+    return _result(inc, open_bounds, time.perf_counter() - t0, seed, backend, counts, heuristic_obj, start)
 
 
 def full_bound_work(coef: Coefficients, limits: Limits) -> float:
@@ -883,27 +884,13 @@ def _solve_or_take(ahead: Ahead | None, coef: Coefficients, limits: Limits, back
     return plan, None if bound is None else max(lb, bound)
 
 
-@dataclass(frozen=True)
-class Tally:
-    """What became of a search's configs (free mode: its children made too, `total`): solved,
-    pruned (a bound at or above the incumbent), ruled out (a bound shows that no plan of theirs
-    fits memory and the limits), opened (a free parent, into its children); the rest were left
-    open when the search stopped short."""
-    total: int
-    solved: int
-    pruned: int
-    ruled_out: int
-    opened: int
-
-
-def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, backend: str, tally: Tally,
+def _result(inc: Incumbent, open_bounds: list[float], wall: float, seed: int, backend: str, counts: dict,
             heuristic_obj: float | None, start: str) -> SolveResult:
-    """The honest bound (the least of the incumbent and every bound left open) and status."""
+    """The honest bound (the least of the incumbent and every bound left open) and status.
+    `counts`: what became of the configs (SolveResult's configs_* fields)."""
     best, best_obj = inc.plan, inc.objective
     bound = min([best_obj] + open_bounds) if (best is not None or open_bounds) else None
-    counts = dict(configs_total=tally.total, configs_solved=tally.solved, configs_pruned=tally.pruned,
-                  configs_ruled_out=tally.ruled_out, configs_opened=tally.opened,
-                  heuristic_objective=heuristic_obj, start=start)
+    counts = dict(counts, heuristic_objective=heuristic_obj, start=start)
     if best is None:
         status = "timeout" if open_bounds else "infeasible"
         return SolveResult(status, None, bound, None, wall, seed, backend, None, **counts)
