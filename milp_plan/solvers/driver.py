@@ -706,7 +706,9 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
         bounders = BoundWorkers(prepared, limits, workers, _cheap_bound) if workers > 1 else None
         try:
             if bounders is not None:
-                bounders.root(prepared.configs, [ms[0] for ms in prepared.families() if len(ms) == 1])
+                # the configs _cheap_bounds bounds one by one (free ones), by the same rule
+                bounders.root(prepared.configs, [ms[0] for ms in prepared.families()
+                                                 if prepared.configs[ms[0]].uniform is None])
             inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
             bounded, later, ruled_out = _cheap_bounds(prepared, limits, dl, weak,
                                                       bounders.root_bounds(dl) if bounders is not None else None,
