@@ -142,10 +142,15 @@ class Vars:
 class PipelineModel:
     """Builds the model into a backend; one method per constraint family."""
 
-    def __init__(self, coef: Coefficients, limits: Limits, backend: Backend, cutoff: float | None = None):
+    def __init__(self, coef: Coefficients, limits: Limits, backend: Backend, cutoff: float | None = None,
+                 least_stage: float = 0.0):
         """cutoff: only plans with objective below this value (seconds or $/step) are wanted;
-        the driver passes its incumbent so a config that cannot beat it is refuted fast."""
+        the driver passes its incumbent so a config that cannot beat it is refuted fast.
+        least_stage: seconds, at most the largest stage time of every plan of the config within
+        memory and the limits (solvers.bounds.least_stage_time; 0: none known), a floor under
+        the steady period (add_steady_period)."""
         self.c, self.lim, self.be, self.cutoff = coef, limits, backend, cutoff
+        self.least_stage = least_stage
         self.cfg = coef.cfg
         self.S = range(coef.cfg.pp)
         self.O = range(len(coef.options))
@@ -575,6 +580,7 @@ class PipelineModel:
             for s in self.S:
                 be.add(v.pipe >= self._stage_expr(s, 0, w))
             self.add_pool_work(v.pipe, 0, w, hi)
+            self._steady_floor(w)
             return
         w = m - 1
         if cfg.sched.period is Period.FLOW_SHOP:
@@ -588,12 +594,14 @@ class PipelineModel:
                 be.add(zf >= self._scaled_hop(s, w))
                 be.add(zb >= self._scaled_hop(s, w))
             v.pipe = be.sum([zf, zb])
+            self._steady_floor(w)
             return
         v.pipe = be.new_int(0, hi, "P")
         ts = [self._stage_expr(s, 0, w) for s in self.S]
         for s in self.S:
             be.add(v.pipe >= ts[s])
         self.add_pool_work(v.pipe, 0, w, hi)
+        self._steady_floor(w)
         if pp < 2 or w == 0:
             return
         Q = [0]
@@ -605,6 +613,20 @@ class PipelineModel:
             for c in range(a + 1, pp):
                 k = c - a + 1  # k P >= window - (k - 1)  <=>  P >= floor(window / k)
                 be.add(k * v.pipe >= Q[c] - (Q[a] if a else 0) + ts[c] - (k - 1))
+
+    def _steady_floor(self, w: int) -> None:
+        """P >= w x least_stage, less the rounding: P is at least w t_s on every stage (GPipe's
+        (m-1)(zf + zb): zf >= f_s and zb >= b_s of the same stage), each of t_s's terms rounded
+        down by less than a tick per unit of n, r or y (at most 2 L + 1 ticks, twice that in
+        GPipe's two sums), and every plan has a stage with t_s >= least_stage
+        (solvers.bounds.least_stage_time). Removes no plan, only the LP relaxation's points that
+        spread the layers more evenly than whole layers can be (formulations/pipeline.md, "The
+        bottleneck floor")."""
+        if self.least_stage <= 0 or w <= 0:
+            return
+        floor = math.floor(w * self.least_stage * self.res.tps * (1 - 1e-9)) - 2 * (2 * self.L + 1)
+        if floor > 0:
+            self.be.add(self.v.pipe >= floor)
 
     def add_pool_work(self, z, part: int, w: int, hi: int) -> None:
         """A pool's stages each take at most the bottleneck: with z >= w x_s on every stage

@@ -989,6 +989,51 @@ def _front(alts: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
     return tuple(out)
 
 
+def _placed(coef: Coefficients, limits: Limits, memory: bool, type_caps: dict[int, int] | None = None):
+    """config_lower_bound's layer placement: (usable_options' four, the option terms, the slots,
+    the unit of layers, the placement terms (breakpoints, bottleneck bound, least at unbounded z,
+    sweep)), or None (usable_options: no plan)."""
+    cfg, L = coef.cfg, coef.inst.model.num_layers
+    found = usable_options(coef, limits, memory, type_caps)
+    if found is None:
+        return None
+    caps, O, rooms, usable = found
+    terms = shared_option_terms(coef, O, usable)
+    t = terms.t
+    positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
+    pieces = shared_recompute_pieces(coef, positions, rooms, usable, t).get if memory else None
+    slots = stage_slots(coef, limits, memory, caps, rooms, usable, lambda o: t[coef.options[o]][0].a, pieces)
+    # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
+    # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
+    unit = cfg.vpp if memory else 1
+    placement = coef.shared.get(PlacementKey(tuple(slots), cfg.pp, L, unit),
+                                lambda: _placement_terms(slots, cfg.pp, L, unit))
+    return found, terms, slots, unit, placement
+
+
+def least_stage_time(coef: Coefficients, limits: Limits) -> float:
+    """At least the largest stage time t_s (f + b of one micro-batch, seconds) of every plan of
+    the config within memory and the limits: every such plan has a stage with a n >= z, z the
+    bottleneck bound of the full bound's placement (`_bottleneck_bound`; a the least per-layer
+    time of its option, under full recompute the piece e-bar of `_every_recompute_pieces`, for
+    which a n + rho (r - 1) >= e-bar n), and t_s = a n + rho r + c adds at least c (+ rho under
+    full recompute) to it, so t_s >= z + the least of those where negative. 0.0 where the
+    bound finds no plan. The per-stage model's floor under its steady-period term
+    (PipelineModel.add_steady_period): the LP relaxation spreads the layers evenly, whole layers
+    cannot (formulations/pipeline.md, "The bottleneck floor")."""
+    placed = _placed(coef, limits, True)
+    if placed is None or placed[4][1] is None:
+        return 0.0
+    (_, _, _, usable), z = placed[0], placed[4][1]
+    ends = sorted({0, min(1, coef.cfg.pp - 1), coef.cfg.pp - 1})   # first, a middle stage, last
+    L = coef.inst.model.num_layers
+
+    def beyond(t: Affine, full: bool) -> float:   # the least of t_s - a n: c, + rho r with 1 <= r <= L
+        return t.c + ((t.rho if t.rho >= 0 else t.rho * L) if full else 0.0)
+    extra = min(beyond(coef.time(o, s)[0], coef.full(o)) for o in usable for s in ends)
+    return max(0.0, z + min(0.0, extra))
+
+
 def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
                        variants: list[Config] | None = None,
                        _family: tuple | None = None,
@@ -1015,20 +1060,10 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     assert (variants is None and _family is None) or not memory
     none = None if variants is None else [None] * len(variants)
     cfg, L = coef.cfg, coef.inst.model.num_layers
-    found = usable_options(coef, limits, memory, type_caps)
-    if found is None:
+    placed = _placed(coef, limits, memory, type_caps)
+    if placed is None:
         return none
-    caps, O, rooms, usable = found
-    terms = shared_option_terms(coef, O, usable)
-    t = terms.t
-    positions = tuple(sorted({0, max(cfg.pp - 2, 0), cfg.pp - 1}))
-    pieces = shared_recompute_pieces(coef, positions, rooms, usable, t).get if memory else None
-    slots = stage_slots(coef, limits, memory, caps, rooms, usable, lambda o: t[coef.options[o]][0].a, pieces)
-    # the cheap bound relaxes chunks to layers (unit 1: every split in multiples of vpp is a split),
-    # so its placement terms depend on the slots and pp only, shared by every schedule and vpp
-    unit = cfg.vpp if memory else 1
-    cands, z, least, sweep = coef.shared.get(PlacementKey(tuple(slots), cfg.pp, L, unit),
-                                             lambda: _placement_terms(slots, cfg.pp, L, unit))
+    (caps, O, rooms, usable), terms, slots, unit, (cands, z, least, sweep) = placed
     if z is None:
         return none
     gpu_usd = terms.gpu_usd(cfg.pp)

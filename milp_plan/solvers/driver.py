@@ -72,7 +72,8 @@ from milp_plan.plan import Plan, SolverRecord
 from milp_plan.result import PROOF_TOL, Progress, SolveResult, objective_of, relative_gap
 from milp_plan.heuristics import free_start, warmstart as heuristic
 from milp_plan.solvers.backends import BACKENDS, DETERMINISTIC_BACKENDS, make_backend
-from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound, full_bound
+from milp_plan.solvers.bounds import (WeakFamilyBounds, config_lower_bound, family_lower_bound, full_bound,
+                                      least_stage_time)
 from milp_plan.solvers.parallel import Ahead, BoundWorkers, Trace, paths_of
 from milp_plan.solvers.parent_bounds import gpu_budget_bound
 
@@ -332,7 +333,8 @@ def _solve_model(coef: Coefficients, limits: Limits, backend: str, cutoff: float
                  lb: float, trace: Trace | None = None) -> tuple[Plan | None, float | None]:
     """_solve_config's model rounds (no heuristic): the admitted plan or None, and the bound."""
     be = make_backend(backend)
-    model = PipelineModel(coef, limits, be, cutoff=cutoff)
+    floor = least_stage_time(coef, limits) if coef.basis() != predict.SIMULATED else 0.0   # closed form: its P
+    model = PipelineModel(coef, limits, be, cutoff=cutoff, least_stage=floor)
     model.build()
     dl.charge(WORK.model)
     if hint is not None:
