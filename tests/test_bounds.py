@@ -21,7 +21,7 @@ from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
 from milp_plan.result import objective_of
-from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound
+from milp_plan.solvers.bounds import WeakFamilyBounds, config_lower_bound, family_lower_bound, least_stage_time
 from milp_plan.solvers.driver import prepare, solve
 from instances import BACKENDS, EXAMPLES, assert_agrees, limits_for, small_free_instances, small_instances, \
     write_instance
@@ -38,10 +38,21 @@ def config_optimum(inst, coef, limits, fix=None) -> float:
     return best
 
 
+def least_largest_stage(inst, coef, limits, fix=None) -> float:
+    """The least, over the admitted plans of one complete config, of the plan's largest stage
+    time f + b (math.inf when none)."""
+    return min((max(st.fwd_ms + st.bwd_ms for st in plan.predicted.stages) / 1000
+                for plan in bruteforce.candidate_plans(inst, coef.cfg, fix) if limits.admit(plan)), default=math.inf)
+
+
 def assert_bounds_valid(inst, prepared, coef, limits, mode, fix=None) -> float:
-    """Checks this config's bounds (and, for a free parent, every child's) and returns its optimum."""
+    """Checks this config's bounds (and, for a free parent, every child's) and returns its optimum.
+    A complete config's least largest stage time (bounds.least_stage_time, the model's floor
+    under its steady period) must not exceed any admitted plan's largest stage."""
     if coef.cfg.complete:
         best = config_optimum(inst, coef, limits, fix)
+        floor = least_stage_time(coef, limits)
+        assert floor <= least_largest_stage(inst, coef, limits, fix) * (1 + REL), (coef.cfg.label(), floor)
     else:
         best = min([assert_bounds_valid(inst, prepared, kid, limits, mode, fix) for kid in prepared.children(coef)],
                    default=math.inf)
