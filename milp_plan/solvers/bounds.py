@@ -872,7 +872,7 @@ def _every_recompute_pieces(coef: Coefficients, options: list[int], positions: t
     for ma, mrho, mc, cap, _ in rows:
         ma, mrho, mc, cap = ma[idx, None], mrho[idx, None], mc[idx, None], cap[idx, None]
         holds = (ma + mrho) * n + mc <= cap * (1 + 1e-12)   # positions that hold n layers at all
-        need = np.maximum(1.0, np.ceil((ma * n + mc - cap) / -mrho - 1e-9))
+        need = _fewest_recomputes(ma, mrho, mc, cap, n)
         r_min = np.where(holds, np.minimum(r_min, need), r_min)
     r_min = np.where(np.isinf(r_min), 1.0, r_min)
     e = np.where(n <= room, a + rho * (r_min - 1) / n, np.inf)
@@ -887,6 +887,12 @@ def _every_recompute_pieces(coef: Coefficients, options: list[int], positions: t
             start = nxt
         out[o] = (*pieces, (row[start - 1], top))
     return out
+
+
+def _fewest_recomputes(ma, mrho, mc, cap, n):
+    """Under full recompute, the fewest recomputed layers r >= 1 with which n layers fit the
+    memory a_m n + rho_m r + c_m <= cap (rho_m < 0: recomputing saves memory), elementwise."""
+    return np.maximum(1.0, np.ceil((ma * n + mc - cap) / -mrho - 1e-9))
 
 
 def _two_stage_paths(sched, m: int) -> "np.ndarray":
@@ -1008,7 +1014,93 @@ def _placed(coef: Coefficients, limits: Limits, memory: bool, type_caps: dict[in
     unit = cfg.vpp if memory else 1
     placement = coef.shared.get(PlacementKey(tuple(slots), cfg.pp, L, unit),
                                 lambda: _placement_terms(slots, cfg.pp, L, unit))
+    if memory and cfg.complete and cfg.pp >= 2 and placement[1] is not None:
+        placement = _by_position(coef, caps, usable, unit, slots, placement)
     return found, terms, slots, unit, placement
+
+
+def _by_position(coef: Coefficients, caps: dict[int, int], usable: list[int], unit: int, slots: list[SlotType],
+                 placement: tuple) -> tuple:
+    """The placement terms (breakpoints, bottleneck bound z, least at unbounded z, sweep) with z
+    raised by each stage position's own memory (`_position_bottleneck`; None: no plan)."""
+    cands, z, least, sweep = placement
+    key = ("position bottleneck", unit, tuple(sorted(caps.items())), tuple(usable), z)   # all it reads
+    got = coef._memo(coef._local, key, lambda: _position_bottleneck(coef, caps, usable, unit, z))
+    if got is None:
+        return cands, None, None, None
+    if got <= z:
+        return placement
+    cfg, L = coef.cfg, coef.inst.model.num_layers
+    return cands, got, least, coef.shared.get(("sweep", PlacementKey(tuple(slots), cfg.pp, L, unit), got),
+                                              lambda: _Sweep(slots, cfg.pp, L, unit, cands, got))
+
+
+def _position_times(coef: Coefficients, usable: list[int], unit: int) -> dict[int, list[list[float]]]:
+    """Option o -> per stage position s, the least layer time of a stage of n = unit, 2 unit,
+    ... layers up to o's room at s: a n, and under full recompute a n + rho (r_min(n, s) - 1),
+    r_min the fewest recomputes with which n layers fit s's memory (`_fewest_recomputes`; a, rho
+    the least of o's end fits, as `_every_recompute_pieces` reads them). Non-decreasing in n."""
+    pp = coef.cfg.pp
+    rows = [coef.memory_rows(s) for s in range(pp)]
+    out = {}
+    for o in usable:
+        ts = [coef.time(o, s)[0] for s in (0, pp - 1)]
+        a, rho = min(t.a for t in ts), min(t.rho for t in ts)
+        out[o] = []
+        for s, (ma, mrho, mc, cap, _) in enumerate(rows):
+            n = np.arange(unit, coef.layer_room(o, s) // unit * unit + 1, unit, dtype=float)
+            t = a * n
+            if coef.full(o) and rho < 0:   # then the most recomputes, r = n, take the least time
+                t = t + rho * (n - 1)
+            elif coef.full(o) and mrho[o] < 0:
+                t = t + rho * (_fewest_recomputes(ma[o], mrho[o], mc[o], cap[o], n) - 1)
+            out[o].append(np.maximum.accumulate(t).tolist() if len(t) else [])
+    return out
+
+
+def _position_bottleneck(coef: Coefficients, caps: dict[int, int], usable: list[int], unit: int,
+                         z: float) -> float | None:
+    """The least z' >= z at which the pp stage positions, each
+    given a pool (pool q at most caps[q] of them), hold L layers, a stage of option o at position
+    s holding at most the most layers (whole chunks of `unit`) whose least time there
+    (`_position_times`: within s's memory, with the recomputes it forces) is at most z'; None
+    when no z' does (no plan fits memory). Every plan has each stage within its position's
+    memory, so its largest a n (a n + rho (r - 1) under full recompute: the bottleneck bound's
+    measure, at least its e-bar n) is at least z'. The bottleneck bound reads each option's
+    largest room over the positions; under 1F1B stage s holds pp - s micro-batches in flight, so
+    at large pp the first stages hold far fewer layers than the last (GPT-3 175B on mixed-128,
+    tp 2, pp 48: 79.7 ms -> 116.6 ms). The best assignment is a min-cost flow (source -> pool,
+    capacity caps[q]; pool -> position, value its most layers; position -> sink)
+    (formulations/pipeline.md, "The bottleneck by position")."""
+    from ortools.graph.python import min_cost_flow
+    pp, L = coef.cfg.pp, coef.inst.model.num_layers
+    pools = sorted({coef.pool_of[o] for o in usable})
+    times = _position_times(coef, usable, unit)
+    of_pool = [[o for o in usable if coef.pool_of[o] == q] for q in pools]
+    # nodes: 0 the source, 1..P the pools, P+1..P+pp the positions, P+pp+1 the sink
+    P = len(pools)
+    tails = [0] * P + [1 + i for i in range(P) for _ in range(pp)] + [1 + P + s for s in range(pp)]
+    heads = [1 + i for i in range(P)] + [1 + P + s for _ in range(P) for s in range(pp)] + [1 + P + pp] * pp
+    capacity = [min(caps[q], pp) for q in pools] + [1] * (P * pp + pp)
+
+    def holds(zz: float) -> bool:
+        top = zz * (1 + 1e-12)   # a breakpoint is itself some a n: that n fits at it
+        value = [unit * max(bisect.bisect_right(times[o][s], top) for o in opts) for opts in of_pool for s in range(pp)]
+        if sum(max(value[i * pp + s] for i in range(P)) for s in range(pp)) < L:
+            return False    # even every position at its best pool holds fewer than L layers
+        flow = min_cost_flow.SimpleMinCostFlow()
+        flow.add_arcs_with_capacity_and_unit_cost(tails, heads, capacity, [0] * P + [-v for v in value] + [0] * pp)
+        flow.set_node_supply(0, pp)
+        flow.set_node_supply(1 + P + pp, -pp)
+        return flow.solve() == flow.OPTIMAL and -flow.optimal_cost() >= L   # not OPTIMAL: pp positions unfilled
+    if holds(z):
+        return z
+    # the values where a stage's most layers change: its least times (not the breakpoints of the
+    # slots, whose e-bar takes the fewest recomputes of any position)
+    steps = sorted({t for o in usable for at in times[o] for t in at if t > z})
+    if not steps or not holds(steps[-1]):
+        return None
+    return steps[bisect.bisect_left(range(len(steps)), True, key=lambda j: holds(steps[j]))]
 
 
 def least_stage_time(coef: Coefficients, limits: Limits) -> float:
