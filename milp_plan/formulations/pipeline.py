@@ -142,15 +142,11 @@ class Vars:
 class PipelineModel:
     """Builds the model into a backend; one method per constraint family."""
 
-    def __init__(self, coef: Coefficients, limits: Limits, backend: Backend, cutoff: float | None = None,
-                 least_stage: float = 0.0):
+    def __init__(self, coef: Coefficients, limits: Limits, backend: Backend, cutoff: float | None = None):
         """cutoff: only plans with objective below this value (seconds or $/step) are wanted;
-        the driver passes its incumbent so a config that cannot beat it is refuted fast.
-        least_stage: seconds, at most the largest stage time of every plan of the config within
-        memory and the limits (solvers.bounds.least_stage_time; 0: none known), a floor under
-        the steady period (add_steady_period)."""
+        the driver passes its incumbent so a config that cannot beat it is refuted fast."""
         self.c, self.lim, self.be, self.cutoff = coef, limits, backend, cutoff
-        self.least_stage = least_stage
+        self.period_weight = 0   # add_steady_period's w: P >= w t_s on every stage (0: no P)
         self.cfg = coef.cfg
         self.S = range(coef.cfg.pp)
         self.O = range(len(coef.options))
@@ -580,7 +576,7 @@ class PipelineModel:
             for s in self.S:
                 be.add(v.pipe >= self._stage_expr(s, 0, w))
             self.add_pool_work(v.pipe, 0, w, hi)
-            self._steady_floor(w)
+            self.period_weight = w
             return
         w = m - 1
         if cfg.sched.period is Period.FLOW_SHOP:
@@ -594,14 +590,14 @@ class PipelineModel:
                 be.add(zf >= self._scaled_hop(s, w))
                 be.add(zb >= self._scaled_hop(s, w))
             v.pipe = be.sum([zf, zb])
-            self._steady_floor(w)
+            self.period_weight = w
             return
         v.pipe = be.new_int(0, hi, "P")
         ts = [self._stage_expr(s, 0, w) for s in self.S]
         for s in self.S:
             be.add(v.pipe >= ts[s])
         self.add_pool_work(v.pipe, 0, w, hi)
-        self._steady_floor(w)
+        self.period_weight = w
         if pp < 2 or w == 0:
             return
         Q = [0]
@@ -614,17 +610,20 @@ class PipelineModel:
                 k = c - a + 1  # k P >= window - (k - 1)  <=>  P >= floor(window / k)
                 be.add(k * v.pipe >= Q[c] - (Q[a] if a else 0) + ts[c] - (k - 1))
 
-    def _steady_floor(self, w: int) -> None:
-        """P >= w x least_stage, less the rounding: P is at least w t_s on every stage (GPipe's
+    def add_bottleneck_floor(self, least_stage: float) -> None:
+        """On a built model with a steady-period term P (the closed form; `period_weight` w),
+        P >= w x least_stage less the rounding. least_stage (seconds) is at most the largest
+        stage time of every plan of the config within memory and the limits
+        (solvers.bounds.least_stage_time); P is at least w t_s on every stage (GPipe's
         (m-1)(zf + zb): zf >= f_s and zb >= b_s of the same stage), each of t_s's terms rounded
         down by less than a tick per unit of n, r or y (at most 2 L + 1 ticks, twice that in
-        GPipe's two sums), and every plan has a stage with t_s >= least_stage
-        (solvers.bounds.least_stage_time). Removes no plan, only the LP relaxation's points that
-        spread the layers more evenly than whole layers can be (formulations/pipeline.md, "The
-        bottleneck floor")."""
-        if self.least_stage <= 0 or w <= 0:
+        GPipe's two sums). Removes no plan, only the LP relaxation's points that spread the
+        layers more evenly than whole layers can be (formulations/pipeline.md, "The bottleneck
+        floor")."""
+        w = self.period_weight
+        if least_stage <= 0 or w <= 0:
             return
-        floor = math.floor(w * self.least_stage * self.res.tps * (1 - 1e-9)) - 2 * (2 * self.L + 1)
+        floor = math.floor(w * least_stage * self.res.tps * (1 - 1e-9)) - 2 * (2 * self.L + 1)
         if floor > 0:
             self.be.add(self.v.pipe >= floor)
 

@@ -88,6 +88,7 @@ NO_FULL_COLLECTIONS = 10 ** 9  # _young_collections_only: gc's third threshold w
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 CLOSE_GAP = PROOF_TOL / 5    # a config's solve stops at a plan this close to its proven bound (_solve_model)
 FREE_COMPLETIONS = 64        # free mode: a parent with at most this many complete configs below it opens into them
+FLOOR_AFTER = 0.25           # _solve_model: work units of CP-SAT's first run, before the bottleneck floor
 MANY_POOLS = 3               # free_start runs on free configs of this many pools or more (many_pools)
 PROGRESS_EVERY_S = 0.1       # the search reports its progress at most this often (wall clock)
 
@@ -333,9 +334,15 @@ def _solve_model(coef: Coefficients, limits: Limits, backend: str, cutoff: float
                  lb: float, trace: Trace | None = None) -> tuple[Plan | None, float | None]:
     """_solve_config's model rounds (no heuristic): the admitted plan or None, and the bound."""
     be = make_backend(backend)
-    floor = least_stage_time(coef, limits) if coef.basis() != predict.SIMULATED else 0.0   # closed form: its P
-    model = PipelineModel(coef, limits, be, cutoff=cutoff, least_stage=floor)
+    model = PipelineModel(coef, limits, be, cutoff=cutoff)
     model.build()
+    # CP-SAT on the closed form: the bottleneck floor once a run of FLOOR_AFTER units has not
+    # settled the config (pipeline.md, "The bottleneck floor": it speeds the hard proofs, but
+    # slowed an easy one 1,000-fold)
+    floor = least_stage_time(coef, limits) if backend == "cpsat" and model.period_weight else 0.0
+    if floor and FLOOR_AFTER <= 0:   # no probe: the floor from the first run
+        model.add_bottleneck_floor(floor)
+        floor = 0.0
     dl.charge(WORK.model)
     if hint is not None:
         model.hint(*hint)
@@ -375,12 +382,28 @@ def _solve_model(coef: Coefficients, limits: Limits, backend: str, cutoff: float
         return model.step_short(value(model.v.step), plan, opts, layers, rs)
     lazy = {"stop_if": missed} if step_only and model.simulated else {}
     while True:
-        run = be.solve(dl.left(), seed, 1, work=dl.work_left(), stop_at=stop, **lazy)
+        probe = floor > 0   # a first run without the floor
+        left = dl.work_left()
+        run = be.solve(dl.left(), seed, 1, work=min(FLOOR_AFTER, math.inf if left is None else left) if probe else left,
+                       stop_at=stop, **lazy)
         dl.charge(WORK.plan * checked[0])
         checked[0] = 0
         dl.charge(run.work)
         if trace is not None:
             trace.statuses.append(run.status)
+        if probe and run.status in ("feasible", "timeout") and not dl.expired():
+            # not settled: again with the floor, from the probe's best solution (a worker's answer
+            # still counts: FLOOR_AFTER, not its deadline, stopped the probe)
+            if trace is not None:
+                trace.statuses[-1] = "probed"
+            if run.status == "feasible":
+                be.clear_hints()
+                model.hint(*model.extract(run.value))
+                bound = max(bound, model.objective_in_units(run.bound))
+            model.add_bottleneck_floor(floor)
+            floor = 0.0
+            continue
+        floor = 0.0
         if run.status == "infeasible":
             return None, None
         if run.status == "timeout":

@@ -423,7 +423,7 @@ class Ahead:
         if answer is None:
             return None
         plan, bound, trace = answer
-        if any(s not in ("optimal", "closed", "stopped", "infeasible") for s in trace.statuses):
+        if any(s not in ("optimal", "closed", "stopped", "infeasible", "probed") for s in trace.statuses):
             return None
         if dl.work_end is not None:
             used = dl.meter.used
