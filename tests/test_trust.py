@@ -352,16 +352,20 @@ def test_every_config_model_of_a_fixed_schedule_with_slow_links(tmp_path, schedu
     """Each schedule's terms on 2-GPU nodes, where hops inside a node and between nodes both
     occur, per-GPU billing: the paths of the simulated step, and (as for plans too large to
     simulate) the closed form's GPipe flow shops, interleaved chunks and wrap, 1F1B windows,
-    with the bottleneck floor from the first run (a floor 3% too high fails it)."""
+    with the bottleneck floor from the first run and after a probe of 0.001 units (the driver's
+    two paths; a floor 3% too high fails both)."""
+    floors = [driver.FLOOR_AFTER]
     if basis == predict.CLOSED_FORM:
         monkeypatch.setattr(predict, "STEP_SIM_MAX_OPERATIONS", 0)
-        monkeypatch.setattr(driver, "FLOOR_AFTER", 0.0)   # the bottleneck floor on every run
+        floors = [0.0, 1e-6]
     spec = write_instance(tmp_path, layers=8, gpn=2, counts=(2, 2), bw=COMPARABLE_BW[1], billing=("gpu", "node"),
                           memory_gb_per_s=1.0)
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 8}))
     fix = {"schedule": schedule, "recompute": "none"}
-    for limits in (Limits(), Limits(budget_usd_per_hour=5.9)):
-        assert assert_every_config_model_exact(inst, limits, "megatron", fix) >= 3
+    for after in floors:
+        monkeypatch.setattr(driver, "FLOOR_AFTER", after)
+        for limits in (Limits(), Limits(budget_usd_per_hour=5.9)):
+            assert assert_every_config_model_exact(inst, limits, "megatron", fix) >= 3
 
 
 def test_free_mode_min_cost_at_the_free_optimum_s_own_time(tmp_path):

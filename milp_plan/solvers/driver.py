@@ -88,7 +88,7 @@ NO_FULL_COLLECTIONS = 10 ** 9  # _young_collections_only: gc's third threshold w
 FREE_BASE_SHARE = 0.8        # free mode: the Megatron-mode solve that starts it gets at most this share
 CLOSE_GAP = PROOF_TOL / 5    # a config's solve stops at a plan this close to its proven bound (_solve_model)
 FREE_COMPLETIONS = 64        # free mode: a parent with at most this many complete configs below it opens into them
-FLOOR_AFTER = 0.25           # _solve_model: work units of CP-SAT's first run, before the bottleneck floor
+FLOOR_AFTER = 0.02           # _solve_model: work units of CP-SAT's first run, before the bottleneck floor
 MANY_POOLS = 3               # free_start runs on free configs of this many pools or more (many_pools)
 PROGRESS_EVERY_S = 0.1       # the search reports its progress at most this often (wall clock)
 
