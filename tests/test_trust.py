@@ -20,7 +20,7 @@ from milp_plan.formulations import pipeline
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.formulations.pipeline import PipelineModel
 from milp_plan.job import Limits
-from milp_plan.formulations.space import Config, enumerate_configs, stage_options
+from milp_plan.formulations.space import enumerate_configs, stage_options
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import driver
 from milp_plan.solvers.backends import make_backend

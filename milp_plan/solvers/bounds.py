@@ -1105,11 +1105,11 @@ def _position_bottleneck(coef: Coefficients, caps: dict[int, int], usable: list[
 
 def least_stage_time(coef: Coefficients, limits: Limits) -> float:
     """At least the largest stage time t_s (f + b of one micro-batch, seconds) of every plan of
-    the config within memory and the limits: every such plan has a stage with a n >= z, z the
-    bottleneck bound of the full bound's placement (`_bottleneck_bound`; a the least per-layer
-    time of its option, under full recompute the piece e-bar of `_every_recompute_pieces`, for
-    which a n + rho (r - 1) >= e-bar n), and t_s = a n + rho r + c adds at least c (+ rho under
-    full recompute) to it, so t_s >= z + the least of those where negative. 0.0 where the
+    the config within memory and the limits: every such plan has a stage with a n >= z (under
+    full recompute a n + rho (r - 1) >= z), z the bottleneck bound of the full bound's
+    placement (`_bottleneck_bound`, raised by `_position_bottleneck`; a the least per-layer
+    time of the stage's option), and t_s = a n + rho r + c adds at least c (+ rho under full
+    recompute) to it, so t_s >= z + the least of those where negative. 0.0 where the
     bound finds no plan. The per-stage model's floor under its steady-period term
     (PipelineModel.add_steady_period): the LP relaxation spreads the layers evenly, whole layers
     cannot (formulations/pipeline.md, "The bottleneck floor")."""
