@@ -498,19 +498,12 @@ class _Heap:
                 return None  # the families stay in the heap at their bounds
             flb, cfg, kind, members = heapq.heappop(heap)
             self.dl.charge(WORK.weak_bound if kind == 3 else WORK.bound * (1 if kind == 2 else len(members)))
-            if kind == 3:  # at its work bound: the weak family bound
-                lb = self.weak.family(cfg, [prep.configs[i] for i in members], make=lambda _, i=members[0]: prep.coef(i))
+            if kind >= 2:  # 3: at its work bound, weakly bound it; 2: weakly bounded, tighten (the bottleneck bound)
+                variants = [prep.configs[i] for i in members]
+                lb = (self.weak.family(cfg, variants, make=lambda _, i=members[0]: prep.coef(i)) if kind == 3
+                      else family_lower_bound(prep.coef(members[0]), self.limits, variants))
                 if lb is not None:
-                    heapq.heappush(heap, (max(lb, flb), cfg, 2, members))
-                else:
-                    self.ruled_out += len(members)
-                if not heap:
-                    return None
-                continue
-            if kind == 2:  # a weakly bounded family: tighten (the bottleneck bound) and push it back
-                lb = family_lower_bound(prep.coef(members[0]), self.limits, [prep.configs[i] for i in members])
-                if lb is not None:
-                    heapq.heappush(heap, (max(lb, flb), cfg, 1, members))
+                    heapq.heappush(heap, (max(lb, flb), cfg, kind - 1, members))   # back in, one kind tighter
                 else:
                     self.ruled_out += len(members)
                 if not heap:
