@@ -1114,9 +1114,11 @@ def least_stage_time(coef: Coefficients, limits: Limits) -> float:
     (PipelineModel.add_steady_period): the LP relaxation spreads the layers evenly, whole layers
     cannot (formulations/pipeline.md, "The bottleneck floor")."""
     placed = _placed(coef, limits, True)
-    if placed is None or placed[4][1] is None:
+    if placed is None:
         return 0.0
-    (_, _, _, usable), z = placed[0], placed[4][1]
+    (_, _, _, usable), _, _, _, (_, z, _, _) = placed
+    if z is None:
+        return 0.0
     ends = sorted({0, min(1, coef.cfg.pp - 1), coef.cfg.pp - 1})   # first, a middle stage, last
     L = coef.inst.model.num_layers
 
