@@ -1,0 +1,328 @@
+"""The exact search over one GPipe config's sliced plans (slice_plan._examine): branch and bound
+over the stage options and layer counts, stage 0 first, every slicing row at once.
+
+A node fixes stages 0..j-1 (option o_s, n_s layers); its bound, per slicing row, is at least the
+step of every plan below it cut by that row (slice_bounds' module docstring: the machine paths
+M(s) and the paths P(a, s, b, k)), plus stage 0's tail and the optimizer term:
+
+    M(s) = m W_s + sum_{r<s} p_{r,0} + sum_{r>s} p_{r,last} + the hops (down and back) on the first
+           slice above s and on the last below it,   W_s = sum_k p_{s,k};
+
+  * a fixed stage s: p_{s,k} >= n_s alpha_{o_s,k} (the option's least per-layer f + b over the
+    block kinds; recompute at its least), the embedding's on stage 0 and the head's on stage K-1
+    (least over the options), the recomputed forward under full recompute (phi);
+  * a stage not fixed: one layer at the least alpha of the usable options (and phi, and the
+    head on stage K-1) on its first or last slice;
+  * the heaviest of the stages not fixed (t >= j, K - j of them, L' layers): its W_t >= z', the
+    least z with sum_t min(z / A_{o_t}, L') >= L' over K - j options within the pools' stages
+    left (the fractional bottleneck: the fastest options first); its M(t) reads the fixed stages'
+    first slices;
+  * a hop between fixed stages: at least _hop_costs' least of its two pools' links (per token,
+    both ways); a hop with an end not fixed: the least over every pool pair;
+  * at a leaf (every stage fixed) the paths P(a, s, b, k) too (slice_bounds.gathered_paths).
+
+A row whose bound reaches the cutoff (the incumbent) leaves the node's subtree; a node with no
+row left is pruned. Each option's layer counts at a node are bounded in one numpy pass. A leaf
+with rows left is handed to the caller (`leaf(options, layers, bound)`), which bounds the plan
+exactly over every slicing (slice_bounds.plan_bounds), slices it and returns its bound; the
+config's bound is the least leaf bound, or the cutoff where every leaf was pruned.
+
+Memory: a stage of option o holds at most rooms[o] layers (solvers.bounds.usable_options: within
+memory at the best recompute count of any position), so no plan that fits is cut; the bounds read
+the least recompute (time only grows with it). formulations/pipeline.md, 'Token slices: the exact
+search of a config'; tests/test_slice_search.py checks it against enumeration."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from milp_plan.deadline import Deadline
+from milp_plan.solvers.driver import REL_EPS
+from milp_plan.slice_bounds import (SECONDS_PER_CELL, ConfigBounds, _embedding_sync, _gather, _hop_costs,
+                                    _least_price, _value, gathered_paths)
+
+CELL_OPS = 12   # numpy passes per bounded cell (row x layer count) of a node, charged at SECONDS_PER_CELL
+Leaf = Callable[[tuple[int, ...], tuple[int, ...], float], float]
+
+
+class SplitSearch:
+    """Branch and bound over the plans of one GPipe config (module docstring)."""
+
+    def __init__(self, cb: ConfigBounds, coef):
+        from milp_plan.solvers import bounds
+        self.cb, self.coef = cb, coef
+        inst = cb.inst
+        self.K, self.L = coef.cfg.pp, inst.model.num_layers
+        self.m = coef.cfg.num_microbatches(inst.job.global_batch_size)
+        self.nodes = self.leaves = 0
+        found = bounds.usable_options(coef, cb.limits, memory=True)
+        self.usable: list[int] = [] if found is None else found[3]
+        if not self.usable:
+            return
+        caps, _, rooms, usable = found
+        self.caps = {q: min(c, self.K) for q, c in caps.items()}
+        self.rooms = {o: min(rooms[o], self.L) for o in usable}
+        t = cb._terms(coef)
+        _, emb, head, _, _ = cb._arcs_of(cb._terms_key(coef), coef)
+        rows, valid = cb.rows, cb.valid
+        self.valid = valid
+        ar, last = np.arange(len(rows)), valid.sum(axis=1) - 1
+        key = {o: (coef.options[o].k, coef.options[o].tp, coef.options[o].mbs) for o in usable}
+        self.a = {o: t["per_a"][key[o]] for o in usable}               # rows x U, per layer
+        self.A = {o: t["per"][key[o]] for o in usable}                 # rows
+        self.a0 = {o: self.a[o][:, 0] for o in usable}
+        self.a1 = {o: self.a[o][ar, last] for o in usable}
+        self.e, self.h, self.ph = _gather(emb, rows), _gather(head, rows), t["ph"]
+        self.E, self.H, self.Phi = self.e.sum(axis=1), self.h.sum(axis=1), t["Phi"]
+        self.e0, self.h1 = self.e[:, 0], self.h[ar, last]
+        self.ph0, self.ph1 = self.ph[:, 0], self.ph[ar, last]
+        self.amin = np.min([self.a[o] for o in usable], axis=0)        # rows x U: the least alpha
+        one = self.amin + self.ph + self.h                                # the last stage, one layer
+        self.suf_last = np.cumsum(one[:, ::-1], axis=1)[:, ::-1] - one    # ... its slices after k
+        self.amin1 = self.amin[ar, last]
+        least0 = np.min([self.a0[o] for o in usable], axis=0)
+        least1 = np.min([self.a1[o] for o in usable], axis=0)
+        self.q0, self.q1 = least0 + self.ph0, least1 + self.ph1   # a stage not fixed: one layer
+        seq = inst.job.seq_length
+        self.tok = cb.tokens
+        self.t0, self.t1 = cb.tokens[:, 0], cb.tokens[ar, last]
+        c = _hop_costs(coef) if self.K > 1 else ((0.0,),)
+        self.hop = {(p, q): c[p][q] / seq for p in range(len(c)) for q in range(len(c))}   # per token, both ways
+        self.hop_least = min(self.hop.values())
+        self.sync = _embedding_sync(coef, cb.limits)
+        self.price = _least_price(coef, self.K)
+        self.dp0 = {o: [max(0.0, coef.dp_time(o, 0)[0](n)) for n in range(self.L + 1)] for o in usable}
+        self.syncs: dict = {}
+        self.opts = {(o, s): [coef.opt_time(o, s)(n) for n in range(self.L + 1)]
+                     for o in usable for s in {0, max(self.K - 2, 0), self.K - 1}}
+        self.opt_least = cb._opt(coef)
+
+    def _pair_sync(self, o0: int, o1: int) -> float:
+        """At least the tied embedding's all-reduce with the end stages run as o0 and o1
+        (costmodel.tied_embedding_sync_s: the slower direction; within one node only where their
+        pool's node holds every stage), and at least the config's (`_embedding_sync`)."""
+        coef = self.coef
+        if self.K < 2 or not coef.inst.model.tied_embeddings:
+            return self.sync
+        q0, q1 = coef.pool_of[o0], coef.pool_of[o1]
+        k0, k1 = coef.pools[q0].k, coef.pools[q1].k
+        sames = (False, True) if q0 == q1 and coef.pools[q0].place.stages_per_node >= self.K else (False,)
+        got = min(max(coef.embedding_sync(o0, k1, same), coef.embedding_sync(o1, k0, same)) for same in sames)
+        return max(got, self.sync)
+
+    def _sync_below(self, o0: int, used: dict[int, int], last: int | None) -> float:
+        """At least the tied embedding's all-reduce of every plan below a node whose stage 0 runs
+        o0: with the last stage's option (`last`), that pair's; else the least pair with an option
+        whose pool has a stage left."""
+        key = (o0, last, tuple(sorted(used.items())))
+        got = self.syncs.get(key)
+        if got is None:
+            ends = [last] if last is not None else [o for o in self.usable
+                                                    if used.get(self.coef.pool_of[o], 0) < self.caps[self.coef.pool_of[o]]]
+            got = self.syncs[key] = min((self._pair_sync(o0, o1) for o1 in ends), default=self.sync)
+        return got
+
+    def _opt(self, o: int, s: int, n: int) -> float:
+        return self.opts[(o, s if s in (0, self.K - 1) else max(self.K - 2, 0))][n]
+
+    def _time_cut(self, cutoff: float) -> float:
+        return self.cb._time_cutoff(self.coef, cutoff)
+
+    def _rest_speed(self, rows: np.ndarray, stages: int, used: dict[int, int]) -> np.ndarray | None:
+        """Per row, the most sum_t 1 / A_{o_t} over `stages` stages within the pools' stages left
+        (the fastest pools first; each pool at its fastest usable option): z' = L' / it (module
+        docstring). None when the stages do not fit the pools."""
+        pools = sorted({self.coef.pool_of[o] for o in self.usable})
+        room = np.array([self.caps[q] - used.get(q, 0) for q in pools], dtype=float)
+        if room.sum() < stages:
+            return None
+        inv = np.stack([np.max([1.0 / self.A[o][rows] for o in self.usable if self.coef.pool_of[o] == q], axis=0)
+                        for q in pools], axis=1)
+        idx = np.argsort(-inv, axis=1, kind="stable")
+        inv_s, room_s = np.take_along_axis(inv, idx, axis=1), room[idx]
+        take = np.minimum(room_s, np.maximum(stages - (np.cumsum(room_s, axis=1) - room_s), 0))
+        return (inv_s * take).sum(axis=1)
+
+    def _whole(self, z: np.ndarray, rows: np.ndarray, used: dict[int, int]) -> np.ndarray:
+        """z' raised to the least whole-layer time n A_o >= z' of an option o whose pool has a stage
+        left (the heaviest stage not fixed holds whole layers); 1e-6 of a layer of slack against
+        the rounding of z'."""
+        best = np.full(z.shape, np.inf)
+        for o in self.usable:
+            q = self.coef.pool_of[o]
+            if used.get(q, 0) < self.caps[q]:
+                A = self.A[o][rows]
+                best = np.minimum(best, np.ceil(z / A - 1e-6) * A)
+        return np.where(np.isfinite(best), best, z)
+
+    def _rest_room(self, stages: int, used: dict[int, int]) -> int:
+        """The most layers `stages` stages hold within the pools' stages left and the rooms (the
+        largest rooms first)."""
+        left = {q: self.caps[q] - used.get(q, 0) for q in self.caps}
+        total = 0
+        for o in sorted(self.usable, key=lambda o: -self.rooms[o]):
+            q = self.coef.pool_of[o]
+            k = min(left[q], stages)
+            total += k * self.rooms[o]
+            left[q] -= k
+            stages -= k
+        return total if stages == 0 else -1
+
+    def run(self, cutoff: Callable[[], float], leaf: Leaf, dl: Deadline) -> tuple[float, bool]:
+        """(the least leaf bound (the objective's), inf where every leaf was pruned; whether the
+        search ended within the deadline). `cutoff()`: the incumbent's objective, read at every
+        node: a row whose bound reaches it leaves the subtree."""
+        if not self.usable:
+            return math.inf, True
+        n = len(self.cb.rows)
+        U = self.valid.shape[1]
+        root = _Node((), (), {}, np.arange(n), np.zeros(n), np.full(n, -np.inf), self.opt_least, 0.0, 0.0,
+                     np.zeros((n, U)), np.zeros((n, U)), np.zeros(n))
+        best = [math.inf]
+        done = self._expand(root, cutoff, leaf, dl, best)
+        return best[0], done
+
+    def _expand(self, nd: "_Node", cutoff, leaf: Leaf, dl: Deadline, best: list[float]) -> bool:
+        """Bound the children of `nd` (every usable option, every layer count) and search those
+        with rows left, the least bound first; False when the deadline cut it."""
+        if dl.expired():
+            return False
+        self.nodes += 1
+        m, rows, j = self.m, nd.rows, len(nd.opts)
+        left, rest = self.L - sum(nd.layers), self.K - j - 1
+        kids = []
+        for o in self.usable:
+            q = self.coef.pool_of[o]
+            if nd.used.get(q, 0) >= self.caps[q]:
+                continue
+            used = {**nd.used, q: nd.used.get(q, 0) + 1}
+            lo, hi = (left, left) if rest == 0 else (1, left - rest)
+            hi = min(hi, self.rooms[o])
+            if rest:
+                room = self._rest_room(rest, used)
+                lo = max(lo, left - room) if room >= 0 else hi + 1
+            if hi < lo:
+                continue
+            ns = np.arange(lo, hi + 1)
+            n_ = ns[:, None].astype(float)                               # layer counts x rows
+            p0 = n_ * self.a0[o][rows] + self.ph0[rows] + (self.e0[rows] if j == 0 else 0.0)
+            p1 = n_ * self.a1[o][rows] + self.ph1[rows] + (self.h1[rows] if rest == 0 else 0.0)
+            W = n_ * self.A[o][rows] + self.Phi[rows] + (self.E[rows] if j == 0 else 0.0) + \
+                (self.H[rows] if rest == 0 else 0.0)
+            hop = self.hop[(self.coef.pool_of[nd.opts[-1]], q)] if j else 0.0
+            F = nd.F + hop * self.t0[rows]                              # the first slice down to stage j
+            Mx = np.maximum(nd.Mx + p1 + hop * self.t1[rows], m * W + F)   # M(s), s <= j, with stage j's last
+            # the stages not fixed, below: their layers left at the least alpha on the last slice, a phi
+            # each, the head, the hops at the least
+            T = Mx + ((left - n_) * self.amin1[rows] + rest * (self.ph1[rows] + self.hop_least * self.t1[rows]) +
+                      (self.h1[rows] if rest else 0.0))
+            F_next = F + p0
+            z = np.zeros_like(T)
+            if rest:     # M(t) of the heaviest stage not fixed, t > j
+                speed = self._rest_speed(rows, rest, used)
+                if speed is None:
+                    continue
+                z = self._whole((left - n_) / speed, rows, used)
+                ends = np.minimum(self.t0[rows], self.t1[rows]) * self.hop_least
+                T = np.maximum(T, m * (z + self.Phi[rows]) + F_next + rest * ends + self.h1[rows] +
+                               (rest - 1) * np.minimum(self.q0[rows], self.q1[rows]))
+            # stage 0's tail: its reduction at its layers, then the tied embedding's all-reduce
+            o0 = nd.opts[0] if j else o
+            sync = self._sync_below(o0, used, o if rest == 0 else None) if self.K > 1 else 0.0
+            dp0 = np.array([self.dp0[o][n] for n in ns]) if j == 0 else np.full(len(ns), nd.dp0)
+            tail = dp0 + sync
+            opt = np.array([max(nd.opt, self._opt(o, j, n)) for n in ns])
+            T = T + (tail + opt)[:, None]
+            dl.charge(T.size * CELL_OPS * SECONDS_PER_CELL)
+            for i, n in enumerate(ns.tolist()):
+                kids.append((float(T[i].min()), o, n, used, T[i], F_next[i], Mx[i], float(opt[i]), float(dp0[i]),
+                             float(tail[i]), np.maximum(nd.W, W[i]), z[i]))
+        kids.sort(key=lambda k: k[0])
+        for low, o, n, used, T, F, Mx, opt, dp0, tail, Wmax, z in kids:
+            cut = self._time_cut(cutoff()) * (1 - REL_EPS)
+            if low >= cut:
+                break
+            keep = T < cut
+            child = self._child(nd, o, n, used, keep, F, Mx, opt, dp0, tail, Wmax)
+            if rest:
+                keep = self._slice_bound(child, z[keep], rest) < cut    # the paths P(0, s, K-1, k)
+                if not keep.any():
+                    continue
+                child = child.restrict(keep)
+                if not self._expand(child, cutoff, leaf, dl, best):
+                    return False
+                continue
+            got = self._leaf_bound(child, T[keep])      # every stage fixed: the paths P(a, s, b, k) too
+            if got < cut:
+                self.leaves += 1
+                best[0] = min(best[0], leaf(child.opts, child.layers, _value(got, self.price, self.cb.limits)))
+            if dl.expired():
+                return False
+        return True
+
+    def _child(self, nd: "_Node", o: int, n: int, used: dict, keep: np.ndarray, F, Mx, opt: float, dp0: float,
+               tail: float, Wmax) -> "_Node":
+        """`nd` with stage j run as option o on n layers, on the rows kept: C and stage 0's
+        prefix gain the stage's slices (and the hop above it, both ways)."""
+        j, rows = len(nd.opts), nd.rows[keep]
+        p = n * self.a[o][rows] + self.ph[rows] + (self.e[rows] if j == 0 else 0.0) + \
+            (self.h[rows] if j == self.K - 1 else 0.0)
+        C = nd.C[keep] + p
+        if j:
+            C = C + self.hop[(self.coef.pool_of[nd.opts[-1]], self.coef.pool_of[o])] * self.tok[rows]
+        pre0 = (np.cumsum(p, axis=1) - p) if j == 0 else nd.pre0[keep]
+        return _Node((*nd.opts, o), (*nd.layers, n), used, rows, F[keep], Mx[keep], opt, dp0, tail, C, pre0,
+                     Wmax[keep])
+
+    def _slice_bound(self, nd: "_Node", z: np.ndarray, rest: int) -> np.ndarray:
+        """Per row of `nd` (stage 0 fixed, `rest` >= 1 stages not): at least the path P(0, s, K-1, k)
+        of every plan below it, max over k: (m - 1) W_s (the heaviest: a fixed stage's, or z' +
+        Phi) + stage 0's slices before k + C_k (the fixed stages' p_{s,k} and hops, the layers
+        left at the least alpha_k, one phi, the head and a least hop per stage not fixed) + the
+        last stage's slices after k (one layer at the least alpha, phi and the head), + stage 0's
+        tail and the optimizer term (seconds)."""
+        rows, left = nd.rows, self.L - sum(nd.layers)
+        Ck = nd.C + left * self.amin[rows] + rest * (self.ph[rows] + self.hop_least * self.tok[rows]) + self.h[rows]
+        cross = np.where(self.valid[rows], nd.pre0 + Ck + self.suf_last[rows], -np.inf).max(axis=1)
+        heavy = np.maximum(nd.W, z + self.Phi[rows])
+        return cross + (self.m - 1) * heavy + nd.tail + nd.opt
+
+    def _leaf_bound(self, nd: "_Node", T: np.ndarray) -> float:
+        """The least over the node's rows of max(T, the plan's paths P(a, s, b, k) + stage 0's
+        tail + the optimizer term) (seconds)."""
+        rows, K = nd.rows, self.K
+        P = []
+        for s, (o, n) in enumerate(zip(nd.opts, nd.layers)):
+            p = n * self.a[o][rows] + self.ph[rows]
+            if s == 0:
+                p = p + self.e[rows]
+            if s == K - 1:
+                p = p + self.h[rows]
+            P.append(p)
+        pool = [self.coef.pool_of[o] for o in nd.opts]
+        Hk = [0.5 * self.hop[(pool[h], pool[h + 1])] * self.tok[rows] for h in range(K - 1)]
+        paths = gathered_paths(P, Hk, self.m, self.valid[rows]) + nd.tail + nd.opt
+        return float(np.maximum(T, paths).min())
+
+
+@dataclass(frozen=True)
+class _Node:
+    opts: tuple[int, ...]        # stages 0..j-1: option
+    layers: tuple[int, ...]      # ... and layers
+    used: dict                   # pool -> stages taken
+    rows: np.ndarray             # the slicing rows left (indices into ConfigBounds.rows)
+    F: np.ndarray                # per row: sum_{s<j} p_{s,0} + the hops between them on slice 0
+    Mx: np.ndarray               # per row: max_{s<j} M(s) with the fixed stages below s
+    opt: float                   # the optimizer term at least
+    dp0: float                   # stage 0's reduction at least (0 before stage 0 is fixed)
+    tail: float                  # ... and the tied embedding's all-reduce after it
+    C: np.ndarray                # per row and slice k: sum_{s<j} p_{s,k} + the hops between them, both ways
+    pre0: np.ndarray             # per row and slice k: sum_{i<k} p_{0,i} (stage 0 fixed)
+    W: np.ndarray                # per row: max_{s<j} W_s
+
+    def restrict(self, keep: np.ndarray) -> "_Node":
+        return _Node(self.opts, self.layers, self.used, self.rows[keep], self.F[keep], self.Mx[keep], self.opt,
+                     self.dp0, self.tail, self.C[keep], self.pre0[keep], self.W[keep])
