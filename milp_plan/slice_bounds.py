@@ -128,6 +128,17 @@ def slicing_rows(units: int, counts: Iterable[int]) -> tuple[list[tuple[int, int
     return _rows(units, tuple(sorted(set(counts))))
 
 
+def row_index(units: int, counts: Iterable[int]) -> dict[tuple[int, ...], int]:
+    """Each slicing's lengths (units) -> its row in `slicing_rows(units, counts)`."""
+    return _row_index(units, tuple(sorted(set(counts))))
+
+
+@functools.lru_cache(maxsize=4)
+def _row_index(units: int, counts: tuple[int, ...]) -> dict[tuple[int, ...], int]:
+    arcs, rows = _rows(units, counts)
+    return {lengths_of(row, arcs): r for r, row in enumerate(rows)}
+
+
 def lengths_of(row: np.ndarray, arcs: list[tuple[int, int]]) -> tuple[int, ...]:
     """Slice lengths (units) of one composition row."""
     return tuple(arcs[a][1] - arcs[a][0] for a in row if a < len(arcs))
@@ -244,11 +255,11 @@ def unit_tokens(inst: Instance) -> tuple[int, int]:
     return units, inst.job.seq_length // units
 
 
-def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]
-                ) -> dict[int, tuple[float, tuple[int, ...]]]:
-    """For each slice count in `counts`: (the least objective any slicing of `plan` with that
-    count can reach, by the path bounds; the slicing (tokens) where the bound is least). inf:
-    none meets the limits. The plan's memory is not read (slicing leaves it as it is)."""
+def plan_row_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]
+                    ) -> tuple[np.ndarray, list[tuple[int, int]], np.ndarray]:
+    """(per slicing row of `counts`, at least the objective of `plan` cut by it, by the path
+    bounds (inf: it breaks the limits); the arcs; the rows). The plan's memory is not read
+    (slicing leaves it as it is)."""
     units, unit = unit_tokens(inst)
     arcs, rows = slicing_rows(units, counts)
     nts = [costmodel.stage_node_type(inst, st) for st in plan.stages]
@@ -268,7 +279,16 @@ def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int
            for h in range(plan.pp - 1)]
     c = costmodel.plan_costs(inst, plan)
     T = path_bounds(p, hop, plan.num_microbatches, rows, len(arcs), f, c.tail_s) + max(c.opt_s)
-    vals = _value(T, costmodel.plan_usd_per_hour(inst, plan), limits)
+    return _value(T, costmodel.plan_usd_per_hour(inst, plan), limits), arcs, rows
+
+
+def plan_bounds(inst: Instance, plan: Plan, limits: Limits, counts: Iterable[int]
+                ) -> dict[int, tuple[float, tuple[int, ...]]]:
+    """For each slice count in `counts`: (the least objective any slicing of `plan` with that
+    count can reach, by the path bounds; the slicing (tokens) where the bound is least). inf:
+    none meets the limits. The plan's memory is not read (slicing leaves it as it is)."""
+    vals, arcs, rows = plan_row_bounds(inst, plan, limits, counts)
+    _, unit = unit_tokens(inst)
     n = (rows < len(arcs)).sum(axis=1)
     out = {}
     for cnt in sorted(set(int(x) for x in n)):
@@ -315,14 +335,21 @@ def _least_hop_per_token(coef) -> float:
 
 
 def _hop_costs(coef) -> tuple[tuple[float, ...], ...]:
-    """`_hop_chain`'s least cost of a hop between stages of pools p and q, both ways (its
-    docstring), as c[p][q]: found once per config, for every end pair's chain."""
+    """`_hop_chain`'s least cost of a hop from a stage of pool p to the next stage, of pool q,
+    both ways (its docstring), as c[p][q]: found once per config, for every end pair's chain.
+    The simulator runs a hop's backward transfer at its forward time (costmodel.slice_costs:
+    hop_between(stage h, stage h + 1) both ways; sim/pipeline.py), so the cost is twice the
+    forward one, p's senders to q's node type: hop_inter(p, type of q), or hop_intra(p) where the
+    two pools are of one node type and one of them puts two stages on a node (they may share it).
+    Directed: p's senders per node set it (costmodel.link_s), so c[p][q] and c[q][p] differ where
+    the pools' stages sit on their nodes unlike (an earlier sum of both directions overstated a
+    hop from the pool of fewer senders per node; tests/test_slice_search.py caught it)."""
     pools = range(len(coef.pools))
 
     def cost(p, q):
-        got = coef.hop_inter(p, coef.pools[q].k) + coef.hop_inter(q, coef.pools[p].k)
+        got = 2 * coef.hop_inter(p, coef.pools[q].k)
         if coef.pools[p].k == coef.pools[q].k and max(coef.pools[r].place.stages_per_node for r in (p, q)) >= 2:
-            got = min(got, coef.hop_intra(p) + coef.hop_intra(q))     # they may share a node
+            got = min(got, 2 * coef.hop_intra(p))     # they may share a node
         return got
     return tuple(tuple(cost(p, q) for q in pools) for p in pools)
 
@@ -333,10 +360,9 @@ def _hop_chain(coef, caps: dict[int, int], p0: int, p1: int, memo: dict,
     stage 0 is in pool p0 and stage K-1 in pool p1 (seconds per token): a path through every
     stage on one slice crosses each hop down and back (M(s), P(s, k)); the pools of the middle
     stages are chosen, each pool at most caps[p] stages in all, for the least sum (a shortest path
-    over (pool of the stage, stages used per pool)), a hop between stages of pools p, q costing
-    at least hop_inter(p, type of q) + hop_inter(q, type of p), or hop_intra(p) + hop_intra(q)
-    where the two pools are of one node type and one of them puts two stages on a node (they may
-    share it; `_least_hop_per_token` allows the intra-node hop likewise). Where the states would
+    over (pool of the stage, stages used per pool)), a hop from a stage of pool p to one of pool
+    q costing at least c[p][q] (`_hop_costs`: twice its forward transfer; `_least_hop_per_token`
+    allows the intra-node hop likewise). Where the states would
     be many (more than 4 pools, or more than CHAIN_MAX_STATES usage vectors), the caps are dropped
     (lower: `_least_chain`). The shortest path is kept in
     `memo` by what it reads (stage count, caps, ends, hop costs): at pp 20-32 on four pools its

@@ -40,14 +40,14 @@ bubble, not activation memory; the plan is charged GPipe's activation memory.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import heapq
-import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Iterable
+
+import numpy as np
 
 from milp_plan import costmodel, predict, slice_bounds
 from milp_plan.deadline import WORK, Deadline
@@ -126,9 +126,9 @@ def _candidate(inst: Instance, plan: Plan, limits: Limits, tokens: tuple[int, ..
     return Candidate(max(1, len(tokens)), tokens, cand, objective_of(cand, limits))
 
 
-SPLIT_ENUM_MAX = 512   # a config with at most this many plans (stage options x layer splits) is enumerated
 FIRST_SHARE = 0.5      # solve_with_slices: its first solve's share of the command's budget, the rest the
 #                        sliced search's
+EXACT_EVALS = 32       # _best_sliced: slicings of one plan evaluated in increasing bound order, at most
 
 
 @dataclass
@@ -154,62 +154,88 @@ def _fits_memory(plan: Plan) -> bool:
 
 def _best_sliced(inst: Instance, plan: Plan, limits: Limits, counts: list[int], cutoff: float,
                  dl: Deadline) -> tuple[Candidate | None, float]:
-    """The best sliced version of `plan` found, and the plan's bound over every slicing (the
-    least path bound, slice_bounds.plan_bounds): for each count whose bound beats `cutoff`,
-    the DP's slicing of that count and the slicing where the count's bound is least, each
-    evaluated (predict.evaluate)."""
+    """The best sliced version of `plan` found, and the plan's bound over every slicing of
+    `counts`. Each slicing row has a path bound (slice_bounds.plan_row_bounds); evaluated
+    (predict.evaluate), in this order while its bound beats the incumbent (`cutoff`, then the
+    best found): the DP's slicing (slicing.best_slices) of each count, the count of least bound
+    first, then the rows in increasing bound, at most EXACT_EVALS of them. The bound is the
+    least over the rows of the value where evaluated, else the path bound: the plan's exact best
+    when every row below it was evaluated. A plan that does not fit memory has no sliced
+    version (None, inf): slicing keeps the plan's memory."""
     if not _fits_memory(plan):
-        return None, math.inf     # slicing keeps the plan's memory
-    by_count = slice_bounds.plan_bounds(inst, plan, limits, counts)
+        return None, math.inf
+    vals, arcs, rows = slice_bounds.plan_row_bounds(inst, plan, limits, counts)
     dl.charge(WORK.bound + slice_bounds.plan_bounds_work(inst, plan.pp, counts))
-    bound = min(b for b, _ in by_count.values())
-    best = None
-    todo = sorted((b, c, x) for c, (b, x) in by_count.items() if b < cutoff * (1 - REL_EPS))
+    exact = vals.copy()        # the value where evaluated, else the path bound
     units = units_for(inst.job.seq_length)
+    index = slice_bounds.row_index(units, counts)
     unit = inst.job.seq_length // units
+    best: Candidate | None = None
+
+    def beats(r: int) -> bool:
+        limit = cutoff if best is None else min(cutoff, best.objective)
+        return bool(vals[r] < limit * (1 - REL_EPS))
+
+    def evaluate(r: int) -> None:
+        nonlocal best
+        lengths = slice_bounds.lengths_of(rows[r], arcs)
+        cand = _candidate(inst, plan, limits, tuple(n * unit for n in lengths))
+        dl.charge(WORK.plan)
+        admitted = limits.admit(cand.plan)
+        exact[r] = cand.objective if admitted else math.inf
+        if admitted and (best is None or cand.objective < best.objective * (1 - REL_EPS)):
+            best = cand
+    done: set[int] = set()
+    n = (rows < len(arcs)).sum(axis=1)
+    least = {int(c): float(vals[n == c].min()) for c in np.unique(n)}
     t = _slice_time_table(inst, plan, unit)     # one table for every count
-    for b, c, x in todo:
-        if dl.expired() or (best is not None and b >= best.objective * (1 - REL_EPS)):
+    for c in sorted(least, key=lambda c: (least[c], c)):
+        limit = cutoff if best is None else min(cutoff, best.objective)
+        if dl.expired() or least[c] >= limit * (1 - REL_EPS):
             break
-        dp = best_slices(units, t, plan.pp, plan.num_microbatches, count=c)
-        for tokens in dict.fromkeys([tuple(n * unit for n in dp.lengths), x]):
-            cand = _candidate(inst, plan, limits, tokens)
-            dl.charge(WORK.plan)
-            if limits.admit(cand.plan) and (best is None or cand.objective < best.objective * (1 - REL_EPS)):
-                best = cand
-    return best, bound
+        r = index[best_slices(units, t, plan.pp, plan.num_microbatches, count=c).lengths]
+        if r not in done:
+            done.add(r)
+            evaluate(r)
+    for r in np.argsort(vals, kind="stable").tolist():
+        if not beats(r) or len(done) >= EXACT_EVALS or dl.expired():
+            break
+        if r not in done:
+            done.add(r)
+            evaluate(r)
+    return best, float(exact.min())
 
 
-def _config_plans(coef) -> list[tuple] | None:
-    """Every plan of a Megatron-mode config as (options, layers, recomputed layers), the least
-    recompute (a bound's worth: recompute only adds time); None when there are more than
-    SPLIT_ENUM_MAX."""
-    cfg, L = coef.cfg, coef.inst.model.num_layers
-    K, n = cfg.pp, len(coef.options)
-    if cfg.vpp != 1 or n ** K * math.comb(L - 1, K - 1) > SPLIT_ENUM_MAX:
-        return None
-    r = 1 if cfg.shared_recompute else 0
-    out = []
-    for opts in itertools.product(range(n), repeat=K):
-        used = collections.Counter(coef.pool_of[o] for o in opts)
-        if any(k > coef.max_stages(q) for q, k in used.items()):
-            continue
-        for cuts in itertools.combinations(range(1, L), K - 1):
-            edges = (0, *cuts, L)
-            out.append((opts, tuple(b - a for a, b in zip(edges, edges[1:])), (r,) * K))
-    return out
+def _fitting_plan(inst: Instance, coef, opts: tuple[int, ...], layers: tuple[int, ...]) -> Plan | None:
+    """The plan of a config with stage options `opts` and `layers`, at the least recompute that
+    fits memory (under full recompute one count r for every stage, the least from 1: the time
+    only grows with r); None when none fits, the stages do not pack onto the nodes, or the
+    config's pins rule it out."""
+    from milp_plan.formulations.placement import build_plan
+    from milp_plan.formulations.space import matches_pins
+    for r in (range(1, min(layers) + 1) if coef.cfg.shared_recompute else (0,)):
+        try:
+            plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, (r,) * len(layers), None)
+        except ValueError:   # the stages do not pack onto the cluster's nodes
+            return None
+        if matches_pins(inst, coef.pins, plan) and _fits_memory(plan):
+            return plan
+    return None
 
 
 def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float, found: SlicedSearch,
              dl: Deadline, bounds: slice_bounds.ConfigBounds | None = None) -> float:
     """Search one GPipe config's sliced plans; returns the bound it leaves open. Its heuristic
     plans (heuristics/warmstart.py) and the placements that balance the per-type times on the
-    slicings of least bound (ConfigBounds.balanced) are sliced; a config small enough (_config_plans) has every
-    plan bounded over every slicing and those whose bound beats the incumbent sliced, so its
-    bound is the least plan bound, else the config bound `lb` stays."""
+    slicings of least bound (ConfigBounds.balanced) are sliced first; then the exact search
+    (slice_split.SplitSearch: branch and bound over the stage options and layer counts) bounds
+    every plan of it, slicing those whose bound beats the incumbent (`_best_sliced`, at the least
+    recompute that fits, `_fitting_plan`), so its bound becomes the least plan bound; where the
+    deadline cuts it short, the config bound `lb` stays."""
     from milp_plan.formulations.placement import build_plan
     from milp_plan.formulations.space import matches_pins
     from milp_plan.heuristics import warmstart
+    from milp_plan.slice_split import SplitSearch
     r = 1 if coef.cfg.shared_recompute else 0
     balanced = [(opts, layers, (r,) * coef.cfg.pp) for opts, layers in (bounds.balanced(coef) if bounds else [])]
     for opts, layers, rs in [*warmstart.candidates(coef, dl), *balanced]:
@@ -219,24 +245,19 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
             continue
         if matches_pins(inst, coef.pins, plan):
             found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
-    every = _config_plans(coef)
-    if every is None:
+    if bounds is None or coef.cfg.vpp != 1:
         return lb
-    bound = math.inf
-    for opts, layers, rs in every:
-        if dl.expired():
-            return min(bound, lb)
-        try:
-            plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
-        except ValueError:   # the stages do not pack onto the cluster's nodes
-            continue
+
+    def leaf(opts: tuple[int, ...], layers: tuple[int, ...], bound: float) -> float:
+        plan = _fitting_plan(inst, coef, opts, layers)
         dl.charge(WORK.plan)
-        if not matches_pins(inst, coef.pins, plan):
-            continue
+        if plan is None:
+            return math.inf
         cand, b = _best_sliced(inst, plan, limits, counts, found.objective, dl)
         found.offer(cand)
-        bound = min(bound, b)
-    return max(bound, lb)
+        return max(b, bound)
+    got, done = SplitSearch(bounds, coef).run(lambda: found.objective, leaf, dl)
+    return max(got, lb) if done else lb
 
 
 def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,

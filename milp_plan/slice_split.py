@@ -44,7 +44,7 @@ from milp_plan.solvers.driver import REL_EPS
 from milp_plan.slice_bounds import (SECONDS_PER_CELL, ConfigBounds, _embedding_sync, _gather, _hop_costs,
                                     _least_price, _value, gathered_paths)
 
-CELL_OPS = 12   # numpy passes per bounded cell (row x layer count) of a node, charged at SECONDS_PER_CELL
+CELL_OPS = 3   # numpy passes per bounded cell (row x layer count) of a node, charged at SECONDS_PER_CELL
 Leaf = Callable[[tuple[int, ...], tuple[int, ...], float], float]
 
 
@@ -131,14 +131,18 @@ class SplitSearch:
     def _time_cut(self, cutoff: float) -> float:
         return self.cb._time_cutoff(self.coef, cutoff)
 
-    def _rest_speed(self, rows: np.ndarray, stages: int, used: dict[int, int]) -> np.ndarray | None:
-        """Per row, the most sum_t 1 / A_{o_t} over `stages` stages within the pools' stages left
-        (the fastest pools first; each pool at its fastest usable option): z' = L' / it (module
-        docstring). None when the stages do not fit the pools."""
+    def _rest_speed(self, rows: np.ndarray, stages: int, used: dict[int, int], last: int) -> np.ndarray | None:
+        """Per row, the most sum_t 1 / A_{o_t} over the `stages` stages not fixed: the last stage
+        at its option `last` (its pool's stage taken in `used`), the others within the pools'
+        stages left (the fastest pools first; each pool at its fastest usable option): z' = L' / it
+        (module docstring). None when the stages do not fit the pools."""
+        if stages == 1:
+            return 1.0 / self.A[last][rows]
+        return 1.0 / self.A[last][rows] + self._free_speed(rows, stages - 1, used)
+
+    def _free_speed(self, rows: np.ndarray, stages: int, used: dict[int, int]) -> np.ndarray:
         pools = sorted({self.coef.pool_of[o] for o in self.usable})
         room = np.array([self.caps[q] - used.get(q, 0) for q in pools], dtype=float)
-        if room.sum() < stages:
-            return None
         inv = np.stack([np.max([1.0 / self.A[o][rows] for o in self.usable if self.coef.pool_of[o] == q], axis=0)
                         for q in pools], axis=1)
         idx = np.argsort(-inv, axis=1, kind="stable")
@@ -146,23 +150,24 @@ class SplitSearch:
         take = np.minimum(room_s, np.maximum(stages - (np.cumsum(room_s, axis=1) - room_s), 0))
         return (inv_s * take).sum(axis=1)
 
-    def _whole(self, z: np.ndarray, rows: np.ndarray, used: dict[int, int]) -> np.ndarray:
-        """z' raised to the least whole-layer time n A_o >= z' of an option o whose pool has a stage
-        left (the heaviest stage not fixed holds whole layers); 1e-6 of a layer of slack against
-        the rounding of z'."""
+    def _whole(self, z: np.ndarray, rows: np.ndarray, used: dict[int, int], last: int) -> np.ndarray:
+        """z' raised to the least whole-layer time n A_o >= z' of an option o of a stage not fixed
+        (the last stage's, or one whose pool has a stage left): the heaviest stage not fixed holds
+        whole layers; 1e-6 of a layer of slack against the rounding of z'."""
         best = np.full(z.shape, np.inf)
         for o in self.usable:
             q = self.coef.pool_of[o]
-            if used.get(q, 0) < self.caps[q]:
+            if o == last or used.get(q, 0) < self.caps[q]:
                 A = self.A[o][rows]
                 best = np.minimum(best, np.ceil(z / A - 1e-6) * A)
         return np.where(np.isfinite(best), best, z)
 
-    def _rest_room(self, stages: int, used: dict[int, int]) -> int:
-        """The most layers `stages` stages hold within the pools' stages left and the rooms (the
-        largest rooms first)."""
+    def _rest_room(self, stages: int, used: dict[int, int], last: int) -> int:
+        """The most layers the `stages` stages not fixed hold: the last stage's room at its option,
+        the others' within the pools' stages left (the largest rooms first); -1 when they do not
+        fit the pools."""
         left = {q: self.caps[q] - used.get(q, 0) for q in self.caps}
-        total = 0
+        total, stages = self.rooms[last], stages - 1
         for o in sorted(self.usable, key=lambda o: -self.rooms[o]):
             q = self.coef.pool_of[o]
             k = min(left[q], stages)
@@ -179,11 +184,16 @@ class SplitSearch:
             return math.inf, True
         n = len(self.cb.rows)
         U = self.valid.shape[1]
-        root = _Node((), (), {}, np.arange(n), np.zeros(n), np.full(n, -np.inf), self.opt_least, 0.0, 0.0,
-                     np.zeros((n, U)), np.zeros((n, U)), np.zeros(n))
         best = [math.inf]
-        done = self._expand(root, cutoff, leaf, dl, best)
-        return best[0], done
+        # the last stage's option first (it fixes the tied embedding's all-reduce), then stage 0, 1, ...
+        lasts = [o for o in self.usable if self.caps[self.coef.pool_of[o]] > 0] if self.K > 1 else [None]
+        for last in lasts:
+            used = {} if last is None else {self.coef.pool_of[last]: 1}
+            root = _Node((), (), used, np.arange(n), np.zeros(n), np.full(n, -np.inf), self.opt_least, 0.0, 0.0,
+                         np.zeros((n, U)), np.zeros((n, U)), np.zeros(n), last)
+            if not self._expand(root, cutoff, leaf, dl, best):
+                return best[0], False
+        return best[0], True
 
     def _expand(self, nd: "_Node", cutoff, leaf: Leaf, dl: Deadline, best: list[float]) -> bool:
         """Bound the children of `nd` (every usable option, every layer count) and search those
@@ -196,13 +206,18 @@ class SplitSearch:
         kids = []
         for o in self.usable:
             q = self.coef.pool_of[o]
-            if nd.used.get(q, 0) >= self.caps[q]:
+            if nd.last is not None and rest == 0:     # the last stage: its option, its pool's stage taken
+                if o != nd.last:
+                    continue
+                used = nd.used
+            elif nd.used.get(q, 0) >= self.caps[q]:
                 continue
-            used = {**nd.used, q: nd.used.get(q, 0) + 1}
+            else:
+                used = {**nd.used, q: nd.used.get(q, 0) + 1}
             lo, hi = (left, left) if rest == 0 else (1, left - rest)
             hi = min(hi, self.rooms[o])
             if rest:
-                room = self._rest_room(rest, used)
+                room = self._rest_room(rest, used, nd.last)
                 lo = max(lo, left - room) if room >= 0 else hi + 1
             if hi < lo:
                 continue
@@ -222,16 +237,13 @@ class SplitSearch:
             F_next = F + p0
             z = np.zeros_like(T)
             if rest:     # M(t) of the heaviest stage not fixed, t > j
-                speed = self._rest_speed(rows, rest, used)
-                if speed is None:
-                    continue
-                z = self._whole((left - n_) / speed, rows, used)
+                z = self._whole((left - n_) / self._rest_speed(rows, rest, used, nd.last), rows, used, nd.last)
                 ends = np.minimum(self.t0[rows], self.t1[rows]) * self.hop_least
                 T = np.maximum(T, m * (z + self.Phi[rows]) + F_next + rest * ends + self.h1[rows] +
                                (rest - 1) * np.minimum(self.q0[rows], self.q1[rows]))
             # stage 0's tail: its reduction at its layers, then the tied embedding's all-reduce
             o0 = nd.opts[0] if j else o
-            sync = self._sync_below(o0, used, o if rest == 0 else None) if self.K > 1 else 0.0
+            sync = self._sync_below(o0, used, nd.last) if self.K > 1 else 0.0
             dp0 = np.array([self.dp0[o][n] for n in ns]) if j == 0 else np.full(len(ns), nd.dp0)
             tail = dp0 + sync
             opt = np.array([max(nd.opt, self._opt(o, j, n)) for n in ns])
@@ -275,7 +287,7 @@ class SplitSearch:
             C = C + self.hop[(self.coef.pool_of[nd.opts[-1]], self.coef.pool_of[o])] * self.tok[rows]
         pre0 = (np.cumsum(p, axis=1) - p) if j == 0 else nd.pre0[keep]
         return _Node((*nd.opts, o), (*nd.layers, n), used, rows, F[keep], Mx[keep], opt, dp0, tail, C, pre0,
-                     Wmax[keep])
+                     Wmax[keep], nd.last)
 
     def _slice_bound(self, nd: "_Node", z: np.ndarray, rest: int) -> np.ndarray:
         """Per row of `nd` (stage 0 fixed, `rest` >= 1 stages not): at least the path P(0, s, K-1, k)
@@ -322,7 +334,8 @@ class _Node:
     C: np.ndarray                # per row and slice k: sum_{s<j} p_{s,k} + the hops between them, both ways
     pre0: np.ndarray             # per row and slice k: sum_{i<k} p_{0,i} (stage 0 fixed)
     W: np.ndarray                # per row: max_{s<j} W_s
+    last: int | None             # the last stage's option (pp >= 2; its pool's stage is in `used`)
 
     def restrict(self, keep: np.ndarray) -> "_Node":
         return _Node(self.opts, self.layers, self.used, self.rows[keep], self.F[keep], self.Mx[keep], self.opt,
-                     self.dp0, self.tail, self.C[keep], self.pre0[keep], self.W[keep])
+                     self.dp0, self.tail, self.C[keep], self.pre0[keep], self.W[keep], self.last)

@@ -946,3 +946,73 @@ def test_decision_work_follows_the_solve():
         r.work = work
         return slice_plan.decision_work(r)
     assert of(1.87) == 0.06 and of(4.11) == pytest.approx(0.1233) and of(200.0) == 5.0
+
+
+def eight(tmp: str, batch: int):
+    """The two-speed instance (rooms that bind, a tied embedding) with 8 blocks: configs of up to
+    4 stages with thousands of plans, the exact search's (slice_split) ground."""
+    from tiny_instance import write_inputs
+    from milp_plan.instance import InstanceSpec, build_instance
+    cluster, model, prof = write_inputs(Path(tmp), True, True)
+    cluster.write_text(cluster.read_text().replace("memory_gib: 0.2", "memory_gib: 1.2")
+                       .replace("memory_gib: 80", "memory_gib: 0.7"))
+    model.write_text(model.read_text().replace("num_layers: 4", "num_layers: 8"))
+    return build_instance(InstanceSpec(cluster=str(cluster), model=str(model), profiles=str(prof),
+                                       global_batch_size=batch, seq_length=SEQ))
+
+
+def fitting_bounds(inst, coef, limits, counts):
+    """(options, layers) -> the least path bound over the slicings of that plan at its least
+    fitting recompute (slice_plan._fitting_plan), for every plan of the config that fits."""
+    from milp_plan.slice_plan import _fitting_plan
+    L, K = inst.model.num_layers, coef.cfg.pp
+    out = {}
+    for opts in itertools.product(range(len(coef.options)), repeat=K):
+        for cuts in itertools.combinations(range(1, L), K - 1):
+            edges = (0, *cuts, L)
+            layers = tuple(b - a for a, b in zip(edges, edges[1:]))
+            plan = _fitting_plan(inst, coef, opts, layers)
+            if plan is not None:
+                vals, _, _ = sb.plan_row_bounds(inst, plan, limits, counts)
+                out[opts, layers] = float(vals.min())
+    return out
+
+
+@pytest.mark.parametrize("make,batch,objective", [("tiny", 1, "min-time"), ("two_speed", 2, "min-time"),
+                                                  ("eight", 1, "min-time"), ("eight", 2, "min-time"),
+                                                  ("eight", 1, "min-cost")])
+def test_split_search_finds_the_enumerated_least(tmp_path_factory, make, batch, objective):
+    """slice_split.SplitSearch, its leaves bounded exactly (the plan's least path bound over the
+    slicings), against enumeration of every plan of every GPipe config of pp <= 4 that fits
+    memory: with no cutoff and with cutoffs just above and just below the least plan bound it
+    returns the least (or, below it, nothing under the cutoff), and every leaf's bound is at most
+    the plan's. The 8-block instance has configs of 2,000+ plans whose rooms bind."""
+    from milp_plan.deadline import Deadline
+    from milp_plan.slice_split import SplitSearch
+    inst = {"tiny": tiny, "two_speed": two_speed, "eight": eight}[make](str(tmp_path_factory.mktemp("t")), batch)
+    limits = Limits(objective)
+    counts = list(range(2, SEQ + 1))
+    cb = sb.ConfigBounds(inst, limits, counts)
+    searched = plans = 0
+    for coef in gpipe_configs(inst, 4):
+        if coef.cfg.pp < 2:
+            continue
+        exact = fitting_bounds(inst, coef, limits, counts)
+        least = min(exact.values(), default=math.inf)
+        plans += len(exact)
+        for cutoff in (math.inf, least * 1.01, least * 0.99):
+            if cutoff != cutoff:   # inf * 0.99 is inf, inf * 1.01 too: one run is enough
+                continue
+
+            def leaf(opts, layers, bound):
+                assert (opts, layers) in exact, (coef.cfg.label(), opts, layers)
+                assert bound <= exact[opts, layers] * (1 + 1e-9), (coef.cfg.label(), opts, layers)
+                return exact[opts, layers]
+            got, done = SplitSearch(cb, coef).run(lambda: cutoff, leaf, Deadline(math.inf))
+            assert done
+            if least < cutoff:
+                assert got == pytest.approx(least, rel=1e-12), (coef.cfg.label(), cutoff)
+            else:
+                assert got >= cutoff * (1 - 1e-9) or got == math.inf, (coef.cfg.label(), cutoff)
+            searched += 1
+    assert searched >= 6 and plans >= (2000 if make == "eight" else 20), (searched, plans)
