@@ -1016,3 +1016,37 @@ def test_split_search_finds_the_enumerated_least(tmp_path_factory, make, batch, 
                 assert got >= cutoff * (1 - 1e-9) or got == math.inf, (coef.cfg.label(), cutoff)
             searched += 1
     assert searched >= 6 and plans >= (2000 if make == "eight" else 20), (searched, plans)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_best_sliced_is_exact_when_it_evaluates_below_the_bound(tmp_path_factory, batch):
+    """slice_plan._best_sliced on every plan of the tiny instance's GPipe configs (15 slicings of
+    >= 2 slices, fewer than EXACT_EVALS): with no cutoff it evaluates every slicing whose bound is
+    below the best found, so its bound is the plan's exact best over the slicings and its plan
+    reaches it (brute force: every slicing evaluated); with a cutoff at that best, its bound is
+    still at most the best (never above a plan it did not evaluate)."""
+    from milp_plan.deadline import Deadline
+    from milp_plan.slice_plan import _best_sliced, _fits_memory
+    inst = tiny(str(tmp_path_factory.mktemp("t")), batch)
+    limits = Limits("min-time")
+    counts = list(range(2, SEQ + 1))
+    checked = 0
+    for coef in gpipe_configs(inst, 3):
+        if coef.cfg.pp < 2:
+            continue
+        for plan in every_plan(inst, coef):
+            if not _fits_memory(plan):
+                continue
+            best = math.inf
+            for lengths in compositions(SEQ):
+                if len(lengths) >= 2:
+                    p = sliced(plan, lengths)
+                    p = p.with_(predicted=predict.evaluate(inst, p))
+                    if limits.admit(p):
+                        best = min(best, objective_of(p, limits))
+            cand, bound = _best_sliced(inst, plan, limits, counts, math.inf, Deadline(math.inf))
+            assert bound == pytest.approx(best, rel=1e-12) and cand.objective == pytest.approx(best, rel=1e-12)
+            _, bound = _best_sliced(inst, plan, limits, counts, best, Deadline(math.inf))
+            assert bound <= best * (1 + 1e-12)
+            checked += 1
+    assert checked >= 20, checked
