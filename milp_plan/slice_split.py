@@ -83,6 +83,10 @@ class SplitSearch:
         one = self.amin + self.ph + self.h                                # the last stage, one layer
         self.suf_last = np.cumsum(one[:, ::-1], axis=1)[:, ::-1] - one    # ... its slices after k
         self.amin1 = self.amin[ar, last]
+        self.G = np.where(valid, self.h + self.suf_last, -np.inf)   # _slice_bound's terms of the rows alone
+        self.pool_list = sorted({coef.pool_of[o] for o in usable})
+        self.pool_inv = np.stack([np.max([1.0 / self.A[o] for o in usable if coef.pool_of[o] == q], axis=0)
+                                  for q in self.pool_list])               # pools x rows: the fastest option's
         least0 = np.min([self.a0[o] for o in usable], axis=0)
         least1 = np.min([self.a1[o] for o in usable], axis=0)
         self.q0, self.q1 = least0 + self.ph0, least1 + self.ph1   # a stage not fixed: one layer
@@ -92,6 +96,7 @@ class SplitSearch:
         c = _hop_costs(coef) if self.K > 1 else ((0.0,),)
         self.hop = {(p, q): c[p][q] / seq for p in range(len(c)) for q in range(len(c))}   # per token, both ways
         self.hop_least = min(self.hop.values())
+        self.Q = self.ph + self.hop_least * self.tok
         self.sync = _embedding_sync(coef, cb.limits)
         self.price = _least_price(coef, self.K)
         self.dp0 = {o: [max(0.0, coef.dp_time(o, 0)[0](n)) for n in range(self.L + 1)] for o in usable}
@@ -131,26 +136,22 @@ class SplitSearch:
     def _time_cut(self, cutoff: float) -> float:
         return self.cb._time_cutoff(self.coef, cutoff)
 
-    def _rest_speed(self, rows: np.ndarray, stages: int, used: dict[int, int], last: int) -> np.ndarray | None:
-        """Per row, the most sum_t 1 / A_{o_t} over the `stages` stages not fixed: the last stage
-        at its option `last` (its pool's stage taken in `used`), the others within the pools'
-        stages left (the fastest pools first; each pool at its fastest usable option): z' = L' / it
-        (module docstring). None when the stages do not fit the pools."""
+    def _rest_speed(self, g: dict, stages: int, used: dict[int, int], last: int) -> np.ndarray:
+        """Per row (of the view `g`), the most sum_t 1 / A_{o_t} over the `stages` stages not
+        fixed: the last stage at its option `last` (its pool's stage taken in `used`), the others
+        within the pools' stages left (the fastest pools first; each pool at its fastest usable
+        option): z' = L' / it (module docstring)."""
+        got = 1.0 / g["A", last]
         if stages == 1:
-            return 1.0 / self.A[last][rows]
-        return 1.0 / self.A[last][rows] + self._free_speed(rows, stages - 1, used)
-
-    def _free_speed(self, rows: np.ndarray, stages: int, used: dict[int, int]) -> np.ndarray:
-        pools = sorted({self.coef.pool_of[o] for o in self.usable})
-        room = np.array([self.caps[q] - used.get(q, 0) for q in pools], dtype=float)
-        inv = np.stack([np.max([1.0 / self.A[o][rows] for o in self.usable if self.coef.pool_of[o] == q], axis=0)
-                        for q in pools], axis=1)
+            return got
+        room = np.array([self.caps[q] - used.get(q, 0) for q in self.pool_list], dtype=float)
+        inv = g["inv"]
         idx = np.argsort(-inv, axis=1, kind="stable")
         inv_s, room_s = np.take_along_axis(inv, idx, axis=1), room[idx]
-        take = np.minimum(room_s, np.maximum(stages - (np.cumsum(room_s, axis=1) - room_s), 0))
-        return (inv_s * take).sum(axis=1)
+        take = np.minimum(room_s, np.maximum(stages - 1 - (np.cumsum(room_s, axis=1) - room_s), 0))
+        return got + (inv_s * take).sum(axis=1)
 
-    def _whole(self, z: np.ndarray, rows: np.ndarray, used: dict[int, int], last: int) -> np.ndarray:
+    def _whole(self, z: np.ndarray, g: dict, used: dict[int, int], last: int) -> np.ndarray:
         """z' raised to the least whole-layer time n A_o >= z' of an option o of a stage not fixed
         (the last stage's, or one whose pool has a stage left): the heaviest stage not fixed holds
         whole layers; 1e-6 of a layer of slack against the rounding of z'."""
@@ -158,7 +159,7 @@ class SplitSearch:
         for o in self.usable:
             q = self.coef.pool_of[o]
             if o == last or used.get(q, 0) < self.caps[q]:
-                A = self.A[o][rows]
+                A = g["A", o]
                 best = np.minimum(best, np.ceil(z / A - 1e-6) * A)
         return np.where(np.isfinite(best), best, z)
 
@@ -190,7 +191,7 @@ class SplitSearch:
         for last in lasts:
             used = {} if last is None else {self.coef.pool_of[last]: 1}
             root = _Node((), (), used, np.arange(n), np.zeros(n), np.full(n, -np.inf), self.opt_least, 0.0, 0.0,
-                         np.zeros((n, U)), np.zeros((n, U)), np.zeros(n), last)
+                         np.zeros((n, U)), np.zeros(n), last)
             if not self._expand(root, cutoff, leaf, dl, best):
                 return best[0], False
         return best[0], True
@@ -203,6 +204,7 @@ class SplitSearch:
         self.nodes += 1
         m, rows, j = self.m, nd.rows, len(nd.opts)
         left, rest = self.L - sum(nd.layers), self.K - j - 1
+        g = self._view(rows)
         kids = []
         for o in self.usable:
             q = self.coef.pool_of[o]
@@ -223,24 +225,20 @@ class SplitSearch:
                 continue
             ns = np.arange(lo, hi + 1)
             n_ = ns[:, None].astype(float)                               # layer counts x rows
-            p0 = n_ * self.a0[o][rows] + self.ph0[rows] + (self.e0[rows] if j == 0 else 0.0)
-            p1 = n_ * self.a1[o][rows] + self.ph1[rows] + (self.h1[rows] if rest == 0 else 0.0)
-            W = n_ * self.A[o][rows] + self.Phi[rows] + (self.E[rows] if j == 0 else 0.0) + \
-                (self.H[rows] if rest == 0 else 0.0)
+            p0 = n_ * g["a0", o] + g["ph0"] + (g["e0"] if j == 0 else 0.0)
+            p1 = n_ * g["a1", o] + g["ph1"] + (g["h1"] if rest == 0 else 0.0)
+            W = n_ * g["A", o] + g["Phi"] + (g["E"] if j == 0 else 0.0) + (g["H"] if rest == 0 else 0.0)
             hop = self.hop[(self.coef.pool_of[nd.opts[-1]], q)] if j else 0.0
-            F = nd.F + hop * self.t0[rows]                              # the first slice down to stage j
-            Mx = np.maximum(nd.Mx + p1 + hop * self.t1[rows], m * W + F)   # M(s), s <= j, with stage j's last
+            F = nd.F + hop * g["t0"]                                    # the first slice down to stage j
+            Mx = np.maximum(nd.Mx + p1 + hop * g["t1"], m * W + F)       # M(s), s <= j, with stage j's last
             # the stages not fixed, below: their layers left at the least alpha on the last slice, a phi
             # each, the head, the hops at the least
-            T = Mx + ((left - n_) * self.amin1[rows] + rest * (self.ph1[rows] + self.hop_least * self.t1[rows]) +
-                      (self.h1[rows] if rest else 0.0))
+            T = Mx + ((left - n_) * g["amin1"] + rest * g["below"] + (g["h1"] if rest else 0.0))
             F_next = F + p0
             z = np.zeros_like(T)
             if rest:     # M(t) of the heaviest stage not fixed, t > j
-                z = self._whole((left - n_) / self._rest_speed(rows, rest, used, nd.last), rows, used, nd.last)
-                ends = np.minimum(self.t0[rows], self.t1[rows]) * self.hop_least
-                T = np.maximum(T, m * (z + self.Phi[rows]) + F_next + rest * ends + self.h1[rows] +
-                               (rest - 1) * np.minimum(self.q0[rows], self.q1[rows]))
+                z = self._whole((left - n_) / self._rest_speed(g, rest, used, nd.last), g, used, nd.last)
+                T = np.maximum(T, m * (z + g["Phi"]) + F_next + rest * g["ends"] + g["h1"] + (rest - 1) * g["q"])
             # stage 0's tail: its reduction at its layers, then the tied embedding's all-reduce
             o0 = nd.opts[0] if j else o
             sync = self._sync_below(o0, used, nd.last) if self.K > 1 else 0.0
@@ -275,18 +273,29 @@ class SplitSearch:
                 return False
         return True
 
+    def _view(self, rows: np.ndarray) -> dict:
+        """The per-row terms of `rows`, gathered once for a node's children."""
+        g = {name: getattr(self, name)[rows] for name in ("ph0", "ph1", "e0", "h1", "Phi", "E", "H", "t0", "t1",
+                                                          "amin1")}
+        for o in self.usable:
+            g["a0", o], g["a1", o], g["A", o] = self.a0[o][rows], self.a1[o][rows], self.A[o][rows]
+        g["below"] = g["ph1"] + self.hop_least * g["t1"]
+        g["ends"] = np.minimum(g["t0"], g["t1"]) * self.hop_least
+        g["q"] = np.minimum(self.q0[rows], self.q1[rows])
+        g["inv"] = self.pool_inv[:, rows].T                          # rows x pools
+        return g
+
     def _child(self, nd: "_Node", o: int, n: int, used: dict, keep: np.ndarray, F, Mx, opt: float, dp0: float,
                tail: float, Wmax) -> "_Node":
         """`nd` with stage j run as option o on n layers, on the rows kept: C and stage 0's
         prefix gain the stage's slices (and the hop above it, both ways)."""
         j, rows = len(nd.opts), nd.rows[keep]
-        p = n * self.a[o][rows] + self.ph[rows] + (self.e[rows] if j == 0 else 0.0) + \
-            (self.h[rows] if j == self.K - 1 else 0.0)
-        C = nd.C[keep] + p
-        if j:
-            C = C + self.hop[(self.coef.pool_of[nd.opts[-1]], self.coef.pool_of[o])] * self.tok[rows]
-        pre0 = (np.cumsum(p, axis=1) - p) if j == 0 else nd.pre0[keep]
-        return _Node((*nd.opts, o), (*nd.layers, n), used, rows, F[keep], Mx[keep], opt, dp0, tail, C, pre0,
+        p = n * self.a[o][rows] + self.ph[rows]
+        if j == 0:     # C and stage 0's slices before k: the inclusive prefix sum
+            B = np.cumsum(p + self.e[rows], axis=1)
+        else:
+            B = nd.B[keep] + p + self.hop[(self.coef.pool_of[nd.opts[-1]], self.coef.pool_of[o])] * self.tok[rows]
+        return _Node((*nd.opts, o), (*nd.layers, n), used, rows, F[keep], Mx[keep], opt, dp0, tail, B,
                      Wmax[keep], nd.last)
 
     def _slice_bound(self, nd: "_Node", z: np.ndarray, rest: int) -> np.ndarray:
@@ -297,8 +306,7 @@ class SplitSearch:
         last stage's slices after k (one layer at the least alpha, phi and the head), + stage 0's
         tail and the optimizer term (seconds)."""
         rows, left = nd.rows, self.L - sum(nd.layers)
-        Ck = nd.C + left * self.amin[rows] + rest * (self.ph[rows] + self.hop_least * self.tok[rows]) + self.h[rows]
-        cross = np.where(self.valid[rows], nd.pre0 + Ck + self.suf_last[rows], -np.inf).max(axis=1)
+        cross = (nd.B + left * self.amin[rows] + rest * self.Q[rows] + self.G[rows]).max(axis=1)
         heavy = np.maximum(nd.W, z + self.Phi[rows])
         return cross + (self.m - 1) * heavy + nd.tail + nd.opt
 
@@ -331,11 +339,11 @@ class _Node:
     opt: float                   # the optimizer term at least
     dp0: float                   # stage 0's reduction at least (0 before stage 0 is fixed)
     tail: float                  # ... and the tied embedding's all-reduce after it
-    C: np.ndarray                # per row and slice k: sum_{s<j} p_{s,k} + the hops between them, both ways
-    pre0: np.ndarray             # per row and slice k: sum_{i<k} p_{0,i} (stage 0 fixed)
+    B: np.ndarray                # per row and slice k: sum_{s<j} p_{s,k} + the hops between them, both
+    #                              ways, + sum_{i<k} p_{0,i} (stage 0 fixed)
     W: np.ndarray                # per row: max_{s<j} W_s
     last: int | None             # the last stage's option (pp >= 2; its pool's stage is in `used`)
 
     def restrict(self, keep: np.ndarray) -> "_Node":
         return _Node(self.opts, self.layers, self.used, self.rows[keep], self.F[keep], self.Mx[keep], self.opt,
-                     self.dp0, self.tail, self.C[keep], self.pre0[keep], self.W[keep], self.last)
+                     self.dp0, self.tail, self.B[keep], self.W[keep], self.last)
