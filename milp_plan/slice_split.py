@@ -151,14 +151,18 @@ class SplitSearch:
         take = np.minimum(room_s, np.maximum(stages - 1 - (np.cumsum(room_s, axis=1) - room_s), 0))
         return got + (inv_s * take).sum(axis=1)
 
-    def _whole(self, z: np.ndarray, g: dict, used: dict[int, int], last: int) -> np.ndarray:
+    def _whole(self, z: np.ndarray, g: dict, used: dict[int, int], last: int, head: bool = False) -> np.ndarray:
         """z' raised to the least whole-layer time n A_o >= z' of an option o of a stage not fixed
         (the last stage's, or one whose pool has a stage left): the heaviest stage not fixed holds
-        whole layers; 1e-6 of a layer of slack against the rounding of z'."""
+        whole layers; 1e-6 of a layer of slack against the rounding of z'. head: z' counts the
+        last stage's head (its time n A_last + H)."""
         best = np.full(z.shape, np.inf)
         for o in self.usable:
             q = self.coef.pool_of[o]
-            if o == last or used.get(q, 0) < self.caps[q]:
+            if o == last and head:
+                A, H = g["A", o], g["H"]
+                best = np.minimum(best, np.ceil((z - H) / A - 1e-6) * A + H)
+            if (o == last and not head) or used.get(q, 0) < self.caps[q]:
                 A = g["A", o]
                 best = np.minimum(best, np.ceil(z / A - 1e-6) * A)
         return np.where(np.isfinite(best), best, z)
@@ -236,9 +240,14 @@ class SplitSearch:
             T = Mx + ((left - n_) * g["amin1"] + rest * g["below"] + (g["h1"] if rest else 0.0))
             F_next = F + p0
             z = np.zeros_like(T)
-            if rest:     # M(t) of the heaviest stage not fixed, t > j
-                z = self._whole((left - n_) / self._rest_speed(g, rest, used, nd.last), g, used, nd.last)
-                T = np.maximum(T, m * (z + g["Phi"]) + F_next + rest * g["ends"] + g["h1"] + (rest - 1) * g["q"])
+            if rest:     # M(t) of the heaviest stage not fixed, t > j, by its layers, then with the head
+                speed = self._rest_speed(g, rest, used, nd.last)
+                z = self._whole((left - n_) / speed, g, used, nd.last)
+                ramp = F_next + rest * g["ends"] + (rest - 1) * g["q"]
+                T = np.maximum(T, m * (z + g["Phi"]) + ramp + g["h1"])
+                zh = self._whole((left - n_ + g["H"] / g["A", nd.last]) / speed, g, used, nd.last, head=True)
+                T = np.maximum(T, m * (zh + g["Phi"]) + ramp)
+                z = np.maximum(z, zh)
             # stage 0's tail: its reduction at its layers, then the tied embedding's all-reduce
             o0 = nd.opts[0] if j else o
             sync = self._sync_below(o0, used, nd.last) if self.K > 1 else 0.0
