@@ -222,3 +222,9 @@ class Deadline:
         this one's end; its work counts on the same meter."""
         work = None if self.work is None else min(fraction * self.work, self.work_left())
         return Deadline(min(fraction * self.seconds, self.left()), work=work, meter=self.meter)
+
+    def share(self, fraction: float) -> "Deadline":
+        """A deadline of `fraction` of what this one has left (seconds and work), from now; its
+        work counts on the same meter."""
+        work = None if self.work is None else fraction * self.work_left()
+        return Deadline(fraction * self.left(), work=work, meter=self.meter)
