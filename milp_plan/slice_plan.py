@@ -129,7 +129,8 @@ def _candidate(inst: Instance, plan: Plan, limits: Limits, tokens: tuple[int, ..
 FIRST_SHARE = 0.5      # solve_with_slices: its first solve's share of the command's budget, the rest the
 #                        sliced search's
 EXACT_EVALS = 32       # _best_sliced: slicings of one plan evaluated in increasing bound order, at most
-EXACT_SHARE = 0.5      # _examine: the exact search's share of what the deadline has left
+EXACT_SHARE = 0.25     # _examine: the exact search's share of what the deadline has left ...
+AGAIN_SHARE = 0.6      # ... and in its second run, on a config it did not finish
 
 
 @dataclass
@@ -143,6 +144,7 @@ class SlicedSearch:
     configs: int = 0
     examined: int = 0
     pruned: int = 0
+    cut_short: dict = field(default_factory=dict)   # config -> its exact search, stopped by the deadline
 
     def offer(self, cand: Candidate | None) -> None:
         if cand is not None and cand.objective < self.objective * (1 - REL_EPS):
@@ -225,15 +227,18 @@ def _fitting_plan(inst: Instance, coef, opts: tuple[int, ...], layers: tuple[int
 
 
 def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float, found: SlicedSearch,
-             dl: Deadline, bounds: slice_bounds.ConfigBounds | None = None) -> float:
-    """Search one GPipe config's sliced plans; returns the bound it leaves open. The exact
-    search (slice_split.SplitSearch: branch and bound over the stage options and layer counts,
-    within EXACT_SHARE of what the deadline has left) bounds every plan of it and slices those
-    whose bound beats the incumbent (`_best_sliced`, at the least recompute that fits,
-    `_fitting_plan`): the config's bound becomes the least plan bound. Where it is cut short, the
-    config bound `lb` stays, and the config's heuristic plans (heuristics/warmstart.py) and the
-    placements that balance the per-type times on the slicings of least bound
-    (ConfigBounds.balanced) are sliced for an incumbent. (Slicing those first, as before the
+             dl: Deadline, bounds: slice_bounds.ConfigBounds | None = None, again: bool = False
+             ) -> tuple[float, bool]:
+    """Search one GPipe config's sliced plans: (the bound it leaves open, whether its search
+    ended). The exact search (slice_split.SplitSearch: branch and bound over the stage options
+    and layer counts, within EXACT_SHARE of what the deadline has left, so that a config whose
+    tree is too large leaves most of the budget to the others; `again`: its second run, from
+    where the first stopped, within AGAIN_SHARE) bounds every plan of it and slices those whose bound beats the incumbent
+    (`_best_sliced`, at the least recompute that fits, `_fitting_plan`): the config's bound
+    becomes the least plan bound. Where it is cut short, the config bound `lb` stays, and (the
+    first time) the config's heuristic plans (heuristics/warmstart.py) and the placements that
+    balance the per-type times on the slicings of least bound (ConfigBounds.balanced) are
+    sliced for an incumbent. (Slicing those first, as before the
     exact search, took 5 of the 35 work units that prove the shipped default's `--slices auto`,
     and found nothing the exact search did not.)"""
     from milp_plan.formulations.placement import build_plan
@@ -249,9 +254,13 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
             cand, b = _best_sliced(inst, plan, limits, counts, found.objective, dl)
             found.offer(cand)
             return max(b, bound)
-        got, done = SplitSearch(bounds, coef).run(lambda: found.objective, leaf, dl.share(EXACT_SHARE))
+        search = found.cut_short.pop(coef.cfg, None) or SplitSearch(bounds, coef)
+        got, done = search.run(lambda: found.objective, leaf, dl.share(AGAIN_SHARE if again else EXACT_SHARE))
         if done:
-            return max(got, lb)
+            return max(got, lb), True
+        found.cut_short[coef.cfg] = search     # the second run goes on where this one stopped
+        if again:
+            return lb, False
     r = 1 if coef.cfg.shared_recompute else 0
     balanced = [(opts, layers, (r,) * coef.cfg.pp) for opts, layers in (bounds.balanced(coef) if bounds else [])]
     for opts, layers, rs in [*warmstart.candidates(coef, dl), *balanced]:
@@ -263,7 +272,7 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
             continue
         if matches_pins(inst, coef.pins, plan):
             found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
-    return lb
+    return lb, bounds is None or coef.cfg.vpp != 1
 
 
 def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,
@@ -291,7 +300,8 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
     if prepared.truncated:
         found.open_bounds.append(0.0)
     bounds = slice_bounds.ConfigBounds(inst, limits, counts)
-    heap = []          # (bound, config index, stage): 0 cheap, 1 the work bound, 2 the full one
+    heap = []          # (bound, config index, stage): 0 cheap, 1 the work bound, 2 the full one, 3 examined
+    #                    once and cut short
     last = -math.inf
 
     def tell(least: float) -> None:
@@ -333,8 +343,13 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
             if got is not None:
                 heapq.heappush(heap, (max(got, lb), i, stage + 1))
             continue
-        found.examined += 1
-        found.open_bounds.append(_examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds))
+        if stage == 2:
+            found.examined += 1
+        got, done = _examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds, again=stage == 3)
+        if done or stage == 3 or dl.expired():
+            found.open_bounds.append(got)
+        else:      # cut short: once more when it is the least again, with more of what is left
+            heapq.heappush(heap, (lb, i, 3))
     return found
 
 

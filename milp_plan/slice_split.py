@@ -44,7 +44,11 @@ from milp_plan.solvers.driver import REL_EPS
 from milp_plan.slice_bounds import (SECONDS_PER_CELL, ConfigBounds, _embedding_sync, _gather, _hop_costs,
                                     _least_price, _value, gathered_paths)
 
-CELL_OPS = 3   # numpy passes per bounded cell (row x layer count) of a node, charged at SECONDS_PER_CELL
+CELL_OPS = 1.2          # numpy passes per bounded cell (row x layer count) of a node, charged at SECONDS_PER_CELL
+SLICE_OPS = 0.6         # ... per row x slice of a child's slice paths (`_child`, `_slice_bound`), and per stage
+LEAF_OPS = 1.2          # of a leaf's (`_leaf_bound`)
+NODE_WORK = 3e-4      # work units per node beside its cells: Python and numpy's per-call cost (0.5-0.6 ms a node
+#                       measured at 17-30 rows a node, GPT-3 175B on 16 x 8 A100, pp 16)
 Leaf = Callable[[tuple[int, ...], tuple[int, ...], float], float]
 
 
@@ -58,6 +62,9 @@ class SplitSearch:
         self.K, self.L = coef.cfg.pp, inst.model.num_layers
         self.m = coef.cfg.num_microbatches(inst.job.global_batch_size)
         self.nodes = self.leaves = 0
+        self.best = math.inf          # the least leaf bound so far
+        self._walk = None             # the search, where it stopped (run)
+        self.dl: Deadline | None = None
         found = bounds.usable_options(coef, cb.limits, memory=True)
         self.usable: list[int] = [] if found is None else found[3]
         if not self.usable:
@@ -182,30 +189,42 @@ class SplitSearch:
         return total if stages == 0 else -1
 
     def run(self, cutoff: Callable[[], float], leaf: Leaf, dl: Deadline) -> tuple[float, bool]:
-        """(the least leaf bound (the objective's), inf where every leaf was pruned; whether the
-        search ended within the deadline). `cutoff()`: the incumbent's objective, read at every
-        node: a row whose bound reaches it leaves the subtree."""
+        """(the least leaf bound so far (the objective's), inf where every leaf was pruned; whether
+        the search has ended). `cutoff()`: the incumbent's objective, read at every node: a row
+        whose bound reaches it leaves the subtree. Where `dl` expires first, the search stops where
+        it is, and a later call goes on from there (within its own deadline), nothing redone."""
+        self.dl = dl
+        if self._walk is None:
+            self._walk = self._search(cutoff, leaf)
+        try:
+            next(self._walk)
+        except StopIteration:
+            return self.best, True
+        return self.best, False
+
+    def _search(self, cutoff, leaf: Leaf):
+        """The search as a generator that yields where the deadline expires."""
         if not self.usable:
-            return math.inf, True
+            return
         n = len(self.cb.rows)
         U = self.valid.shape[1]
-        best = [math.inf]
         # the last stage's option first (it fixes the tied embedding's all-reduce), then stage 0, 1, ...
         lasts = [o for o in self.usable if self.caps[self.coef.pool_of[o]] > 0] if self.K > 1 else [None]
         for last in lasts:
             used = {} if last is None else {self.coef.pool_of[last]: 1}
             root = _Node((), (), used, np.arange(n), np.zeros(n), np.full(n, -np.inf), self.opt_least, 0.0, 0.0,
                          np.zeros((n, U)), np.zeros(n), last)
-            if not self._expand(root, cutoff, leaf, dl, best):
-                return best[0], False
-        return best[0], True
+            yield from self._expand(root, cutoff, leaf)
 
-    def _expand(self, nd: "_Node", cutoff, leaf: Leaf, dl: Deadline, best: list[float]) -> bool:
+    def _expand(self, nd: "_Node", cutoff, leaf: Leaf):
         """Bound the children of `nd` (every usable option, every layer count) and search those
-        with rows left, the least bound first; False when the deadline cut it."""
-        if dl.expired():
-            return False
+        with rows left, the least bound first (a generator: it yields while the deadline, self.dl,
+        has expired)."""
+        while self.dl.expired():
+            yield
+        dl = self.dl
         self.nodes += 1
+        dl.charge(NODE_WORK)
         m, rows, j = self.m, nd.rows, len(nd.opts)
         left, rest = self.L - sum(nd.layers), self.K - j - 1
         g = self._view(rows)
@@ -266,21 +285,21 @@ class SplitSearch:
                 break
             keep = T < cut
             child = self._child(nd, o, n, used, keep, F, Mx, opt, dp0, tail, Wmax)
+            dl = self.dl
+            dl.charge(child.B.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
             if rest:
                 keep = self._slice_bound(child, z[keep], rest) < cut    # the paths P(0, s, K-1, k)
                 if not keep.any():
                     continue
                 child = child.restrict(keep)
-                if not self._expand(child, cutoff, leaf, dl, best):
-                    return False
+                yield from self._expand(child, cutoff, leaf)
                 continue
             got = self._leaf_bound(child, T[keep])      # every stage fixed: the paths P(a, s, b, k) too
             if got < cut:
                 self.leaves += 1
-                best[0] = min(best[0], leaf(child.opts, child.layers, _value(got, self.price, self.cb.limits)))
-            if dl.expired():
-                return False
-        return True
+                self.best = min(self.best, leaf(child.opts, child.layers, _value(got, self.price, self.cb.limits)))
+            while self.dl.expired():
+                yield
 
     def _view(self, rows: np.ndarray) -> dict:
         """The per-row terms of `rows`, gathered once for a node's children."""

@@ -1050,3 +1050,40 @@ def test_best_sliced_is_exact_when_it_evaluates_below_the_bound(tmp_path_factory
             assert bound <= best * (1 + 1e-12)
             checked += 1
     assert checked >= 20, checked
+
+
+def test_split_search_goes_on_where_it_stopped(tmp_path_factory):
+    """SplitSearch.run under deadlines of a few nodes' work each, called again until it ends,
+    visits the same leaves and returns the same least bound as one run without a deadline (the
+    search stops where the deadline expires and goes on from there: nothing redone, nothing
+    skipped), on every pp >= 3 GPipe config of the 8-block instance."""
+    from milp_plan.deadline import Deadline
+    from milp_plan.slice_split import NODE_WORK, SplitSearch
+    inst = eight(str(tmp_path_factory.mktemp("t")), 1)
+    limits = Limits("min-time")
+    counts = list(range(2, SEQ + 1))
+    cb = sb.ConfigBounds(inst, limits, counts)
+    resumed = 0
+    for coef in gpipe_configs(inst, 4):
+        if coef.cfg.pp < 3:
+            continue
+        exact = fitting_bounds(inst, coef, limits, counts)
+        cutoff = min(exact.values(), default=math.inf) * 1.3
+        runs = {}
+        for name, budget in (("once", math.inf), ("stepped", 3 * NODE_WORK)):
+            seen = []
+
+            def leaf(opts, layers, bound):
+                seen.append((opts, layers))
+                search.dl.charge(2 * NODE_WORK)     # as slicing a plan does: the deadline may expire here
+                return exact[opts, layers]
+            search, calls = SplitSearch(cb, coef), 0
+            while True:
+                calls += 1
+                got, done = search.run(lambda: cutoff, leaf, Deadline(math.inf, work=budget))
+                if done:
+                    break
+            runs[name] = (got, seen, search.nodes, calls)
+        assert runs["stepped"][:3] == runs["once"][:3], coef.cfg.label()
+        resumed += runs["stepped"][3] > 2
+    assert resumed >= 3
