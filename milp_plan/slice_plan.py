@@ -20,12 +20,14 @@ unsliced driver's: each config gets a lower bound on every sliced plan of it, ov
 split, stage option and slicing (slice_bounds.ConfigBounds: a cheap one, then the full one
 when the config reaches the top); configs are examined in increasing bound order until the
 next bound cannot beat the incumbent (at first A's objective and the best unsliced GPipe
-plan, sliced). Examining a config (`_examine`) slices its heuristic plans (for each count whose
-plan bound, slice_bounds.plan_bounds, beats the incumbent: the DP's slicing of that count,
-slicing.best_slices, and the slicing where the bound is least, each evaluated by
-predict.evaluate), and, when the config has at most SPLIT_ENUM_MAX plans, bounds every plan of
-it over every slicing, so its bound becomes the least plan bound. Sliced and unsliced plans
-are compared on one step basis (predict.step_basis: simulated, or the closed forms).
+plan, sliced). Examining a config (`_examine`) runs the exact search over its stage options
+and layer counts (slice_split.SplitSearch: branch and bound, every slicing row at once), which
+bounds every plan of it and slices the plans whose bound beats the incumbent (`_best_sliced`:
+the DP's slicing of each count, slicing.best_slices, then the slicings in increasing path bound,
+each evaluated by predict.evaluate), so the config's bound becomes the least plan bound; a
+search cut short by its share of the budget goes on later from where it stopped, and meanwhile
+the config's heuristic plans are sliced. Sliced and unsliced plans are compared on one step
+basis (predict.step_basis: simulated, or the closed forms).
 
 What is proven: the bound written is min(the plan's objective, every bound the sliced search
 left open, A's bound), so `optimal` means proven best over every unsliced plan and every
