@@ -232,21 +232,39 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
              dl: Deadline, bounds: slice_bounds.ConfigBounds | None = None, again: bool = False
              ) -> tuple[float, bool]:
     """Search one GPipe config's sliced plans: (the bound it leaves open, whether its search
-    ended). The exact search (slice_split.SplitSearch: branch and bound over the stage options
-    and layer counts, within EXACT_SHARE of what the deadline has left, so that a config whose
-    tree is too large leaves most of the budget to the others; `again`: its second run, from
-    where the first stopped, within AGAIN_SHARE) bounds every plan of it and slices those whose bound beats the incumbent
-    (`_best_sliced`, at the least recompute that fits, `_fitting_plan`): the config's bound
-    becomes the least plan bound. Where it is cut short, the config bound `lb` stays, and (the
-    first time) the config's heuristic plans (heuristics/warmstart.py) and the placements that
-    balance the per-type times on the slicings of least bound (ConfigBounds.balanced) are
-    sliced for an incumbent. (Slicing those first, as before the
-    exact search, took 5 of the 35 work units that prove the shipped default's `--slices auto`,
-    and found nothing the exact search did not.)"""
+    ended). Its first heuristic plan (heuristics/warmstart.py) is sliced first (`_best_sliced`):
+    where that meets the config bound `lb`, the config is settled. Then the exact search
+    (slice_split.SplitSearch: branch and bound over the stage options and layer counts, within
+    EXACT_SHARE of what the deadline has left, so that a config whose tree is too large leaves
+    most of the budget to the others; `again`: its second run, from where the first stopped,
+    within AGAIN_SHARE) bounds every plan of it and slices those whose bound beats the
+    incumbent (at the least recompute that fits, `_fitting_plan`): the config's bound becomes
+    the least plan bound. Where it is cut short, `lb` stays, and (the first time) the config's
+    other heuristic plans and the placements that balance the per-type times on the slicings of
+    least bound (ConfigBounds.balanced) are sliced for an incumbent. Slicing all of those first
+    took 5 of the 35 work units that proved the shipped default's `--slices auto`, and found
+    nothing the exact search did not; slicing none first took GPT-3 175B on 16 x 8 A100 from 2 s
+    to 32 s (its pp 16 tree is too large, its first heuristic plan meets its bound)."""
     from milp_plan.formulations.placement import build_plan
     from milp_plan.formulations.space import matches_pins
     from milp_plan.heuristics import warmstart
     from milp_plan.slice_split import SplitSearch
+    r = 1 if coef.cfg.shared_recompute else 0
+
+    def slice_heuristic(plans) -> None:
+        for opts, layers, rs in plans:
+            if dl.expired():
+                break
+            try:
+                plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
+            except ValueError:   # the stages do not pack onto the cluster's nodes
+                continue
+            if matches_pins(inst, coef.pins, plan):
+                found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
+    heuristic = [] if again else warmstart.candidates(coef, dl)
+    slice_heuristic(heuristic[:1])
+    if lb >= found.objective * (1 - REL_EPS):
+        return lb, True
     if bounds is not None and coef.cfg.vpp == 1:
         def leaf(opts: tuple[int, ...], layers: tuple[int, ...], bound: float) -> float:
             plan = _fitting_plan(inst, coef, opts, layers)
@@ -263,17 +281,8 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
         found.cut_short[coef.cfg] = search     # the second run goes on where this one stopped
         if again:
             return lb, False
-    r = 1 if coef.cfg.shared_recompute else 0
     balanced = [(opts, layers, (r,) * coef.cfg.pp) for opts, layers in (bounds.balanced(coef) if bounds else [])]
-    for opts, layers, rs in [*warmstart.candidates(coef, dl), *balanced]:
-        if dl.expired():
-            break
-        try:
-            plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
-        except ValueError:   # the stages do not pack onto the cluster's nodes
-            continue
-        if matches_pins(inst, coef.pins, plan):
-            found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
+    slice_heuristic([*heuristic[1:], *balanced])
     return lb, bounds is None or coef.cfg.vpp != 1
 
 
@@ -328,7 +337,7 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
         tell(min([heap[0][0], *found.open_bounds]))
         lb, i, stage = heap[0]
         if lb >= found.objective * (1 - REL_EPS):
-            found.pruned += len(heap)
+            found.pruned += sum(1 for _, _, st in heap if st < 3)   # stage 3: examined, counted there
             break
         if dl.expired():
             found.open_bounds += [b for b, _, _ in heap]

@@ -1,36 +1,41 @@
 """The exact search over one GPipe config's sliced plans (slice_plan._examine): branch and bound
-over the stage options and layer counts, stage 0 first, every slicing row at once.
+over the stage options and layer counts, every slicing row at once.
 
-A node fixes stages 0..j-1 (option o_s, n_s layers); its bound, per slicing row, is at least the
-step of every plan below it cut by that row (slice_bounds' module docstring: the machine paths
-M(s) and the paths P(a, s, b, k)), plus stage 0's tail and the optimizer term:
+The last stage's option is fixed first (it sets the tied embedding's all-reduce between the end
+stages), then stage 0, 1, ...: a node fixes stages 0..j-1 (option o_s within its pool's stages,
+n_s layers within the option's room). Its bound, per slicing row, is at least the step of every
+plan below it cut by that row (slice_bounds' module docstring: the machine paths M(s) and the
+paths P(a, s, b, k)), plus stage 0's reduction and the end pair's least all-reduce, and the
+optimizer term; the largest of
 
-    M(s) = m W_s + sum_{r<s} p_{r,0} + sum_{r>s} p_{r,last} + the hops (down and back) on the first
-           slice above s and on the last below it,   W_s = sum_k p_{s,k};
+  * M(s) of each fixed stage:  m W_s + sum_{r<s} p_{r,0} + sum_{r>s} p_{r,last} + the hops on
+    the first slice above s and on the last below it, each down and back (slice_bounds._hop_costs:
+    twice the forward transfer), with p_{s,k} >= n_s alpha_{o_s,k} (the option's least per-layer
+    f + b over the block kinds), the embedding's on stage 0 and the head's on stage K-1 (least
+    over the options), a recomputed block's forward phi under full recompute (recompute at its
+    least: time only grows with it); the stages not fixed below s: their layers at the least
+    alpha of the last slice, a phi and a least hop each, the head;
+  * M(t) of the heaviest stage not fixed: W_t >= z', the fractional bottleneck of the L' layers
+    left over the K - j stages left (sum_t z / A_{o_t} >= L', the fastest pools first within
+    their stages left, the last stage at its option), raised to the least whole-layer time
+    n A_o >= z' of an option a stage left may run; once more with the head in the last stage's
+    time (n A_last + H);
+  * the path P(0, s, K-1, k) of every slice k (`_slice_bound`: (m - 1) W of the heaviest, stage
+    0's slices before k, C_k with the layers left at the least alpha_k, one layer's slices after
+    k on the last stage);
+  * at a leaf (every stage fixed) the plan's paths P(a, s, b, k) (slice_bounds.gathered_paths).
 
-  * a fixed stage s: p_{s,k} >= n_s alpha_{o_s,k} (the option's least per-layer f + b over the
-    block kinds; recompute at its least), the embedding's on stage 0 and the head's on stage K-1
-    (least over the options), the recomputed forward under full recompute (phi);
-  * a stage not fixed: one layer at the least alpha of the usable options (and phi, and the
-    head on stage K-1) on its first or last slice;
-  * the heaviest of the stages not fixed (t >= j, K - j of them, L' layers): its W_t >= z', the
-    least z with sum_t min(z / A_{o_t}, L') >= L' over K - j options within the pools' stages
-    left (the fractional bottleneck: the fastest options first); its M(t) reads the fixed stages'
-    first slices;
-  * a hop between fixed stages: at least _hop_costs' least of its two pools' links (per token,
-    both ways); a hop with an end not fixed: the least over every pool pair;
-  * at a leaf (every stage fixed) the paths P(a, s, b, k) too (slice_bounds.gathered_paths).
-
-A row whose bound reaches the cutoff (the incumbent) leaves the node's subtree; a node with no
-row left is pruned. Each option's layer counts at a node are bounded in one numpy pass. A leaf
-with rows left is handed to the caller (`leaf(options, layers, bound)`), which bounds the plan
-exactly over every slicing (slice_bounds.plan_bounds), slices it and returns its bound; the
-config's bound is the least leaf bound, or the cutoff where every leaf was pruned.
+A row whose bound reaches the incumbent leaves the node's subtree; a node with no row left is
+pruned. Each option's layer counts at a node are bounded in one numpy pass, the children taken
+in increasing bound. A leaf with rows left is handed to the caller (`leaf(options, layers,
+bound)`), which bounds the plan exactly over every slicing, slices it and returns its bound; the
+config's bound is the least leaf bound (inf where every leaf was pruned). `run` stops where its
+deadline expires and a later call goes on from there (the search is a generator).
 
 Memory: a stage of option o holds at most rooms[o] layers (solvers.bounds.usable_options: within
-memory at the best recompute count of any position), so no plan that fits is cut; the bounds read
-the least recompute (time only grows with it). formulations/pipeline.md, 'Token slices: the exact
-search of a config'; tests/test_slice_search.py checks it against enumeration."""
+memory at the best recompute count of any position), so no plan that fits is cut.
+formulations/pipeline.md, 'Token slices' (examining a config); tests/test_slice_search.py checks
+it against enumeration."""
 from __future__ import annotations
 
 import math
@@ -44,11 +49,12 @@ from milp_plan.solvers.driver import REL_EPS
 from milp_plan.slice_bounds import (SECONDS_PER_CELL, ConfigBounds, _embedding_sync, _gather, _hop_costs,
                                     _least_price, _value, gathered_paths)
 
-CELL_OPS = 1.2          # numpy passes per bounded cell (row x layer count) of a node, charged at SECONDS_PER_CELL
-SLICE_OPS = 0.6         # ... per row x slice of a child's slice paths (`_child`, `_slice_bound`), and per stage
-LEAF_OPS = 1.2          # of a leaf's (`_leaf_bound`)
-NODE_WORK = 3e-4      # work units per node beside its cells: Python and numpy's per-call cost (0.5-0.6 ms a node
-#                       measured at 17-30 rows a node, GPT-3 175B on 16 x 8 A100, pp 16)
+# work charged (deadline.py units, about CPU seconds; calibrated on the default's pp 4 and pp 8 configs and
+# GPT-3 175B's pp 16 on 16 x 8 A100):
+CELL_OPS = 1.2     # per bounded cell (row x layer count) of a node, at SECONDS_PER_CELL each
+SLICE_OPS = 0.6    # per row x slice of a child's slice path (`_child`, `_slice_bound`) ...
+LEAF_OPS = 1.2     # ... and per row x slice x stage of a leaf's paths (`_leaf_bound`)
+NODE_WORK = 3e-4   # per node beside its cells: Python's and numpy's per-call cost (0.3-0.6 ms a node)
 Leaf = Callable[[tuple[int, ...], tuple[int, ...], float], float]
 
 
