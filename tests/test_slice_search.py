@@ -948,9 +948,10 @@ def test_decision_work_follows_the_solve():
     assert of(1.87) == 0.06 and of(4.11) == pytest.approx(0.1233) and of(200.0) == 5.0
 
 
-def eight(tmp: str, batch: int):
+def eight(tmp: str, batch: int, seq: int = SEQ):
     """The two-speed instance (rooms that bind, a tied embedding) with 8 blocks: configs of up to
-    4 stages with thousands of plans, the exact search's (slice_split) ground."""
+    4 stages with thousands of plans, the exact search's (slice_split) ground. At seq 500 (the
+    model's) the activations weigh as much as the weights."""
     from tiny_instance import write_inputs
     from milp_plan.instance import InstanceSpec, build_instance
     cluster, model, prof = write_inputs(Path(tmp), True, True)
@@ -958,7 +959,7 @@ def eight(tmp: str, batch: int):
                        .replace("memory_gib: 80", "memory_gib: 0.7"))
     model.write_text(model.read_text().replace("num_layers: 4", "num_layers: 8"))
     return build_instance(InstanceSpec(cluster=str(cluster), model=str(model), profiles=str(prof),
-                                       global_batch_size=batch, seq_length=SEQ))
+                                       global_batch_size=batch, seq_length=seq))
 
 
 def fitting_bounds(inst, coef, limits, counts):
@@ -1087,3 +1088,37 @@ def test_split_search_goes_on_where_it_stopped(tmp_path_factory):
         assert runs["stepped"][:3] == runs["once"][:3], coef.cfg.label()
         resumed += runs["stepped"][3] > 2
     assert resumed >= 3
+
+
+def test_fitting_plan_takes_the_least_recompute_that_fits(tmp_path_factory):
+    """slice_plan._fitting_plan on every plan of every full-recompute GPipe config (one count r
+    shared by every stage, Megatron's) of the 8-block instance at sequence 500, whose rooms bind
+    and whose activations weigh: the plan it returns has the least r from 1 whose plan fits
+    memory (brute force over r), or it returns None where none fits; 60 plans fit only at r >= 2
+    (the sliced search once read only r = 1, and dropped them)."""
+    from milp_plan.slice_plan import _fitting_plan, _fits_memory
+    inst = eight(str(tmp_path_factory.mktemp("t")), 8, seq=500)
+    L, checked, above_one = inst.model.num_layers, 0, 0
+    for coef in gpipe_configs(inst, 3):
+        if not coef.cfg.shared_recompute:
+            continue
+        K = coef.cfg.pp
+        for opts in itertools.product(range(len(coef.options)), repeat=K):
+            for cuts in itertools.combinations(range(1, L), K - 1):
+                layers = tuple(b - a for a, b in zip((0, *cuts), (*cuts, L)))
+                want = None
+                for r in range(1, min(layers) + 1):
+                    try:
+                        plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, (r,) * K, None)
+                    except ValueError:
+                        break
+                    if _fits_memory(plan):
+                        want = r
+                        break
+                got = _fitting_plan(inst, coef, opts, layers)
+                assert (got is None) == (want is None), (coef.cfg.label(), opts, layers)
+                if got is not None:
+                    assert {st.recompute_layers for st in got.stages} == {want}
+                    above_one += want > 1
+                checked += 1
+    assert checked > 200 and above_one > 0, (checked, above_one)
