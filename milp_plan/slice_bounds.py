@@ -96,6 +96,9 @@ SECONDS_PER_CELL = 6e-8   # work charged per row x option x step of the bounds' 
 PATH_SECONDS_PER_CELL = 8e-8   # quick_bound: work charged per array cell WorkBounds.end_steps touches ...
 PATH_WORK_PER_PAIR = 3e-4      # ... and per pair of end options (default instance: 0.43 s CPU for 92 configs,
 # 368 pairs, 3.8e6 cells; every config without a cutoff: 19.5 s for 2.2e8 cells)
+SPLIT_SECONDS_PER_CELL = 3e-9   # sliced_search: work charged per cell of WorkBounds.config with its paths and the
+# middle split (a least-squares fit over 2,104 calls, GPT-3 175B on mixed-128 at batch 8: 2.6e-9 s a cell and
+# 1.4e-4 s per count x option; 874 calls on the default: 6.2e-9 and 0.7e-4)
 QUICK_WORK_PER_OPTION = 1.6e-4   # quick_bound: work charged per config option of its WorkBounds.config stages
 # (0.75 s CPU for 4,580 options at scale-1024: 1.6e-4 s each)
 
