@@ -131,8 +131,7 @@ def _candidate(inst: Instance, plan: Plan, limits: Limits, tokens: tuple[int, ..
 FIRST_SHARE = 0.5      # solve_with_slices: its first solve's share of the command's budget, the rest the
 #                        sliced search's
 EXACT_EVALS = 32       # _best_sliced: slicings of one plan evaluated in increasing bound order, at most
-EXACT_SHARE = 0.25     # _examine: the exact search's share of what the deadline has left ...
-AGAIN_SHARE = 0.6      # ... and in its second run, on a config it did not finish
+EXACT_SHARE = 0.25     # _examine: the exact search's share of what the deadline has left, each time
 
 
 @dataclass
@@ -236,8 +235,8 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
     where that meets the config bound `lb`, the config is settled. Then the exact search
     (slice_split.SplitSearch: branch and bound over the stage options and layer counts, within
     EXACT_SHARE of what the deadline has left, so that a config whose tree is too large leaves
-    most of the budget to the others; `again`: its second run, from where the first stopped,
-    within AGAIN_SHARE) bounds every plan of it and slices those whose bound beats the
+    most of the budget to the others; `again`: a later run, from where the last stopped, when
+    the config is the least on the heap again) bounds every plan of it and slices those whose bound beats the
     incumbent (at the least recompute that fits, `_fitting_plan`): the config's bound becomes
     the least plan bound. Where it is cut short, `lb` stays, and (the first time) the config's
     other heuristic plans and the placements that balance the per-type times on the slicings of
@@ -275,7 +274,7 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
             found.offer(cand)
             return max(b, bound)
         search = found.cut_short.pop(coef.cfg, None) or SplitSearch(bounds, coef)
-        got, done = search.run(lambda: found.objective, leaf, dl.share(AGAIN_SHARE if again else EXACT_SHARE))
+        got, done = search.run(lambda: found.objective, leaf, dl.share(EXACT_SHARE))
         if done:
             return max(got, lb), True
         found.cut_short[coef.cfg] = search     # the second run goes on where this one stopped
@@ -361,9 +360,9 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
         if stage == 2:
             found.examined += 1
         got, done = _examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds, again=stage == 3)
-        if done or stage == 3 or dl.expired():
+        if done or dl.expired():
             found.open_bounds.append(got)
-        else:      # cut short: once more when it is the least again, with more of what is left
+        else:      # cut short: it goes on when it is the least again
             heapq.heappush(heap, (lb, i, 3))
     return found
 
