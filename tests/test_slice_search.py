@@ -1004,7 +1004,8 @@ def test_split_search_finds_the_enumerated_least(tmp_path_factory, make, batch, 
         for cutoff in dict.fromkeys((math.inf, least * 1.01, least * 0.99)):   # one run where least is inf
 
             def leaf(opts, layers, bound):
-                assert (opts, layers) in exact, (coef.cfg.label(), opts, layers)
+                if (opts, layers) not in exact:   # no recompute fits it (the rooms are the best
+                    return math.inf               # position's), or its stages do not pack
                 assert bound <= exact[opts, layers] * (1 + 1e-9), (coef.cfg.label(), opts, layers)
                 return exact[opts, layers]
             got, done = SplitSearch(cb, coef).run(lambda: cutoff, leaf, Deadline(math.inf))
