@@ -228,7 +228,7 @@ def _fitting_plan(inst: Instance, coef, opts: tuple[int, ...], layers: tuple[int
 
 
 def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float, found: SlicedSearch,
-             dl: Deadline, bounds: slice_bounds.ConfigBounds | None = None, again: bool = False
+             dl: Deadline, bounds: slice_bounds.ConfigBounds, again: bool = False
              ) -> tuple[float, bool]:
     """Search one GPipe config's sliced plans: (the bound it leaves open, whether its search
     ended). Its first heuristic plan (heuristics/warmstart.py) is sliced first (`_best_sliced`):
@@ -264,7 +264,7 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
     slice_heuristic(heuristic[:1])
     if lb >= found.objective * (1 - REL_EPS):
         return lb, True
-    if bounds is not None and coef.cfg.vpp == 1:
+    if coef.cfg.vpp == 1:
         def leaf(opts: tuple[int, ...], layers: tuple[int, ...], bound: float) -> float:
             plan = _fitting_plan(inst, coef, opts, layers)
             dl.charge(WORK.plan)
@@ -280,9 +280,9 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
         found.cut_short[coef.cfg] = search     # the second run goes on where this one stopped
         if again:
             return lb, False
-    balanced = [(opts, layers, (r,) * coef.cfg.pp) for opts, layers in (bounds.balanced(coef) if bounds else [])]
+    balanced = [(opts, layers, (r,) * coef.cfg.pp) for opts, layers in bounds.balanced(coef)]
     slice_heuristic([*heuristic[1:], *balanced])
-    return lb, bounds is None or coef.cfg.vpp != 1
+    return lb, coef.cfg.vpp != 1
 
 
 def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,
@@ -359,7 +359,7 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
             continue
         if stage == 2:
             found.examined += 1
-        got, done = _examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds, again=stage == 3)
+        got, done = _examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds, stage == 3)
         if done or dl.expired():
             found.open_bounds.append(got)
         else:      # cut short: it goes on when it is the least again
