@@ -211,6 +211,11 @@ class Schedule:
         w0 = min(pp, m)
         return [(float(m), 0.0, False, 0.0), (m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, -(w0 - 1) * phi.excess)]
 
+    def position_weights(self, m: int, pp: int, phi: ForwardShare) -> list[float] | None:
+        """Per stage s, the weight of t_s in path_weights()[1]'s path through s, where it
+        grows with s (OneFOneB); None: no such weights (the bound reads w_z alone)."""
+        return None
+
     def path_p2p(self, hop_s: Sequence[float], wrap_hop_s: float) -> float:
         """Transfers on the paths of `path_weights`: each hop down once and up once."""
         return 2.0 * sum(hop_s)
@@ -311,6 +316,13 @@ class Schedule:
 
 class OneFOneB(Schedule):
     name = "1f1b"
+
+    def position_weights(self, m: int, pp: int, phi: ForwardShare) -> list[float] | None:
+        """Per stage s, the weight c_s of t_s in path_weights' second path taken through s:
+        S + (m - 1) t_s - (w_s - 1) f_s + ... >= S + c_s t_s - (w_0 - 1) excess + ..., with
+        c_s = m - 1 - (w_s - 1) hi, w_s = min(pp - s, m) (c_0 is that quadruple's w_z; a later
+        stage keeps fewer forwards of its warm-up off the path, so c_s grows with s)."""
+        return [m - 1.0 - (min(pp - s, m) - 1) * phi.hi for s in range(pp)]
 
 
 class GPipe(Schedule):
@@ -447,6 +459,9 @@ class Interleaved(OneFOneB):
 
     def z_weight(self, m):
         return m - 1.0 / self.vpp if self.vpp > 1 else m - 1.0
+
+    def position_weights(self, m, pp, phi):
+        return super().position_weights(m, pp, phi) if self.vpp == 1 else None
 
     def path_weights(self, m, pp, phi):
         """interleaved (v chunks): micro-batch 0 forward through all pp v virtual stages, chunk

@@ -695,6 +695,14 @@ class Coefficients:
             return sched.path_weights(self.m, self.cfg.pp, self.forward_share())
         return [(sched.z_weight(self.m), sched.sum_weight(), True, 0.0)]
 
+    def position_weights(self) -> list[float] | None:
+        """Per stage s, the weight c_s of t_s in step_weights()[1]'s path through s
+        (Schedule.position_weights; the simulated basis only, whose quadruples take c_0 for
+        every stage), or None."""
+        if self.basis() != SIMULATED:
+            return None
+        return self.cfg.sched.position_weights(self.m, self.cfg.pp, self.forward_share())
+
     def step_p2p(self, hop_s: list[float], wrap_hop_s: float) -> float:
         """The transfers the step's lower bound counts (closed form or paths) for these hops."""
         sched = self.cfg.sched

@@ -182,6 +182,7 @@ class PipelineTerms:
     extra: float
     rest: float
     gpu_usd: float
+    floor: float = 0.0   # at least what the w_z term is in every plan (`_position_floor`)
 
 
 def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: list[float], z_min: float,
@@ -221,18 +222,18 @@ def _pipeline_bound(slots: list[SlotType], pp: int, L: int, unit: int, cands: li
         z = sweep.z(i)
         if z is None:
             break
-        tail = value(w_z * max(z, s_inf / pp) + w_sum * s_inf + rest, p_inf)
+        tail = value(max(w_z * max(z, s_inf / pp), terms.floor) + w_sum * s_inf + rest, p_inf)
         if tail is None or tail >= best:
             break  # no Z from here on meets the limits, or beats the best
         if i == steps:
             best = tail
             break
         S = terms.extra + sweep.layer_sum(i)
-        T, P = w_z * max(z, S / pp) + w_sum * S + rest, max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf
+        T, P = max(w_z * max(z, S / pp), terms.floor) + w_sum * S + rest, max(terms.gpu_usd, sweep.usd(i)) if priced else p_inf
         got = value(T, P)  # P matters only where priced
         if got is not None and got < min(best, enough) and ends is not None and i < END_STEPS:  # lift a point below the best
             at = ends(z, sweep.z(i + 1))   # None: no plan has its largest a n at this Z
-            got = None if at is None else value(at.step(w_z, w_sum, max(z, S / pp), S, rest), P)
+            got = None if at is None else value(max(at.step(w_z, w_sum, max(z, S / pp), S, rest), T), P)
         if got is not None:
             best = min(best, got)
     return None if best == math.inf else (best, s_inf)
@@ -1072,27 +1073,12 @@ def _position_bottleneck(coef: Coefficients, caps: dict[int, int], usable: list[
     tp 2, pp 48: 79.7 ms -> 116.6 ms). The best assignment is a min-cost flow (source -> pool,
     capacity caps[q]; pool -> position, value its most layers; position -> sink)
     (formulations/pipeline.md, "The bottleneck by position")."""
-    from ortools.graph.python import min_cost_flow
-    pp, L = coef.cfg.pp, coef.inst.model.num_layers
-    pools = sorted({coef.pool_of[o] for o in usable})
+    pp = coef.cfg.pp
     times = _position_times(coef, usable, unit)
-    of_pool = [[o for o in usable if coef.pool_of[o] == q] for q in pools]
-    # nodes: 0 the source, 1..P the pools, P+1..P+pp the positions, P+pp+1 the sink
-    P = len(pools)
-    tails = [0] * P + [1 + i for i in range(P) for _ in range(pp)] + [1 + P + s for s in range(pp)]
-    heads = [1 + i for i in range(P)] + [1 + P + s for _ in range(P) for s in range(pp)] + [1 + P + pp] * pp
-    capacity = [min(caps[q], pp) for q in pools] + [1] * (P * pp + pp)
+    hold = _PositionsHold(coef, caps, usable, unit, times)
 
     def holds(zz: float) -> bool:
-        top = zz * (1 + 1e-12)   # a breakpoint is itself some a n: that n fits at it
-        value = [unit * max(bisect.bisect_right(times[o][s], top) for o in opts) for opts in of_pool for s in range(pp)]
-        if sum(max(value[i * pp + s] for i in range(P)) for s in range(pp)) < L:
-            return False    # even every position at its best pool holds fewer than L layers
-        flow = min_cost_flow.SimpleMinCostFlow()
-        flow.add_arcs_with_capacity_and_unit_cost(tails, heads, capacity, [0] * P + [-v for v in value] + [0] * pp)
-        flow.set_node_supply(0, pp)
-        flow.set_node_supply(1 + P + pp, -pp)
-        return flow.solve() == flow.OPTIMAL and -flow.optimal_cost() >= L   # not OPTIMAL: pp positions unfilled
+        return hold([zz] * pp)
     if holds(z):
         return z
     # the values where a stage's most layers change: its least times (not the breakpoints of the
@@ -1101,6 +1087,74 @@ def _position_bottleneck(coef: Coefficients, caps: dict[int, int], usable: list[
     if not steps or not holds(steps[-1]):
         return None
     return steps[bisect.bisect_left(range(len(steps)), True, key=lambda j: holds(steps[j]))]
+
+
+class _PositionsHold:
+    """Whether the pp stage positions, each given a pool (pool q at most caps[q] of them),
+    hold L layers when a stage of option o at position s holds at most the most layers (whole
+    chunks of `unit`) whose least time there (`_position_times`) is at most tops[s]: a min-cost
+    flow (source -> pool, capacity caps[q]; pool -> position, value its most layers; position
+    -> sink)."""
+
+    def __init__(self, coef: Coefficients, caps: dict[int, int], usable: list[int], unit: int,
+                 times: dict[int, list[list[float]]]):
+        pp = coef.cfg.pp
+        self.pp, self.L, self.unit, self.times = pp, coef.inst.model.num_layers, unit, times
+        pools = sorted({coef.pool_of[o] for o in usable})
+        self.of_pool = [[o for o in usable if coef.pool_of[o] == q] for q in pools]
+        # nodes: 0 the source, 1..P the pools, P+1..P+pp the positions, P+pp+1 the sink
+        P = self.P = len(pools)
+        self.tails = [0] * P + [1 + i for i in range(P) for _ in range(pp)] + [1 + P + s for s in range(pp)]
+        self.heads = [1 + i for i in range(P)] + [1 + P + s for _ in range(P) for s in range(pp)] + [1 + P + pp] * pp
+        self.capacity = [min(caps[q], pp) for q in pools] + [1] * (P * pp + pp)
+
+    def __call__(self, tops: list[float]) -> bool:
+        from ortools.graph.python import min_cost_flow
+        pp, P, unit, times = self.pp, self.P, self.unit, self.times
+        # a breakpoint is itself some a n: that n fits at it
+        value = [unit * max(bisect.bisect_right(times[o][s], tops[s] * (1 + 1e-12)) for o in opts)
+                 for opts in self.of_pool for s in range(pp)]
+        if sum(max(value[i * pp + s] for i in range(P)) for s in range(pp)) < self.L:
+            return False    # even every position at its best pool holds fewer than L layers
+        flow = min_cost_flow.SimpleMinCostFlow()
+        flow.add_arcs_with_capacity_and_unit_cost(self.tails, self.heads, self.capacity,
+                                                  [0] * P + [-v for v in value] + [0] * pp)
+        flow.set_node_supply(0, pp)
+        flow.set_node_supply(1 + P + pp, -pp)
+        return flow.solve() == flow.OPTIMAL and -flow.optimal_cost() >= self.L   # not OPTIMAL: pp positions unfilled
+
+
+def _position_floor(coef: Coefficients, caps: dict[int, int], usable: list[int], unit: int,
+                    weights: list[float], z: float) -> float:
+    """At least max_s c_s t_s in every plan of the config within memory (c_s = `weights`,
+    Coefficients.position_weights, non-negative; z its position bottleneck bound): with x_s the
+    stage's least time at its position for its layers (`_position_times`, the bottleneck
+    bound's measure), every plan has max_s c_s x_s >= Y*, the least Y at which the positions,
+    each holding the most layers with x_s <= Y / c_s, hold L (`_PositionsHold`), and
+    t_s >= x_s + e (e: the least c, and rho L where rho < 0, of the usable options at the
+    ends and a middle stage, as `least_stage_time` reads them). So max_s c_s t_s >= Y* +
+    max_s c_s min(0, e). Y* >= c_0 z where c_0 = min_s c_s, and a Y that holds is at most
+    max_s c_s z' for the least z' that holds alike: the bisection runs over the c_s x values in
+    between (formulations/pipeline.md, "The position floor")."""
+    pp = coef.cfg.pp
+    times = _position_times(coef, usable, unit)
+    hold = _PositionsHold(coef, caps, usable, unit, times)
+    lo = min(weights) * z
+    steps = sorted({weights[s] * t for o in usable for s in range(pp) for t in times[o][s] if weights[s] * t > lo})
+    steps = [y for y in steps if y <= max(weights) * z * (1 + 1e-12)] or [lo]
+
+    def holds(y: float) -> bool:
+        return hold([y / c if c > 0 else math.inf for c in weights])
+    if holds(lo):
+        y = lo
+    elif not holds(steps[-1]):
+        y = lo   # z' above z: the floor keeps its least (a valid bound, as at lo)
+    else:
+        y = steps[bisect.bisect_left(range(len(steps)), True, key=lambda j: holds(steps[j]))]
+    ends = sorted({0, min(1, pp - 1), pp - 1})
+    e = min(min(0.0, t.c) + (min(0.0, t.rho) * coef.inst.model.num_layers if coef.full(o) else 0.0)
+            for o in usable for s in ends for t in [coef.time(o, s)[0]])
+    return y + max(weights) * e
 
 
 def least_stage_time(coef: Coefficients, limits: Limits) -> float:
@@ -1171,7 +1225,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     extra = terms.extra(cfg.pp)
 
     def finish(vpps: tuple[int, ...], pairs: list[tuple[float, float, bool, float]],
-               placed=(unit, cands, z, least, sweep)) -> float | None:
+               placed=(unit, cands, z, least, sweep), floor: float = 0.0) -> float | None:
         # the reduction is affine in the layers: its least over a range of vpp is at an end;
         # each weight quadruple gives a valid bound (the largest counts; None: no plan meets the limits)
         u, c, zz, lst, swp = placed
@@ -1183,7 +1237,7 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
         best = -math.inf
         for w_z, w_sum, hops_, offset in pairs:   # each a valid bound: the largest counts
             got = _finish_bound(slots, cfg, L, u, c, zz, lst, dp + opt + (p2p if hops_ else 0.0) + offset,
-                                extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, ends, enough)
+                                extra, gpu_usd, w_z, w_sum, limits, memory, least_work, swp, ends, enough, floor)
             if got is None:
                 return None
             best = max(best, got)
@@ -1193,7 +1247,16 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
     if _family is not None:
         return finish(_family[1], _family[0])
     if variants is None:
-        got = finish((cfg.vpp,), coef.step_weights())
+        pairs = coef.step_weights()
+        got = finish((cfg.vpp,), pairs)
+        weights = coef.position_weights() if memory and cfg.complete and cfg.pp >= 2 else None
+        if got is not None and got < enough and weights is not None:
+            # the second pair's path through each stage, at its own weight (`_position_floor`)
+            key = ("position floor", unit, tuple(sorted(caps.items())), tuple(usable), z, tuple(weights))
+            floor = coef._memo(coef._local, key, lambda: _position_floor(coef, caps, usable, unit, weights, z))
+            if floor > pairs[1][0] * z:
+                lifted = finish((cfg.vpp,), pairs[1:], floor=floor)
+                got = None if lifted is None else max(got, lifted)
         if got is None or got >= enough or not memory or cfg.pp != 2 or coef.basis() != SIMULATED:
             return got
         pair = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)   # every split of two stages
@@ -1371,10 +1434,10 @@ class WeakFamilyBounds:
 
 
 def _finish_bound(slots, cfg, L, unit, cands, z, least, rest, extra, gpu_usd, w_z, w_sum, limits, memory,
-                  least_work, sweep=None, ends=None, enough: float = math.inf) -> float | None:
-    """config_lower_bound's last step: the joint bound (`_pipeline_bound`, exact below `enough`)
-    and, for $, the work bound."""
-    got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd),
+                  least_work, sweep=None, ends=None, enough: float = math.inf, floor: float = 0.0) -> float | None:
+    """config_lower_bound's last step: the joint bound (`_pipeline_bound`, exact below `enough`;
+    `floor`: at least the w_z term) and, for $, the work bound."""
+    got = _pipeline_bound(slots, cfg.pp, L, unit, cands, z, PipelineTerms(w_z, w_sum, extra, rest, gpu_usd, floor),
                           limits, JOINT_STEPS if memory else 0, least, sweep, ends, enough)
     if got is None:
         return None
