@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 
 from milp_plan.formulations.coefficients import Coefficients
-from milp_plan.formulations.space import Config
+from milp_plan.formulations.space import Config, enumerate_configs
 from milp_plan.job import Limits
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.solvers import bruteforce
@@ -333,3 +333,48 @@ def test_the_least_pair_of_ends_is_the_all_pairs_minimum(rows):
     brute = min((max(to[e0, type_of(e1)], to[e1, type_of(e0)]) for e0 in ends for e1 in ends if e0[0] != e1[0]),
                 default=math.inf)
     assert _least_pair(ends, to, types, type_of) == brute
+
+
+@pytest.mark.parametrize("gbs", [4, 8])
+def test_the_position_floor_is_at_most_every_plan_s_weighted_largest_stage(tmp_path, gbs):
+    """bounds._position_floor: on the simulated basis every 1F1B plan runs at least
+    S + c_s t_s + ... for each stage s, c_s = m - 1 - (min(pp - s, m) - 1) hi growing with s
+    (Schedule.position_weights), and the floor claims max_s c_s t_s >= Y*. Against every plan
+    within memory of every Megatron-mode config of a 6-layer instance whose small GPUs (6 and 4
+    MiB: rooms of 2-4 layers, larger at the last stage) make the layers' positions matter: the
+    floor never exceeds the least max_s c_s t_s, it is tight somewhere, and it lifts the bound
+    above the pair's own w_z z somewhere. (Halving hi's discount in c_s fails the bound tests.)"""
+    from milp_plan import check
+    from milp_plan.solvers.bounds import _placed, _position_floor
+    spec = write_instance(tmp_path, layers=6, fast_ms=(1.0, 2.0), slow_ms=(1.0, 2.0), gpn=1, counts=(2, 2),
+                          memory_gib=(0.006, 0.004, None))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": gbs}))
+    lifted = tight = 0
+    for coef in prepare(inst, None, "megatron").coefs:
+        weights = coef.position_weights()
+        placed = _placed(coef, Limits(), True)
+        if weights is None or coef.cfg.pp < 2 or placed is None or placed[4][1] is None:
+            continue
+        (caps, _, _, usable), _, _, unit, (_, z, _, _) = placed
+        floor = _position_floor(coef, caps, usable, unit, weights, z)
+        least = min((max(c * (st.fwd_ms + st.bwd_ms) / 1000 for c, st in zip(weights, plan.predicted.stages))
+                     for plan in bruteforce.candidate_plans(inst, coef.cfg) if not check.check_plan(inst, plan)),
+                    default=math.inf)
+        assert floor <= least * (1 + REL), (coef.cfg.label(), floor, least)
+        lifted += floor > weights[0] * z * (1 + 1e-9)
+        tight += floor == pytest.approx(least, rel=1e-9)
+    assert lifted >= 10 and tight >= 10
+
+
+def test_the_position_floor_lifts_gpt3_175b_on_mixed_128():
+    """GPT-3 175B on mixed-128, batch 64, pp 24 (tp 4, 1F1B, m = 64): the 1F1B pair's weight
+    c_0 = 54.30 holds for a slowest stage at the front, where 23 forwards of its warm-up leave
+    the path; c_23 = 63. The H100 stages must take 7-8 layers each and fit them only late (rooms
+    5-9 by position), where the weight is near 63: the config's bound rose from 6.8017 to 7.0477
+    s/step (the heuristic's plan: 7.7060; the gap 11.7% -> 8.6%)."""
+    inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-175b", global_batch_size=64))
+    cfgs = list(enumerate_configs(inst, dict(pp=24, tp=4, dp=1, mbs=1, schedule="1f1b", recompute="none")))
+    coef = Coefficients(inst, cfgs[0])
+    assert coef.position_weights()[0] == pytest.approx(coef.step_weights()[1][0])
+    assert coef.position_weights()[-1] == 63.0
+    assert config_lower_bound(coef, Limits(), memory=True) == pytest.approx(7.0477, rel=1e-4)
