@@ -461,7 +461,12 @@ class Interleaved(OneFOneB):
         return m - 1.0 / self.vpp if self.vpp > 1 else m - 1.0
 
     def position_weights(self, m, pp, phi):
-        return super().position_weights(m, pp, phi) if self.vpp == 1 else None
+        """interleaved: c_s = m - 1/v - w_s hi / v with rank s's warm-up w_s = min(2 (pp - s
+        - 1) + (v - 1) pp, m v) (path_weights' path through s; w_0 gives its w_z)."""
+        if self.vpp == 1:
+            return super().position_weights(m, pp, phi)
+        v = self.vpp
+        return [m - 1.0 / v - min(2 * (pp - s - 1) + (v - 1) * pp, m * v) * phi.hi / v for s in range(pp)]
 
     def path_weights(self, m, pp, phi):
         """interleaved (v chunks): micro-batch 0 forward through all pp v virtual stages, chunk

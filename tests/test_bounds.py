@@ -335,11 +335,12 @@ def test_the_least_pair_of_ends_is_the_all_pairs_minimum(rows):
     assert _least_pair(ends, to, types, type_of) == brute
 
 
-@pytest.mark.parametrize("gbs, lifted_tight", [(8, (10, 17)), (16, (15, 15))])
+@pytest.mark.parametrize("gbs, lifted_tight", [(8, (22, 27)), (16, (33, 26))])
 def test_the_position_floor_is_at_most_every_plan_s_weighted_largest_stage(tmp_path, gbs, lifted_tight):
     """bounds._position_floor: on the simulated basis every 1F1B plan runs at least
     S + c_s t_s + ... for each stage s, c_s = m - 1 - (min(pp - s, m) - 1) hi growing with s
-    (Schedule.position_weights), and the floor claims max_s c_s t_s >= Y*. Against every plan
+    (Schedule.position_weights; interleaved: m - 1/v - w_s hi / v, w_s rank s's warm-up), and
+    the floor claims max_s c_s t_s >= Y*. Against every plan
     within memory of every Megatron-mode config of an 8-layer instance whose small GPUs (6 and 4
     MiB: rooms of a few layers, larger at later stages) make the layers' positions matter: the
     floor never exceeds the least max_s c_s t_s, it is tight in most configs, and it lifts the
