@@ -7,7 +7,10 @@ per GPU-hour (cheapest first); j < pp stages on the fastest type and the rest ch
 (what a budget trades); the fastest type at both ends and the others between (the end stages
 hold the embedding and the head and all-reduce their tied gradient: on the shipped default's
 pp 4 x dp 8 config, A100, A10, A10, A100 gives 1.375 s where the contiguous groupings' best
-gives 1.587 s); and every single type that can hold all pp stages alone. Layer partition: for a
+gives 1.587 s); every single type that can hold all pp stages alone; and every order of up to
+four types, each filled in turn, of which the two whose layer partition has the least
+closed-form estimate are built (where memory binds, the type that takes the most layers fits
+them only late in the pipeline: `ordered_sequences`). Layer partition: for a
 candidate bottleneck z, stage s holds at most min(floor((z - c_s) / a_s), memory room)
 layers (multiples of vpp, at least vpp); the smallest z whose capacities cover the L
 layers is found by bisection over the values a_s j + c_s, and the surplus is taken from
