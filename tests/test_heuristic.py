@@ -78,6 +78,22 @@ def test_the_ordered_sequences_put_the_fastest_type_where_memory_lets_it_hold_mo
     assert check.check_plan(inst, plan) == []
 
 
+def test_beyond_the_ordered_types_each_greedy_sequence_is_reversed(monkeypatch):
+    """More types than ORDERED_TYPES (4! orders at most): the greedy sequences reversed instead
+    (here with the limit lowered to 3 on mixed-128's 4 types): fastest-first H100 x 8, A100 x 8,
+    L40S x 8 becomes L40S x 8, A100 x 8, H100 x 8, which runs GPT-3 175B at batch 64 in 7.8442
+    s/step (the greedy sequences' best: 9.9776)."""
+    monkeypatch.setattr(heuristic, "ORDERED_TYPES", 3)
+    inst = build_instance(InstanceSpec(cluster="mixed-128", model="gpt3-175b", global_batch_size=64))
+    cfgs = list(enumerate_configs(inst, dict(pp=24, tp=4, dp=1, mbs=1, schedule="1f1b", recompute="none")))
+    coef = Coefficients(inst, cfgs[0])
+    greedy = heuristic.type_sequences(coef)
+    assert heuristic.ordered_sequences(coef) == [seq[::-1] for seq in greedy if seq[::-1] not in greedy]
+    assert greedy[0][::-1] in heuristic.ordered_sequences(coef)
+    plan, _ = heuristic.best_plan(coef, Limits(), Deadline(60.0))
+    assert plan.predicted.step_time_s == pytest.approx(7.8442, rel=1e-4)
+
+
 def test_partition_minimises_the_bottleneck(tmp_path):
     # 8 layers on (fast, fast, slow): stage times 3n, 3n, 6n ms. The least bottleneck is 12 ms
     # (z = 9 admits only 3 + 3 + 1 = 7 layers; z = 12 admits 4 + 4 + 2 = 10). The 2 surplus
