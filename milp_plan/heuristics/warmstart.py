@@ -59,12 +59,9 @@ def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
     cheapest = sorted(usable, key=lambda k: (price[k], k))
 
     def fill(head: list[int], order: list[int]) -> None:
-        seq = list(head)
-        for k in order:
-            if k not in head:
-                seq += [k] * min(most[k], pp - len(seq))
-        if len(seq) == pp and tuple(seq) not in seqs:
-            seqs.append(tuple(seq))
+        seq = _filled(head, order, most, pp)
+        if seq is not None and seq not in seqs:
+            seqs.append(seq)
     seqs: list[tuple[int, ...]] = []
     fill([], fastest)
     fill([], cheapest)
@@ -84,24 +81,32 @@ def type_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
     return seqs
 
 
-def ordered_sequences(coef: Coefficients) -> list[tuple[int, ...]]:
+def _filled(head: list[int], order: Sequence[int], most: dict[int, int], pp: int) -> tuple[int, ...] | None:
+    """`head`, then the types of `order` not in it, each on as many stages as it holds (`most`)
+    until pp are placed; None where they hold fewer."""
+    seq = list(head)
+    for k in order:
+        if k not in head:
+            seq += [k] * min(most[k], pp - len(seq))
+    return tuple(seq) if len(seq) == pp else None
+
+
+def ordered_sequences(coef: Coefficients, base: list[tuple[int, ...]] | None = None) -> list[tuple[int, ...]]:
     """Every order of the types, each filled in turn up to the stages it holds (at most
     ORDERED_TYPES types; beyond, type_sequences' own reversed), less those type_sequences
-    gives. Under 1F1B and interleaving a later stage holds fewer micro-batches in flight, so
+    gives (`base`, where the caller has them). Under 1F1B and interleaving a later stage holds fewer micro-batches in flight, so
     where memory binds, the type that takes the most layers belongs late: GPT-3 175B on
     mixed-128 (pp 24, batch 64) runs A100, L40S, H100 at 7.706 s/step, fastest-first at 9.978."""
-    pp, base = coef.cfg.pp, type_sequences(coef)
+    pp, base = coef.cfg.pp, type_sequences(coef) if base is None else base
     usable = range(len(coef.options))
     most = {k: coef.max_stages(coef.pool_of[k]) for k in usable}
     if len(usable) > ORDERED_TYPES:
         return [seq[::-1] for seq in base if seq[::-1] not in base]
-    out = []
+    out: list[tuple[int, ...]] = []
     for order in itertools.permutations(usable):
-        seq: list[int] = []
-        for k in order:
-            seq += [k] * min(most[k], pp - len(seq))
-        if len(seq) == pp and tuple(seq) not in base and tuple(seq) not in out:
-            out.append(tuple(seq))
+        seq = _filled([], order, most, pp)
+        if seq is not None and seq not in base and seq not in out:
+            out.append(seq)
     return out
 
 
@@ -177,14 +182,14 @@ def _estimate(coef: Coefficients, cand: Candidate) -> float:
 def candidates(coef: Coefficients, dl: Deadline | None = None) -> list[Candidate]:
     """One candidate per type sequence, then the ORDERS_BUILT of the ordered sequences'
     candidates of least `_estimate`; those found before the deadline `dl` when it runs out."""
-    out = []
-    for types in type_sequences(coef):
+    out, base = [], type_sequences(coef)
+    for types in base:
         if dl is not None and dl.expired():
             return out
         got = _candidate(coef, types, dl)
         if got is not None:
             out.append(got)
-    more = [got for types in ordered_sequences(coef) if (got := _candidate(coef, types, dl)) is not None]
+    more = [got for types in ordered_sequences(coef, base) if (got := _candidate(coef, types, dl)) is not None]
     return out + sorted(more, key=lambda c: _estimate(coef, c))[:ORDERS_BUILT]
 
 
