@@ -1040,7 +1040,12 @@ def _position_times(coef: Coefficients, usable: list[int], unit: int) -> dict[in
     """Option o -> per stage position s, the least layer time of a stage of n = unit, 2 unit,
     ... layers up to o's room at s: a n, and under full recompute a n + rho (r_min(n, s) - 1),
     r_min the fewest recomputes with which n layers fit s's memory (`_fewest_recomputes`; a, rho
-    the least of o's end fits, as `_every_recompute_pieces` reads them). Non-decreasing in n."""
+    the least of o's end fits, as `_every_recompute_pieces` reads them). Non-decreasing in n.
+    Memoised per config (the bottleneck by position and the position floor read the same)."""
+    return coef._memo(coef._local, ("position times", tuple(usable), unit), lambda: _times_by_position(coef, usable, unit))
+
+
+def _times_by_position(coef: Coefficients, usable: list[int], unit: int) -> dict[int, list[list[float]]]:
     pp = coef.cfg.pp
     rows = [coef.memory_rows(s) for s in range(pp)]
     out = {}
@@ -1098,6 +1103,8 @@ class _PositionsHold:
 
     def __init__(self, coef: Coefficients, caps: dict[int, int], usable: list[int], unit: int,
                  times: dict[int, list[list[float]]]):
+        from ortools.graph.python import min_cost_flow
+        self.flows = min_cost_flow
         pp = coef.cfg.pp
         self.pp, self.L, self.unit, self.times = pp, coef.inst.model.num_layers, unit, times
         pools = sorted({coef.pool_of[o] for o in usable})
@@ -1109,14 +1116,13 @@ class _PositionsHold:
         self.capacity = [min(caps[q], pp) for q in pools] + [1] * (P * pp + pp)
 
     def __call__(self, tops: list[float]) -> bool:
-        from ortools.graph.python import min_cost_flow
         pp, P, unit, times = self.pp, self.P, self.unit, self.times
         # a breakpoint is itself some a n: that n fits at it
         value = [unit * max(bisect.bisect_right(times[o][s], tops[s] * (1 + 1e-12)) for o in opts)
                  for opts in self.of_pool for s in range(pp)]
         if sum(max(value[i * pp + s] for i in range(P)) for s in range(pp)) < self.L:
             return False    # even every position at its best pool holds fewer than L layers
-        flow = min_cost_flow.SimpleMinCostFlow()
+        flow = self.flows.SimpleMinCostFlow()
         flow.add_arcs_with_capacity_and_unit_cost(self.tails, self.heads, self.capacity,
                                                   [0] * P + [-v for v in value] + [0] * pp)
         flow.set_node_supply(0, pp)
