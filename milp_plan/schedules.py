@@ -208,13 +208,18 @@ class Schedule:
             S + (m - 1) t_s - (w_s - 1) f_s + 2 sum h + dp_0 + opt,
         at the slowest stage >= S + (m - 1 - (w_0 - 1) hi) z - (w_0 - 1) excess + ...,
         w_0 = min(pp, m) (the weight is >= 0: hi <= 1)."""
-        w0 = min(pp, m)
+        w0 = self.path_window(pp, 0, m)
         return [(float(m), 0.0, False, 0.0), (m - 1.0 - (w0 - 1) * phi.hi, 1.0, True, -(w0 - 1) * phi.excess)]
 
     def position_weights(self, m: int, pp: int, phi: ForwardShare) -> list[float] | None:
         """Per stage s, the weight of t_s in path_weights()[1]'s path through s, where it
         grows with s (OneFOneB); None: no such weights (the bound reads w_z alone)."""
         return None
+
+    def path_window(self, pp: int, s: int, m: int) -> int:
+        """w_s of the path through stage s (path_weights, stage_paths, position_weights): 1F1B's
+        forwards of stage s up to its first backward, min(pp - s, m)."""
+        return min(pp - s, m)
 
     def path_p2p(self, hop_s: Sequence[float], wrap_hop_s: float) -> float:
         """Transfers on the paths of `path_weights`: each hop down once and up once."""
@@ -276,7 +281,7 @@ class Schedule:
         every stage, B0 back to stage s, the rest of s's order, B_{m-1} back to stage 0."""
         out = [self.chain_path(pp, m, s) for s in range(pp)]
         for s in range(pp):
-            w = min(pp - s, m)
+            w = self.path_window(pp, s, m)
             fwd, bwd = [1.0] * pp, [1.0] * pp
             fwd[s], bwd[s] = 1.0 + m - w, float(m)
             out.append(_path(pp, fwd, bwd, [2.0] * (pp - 1)))
@@ -322,7 +327,7 @@ class OneFOneB(Schedule):
         S + (m - 1) t_s - (w_s - 1) f_s + ... >= S + c_s t_s - (w_0 - 1) excess + ..., with
         c_s = m - 1 - (w_s - 1) hi, w_s = min(pp - s, m) (c_0 is that quadruple's w_z; a later
         stage keeps fewer forwards of its warm-up off the path, so c_s grows with s)."""
-        return [m - 1.0 - (min(pp - s, m) - 1) * phi.hi for s in range(pp)]
+        return [m - 1.0 - (self.path_window(pp, s, m) - 1) * phi.hi for s in range(pp)]
 
 
 class GPipe(Schedule):
@@ -466,7 +471,13 @@ class Interleaved(OneFOneB):
         if self.vpp == 1:
             return super().position_weights(m, pp, phi)
         v = self.vpp
-        return [m - 1.0 / v - min(2 * (pp - s - 1) + (v - 1) * pp, m * v) * phi.hi / v for s in range(pp)]
+        return [m - 1.0 / v - self.path_window(pp, s, m) * phi.hi / v for s in range(pp)]
+
+    def path_window(self, pp, s, m):
+        """interleaved: rank s's warm-up, min(2 (pp - s - 1) + (v - 1) pp, m v) chunks."""
+        if self.vpp == 1:
+            return super().path_window(pp, s, m)
+        return min(2 * (pp - s - 1) + (self.vpp - 1) * pp, m * self.vpp)
 
     def path_weights(self, m, pp, phi):
         """interleaved (v chunks): micro-batch 0 forward through all pp v virtual stages, chunk
@@ -479,7 +490,7 @@ class Interleaved(OneFOneB):
         if self.vpp == 1:
             return super().path_weights(m, pp, phi)
         v = self.vpp
-        w0 = min(2 * (pp - 1) + (v - 1) * pp, m * v)
+        w0 = self.path_window(pp, 0, m)
         return [(float(m), 0.0, False, 0.0),
                 (m - 1.0 / v - w0 * phi.hi / v, 1.0 / v + (1 - 1.0 / v) * phi.lo, True, -w0 * phi.excess / v)]
 
@@ -492,7 +503,7 @@ class Interleaved(OneFOneB):
             return super().stage_paths(pp, m)
         v, out = self.vpp, [self.chain_path(pp, m, s) for s in range(pp)]
         for s in range(pp):
-            w = min(2 * (pp - s - 1) + (v - 1) * pp, m * v)
+            w = self.path_window(pp, s, m)
             fwd, bwd = [1.0] * pp, [1.0 / v] * pp
             fwd[s], bwd[s] = 1.0 + max(m * v - w - 1, 0) / v, float(m)
             out.append(_path(pp, fwd, bwd, [v + 1.0] * (pp - 1), v - 1.0))
