@@ -617,7 +617,12 @@ def known(prepared: Prepared, limits: Limits) -> list[Plan]:
 def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, known: list[Plan] = ()) -> Incumbent:
     """Megatron mode's first step: the best of the `known` plans, then the heuristic's plans of
     the configs of least bound, HEURISTIC_CONFIGS of them, or on until the first plan (so that a
-    short limit returns one), within HEURISTIC_SHARE of the budget and the deadline. It looks
+    short limit returns one), within HEURISTIC_SHARE of the budget from that plan on and the
+    deadline. The share counts from the first plan, not from the start: before it the look-ahead
+    spends its work on the full bounds of configs that fit no plan (GPT-3 175B at batch 256 on
+    mixed-128: 1,190 full bounds, 1,035 of them of such configs, 2.3 units), so a share from the
+    start ended it one config short of the 25.93 s/step plan under free mode's 24-unit start
+    (36.47 instead, and 36.27 after the start's 24 units). It looks
     ahead on a copy of the heap. Under a $/step budget the configs of least bound are mostly
     fast and over the budget (a Pareto sweep's min-time solves), so the first plan is often far
     from the optimum: there it counts HEURISTIC_CONFIGS from the first plan. The configs go
@@ -627,8 +632,9 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
     in memory: the heuristic tried 29 of them before its first plan, 23.9 s against the
     optimum's 10.57 s). Under a min-time solve's $/step budget it builds no candidate whose
     GPUs cost more than the budget allows at the config's bound (warmstart.over_price)."""
-    inc, ahead, h0 = Incumbent(), heap.copy(), dl.mark()
+    inc, ahead = Incumbent(), heap.copy()
     inc.offer_known(known, limits)
+    h0 = dl.mark() if inc.plan is not None else None   # when the first plan came: the share counts from it
     budget = limits.budget_usd_per_step is not None
     tried = calls = 0  # configs tried (under a budget: since the first plan), and all tried
     fully: set[Config] = set()   # configs back in the heap at their full bound
@@ -641,7 +647,7 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
         lb, cfg, coef = got
         if lb >= inc.objective * (1 - REL_EPS):
             break
-        if inc.plan is not None and (tried >= HEURISTIC_CONFIGS or dl.spent(since=h0) > HEURISTIC_SHARE):
+        if h0 is not None and (tried >= HEURISTIC_CONFIGS or dl.spent(since=h0) > HEURISTIC_SHARE):
             break
         if dl.expired():
             break
@@ -662,6 +668,7 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
         plan, inc.hints[cfg] = got
         _require_valid(inst, plan, "the heuristic", cfg, coef.pins)
         inc.offer(plan, limits)
+        h0 = h0 or dl.mark()
     return inc
 
 
