@@ -265,6 +265,7 @@ class Coefficients:
         shared.check(inst)
         self.shared = shared
         self._local: dict = {}
+        self.bound_work = 0.0   # work units (deadline.py) of bounds beyond their flat charge, not yet charged
         self._phi: ForwardShare | None = None
         self.kind = inst.model.block_kind(0)
         if shared.mixed_kinds:

@@ -5,6 +5,7 @@ coefficients and the limits. The exact search (driver.py) orders and prunes conf
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
@@ -13,6 +14,7 @@ import numpy as np
 
 from milp_plan.formulations.coefficients import (Affine, Coefficients, OptionTermsKey, PlacementKey,
                                                   TiedSyncKey)
+from milp_plan.deadline import WORK
 from milp_plan.predict import SIMULATED
 from milp_plan.formulations.space import Config
 from milp_plan.job import Limits
@@ -586,13 +588,28 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     return coef.step_p2p(*_least_hops(coef)) if coef.cfg.pp >= 2 else 0.0
 
 
-def _least_hops(coef: Coefficients) -> tuple[list[float], float]:
-    """(_p2p_lower_bound's pp - 1 hops at their least, the wrap at its least); pp >= 2."""
-    cfg, R = coef.cfg, len(coef.required_types)
+def _hop_kinds(coef: Coefficients) -> tuple[list[float], list[float]]:
+    """(every pool's least hop to a stage of another node type, every pool's least hop to a
+    stage of its own type: within a node where a node holds two stages, else between nodes)."""
     types = {pool.k for pool in coef.pools}
     inter = [coef.hop_inter(q, j) for q, pool in enumerate(coef.pools) for j in types if j != pool.k]
     same = [coef.hop_intra(q) if pool.place.stages_per_node >= 2 else coef.hop_inter(q, pool.k)
             for q, pool in enumerate(coef.pools)]
+    return inter, same
+
+
+def _hop_floors(coef: Coefficients) -> tuple[float, float]:
+    """(the least hop of any kind, the least hop between two node types: the least of any where
+    the config has one type)."""
+    inter, same = _hop_kinds(coef)
+    least = min(same + inter)
+    return least, min(inter) if inter else least
+
+
+def _least_hops(coef: Coefficients) -> tuple[list[float], float]:
+    """(_p2p_lower_bound's pp - 1 hops at their least, the wrap at its least); pp >= 2."""
+    cfg, R = coef.cfg, len(coef.required_types)
+    inter, same = _hop_kinds(coef)
     least = min(same + inter)
     crossing = max(R - 1, 0)
     hops = [least] * (cfg.pp - 1 - crossing) + [min(inter)] * crossing if inter else [least] * (cfg.pp - 1)
@@ -900,8 +917,13 @@ def _two_stage_paths(sched, m: int) -> "np.ndarray":
     """The rows (f_0, f_1, b_0, b_1, hop, wrap, dp_0, dp_1, opt) of the paths every plan of a
     two-stage pipeline of (schedule, vpp, m) has: Schedule.stage_paths, the tail path and the
     drain path (the optimizer steps counted as the largest, as the model reads them)."""
-    paths = sched.stage_paths(2, m) + [sched.tail_path(2, m)] + [p for p in (sched.drain_path(2, m),) if p]
-    return np.array([[*p.fwd, *p.bwd, p.hop[0], p.wrap, *p.dp, 1.0 if sum(p.opt) else 0.0] for p in paths])
+    return np.array([[*p.fwd, *p.bwd, p.hop[0], p.wrap, *p.dp, 1.0 if sum(p.opt) else 0.0]
+                     for p in _split_paths(sched, 2, m)])
+
+
+def _split_paths(sched, pp: int, m: int) -> list[PathTerms]:
+    """The paths the split bounds read: Schedule.stage_paths, the tail path and the drain path."""
+    return sched.stage_paths(pp, m) + [sched.tail_path(pp, m)] + [p for p in (sched.drain_path(pp, m),) if p]
 
 
 def _two_stage_rows(coef: Coefficients, o: int, s: int, unit: int) -> "np.ndarray":
@@ -919,7 +941,20 @@ def _two_stage_rows(coef: Coefficients, o: int, s: int, unit: int) -> "np.ndarra
 def _two_stage_rows_of(coef: Coefficients, o: int, s: int, unit: int) -> "np.ndarray":
     L = coef.inst.model.num_layers
     ns = np.arange(unit, L, unit, dtype=float)
-    n = ns if s == 0 else L - ns
+    return _rows_at(coef, o, s, ns if s == 0 else L - ns)
+
+
+def _stage_rows(coef: Coefficients, o: int, s: int, unit: int) -> "np.ndarray":
+    """`_two_stage_rows`' (f, b, d, opt) of option o at stage position s of any pp, for n =
+    unit, 2 unit, .. L layers (row j: n = (j + 1) unit), memoised per the same key."""
+    L = coef.inst.model.num_layers
+    return coef.shared.get(("stage rows", coef.memory_key(coef.options[o], s), unit),
+                           lambda: _rows_at(coef, o, s, np.arange(unit, L + 1, unit, dtype=float)))
+
+
+def _rows_at(coef: Coefficients, o: int, s: int, n: "np.ndarray") -> "np.ndarray":
+    """(f, b, d, opt) of option o at stage position s holding n layers (an array), inf where
+    memory holds no recompute (`_two_stage_rows`)."""
     t, b = coef.time(o, s)
     d, q = coef.dp_time(o, s)[0], coef.opt_time(o, s)
     full = coef.full(o)
@@ -982,6 +1017,136 @@ def _two_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
     lengths = np.where(fits, lengths, np.inf)
     T = float(lengths.min())
     return None if T == math.inf else bounded_objective(T * (1 - 1e-9), gpu_usd, limits)
+
+
+FEW_STAGES = 3   # _few_stage_bound: complete configs of 3..FEW_STAGES stages
+
+
+def _few_stage_paths(sched, pp: int, m: int) -> tuple["np.ndarray", ...]:
+    """`_two_stage_paths` at any pp, as weight arrays (fwd (P, pp), bwd (P, pp), hop (P, pp - 1),
+    wrap (P,), dp (P, pp), opt (P,))."""
+    paths = _split_paths(sched, pp, m)
+    return (np.array([p.fwd for p in paths]), np.array([p.bwd for p in paths]),
+            np.array([p.hop for p in paths]).reshape(len(paths), pp - 1), np.array([p.wrap for p in paths]),
+            np.array([p.dp for p in paths]), np.array([1.0 if sum(p.opt) else 0.0 for p in paths]))
+
+
+def _compositions(units: int, pp: int) -> "np.ndarray":
+    """Every way of cutting `units` into pp positive parts: an int array (C, pp)."""
+    cuts = np.array(list(itertools.combinations(range(1, units), pp - 1)), dtype=int).reshape(-1, pp - 1)
+    edges = np.hstack([np.zeros((len(cuts), 1), int), cuts, np.full((len(cuts), 1), units)])
+    return np.diff(edges, axis=1)
+
+
+def _few_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], usable: list[int], unit: int,
+                     gpu_usd: float, enough: float = math.inf) -> tuple[float | None, int]:
+    """`_two_stage_bound` for a complete config of 3..FEW_STAGES stages on the simulated basis
+    (formulations/pipeline.md, "A few stages: every split"): T >= min over the stages' options
+    o_0..o_{pp-1} (their pools' stage caps, the required node types hosted, each node type's
+    stages within its GPUs) and every split of L into pp whole chunks of `unit` layers of the
+    longest path (`_few_stage_paths`) at each stage's least f, b, reduction and optimizer step
+    within memory at its position and layer count (`_stage_rows`). Hops: the least hop between
+    two node types where the neighbours' types differ, else the least of any hop
+    (`_hop_floors`); E: the larger of the two ends' least (`_sync_by_end`). An option no
+    better than another of its pool in every term at every layer count is dropped (every
+    path's length grows with every term). Branch and bound per pool tuple
+    (`_least_longest_path`): exact below `enough` (in objective units), at least it where the
+    exact bound is. None: no split fits (no plan). With the cells it evaluated (its work)."""
+    cfg, L = coef.cfg, coef.inst.model.num_layers
+    pp = cfg.pp
+    if L % unit or any(coef.options[o].k >= len(coef.inst.cluster.node_types) for o in usable) \
+            or not cfg.sched.modelled:
+        return 0.0, 0    # no whole split in chunks, mixed-type bundles, or unmodelled paths: no bound
+    W = coef.shared.get(("few-stage paths", cfg.schedule, cfg.vpp, pp, coef.m),
+                        lambda: _few_stage_paths(cfg.sched, pp, coef.m))
+    comps = coef.shared.get(("compositions", L // unit, pp), lambda: _compositions(L // unit, pp)) - 1
+    least, inter = _hop_floors(coef)
+    sync = _sync_by_end(coef, caps, usable)
+    pools = sorted({coef.pool_of[o] for o in usable})
+    kind = {q: coef.pools[q].k for q in pools}
+    group = {q: min(coef.options[o].group for o in usable if coef.pool_of[o] == q) for q in pools}
+    gpus = {k: _type_gpus(coef, k, limits) for k in set(kind.values())}
+    # per position and pool: the options no other of the pool beats in every term, their rows and E
+    cand = {}
+    for s in range(pp):
+        for q in pools:
+            opts = [o for o in usable if coef.pool_of[o] == q]
+            rows = {o: _stage_rows(coef, o, s, unit) for o in opts}
+            kept = [o for o in opts if not any(
+                p != o and sync[p] <= sync[o] and (rows[p] <= rows[o]).all()
+                and (p < o or not (rows[o] <= rows[p]).all() or sync[o] > sync[p]) for p in opts)]
+            cand[s, q] = (np.array([rows[o] for o in kept]), np.array([sync[o] for o in kept]))
+    # the step bound below which the objective stays below `enough` (min-cost: $/step = P T / 3600)
+    cutoff = enough if limits.objective != "min-cost" or not gpu_usd else enough * SECONDS_PER_HOUR / gpu_usd
+    best, cells = math.inf, 0
+    for qs in itertools.product(pools, repeat=pp):
+        if any(qs.count(q) > caps[q] for q in set(qs)) or \
+                any(r not in {kind[q] for q in qs} for r in coef.required_types) or \
+                any(sum(group[q] for q in qs if kind[q] == k) > gpus[k] for k in gpus):
+            continue
+        hops = np.array([inter if kind[a] != kind[b] else least for a, b in zip(qs, qs[1:])])
+        wrap = inter if kind[qs[-1]] != kind[qs[0]] else least
+        least_here, spent = _least_longest_path([cand[s, q] for s, q in enumerate(qs)], comps, W, hops, wrap,
+                                                min(best, cutoff))
+        best, cells = min(best, least_here), cells + spent
+    return None if best == math.inf else bounded_objective(best * (1 - 1e-9), gpu_usd, limits), cells
+
+
+def _charged(coef: Coefficients, bound: float | None, cells: int) -> tuple[float | None]:
+    """A few-stage bound, its cells' work added to what the driver charges next (coef.bound_work)."""
+    coef.bound_work += cells * WORK.split_cell
+    return (bound,)
+
+
+FEW_STAGE_CELLS = 250_000   # _least_longest_path: option tuples x splits x paths evaluated at once ...
+FEW_STAGE_BUDGET = 4_000_000   # ... and in all, per pool tuple
+
+
+def _least_longest_path(stages: list[tuple["np.ndarray", "np.ndarray"]], comps: "np.ndarray",
+                        W: tuple["np.ndarray", ...], hops: "np.ndarray", wrap: float,
+                        cutoff: float) -> tuple[float, int]:
+    """The least over every option tuple (per stage, the candidates' rows (k, N, 4) and E (k,))
+    and split (`comps`: layer chunks less one per stage) of the longest path `W`, inf where
+    none fits; exact below `cutoff`, else at least it. Branch and bound: each split's longest
+    path at every term's least over its stage's candidates (f, b and the reduction perhaps of
+    different options: below every tuple's) orders the splits and cuts them; the splits are
+    then evaluated over every option tuple, FEW_STAGE_CELLS cells at a time, until the next
+    split's relaxed length reaches the least found or `cutoff`, or FEW_STAGE_BUDGET cells are
+    spent (then the least found and the next relaxed length, whichever is less). With the
+    cells evaluated, the relaxed ones included."""
+    relaxed = _longest_paths([(r.min(axis=0, keepdims=True), e.min(keepdims=True)) for r, e in stages],
+                             comps, W, hops, wrap)[0]                                          # (C,)
+    order = np.argsort(relaxed, kind="stable")
+    order = order[np.isfinite(relaxed[order])]
+    tuples = math.prod(len(r) for r, _ in stages)
+    chunk = max(1, FEW_STAGE_CELLS // (tuples * len(W[0])))
+    best, spent = math.inf, len(comps) * len(W[0])
+    for i in range(0, len(order), chunk):
+        if relaxed[order[i]] >= min(best, cutoff) or spent >= FEW_STAGE_BUDGET:
+            return min(best, float(relaxed[order[i]])), spent
+        part = order[i:i + chunk]
+        best = min(best, float(_longest_paths(stages, comps[part], W, hops, wrap).min()))
+        spent += tuples * len(part) * len(W[0])
+    return best, spent
+
+
+def _longest_paths(stages: list[tuple["np.ndarray", "np.ndarray"]], comps: "np.ndarray",
+                   W: tuple["np.ndarray", ...], hops: "np.ndarray", wrap: float) -> "np.ndarray":
+    """(T, C): the longest path `W` of every option tuple (T: every choice of one candidate a
+    stage, in itertools.product order) and split in `comps`; inf where a stage does not fit."""
+    Wf, Wb, Wh, Ww, Wd, Wq = W
+    pp = len(stages)
+    tuples = np.array(list(itertools.product(*(range(len(r)) for r, _ in stages))), dtype=int)   # (T, pp)
+    at = np.stack([stages[s][0][tuples[:, s]][:, comps[:, s]] for s in range(pp)], axis=2)       # (T, C, pp, 4)
+    ends = np.maximum(stages[0][1][tuples[:, 0]], stages[-1][1][tuples[:, -1]])                   # (T,)
+    fits = np.isfinite(at).all(axis=(2, 3))
+    at = np.where(np.isfinite(at), at, 0.0)
+    d = at[..., 2].copy()
+    d[..., 0] += ends[:, None]      # both ends' tails hold the tied all-reduce
+    d[..., -1] += ends[:, None]
+    lengths = (at[..., 0] @ Wf.T + at[..., 1] @ Wb.T + d @ Wd.T
+               + at[..., 3].max(axis=2)[..., None] * Wq + Wh @ hops + Ww * wrap)              # (T, C, P)
+    return np.where(fits, lengths.max(axis=2), np.inf)
 
 
 def _front(alts: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
@@ -1263,10 +1428,17 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
             if floor > pairs[1][0] * z:
                 lifted = finish((cfg.vpp,), pairs[1:], floor=floor)
                 got = None if lifted is None else max(got, lifted)
-        if got is None or got >= enough or not memory or cfg.pp != 2 or coef.basis() != SIMULATED:
+        if got is None or got >= enough or not memory or coef.basis() != SIMULATED:
             return got
-        pair = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)   # every split of two stages
-        return None if pair is None else max(got, pair)
+        if cfg.pp == 2:
+            split = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)   # every split of two stages
+        elif 3 <= cfg.pp <= FEW_STAGES and cfg.complete:
+            key = ("few stages", unit, tuple(sorted(caps.items())), tuple(usable), limits, enough)
+            split = coef._memo(coef._local, key, lambda: _charged(coef, *_few_stage_bound(
+                coef, limits, caps, usable, unit, gpu_usd, enough)))[0]
+        else:
+            return got
+        return None if split is None else max(got, split)
 
     def chunks(u: int):
         """Placement terms in whole chunks of u layers (a variant's own, tighter than unit 1)."""

@@ -653,7 +653,7 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
             break
         if cfg not in fully:
             full = full_bound(coef, limits, max(lb, heap.prepared.carried(cfg, limits)) if cfg.complete else lb)
-            dl.charge(WORK.bound * (3 if budget else 1))
+            dl.charge(full_bound_work(coef, limits))
             if full is None or full >= inc.objective * (1 - REL_EPS):
                 continue
             if full > lb:
@@ -891,9 +891,11 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
 
 def full_bound_work(coef: Coefficients, limits: Limits) -> float:
     """Work units of bounds.full_bound on `coef`: WORK.bound (three under a $/step budget, whose
-    bound adds the budget's), and for a free parent WORK.option_fit per stage option, whose
-    memory fits at three positions dominate (5-11 ms CPU at 40-80 options, 1024 GPUs)."""
-    work = WORK.bound * (1 if limits.budget_usd_per_step is None else 3)
+    bound adds the budget's), what its bound did beyond that (Coefficients.bound_work: a
+    few-stage bound's enumeration), and for a free parent WORK.option_fit per stage option,
+    whose memory fits at three positions dominate (5-11 ms CPU at 40-80 options, 1024 GPUs)."""
+    work = WORK.bound * (1 if limits.budget_usd_per_step is None else 3) + coef.bound_work
+    coef.bound_work = 0.0
     return work if coef.cfg.complete else work + WORK.option_fit * len(coef.options)
 
 
