@@ -122,3 +122,65 @@ def test_few_stages_lift_free_bounds_to_their_optimum_and_never_past_it(tmp_path
                 lifted += lb > before * (1 + 1e-6)
                 tight += lb >= best * (1 - 1e-9) and before < 0.95 * best
     assert seen >= 10 and lifted >= 10 and tight >= 3, (seen, lifted, tight)
+
+
+def _every_option_tuple(coef, limits, caps, usable, unit) -> float:
+    """The few-stage bound's step term by plain enumeration: every option tuple of every pool
+    tuple a plan may have (no option dropped), every split, each path's length summed term by
+    term from its PathTerms."""
+    cfg, L = coef.cfg, coef.inst.model.num_layers
+    pp = cfg.pp
+    paths = bounds._split_paths(cfg.sched, pp, coef.m)
+    comps = bounds._compositions(L // unit, pp) - 1
+    least, inter = bounds._hop_floors(coef)
+    sync = bounds._sync_by_end(coef, caps, usable)
+    kind = {o: coef.options[o].k for o in usable}
+    best = math.inf
+    for opts in itertools.product(usable, repeat=pp):
+        pools = [coef.pool_of[o] for o in opts]
+        types = [kind[o] for o in opts]
+        if any(pools.count(q) > caps[q] for q in set(pools)) or any(r not in types for r in coef.required_types) or \
+                any(sum(coef.options[o].group for o in opts if kind[o] == k) > bounds._type_gpus(coef, k, limits)
+                    for k in set(types)):
+            continue
+        rows = [bounds._stage_rows(coef, o, s, unit)[comps[:, s]] for s, o in enumerate(opts)]   # (C, 4) each
+        fits = np.all([np.isfinite(r).all(axis=1) for r in rows], axis=0)
+        rows = [np.where(np.isfinite(r), r, 0.0) for r in rows]
+        e = max(sync[opts[0]], sync[opts[-1]])
+        hops = [inter if a != b else least for a, b in zip(types, types[1:])]
+        wrap = inter if types[-1] != types[0] else least
+        longest = np.full(len(comps), -math.inf)
+        for p in paths:
+            length = sum(p.fwd[s] * rows[s][:, 0] + p.bwd[s] * rows[s][:, 1]
+                         + p.dp[s] * (rows[s][:, 2] + (e if s in (0, pp - 1) else 0.0)) for s in range(pp))
+            length = length + (1.0 if sum(p.opt) else 0.0) * np.max([r[:, 3] for r in rows], axis=0) \
+                + sum(h * x for h, x in zip(p.hop, hops)) + p.wrap * wrap
+            longest = np.maximum(longest, length)
+        if fits.any():
+            best = min(best, float(longest[fits].min()))
+    return best
+
+
+def test_dropping_dominated_options_keeps_the_bound_on_the_default():
+    """On the default instance (GPT-3 6.7B, batch 256, free mode; tied embeddings, so the ends'
+    all-reduce counts), six complete three-stage configs of 10 stage options or more: the
+    few-stage bound, its dominated options dropped and its splits cut by branch and bound,
+    equals plain enumeration over every option tuple and split."""
+    inst = build_instance(InstanceSpec(cluster="default", model="gpt3-6.7b", global_batch_size=256))
+    prepared, limits, done = prepare(inst, None, "free"), Limits(), 0
+    for parent in prepared.coefs:
+        if parent.cfg.pp != 3 or done >= 6:
+            continue
+        for cfg in free_completions(inst, parent.cfg):
+            coef = _coef(prepared, cfg)
+            placed = bounds._placed(coef, limits, True, None)
+            if placed is None or len(placed[0][3]) < 10 or done >= 6:
+                continue
+            (caps, _, _, usable), _, _, unit, _ = placed
+            got, _ = bounds._few_stage_bound(coef, limits, caps, usable, unit, 0.0)
+            want = _every_option_tuple(coef, limits, caps, usable, unit)
+            assert (got is None) == (want == math.inf)
+            if got is not None:
+                assert math.isclose(got, want * (1 - 1e-9), rel_tol=1e-12), (cfg.label(), got, want)
+                done += 1
+    assert done == 6
