@@ -588,32 +588,24 @@ def _p2p_lower_bound(coef: Coefficients) -> float:
     return coef.step_p2p(*_least_hops(coef)) if coef.cfg.pp >= 2 else 0.0
 
 
-def _hop_kinds(coef: Coefficients) -> tuple[list[float], list[float]]:
-    """(every pool's least hop to a stage of another node type, every pool's least hop to a
-    stage of its own type: within a node where a node holds two stages, else between nodes)."""
+def _hop_floors(coef: Coefficients) -> tuple[float, float | None]:
+    """(the least hop of any kind, the least hop between two node types, None where the config
+    has one type): every pool's hop to a stage of another node type, and to one of its own type
+    (within a node where a node holds two stages, else between nodes)."""
     types = {pool.k for pool in coef.pools}
     inter = [coef.hop_inter(q, j) for q, pool in enumerate(coef.pools) for j in types if j != pool.k]
     same = [coef.hop_intra(q) if pool.place.stages_per_node >= 2 else coef.hop_inter(q, pool.k)
             for q, pool in enumerate(coef.pools)]
-    return inter, same
-
-
-def _hop_floors(coef: Coefficients) -> tuple[float, float]:
-    """(the least hop of any kind, the least hop between two node types: the least of any where
-    the config has one type)."""
-    inter, same = _hop_kinds(coef)
-    least = min(same + inter)
-    return least, min(inter) if inter else least
+    return min(same + inter), (min(inter) if inter else None)
 
 
 def _least_hops(coef: Coefficients) -> tuple[list[float], float]:
     """(_p2p_lower_bound's pp - 1 hops at their least, the wrap at its least); pp >= 2."""
     cfg, R = coef.cfg, len(coef.required_types)
-    inter, same = _hop_kinds(coef)
-    least = min(same + inter)
+    least, inter = _hop_floors(coef)
     crossing = max(R - 1, 0)
-    hops = [least] * (cfg.pp - 1 - crossing) + [min(inter)] * crossing if inter else [least] * (cfg.pp - 1)
-    wrap = min(inter) if (R >= 2 and inter) else least
+    hops = [least] * (cfg.pp - 1 - crossing) + [inter] * crossing if inter is not None else [least] * (cfg.pp - 1)
+    wrap = inter if (R >= 2 and inter is not None) else least
     return hops, wrap
 
 
@@ -1061,6 +1053,7 @@ def _few_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
                         lambda: _few_stage_paths(cfg.sched, pp, coef.m))
     comps = coef.shared.get(("compositions", L // unit, pp), lambda: _compositions(L // unit, pp)) - 1
     least, inter = _hop_floors(coef)
+    inter = least if inter is None else inter
     sync = _sync_by_end(coef, caps, usable)
     pools = sorted({coef.pool_of[o] for o in usable})
     kind = {q: coef.pools[q].k for q in pools}
