@@ -77,16 +77,16 @@ def test_same_answer_when_the_work_limit_cuts_the_search(counted):
 @pytest.fixture(scope="module")
 def free_default():
     inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256), Objective(mode="free"))
-    return inst, _outcome(inst, None, 1, 3.5, inst.objective.limits())
+    return inst, _outcome(inst, None, 1, 4.0, inst.objective.limits())
 
 
 def test_free_bounds_ahead_give_the_same_answer(free_default, bounded):
     """Free mode on the default, cut short after its Megatron-mode start, its parents' root
-    bounds and some of their full bounds (3.5 work units): the same plan, bound and work with 2
+    bounds and some of their full bounds (4.0 work units): the same plan, bound and work with 2
     processes, whose workers computed every root bound and full bounds the search took."""
     inst, one = free_default
     assert one[0] == "feasible" and one[5] > 0   # cut short, after configs were solved
-    assert _outcome(inst, None, 2, 3.5, inst.objective.limits()) == one
+    assert _outcome(inst, None, 2, 4.0, inst.objective.limits()) == one
     (roots, taken), = bounded
     assert roots == 637 and taken > 20            # every root parent (3,186 configs with their children)
 
@@ -101,7 +101,7 @@ def test_a_bound_worker_that_fails_leaves_the_bound_to_the_search(free_default, 
     computes those bounds itself, with the same answer."""
     monkeypatch.setattr(parallel, broken, _raised)   # the forked workers inherit it
     inst, one = free_default
-    assert _outcome(inst, None, 2, 3.5, inst.objective.limits()) == one
+    assert _outcome(inst, None, 2, 4.0, inst.objective.limits()) == one
     (roots, taken), = bounded
     assert (roots, taken > 0) == ((0, True) if broken == "_root_bounds" else (637, False))
 

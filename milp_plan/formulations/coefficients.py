@@ -265,7 +265,7 @@ class Coefficients:
         shared.check(inst)
         self.shared = shared
         self._local: dict = {}
-        self.bound_work = 0.0   # work units (deadline.py) of bounds beyond their flat charge, not yet charged
+        self.bound_work = 0.0   # work units (deadline.py) of the last full bound beyond its flat charge
         self._phi: ForwardShare | None = None
         self.kind = inst.model.block_kind(0)
         if shared.mixed_kinds:

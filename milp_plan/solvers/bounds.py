@@ -1085,12 +1085,6 @@ def _few_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
     return None if best == math.inf else bounded_objective(best * (1 - 1e-9), gpu_usd, limits), cells
 
 
-def _charged(coef: Coefficients, bound: float | None, cells: int) -> tuple[float | None]:
-    """A few-stage bound, its cells' work added to what the driver charges next (coef.bound_work)."""
-    coef.bound_work += cells * WORK.split_cell
-    return (bound,)
-
-
 FEW_STAGE_CELLS = 250_000   # _least_longest_path: option tuples x splits x paths evaluated at once ...
 FEW_STAGE_BUDGET = 4_000_000   # ... and in all, per pool tuple
 
@@ -1427,8 +1421,9 @@ def config_lower_bound(coef: Coefficients, limits: Limits, memory: bool = True,
             split = _two_stage_bound(coef, limits, caps, usable, unit, gpu_usd)   # every split of two stages
         elif 3 <= cfg.pp <= FEW_STAGES and cfg.complete:
             key = ("few stages", unit, tuple(sorted(caps.items())), tuple(usable), limits, enough)
-            split = coef._memo(coef._local, key, lambda: _charged(coef, *_few_stage_bound(
-                coef, limits, caps, usable, unit, gpu_usd, enough)))[0]
+            split, cells = coef._memo(coef._local, key,
+                                      lambda: _few_stage_bound(coef, limits, caps, usable, unit, gpu_usd, enough))
+            coef.bound_work = cells * WORK.split_cell   # what full_bound_work charges, memoised or not
         else:
             return got
         return None if split is None else max(got, split)
@@ -1793,6 +1788,7 @@ def full_bound(coef: Coefficients, limits: Limits, floor: float = 0.0, enough: f
     and by the dear type's stage count: coupled_budget_bound (min-time), coupled_cost_bound
     (min-cost under a time limit). None: no plan. `enough` (the search's incumbent): exact
     below it, at least it where the exact bound is (config_lower_bound)."""
+    coef.bound_work = 0.0
     lb = config_lower_bound(coef, limits, memory=True, enough=enough)
     if limits.budget_usd_per_step is None or lb is None:
         return lb
