@@ -19,8 +19,8 @@ from milp_plan.schedules import schedule_of
 from milp_plan.solvers import bounds
 from milp_plan.solvers.bounds import config_lower_bound
 from milp_plan.solvers.driver import prepare
-from instances import COMPARABLE_BW, write_instance
-from test_bounds import _coef, config_optimum
+from test_bounds import _coef
+from test_two_stage_bound import lifted_to_optimum
 
 REL = 1e-9
 
@@ -47,7 +47,8 @@ def test_the_branch_and_bound_finds_the_enumerated_least():
     """_least_longest_path against plain enumeration on random rows (some stages not fitting
     some layer counts), 1F1B / GPipe / interleaved paths of 3 stages: equal to the least where
     that is below the cutoff, else at least the cutoff and at most the least; with chunks of
-    one split at a time too (the cut between chunks)."""
+    one split at a time too (the cut between chunks); at most the least when its cell budget
+    runs out."""
     rng = random.Random(7)
     checked = cut = 0
     for trial in range(60):
@@ -84,6 +85,10 @@ def test_the_branch_and_bound_finds_the_enumerated_least():
                 else:
                     assert min(cutoff, least) * (1 - 1e-12) <= got <= least * (1 + 1e-12), (trial, got, least)
                     cut += 1
+        # a budget spent after the relaxed pass and one chunk: still below the least
+        tight_budget = len(comps) * len(W[0]) + 1
+        got, _ = bounds._least_longest_path(stages, comps, W, hops, wrap, math.inf, tight_budget)
+        assert got <= least * (1 + 1e-12)
     assert checked >= 100 and cut >= 30, (checked, cut)
 
 
@@ -98,29 +103,12 @@ def _without_few_stages(coef, limits):
 
 
 def test_few_stages_lift_free_bounds_to_their_optimum_and_never_past_it(tmp_path):
-    """A small free instance (two nodes of two GPUs, a fast and a slow type, comparable links,
-    6 layers, 4 samples per step): every complete three-stage config's full bound is at most
-    its exhaustive optimum, the few-stage term only lifts it, lifts several, and lifts some
-    from below 95% of the optimum to the optimum itself (e.g. 1F1B, 4 micro-batches of one
-    sample, a 2-GPU stage and two of 1: 0.0498 -> 0.0550, the optimum; the other terms read
-    the stages' fewest layers and least options apart)."""
-    spec = write_instance(tmp_path, layers=6, gpn=2, counts=(1, 1), bw=COMPARABLE_BW[0], fast_ms=(0.5, 1.0),
-                          slow_ms=(1.0, 2.0))
-    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 4}))
-    prepared, limits, seen, lifted, tight = prepare(inst, None, "free"), Limits(), 0, 0, 0
-    for parent in prepared.coefs:
-        for cfg in free_completions(inst, parent.cfg):
-            if cfg.pp != 3:
-                continue
-            coef = _coef(prepared, cfg)
-            lb, best = config_lower_bound(coef, limits), config_optimum(inst, coef, limits)
-            assert (best == math.inf) if lb is None else lb <= best * (1 + REL), (cfg.label(), lb, best)
-            before = _without_few_stages(_coef(prepared, cfg), limits)   # its own coefficients: no memo shared
-            assert before is None or lb is None or before <= lb * (1 + REL)
-            seen += 1
-            if best < math.inf:
-                lifted += lb > before * (1 + 1e-6)
-                tight += lb >= best * (1 - 1e-9) and before < 0.95 * best
+    """On test_two_stage_bound's small free instance every complete three-stage config's full
+    bound is at most its exhaustive optimum, the few-stage term only lifts it, lifts several,
+    and lifts some from below 95% of the optimum to the optimum itself (e.g. 1F1B, 4
+    micro-batches of one sample, a 2-GPU stage and two of 1: 0.0498 -> 0.0550, the optimum;
+    the other terms read the stages' fewest layers and least options apart)."""
+    seen, lifted, tight = lifted_to_optimum(tmp_path, 3, _without_few_stages, 0.95)
     assert seen >= 10 and lifted >= 10 and tight >= 3, (seen, lifted, tight)
 
 

@@ -1080,27 +1080,27 @@ def _few_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
         hops = np.array([inter if kind[a] != kind[b] else least for a, b in zip(qs, qs[1:])])
         wrap = inter if kind[qs[-1]] != kind[qs[0]] else least
         least_here, spent = _least_longest_path([cand[s, q] for s, q in enumerate(qs)], comps, W, hops, wrap,
-                                                min(best, cutoff))
+                                                min(best, cutoff), FEW_STAGE_BUDGET - cells)
         best, cells = min(best, least_here), cells + spent
     return None if best == math.inf else bounded_objective(best * (1 - 1e-9), gpu_usd, limits), cells
 
 
 FEW_STAGE_CELLS = 250_000   # _least_longest_path: option tuples x splits x paths evaluated at once ...
-FEW_STAGE_BUDGET = 4_000_000   # ... and in all, per pool tuple
+FEW_STAGE_BUDGET = 4_000_000   # ... and in all, per config (about 0.16 s)
 
 
 def _least_longest_path(stages: list[tuple["np.ndarray", "np.ndarray"]], comps: "np.ndarray",
                         W: tuple["np.ndarray", ...], hops: "np.ndarray", wrap: float,
-                        cutoff: float) -> tuple[float, int]:
+                        cutoff: float, budget: float = FEW_STAGE_BUDGET) -> tuple[float, int]:
     """The least over every option tuple (per stage, the candidates' rows (k, N, 4) and E (k,))
     and split (`comps`: layer chunks less one per stage) of the longest path `W`, inf where
     none fits; exact below `cutoff`, else at least it. Branch and bound: each split's longest
     path at every term's least over its stage's candidates (f, b and the reduction perhaps of
     different options: below every tuple's) orders the splits and cuts them; the splits are
     then evaluated over every option tuple, FEW_STAGE_CELLS cells at a time, until the next
-    split's relaxed length reaches the least found or `cutoff`, or FEW_STAGE_BUDGET cells are
-    spent (then the least found and the next relaxed length, whichever is less). With the
-    cells evaluated, the relaxed ones included."""
+    split's relaxed length reaches the least found or `cutoff`, or `budget` cells are spent
+    (then the least found and the next relaxed length, whichever is less). With the cells
+    evaluated, the relaxed ones included."""
     relaxed = _longest_paths([(r.min(axis=0, keepdims=True), e.min(keepdims=True)) for r, e in stages],
                              comps, W, hops, wrap)[0]                                          # (C,)
     order = np.argsort(relaxed, kind="stable")
@@ -1109,7 +1109,7 @@ def _least_longest_path(stages: list[tuple["np.ndarray", "np.ndarray"]], comps: 
     chunk = max(1, FEW_STAGE_CELLS // (tuples * len(W[0])))
     best, spent = math.inf, len(comps) * len(W[0])
     for i in range(0, len(order), chunk):
-        if relaxed[order[i]] >= min(best, cutoff) or spent >= FEW_STAGE_BUDGET:
+        if relaxed[order[i]] >= min(best, cutoff) or spent >= budget:
             return min(best, float(relaxed[order[i]])), spent
         part = order[i:i + chunk]
         best = min(best, float(_longest_paths(stages, comps[part], W, hops, wrap).min()))

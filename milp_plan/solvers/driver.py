@@ -892,9 +892,10 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
 def full_bound_work(coef: Coefficients, limits: Limits) -> float:
     """Work units of bounds.full_bound on `coef`: WORK.bound (three under a $/step budget, whose
     bound adds the budget's), what its last full bound did beyond that (Coefficients.bound_work:
-    a few-stage bound's enumeration, the same whether its memo held it: the same work whatever
-    bounded the config before, --workers' look-ahead included), and for a free parent WORK.option_fit per stage option,
-    whose memory fits at three positions dominate (5-11 ms CPU at 40-80 options, 1024 GPUs)."""
+    a few-stage bound's enumeration, the same whether its memo held it, so the same work
+    whatever bounded the config before, --workers' look-ahead included), and for a free parent
+    WORK.option_fit per stage option, whose memory fits at three positions dominate (5-11 ms
+    CPU at 40-80 options, 1024 GPUs)."""
     work = WORK.bound * (1 if limits.budget_usd_per_step is None else 3) + coef.bound_work
     return work if coef.cfg.complete else work + WORK.option_fit * len(coef.options)
 
