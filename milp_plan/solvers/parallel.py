@@ -380,8 +380,8 @@ class Ahead:
                     or self.prepared.too_slow(cfg, self.limits)):
                 continue
             full = self.full.get(cfg, False)
-            if full is False:
-                full = self.full[cfg] = full_bound(coef, self.limits)
+            if full is False:   # exact below the limit, which only falls: all a later call reads of it
+                full = self.full[cfg] = full_bound(coef, self.limits, enough=limit)
             if full is None or full >= limit:
                 continue
             inputs = inputs_of(coef)
