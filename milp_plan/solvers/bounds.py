@@ -1042,8 +1042,9 @@ def _few_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
     (`_hop_floors`); E: the larger of the two ends' least (`_sync_by_end`). An option no
     better than another of its pool in every term at every layer count is dropped (every
     path's length grows with every term). Branch and bound per pool tuple
-    (`_least_longest_path`): exact below `enough` (in objective units), at least it where the
-    exact bound is. None: no split fits (no plan). With the cells it evaluated (its work)."""
+    (`_least_longest_path`): within FEW_STAGE_BUDGET cells exact below `enough` (in objective
+    units) and at least it where the exact bound is; always valid. None: no split fits (no
+    plan). With the cells it evaluated (its work)."""
     cfg, L = coef.cfg, coef.inst.model.num_layers
     pp = cfg.pp
     if L % unit or any(coef.options[o].k >= len(coef.inst.cluster.node_types) for o in usable) \
