@@ -149,7 +149,7 @@ class WorkCosts:
     work_bound: float = 1e-5  # a family's work bound, a division (bounds.WeakFamilyBounds.work_bound)
     weak_bound: float = 5e-5  # a family's weak bound, its group's terms shared (WeakFamilyBounds.bound: 15-70 us)
     split_cell: float = 4e-8  # a cell of a few-stage bound's enumeration: an option tuple, a split and a path
-    #                             (bounds._few_stage_bound: 37-39 ns a cell over the free searches of the default,
+    #                             (bounds._few_stage_bound: 37-47 ns a cell over the free searches of the default,
     #                             its shipped job and two-type-32, 2-5 million cells each)
     model: float = 2e-2       # a per-config model built (formulations/pipeline.py) and handed to CP-SAT
     step: float = 1e-4        # a heuristic step that builds no plan: a layer partition, a state rejected

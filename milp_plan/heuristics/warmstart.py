@@ -94,9 +94,10 @@ def _filled(head: list[int], order: Sequence[int], most: dict[int, int], pp: int
 def ordered_sequences(coef: Coefficients, base: list[tuple[int, ...]] | None = None) -> list[tuple[int, ...]]:
     """Every order of the types, each filled in turn up to the stages it holds (at most
     ORDERED_TYPES types; beyond, type_sequences' own reversed), less those type_sequences
-    gives (`base`, where the caller has them). Under 1F1B and interleaving a later stage holds fewer micro-batches in flight, so
-    where memory binds, the type that takes the most layers belongs late: GPT-3 175B on
-    mixed-128 (pp 24, batch 64) runs A100, L40S, H100 at 7.706 s/step, fastest-first at 9.978."""
+    gives (`base`, where the caller has them). Under 1F1B and interleaving a later stage holds
+    fewer micro-batches in flight, so where memory binds, the type that takes the most layers
+    belongs late: GPT-3 175B on mixed-128 (pp 24, batch 64) runs A100, L40S, H100 at 7.706
+    s/step, fastest-first at 9.978."""
     pp, base = coef.cfg.pp, type_sequences(coef) if base is None else base
     usable = range(len(coef.options))
     most = {k: coef.max_stages(coef.pool_of[k]) for k in usable}

@@ -1052,7 +1052,7 @@ def _few_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
         return 0.0, 0    # no whole split in chunks, mixed-type bundles, or unmodelled paths: no bound
     W = coef.shared.get(("few-stage paths", cfg.schedule, cfg.vpp, pp, coef.m),
                         lambda: _few_stage_paths(cfg.sched, pp, coef.m))
-    comps = coef.shared.get(("compositions", L // unit, pp), lambda: _compositions(L // unit, pp)) - 1
+    comps = coef.shared.get(("compositions", L // unit, pp), lambda: _compositions(L // unit, pp) - 1)   # row indices
     least, inter = _hop_floors(coef)
     inter = least if inter is None else inter
     sync = _sync_by_end(coef, caps, usable)
@@ -1064,11 +1064,11 @@ def _few_stage_bound(coef: Coefficients, limits: Limits, caps: dict[int, int], u
     cand = {}
     for s in range(pp):
         for q in pools:
-            opts = [o for o in usable if coef.pool_of[o] == q]
-            rows = {o: _stage_rows(coef, o, s, unit) for o in opts}
-            kept = [o for o in opts if not any(
-                p != o and sync[p] <= sync[o] and (rows[p] <= rows[o]).all()
-                and (p < o or not (rows[o] <= rows[p]).all() or sync[o] > sync[p]) for p in opts)]
+            rows = {o: _stage_rows(coef, o, s, unit) for o in usable if coef.pool_of[o] == q}
+
+            def beats(p: int, o: int) -> bool:   # no worse in any term (of two equal ones, the first stays)
+                return sync[p] <= sync[o] and bool((rows[p] <= rows[o]).all())
+            kept = [o for o in rows if not any(p != o and beats(p, o) and (p < o or not beats(o, p)) for p in rows)]
             cand[s, q] = (np.array([rows[o] for o in kept]), np.array([sync[o] for o in kept]))
     # the step bound below which the objective stays below `enough` (min-cost: $/step = P T / 3600)
     cutoff = enough if limits.objective != "min-cost" or not gpu_usd else enough * SECONDS_PER_HOUR / gpu_usd
@@ -1195,7 +1195,8 @@ def _position_times(coef: Coefficients, usable: list[int], unit: int) -> dict[in
     r_min the fewest recomputes with which n layers fit s's memory (`_fewest_recomputes`; a, rho
     the least of o's end fits, as `_every_recompute_pieces` reads them). Non-decreasing in n.
     Memoised per config (the bottleneck by position and the position floor read the same)."""
-    return coef._memo(coef._local, ("position times", tuple(usable), unit), lambda: _times_by_position(coef, usable, unit))
+    return coef._memo(coef._local, ("position times", tuple(usable), unit),
+                      lambda: _times_by_position(coef, usable, unit))
 
 
 def _times_by_position(coef: Coefficients, usable: list[int], unit: int) -> dict[int, list[list[float]]]:
