@@ -310,8 +310,7 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
     if prepared.truncated:
         found.open_bounds.append(0.0)
     bounds = slice_bounds.ConfigBounds(inst, limits, counts)
-    heap = []          # (bound, config index, stage): 0 cheap, 1 the work bound, 2 the full one, 3 examined
-    #                    once and cut short
+    heap = []          # (bound, config index, stage): RAISES[stage] next, or EXAMINE, or CUT_SHORT
     last = -math.inf
 
     def tell(least: float) -> None:
@@ -336,35 +335,62 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
         tell(min([heap[0][0], *found.open_bounds]))
         lb, i, stage = heap[0]
         if lb >= found.objective * (1 - REL_EPS):
-            found.pruned += sum(1 for _, _, st in heap if st < 3)   # stage 3: examined, counted there
+            found.pruned += sum(1 for _, _, st in heap if st < CUT_SHORT)   # examined ones counted there
             break
         if dl.expired():
             found.open_bounds += [b for b, _, _ in heap]
             break
         heapq.heappop(heap)
-        if stage < 2:
-            coef = prepared.coef(i)
-            if stage == 0:   # the work bound (no slicing enumerated) before the full one
-                work, cells = bounds.work_bounds, bounds.work_bounds.cells
-                got, _ = work.config(coef, bounds, found.objective, paths=True)
-                # per count and option, and the paths' cells (without them GPT-3 175B on mixed-128, batch
-                # 8, spent 50 s CPU on 2,104 work bounds charged 27 units)
-                dl.charge(WORK.bound + len(work.counts) * len(coef.options) * slice_bounds.WORK_PER_COUNT
-                          + (work.cells - cells) * slice_bounds.SPLIT_SECONDS_PER_CELL)
-            else:
-                got = bounds.full(coef, found.objective)
-                dl.charge(WORK.bound + bounds.work)
+        if stage < EXAMINE:
+            got = _raised(RAISES[stage], prepared.coef(i), bounds, found.objective, dl)
             if got is not None:
                 heapq.heappush(heap, (max(got, lb), i, stage + 1))
             continue
-        if stage == 2:
+        if stage == EXAMINE:
             found.examined += 1
-        got, done = _examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds, stage == 3)
+        got, done = _examine(inst, prepared.coef(i), limits, counts, lb, found, dl, bounds, stage == CUT_SHORT)
         if done or dl.expired():
             found.open_bounds.append(got)
         else:      # cut short: it goes on when it is the least again
-            heapq.heappush(heap, (lb, i, 3))
+            heapq.heappush(heap, (lb, i, CUT_SHORT))
     return found
+
+
+# sliced_search's bounds of a config after the cheap one, each dearer than the one before and
+# computed only when the config tops the heap at the last (its key: the largest so far, so a
+# config pruned early costs the cheap ones alone): WorkBounds.config with the memory rooms and
+# no end stages (about 2 ms on GPT-3 175B on mixed-128), with the end stages' paths (10 ms),
+# with the middle's layers split by the bottleneck's intervals (up to 75 ms), then
+# ConfigBounds.full (every slicing enumerated). Without the first two, that instance (batch 8)
+# spent its 30 work units on 397 configs' split paths and left its sliced plans at >= 0.40
+# (gap 73%), although the rooms alone lift 90% of its 2,680 configs past the unsliced optimum.
+RAISES = ("rooms", "paths", "split", "full")
+EXAMINE, CUT_SHORT = len(RAISES), len(RAISES) + 1   # the stages after: examined; examined once and cut short
+
+
+def _raised(what: str, coef, bounds: slice_bounds.ConfigBounds, objective: float, dl: Deadline) -> float | None:
+    """The config's bound `what` (RAISES), below `objective` whole, else at least it (None: no
+    plan), its work charged to `dl`: per config option, per pair of end options and per array
+    cell its paths touched (the constants of slice_bounds, each measured on its own call)."""
+    if what == "full":
+        got = bounds.full(coef, objective)
+        dl.charge(WORK.bound + bounds.work)
+        return got
+    work, cells, options = bounds.work_bounds, bounds.work_bounds.cells, len(coef.options)
+    if what == "rooms":
+        got, _ = work.config(coef, bounds, objective, ends=False)
+        dl.charge(WORK.bound + options * slice_bounds.QUICK_WORK_PER_OPTION)
+    elif what == "paths":
+        got, _ = work.config(coef, bounds, objective, paths=True, split=False)
+        dl.charge(WORK.bound + options * slice_bounds.QUICK_WORK_PER_OPTION + options ** 2 *
+                  slice_bounds.PATH_WORK_PER_PAIR + (work.cells - cells) * slice_bounds.PATH_SECONDS_PER_CELL)
+    else:
+        got, _ = work.config(coef, bounds, objective, paths=True)
+        # per count and option, and the paths' cells (without them GPT-3 175B on mixed-128, batch
+        # 8, spent 50 s CPU on 2,104 work bounds charged 27 units)
+        dl.charge(WORK.bound + len(work.counts) * options * slice_bounds.WORK_PER_COUNT
+                  + (work.cells - cells) * slice_bounds.SPLIT_SECONDS_PER_CELL)
+    return got
 
 
 def _sliced_result(inst: Instance, base: SolveResult | None, cand: Candidate, bound: float | None, backend: str,
