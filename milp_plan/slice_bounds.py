@@ -96,9 +96,10 @@ SECONDS_PER_CELL = 6e-8   # work charged per row x option x step of the bounds' 
 PATH_SECONDS_PER_CELL = 8e-8   # quick_bound: work charged per array cell WorkBounds.end_steps touches ...
 PATH_WORK_PER_PAIR = 3e-4      # ... and per pair of end options (default instance: 0.43 s CPU for 92 configs,
 # 368 pairs, 3.8e6 cells; every config without a cutoff: 19.5 s for 2.2e8 cells)
-SPLIT_SECONDS_PER_CELL = 3e-9   # sliced_search: work charged per cell of WorkBounds.config with its paths and the
-# middle split (a least-squares fit over 2,104 calls, GPT-3 175B on mixed-128 at batch 8: 2.6e-9 s a cell and
-# 1.4e-4 s per count x option; 874 calls on the default: 6.2e-9 and 0.7e-4)
+SPLIT_SECONDS_PER_CELL = 2e-9   # sliced_search: work charged per cell of WorkBounds.config with its paths and the
+# middle split, beside WORK_PER_COUNT per count x option (GPT-3 175B on mixed-128 at batch 8: 12.6 s CPU for 74
+# calls and 6.5e9 cells, 1.8e-9 s a cell; 2.6e-9 before slice_paths and _middle_sums ran on the arcs alone;
+# the shipped default's 24 calls: 0.53 s, 6.2e-9 a cell, its calls small)
 QUICK_WORK_PER_OPTION = 1.6e-4   # quick_bound: work charged per config option of its WorkBounds.config stages
 # (0.75 s CPU for 4,580 options at scale-1024: 1.6e-4 s each)
 
@@ -1287,6 +1288,8 @@ def _lazy_paths(T: np.ndarray, Wmax: np.ndarray, extra: np.ndarray, cutoff: floa
         keys, Wj = Tj, np.maximum(Wmax[..., None], ys)
     flat = np.argsort(keys, axis=None, kind="stable")
     best, cells = math.inf, 0
+    arcs = slice_arcs(t0["T"])
+    cheapest = None if split is None else _cheapest_first(tabs[:, arcs[0], arcs[1]])
     for start in range(0, flat.size, PATH_BATCH):
         idx = flat[start:start + PATH_BATCH]
         idx = idx[keys.flat[idx] < min(best, cutoff)]
@@ -1294,8 +1297,8 @@ def _lazy_paths(T: np.ndarray, Wmax: np.ndarray, extra: np.ndarray, cutoff: floa
             break
         at = np.unravel_index(idx, keys.shape)
         a, b = at[0], at[1]
-        sums = None if split is None else _middle_sums(holds[at], Lp[a, b], tabs)
-        V = slice_paths(a + 1, b + 1, L, n, t0, t1, mid, hop, sums)
+        sums = None if split is None else _middle_sums(holds[at], Lp[a, b], *cheapest)
+        V = slice_paths(a + 1, b + 1, L, n, t0, t1, mid, hop, sums, arcs)
         cells += len(idx) * n * len(t0["T"]) ** 2 * (1 if split is None else 1 + len(tabs))
         got = np.maximum(keys.flat[idx], V + (m - 1) * Wj.flat[idx] + extra[a, b])
         best = min(best, float(got.min()))
@@ -1304,51 +1307,71 @@ def _lazy_paths(T: np.ndarray, Wmax: np.ndarray, extra: np.ndarray, cutoff: floa
     return max(cutoff, float(keys.min())), cells     # every value is at least the cutoff (inf: none fits)
 
 
-def _middle_sums(holds: np.ndarray, Lp: np.ndarray, tabs: np.ndarray) -> np.ndarray:
+def slice_arcs(T: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The arcs of a slicing table T[x', x] (a slice of units x'..x-1, finite where one exists),
+    by their end x, then x': (x', x, the ends that have arcs, where each end's run of arcs
+    starts), for a least over each end's arcs in one pass (np.minimum.reduceat)."""
+    ends, starts = np.nonzero(np.isfinite(T).T)
+    xs, runs = np.unique(ends, return_index=True)
+    return starts, ends, xs, runs
+
+
+def _cheapest_first(tabs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per arc (tabs: options x arcs, the middle options' per-layer times): the options in
+    increasing time (`_middle_sums`' order) and their times, 0 where an option has none."""
+    z = np.where(np.isfinite(tabs), tabs, 0.0)
+    order = np.argsort(z, axis=0, kind="stable")
+    return order, np.take_along_axis(z, order, axis=0)
+
+
+def _middle_sums(holds: np.ndarray, Lp: np.ndarray, order: np.ndarray, al: np.ndarray) -> np.ndarray:
     """Per row (P x options holds, P layer counts L'): each slice's least sum_o t_o T_o[x', x]
     over t_o <= holds_o, sum_o t_o = L' (the cheapest option of the slice first: a fractional
-    knapsack of unit items), P x (U + 1) x (U + 1); 0 off the arcs."""
-    z = np.where(np.isfinite(tabs), tabs, 0.0)                                   # options x arcs
-    order = np.argsort(z, axis=0, kind="stable")
-    al = np.take_along_axis(z, order, axis=0)
+    knapsack of unit items; `order`, `al`: `_cheapest_first` of the options' times on the arcs),
+    P x arcs."""
     h = holds[:, order]                                                          # P x options x arcs
-    taken = np.minimum(h, np.maximum(Lp[:, None, None, None] - (np.cumsum(h, axis=1) - h), 0))
+    taken = np.minimum(h, np.maximum(Lp[:, None, None] - (np.cumsum(h, axis=1) - h), 0))
     return (taken * al[None]).sum(axis=1)
 
 
 def slice_paths(a: np.ndarray, b: np.ndarray, L: int, n: int, t0: dict, t1: dict, mid: np.ndarray | None,
-                hop: float, sums: np.ndarray | None = None) -> np.ndarray:
+                hop: float, sums: np.ndarray | None = None, arcs: tuple | None = None) -> np.ndarray:
     """Per (a, b): at least min over the cuts into n slices of max_k of the path through stage 0,
     slice k and stage K-1 (slice_bounds docstring, P(0, s, K-1, k) without (m - 1) W_s):
         sum_{i<=k} p_{0,i} + sum_{0<r<K-1} p_{r,k} + sum_{i>=k} p_{K-1,i} + 2 sum_h hop_{h,k},
     stage 0 holding a layers and the embedding (option tables t0: per-layer T, embedding Te,
     prefix sums pre, pre_e), stage K-1 b layers and the head (t1: T, Th, suffix sums suf, suf_h),
     the L - a - b middle layers each at least `mid` (the least per-layer f + b of a middle option
-    per slice; None: no middle stage; or `sums`, each row's least middle sum per slice), every hop
+    per slice; None: no middle stage; or `sums`, each row's least middle sum per arc), every hop
     down and back `hop` per unit of the slice. The
     slices before k on stage 0 take at least the least sum of k slices covering their units, and
     those after k on stage K-1 likewise (`prefix_sums`, `suffix_sums`), so each path's term reads
     only slice k's ends (x', x); the least over the cuts of the largest term is a bottleneck path
     over the unit positions: V_0[x] = c_0(0, x), V_k[x] = min_{x' < x} max(V_{k-1}[x'], c_k(x', x)),
-    the answer V_{n-1}[U]."""
+    the answer V_{n-1}[U]. Each term is evaluated on the arcs alone (`slice_arcs` of t0's T, or
+    `arcs`: x' < x where T is finite), each end's least over its arcs in one reduceat."""
     U = len(t0["T"]) - 1
-    arc = np.isfinite(t0["T"])
-    z = lambda x: np.where(arc, x, 0.0)
-    a_, b_ = a[:, None, None].astype(float), b[:, None, None].astype(float)
-    ends = a_ * z(t0["T"]) + z(t0["Te"]) + b_ * z(t1["T"]) + z(t1["Th"]) + hop * np.maximum(
-        np.arange(U + 1)[None, :] - np.arange(U + 1)[:, None], 0)
+    src, dst, xs, runs = slice_arcs(t0["T"]) if arcs is None else arcs
+    on = lambda x: x[src, dst]                                                   # noqa: E731
+    a_, b_ = a[:, None].astype(float), b[:, None].astype(float)
+    ends = a_ * on(t0["T"]) + on(t0["Te"]) + b_ * on(t1["T"]) + on(t1["Th"]) + hop * (dst - src)
     if sums is not None:       # the middle's least sum on each slice (`_middle_sums`)
         ends = ends + sums
     elif mid is not None:
-        ends = ends + (L - a_ - b_) * z(mid)
+        ends = ends + (L - a_ - b_) * on(mid)
+    ends = np.where(np.isnan(ends), np.inf, ends)     # no middle layers at an infinite time: no path
+    first = src == 0
+    pre, pre_e = t0["pre"][:n, src], t0["pre_e"][:n, src]                        # at x', per k
+    suf, suf_h = t1["suf"][n - 1::-1, dst], t1["suf_h"][n - 1::-1, dst]         # at x, per k
     V = None
     for k in range(n):
-        pre = a_[:, :, 0] * t0["pre"][k] + t0["pre_e"][k]               # P x (U + 1), at x'
-        suf = b_[:, :, 0] * t1["suf"][n - k - 1] + t1["suf_h"][n - k - 1]   # at x
-        with np.errstate(invalid="ignore"):
-            c = np.where(arc, ends + pre[:, :, None] + suf[:, None, :], np.inf)
-        c = np.where(np.isnan(c), np.inf, c)
-        V = c[:, 0, :] if k == 0 else np.maximum(V[:, :, None], c).min(axis=1)
+        c = ends + (a_ * pre[k] + pre_e[k]) + (b_ * suf[k] + suf_h[k])
+        W = np.full((len(a), U + 1), np.inf)
+        if V is None:
+            W[:, dst[first]] = c[:, first]
+        else:
+            W[:, xs] = np.minimum.reduceat(np.maximum(V[:, src], c), runs, axis=1)
+        V = W
     return V[:, U]
 
 
