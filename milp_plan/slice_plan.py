@@ -17,9 +17,9 @@ whole command's wall time and work.
 
 The sliced part is a best-first search over the GPipe configs (`sliced_search`), like the
 unsliced driver's: each config gets a lower bound on every sliced plan of it, over every layer
-split, stage option and slicing (slice_bounds.ConfigBounds: a cheap one, then the full one
-when the config reaches the top); configs are examined in increasing bound order until the
-next bound cannot beat the incumbent (at first A's objective and the best unsliced GPipe
+split, stage option and slicing (slice_bounds.ConfigBounds: a cheap one, raised by dearer ones,
+RAISES, one each time the config reaches the top); configs are examined in increasing bound
+order until the next bound cannot beat the incumbent (at first A's objective and the best unsliced GPipe
 plan, sliced). Examining a config (`_examine`) runs the exact search over its stage options
 and layer counts (slice_split.SplitSearch: branch and bound, every slicing row at once), which
 bounds every plan of it and slices the plans whose bound beats the incumbent (`_best_sliced`:
@@ -288,8 +288,8 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
 def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff: float = math.inf,
                   seeds: Iterable[Plan] = (), report=None, dl: Deadline | None = None) -> SlicedSearch:
     """Best-first over the GPipe configs by their sliced bound (slice_bounds.ConfigBounds: the
-    cheap bound first, then the work bound (WorkBounds.config, no slicing enumerated), the full
-    one when a config reaches the top again): each config whose bound
+    cheap bound first, then the work bound (WorkBounds.config, no slicing enumerated) in three
+    steps and the full one, a step each time a config reaches the top, RAISES): each config whose bound
     beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and the best
     slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
     next bound cannot beat it. Every config not examined within the deadline keeps its bound.
