@@ -1121,3 +1121,33 @@ def test_fitting_plan_takes_the_least_recompute_that_fits(tmp_path_factory):
                     above_one += want > 1
                 checked += 1
     assert checked > 200 and above_one > 0, (checked, above_one)
+
+
+def test_sliced_search_raises_a_config_one_step_at_a_time(monkeypatch):
+    """sliced_search raises a config's bound through RAISES (the rooms, the end paths, the
+    middle split, the full bound), one step each time it tops the heap: Llama-3 8B on two-type-32
+    at batch 32 (2,870 configs; the unsliced optimum 1.94428 s, no sliced plan beats it) is proven
+    the same whether the steps are taken one at a time or the config goes straight to the split
+    and full bounds (the cheap steps are valid bounds, and they only order and cut), and the
+    cheap steps spare the dear ones: graded, the split bound runs on a handful of configs (2
+    measured) where straight it runs on every config that reaches the top (57 or more)."""
+    from milp_plan import slice_plan
+    from milp_plan.instance import InstanceSpec, build_instance
+    inst = build_instance(InstanceSpec(cluster="two-type-32", model="llama3-8b", global_batch_size=32))
+    req = solving.SolveRequest("cpsat", None, 600, 1, 1, 30)
+    calls: list[str] = []
+    real = slice_plan._raised
+    monkeypatch.setattr(slice_plan, "_raised", lambda what, *a: calls.append(what) or real(what, *a))
+    results = {}
+    for name, raises in (("graded", slice_plan.RAISES), ("straight", ("split", "full"))):
+        monkeypatch.setattr(slice_plan, "RAISES", raises)
+        monkeypatch.setattr(slice_plan, "EXAMINE", len(raises))
+        monkeypatch.setattr(slice_plan, "CUT_SHORT", len(raises) + 1)
+        calls.clear()
+        res, line = solve_with_slices(inst, req, Limits(), "auto")
+        results[name] = (res.status, round(res.objective, 5), round(res.best_bound, 5), res.plan.slices,
+                         calls.count("split"), calls.count("rooms"))
+        assert res.status == "optimal" and res.objective == pytest.approx(1.94428, abs=1e-5), line
+    graded, straight = results["graded"], results["straight"]
+    assert graded[:4] == straight[:4]
+    assert graded[5] > 100 and graded[4] * 10 <= straight[4], results
