@@ -19,15 +19,15 @@ The sliced part is a best-first search over the GPipe configs (`sliced_search`),
 unsliced driver's: each config gets a lower bound on every sliced plan of it, over every layer
 split, stage option and slicing (slice_bounds.ConfigBounds: a cheap one, raised by dearer ones,
 RAISES, one each time the config reaches the top); configs are examined in increasing bound
-order until the next bound cannot beat the incumbent (at first A's objective and the best unsliced GPipe
-plan, sliced). Examining a config (`_examine`) runs the exact search over its stage options
-and layer counts (slice_split.SplitSearch: branch and bound, every slicing row at once), which
-bounds every plan of it and slices the plans whose bound beats the incumbent (`_best_sliced`:
-the DP's slicing of each count, slicing.best_slices, then the slicings in increasing path bound,
-each evaluated by predict.evaluate), so the config's bound becomes the least plan bound; a
-search cut short by its share of the budget goes on later from where it stopped, and meanwhile
-the config's heuristic plans are sliced. Sliced and unsliced plans are compared on one step
-basis (predict.step_basis: simulated, or the closed forms).
+order until the next bound cannot beat the incumbent (at first A's objective and the best
+unsliced GPipe plan, sliced). Examining a config (`_examine`) runs the exact search over its
+stage options and layer counts (slice_split.SplitSearch: branch and bound, every slicing row
+at once), which bounds every plan of it and slices the plans whose bound beats the incumbent
+(`_best_sliced`: the DP's slicing of each count, slicing.best_slices, then the slicings in
+increasing path bound, each evaluated by predict.evaluate), so the config's bound becomes the
+least plan bound; a search cut short by its share of the budget goes on later from where it
+stopped, and meanwhile the config's heuristic plans are sliced. Sliced and unsliced plans are
+compared on one step basis (predict.step_basis: simulated, or the closed forms).
 
 What is proven: the bound written is min(the plan's objective, every bound the sliced search
 left open, A's bound), so `optimal` means proven best over every unsliced plan and every
@@ -289,8 +289,8 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
                   seeds: Iterable[Plan] = (), report=None, dl: Deadline | None = None) -> SlicedSearch:
     """Best-first over the GPipe configs by their sliced bound (slice_bounds.ConfigBounds: the
     cheap bound first, then the work bound (WorkBounds.config, no slicing enumerated) in three
-    steps and the full one, a step each time a config reaches the top, RAISES): each config whose bound
-    beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and the best
+    steps and the full one, a step each time a config reaches the top, RAISES): each config
+    whose bound beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and the best
     slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
     next bound cannot beat it. Every config not examined within the deadline keeps its bound.
     `report(found, least)`, where given, is called at most every PROGRESS_EVERY_S with the search
@@ -359,8 +359,8 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
 # sliced_search's bounds of a config after the cheap one, each dearer than the one before and
 # computed only when the config tops the heap at the last (its key: the largest so far, so a
 # config pruned early costs the cheap ones alone): WorkBounds.config with the memory rooms and
-# no end stages (about 2 ms on GPT-3 175B on mixed-128), with the end stages' paths (10 ms),
-# with the middle's layers split by the bottleneck's intervals (up to 75 ms), then
+# no end stages (0.7 ms a call on GPT-3 175B on mixed-128 at batch 8), with the end stages' paths
+# (23 ms), with the middle's layers split by the bottleneck's intervals (170 ms), then
 # ConfigBounds.full (every slicing enumerated). Without the first two, that instance (batch 8)
 # spent its 30 work units on 397 configs' split paths and left its sliced plans at >= 0.40
 # (gap 73%), although the rooms alone lift 90% of its 2,680 configs past the unsliced optimum.
