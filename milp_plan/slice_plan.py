@@ -290,8 +290,8 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
     """Best-first over the GPipe configs by their sliced bound (slice_bounds.ConfigBounds: the
     cheap bound first, then the work bound (WorkBounds.config, no slicing enumerated) in three
     steps and the full one, a step each time a config reaches the top, RAISES): each config
-    whose bound beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and the best
-    slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
+    whose bound beats the incumbent (at first `cutoff`, the best unsliced plan's objective, and
+    the best slicing of each of `seeds`, GPipe plans) is examined (_examine); the search stops when the
     next bound cannot beat it. Every config not examined within the deadline keeps its bound.
     `report(found, least)`, where given, is called at most every PROGRESS_EVERY_S with the search
     so far and the least bound still open (the caller's progress line). `dl`: what the command's
