@@ -789,13 +789,16 @@ class ConfigBounds:
         return T
 
     def _time_cutoff(self, coef, cutoff: float) -> float:
-        """The step (seconds) at and above which an objective of at least `cutoff` follows."""
+        """The step (seconds) at and above which an objective of at least `cutoff` follows, or no
+        plan meets --time-limit (`_value`: a step over it by more than 1e-6 of it; here 2e-6, so
+        that no admissible step is cut)."""
+        limit = math.inf if self.limits.time_limit_s is None else self.limits.time_limit_s * (1 + 2e-6)
         if cutoff == math.inf:
-            return math.inf
+            return limit
         if self.limits.objective != "min-cost":
-            return cutoff
+            return min(cutoff, limit)
         price = _least_price(coef, coef.cfg.pp)
-        return cutoff * SECONDS_PER_HOUR / price if price > 0 else math.inf
+        return min(cutoff * SECONDS_PER_HOUR / price if price > 0 else math.inf, limit)
 
 
 def config_bound(coef, limits: Limits, counts: Iterable[int]) -> float | None:

@@ -1151,3 +1151,44 @@ def test_sliced_search_raises_a_config_one_step_at_a_time(monkeypatch):
     graded, straight = results["graded"], results["straight"]
     assert graded[:4] == straight[:4]
     assert graded[5] > 100 and graded[4] * 10 <= straight[4], results
+
+
+@pytest.fixture(scope="module")
+def tiny_sliced(tmp_path_factory):
+    """The tiny instance (batch 2) and every sliced plan (2..U slices) of every GPipe config of
+    pp <= 4 that fits memory, each as (objective under min-cost, step)."""
+    inst = tiny(str(tmp_path_factory.mktemp("t")), 2)
+    units = units_for(inst.job.seq_length)
+    unit = inst.job.seq_length // units
+    plans = []
+    for coef in gpipe_configs(inst, 4):
+        for plan in every_plan(inst, coef):
+            for lengths in compositions(units):
+                if len(lengths) >= 2:
+                    p = sliced(plan, [n * unit for n in lengths])
+                    p = p.with_(predicted=predict.evaluate(inst, p))
+                    if Limits().admit(p):
+                        plans.append((objective_of(p, Limits("min-cost")), p.predicted.step_time_s))
+    return inst, plans
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.6])
+def test_a_time_limit_cuts_the_sliced_search_and_keeps_it_exact(tiny_sliced, share):
+    """--objective min-cost --time-limit T --slices auto on the tiny instance (batch 2): the
+    searches cut every row whose step bound passes T (ConfigBounds._time_cutoff), as they cut
+    at the incumbent; the bound stays at most the brute-force optimum under T and an `optimal`
+    plan is it. T is the step of one sliced plan (share 0: the fastest, so that only plans of
+    that step meet it; 0.3, 0.6: by rank), so the limit binds and its edge is tested (a step
+    equal to T is admitted)."""
+    inst, plans = tiny_sliced
+    steps = sorted({step for _, step in plans})
+    limits = Limits("min-cost", time_limit_s=steps[int(share * (len(steps) - 1))])
+    req = solving.SolveRequest("auto", FIX, 60, 1, 1, 30)
+    res, line = solve_with_slices(inst, req, limits, "auto")
+    unsliced = solving.run(inst, req, limits).objective
+    best = min([cost for cost, step in plans if step <= limits.time_limit_s] +
+               ([unsliced] if unsliced is not None else []))
+    assert res.best_bound <= best * (1 + 1e-9), line
+    assert res.objective >= best * (1 - 1e-9) and res.plan.predicted.step_time_s <= limits.time_limit_s
+    if res.status == "optimal":
+        assert res.objective == pytest.approx(best, rel=1e-4), line
