@@ -1018,6 +1018,37 @@ def test_split_search_finds_the_enumerated_least(tmp_path_factory, make, batch, 
     assert searched >= 6 and plans >= (2000 if make == "eight" else 20), (searched, plans)
 
 
+@pytest.mark.parametrize("make", ["tiny", "eight"])
+def test_split_search_under_a_time_limit_finds_the_enumerated_least(tmp_path_factory, make):
+    """SplitSearch under min-cost with --time-limit T: T is the config's least step bound over
+    its plans and slicings, so only the rows at that step meet it, and the search cuts every row
+    whose step bound passes T (ConfigBounds._time_cutoff): it still returns the enumerated least
+    $/step under T (no admitted row cut at the limit's edge), on every GPipe config of pp 2..4."""
+    from milp_plan.deadline import Deadline
+    from milp_plan.slice_split import SplitSearch
+    inst = {"tiny": tiny, "eight": eight}[make](str(tmp_path_factory.mktemp("t")), 1)
+    counts = list(range(2, SEQ + 1))
+    searched = 0
+    for coef in gpipe_configs(inst, 4):
+        if coef.cfg.pp < 2:
+            continue
+        fastest = min(fitting_bounds(inst, coef, Limits("min-time"), counts).values(), default=math.inf)
+        if fastest == math.inf:
+            continue
+        limits = Limits("min-cost", time_limit_s=fastest)
+        exact = fitting_bounds(inst, coef, limits, counts)
+        least = min(exact.values())
+        assert least < math.inf
+
+        def leaf(opts, layers, bound):
+            return exact.get((opts, layers), math.inf)
+        got, done = SplitSearch(sb.ConfigBounds(inst, limits, counts), coef).run(lambda: math.inf, leaf,
+                                                                                  Deadline(math.inf))
+        assert done and got == pytest.approx(least, rel=1e-12), (coef.cfg.label(), got, least)
+        searched += 1
+    assert searched >= 6, searched
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_best_sliced_is_exact_when_it_evaluates_below_the_bound(tmp_path_factory, batch):
     """slice_plan._best_sliced on every plan of the tiny instance's GPipe configs (15 slicings of
