@@ -1161,7 +1161,7 @@ def test_sliced_search_raises_a_config_one_step_at_a_time(monkeypatch):
     the same whether the steps are taken one at a time or the config goes straight to the split
     and full bounds (the cheap steps are valid bounds, and they only order and cut), and the
     cheap steps spare the dear ones: graded, the split bound runs on a handful of configs (2
-    measured) where straight it runs on every config that reaches the top (57 or more)."""
+    measured) where straight it runs on every config that reaches the top (407 measured)."""
     from milp_plan import slice_plan
     from milp_plan.instance import InstanceSpec, build_instance
     inst = build_instance(InstanceSpec(cluster="two-type-32", model="llama3-8b", global_batch_size=32))
