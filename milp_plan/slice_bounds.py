@@ -104,6 +104,13 @@ QUICK_WORK_PER_OPTION = 1.6e-4   # quick_bound: work charged per config option o
 # (0.75 s CPU for 4,580 options at scale-1024: 1.6e-4 s each)
 
 
+def paths_work(options: int, cells: int) -> float:
+    """Work units of one WorkBounds.config with the end stages' paths and no middle split, on a
+    config of `options` stage options whose paths touched `cells` array cells (quick_bound's
+    stage 3, sliced_search's "paths" step)."""
+    return QUICK_WORK_PER_OPTION * options + cells * PATH_SECONDS_PER_CELL + options ** 2 * PATH_WORK_PER_PAIR
+
+
 @functools.lru_cache(maxsize=8)
 def _rows(units: int, counts: tuple[int, ...]) -> tuple[list[tuple[int, int]], np.ndarray]:
     arcs, idx, n = _table(units)
@@ -1068,7 +1075,8 @@ class WorkBounds:
                                          dict(A_first=with_first(T, suf), H_first=with_first(Th, suf_h),
                                               A_last=with_last(T, pre), E_last=with_last(Te, pre_e),
                                               first=(T[0, 1:], Te[0, 1:]), last=(T[:U, U], Th[:U, U])),
-                                         dict(T=T, Te=Te, Th=Th, pre=pre, pre_e=pre_e, suf=suf, suf_h=suf_h))
+                                         dict(T=T, Te=Te, Th=Th, pre=pre, pre_e=pre_e, suf=suf, suf_h=suf_h,
+                                              arcs=slice_arcs(T)))
         return got
 
     def end_steps(self, coef, cb: "ConfigBounds", caps: dict, rooms: dict, usable: list[int], paths: bool = False,
@@ -1291,8 +1299,8 @@ def _lazy_paths(T: np.ndarray, Wmax: np.ndarray, extra: np.ndarray, cutoff: floa
         keys, Wj = Tj, np.maximum(Wmax[..., None], ys)
     flat = np.argsort(keys, axis=None, kind="stable")
     best, cells = math.inf, 0
-    arcs = slice_arcs(t0["T"])
-    cheapest = None if split is None else _cheapest_first(tabs[:, arcs[0], arcs[1]])
+    src, dst = t0["arcs"][:2]
+    cheapest = None if split is None else _cheapest_first(tabs[:, src, dst])
     for start in range(0, flat.size, PATH_BATCH):
         idx = flat[start:start + PATH_BATCH]
         idx = idx[keys.flat[idx] < min(best, cutoff)]
@@ -1301,7 +1309,7 @@ def _lazy_paths(T: np.ndarray, Wmax: np.ndarray, extra: np.ndarray, cutoff: floa
         at = np.unravel_index(idx, keys.shape)
         a, b = at[0], at[1]
         sums = None if split is None else _middle_sums(holds[at], Lp[a, b], *cheapest)
-        V = slice_paths(a + 1, b + 1, L, n, t0, t1, mid, hop, sums, arcs)
+        V = slice_paths(a + 1, b + 1, L, n, t0, t1, mid, hop, sums)
         cells += len(idx) * n * len(t0["T"]) ** 2 * (1 if split is None else 1 + len(tabs))
         got = np.maximum(keys.flat[idx], V + (m - 1) * Wj.flat[idx] + extra[a, b])
         best = min(best, float(got.min()))
@@ -1338,12 +1346,13 @@ def _middle_sums(holds: np.ndarray, Lp: np.ndarray, order: np.ndarray, al: np.nd
 
 
 def slice_paths(a: np.ndarray, b: np.ndarray, L: int, n: int, t0: dict, t1: dict, mid: np.ndarray | None,
-                hop: float, sums: np.ndarray | None = None, arcs: tuple | None = None) -> np.ndarray:
+                hop: float, sums: np.ndarray | None = None) -> np.ndarray:
     """Per (a, b): at least min over the cuts into n slices of max_k of the path through stage 0,
     slice k and stage K-1 (slice_bounds docstring, P(0, s, K-1, k) without (m - 1) W_s):
         sum_{i<=k} p_{0,i} + sum_{0<r<K-1} p_{r,k} + sum_{i>=k} p_{K-1,i} + 2 sum_h hop_{h,k},
     stage 0 holding a layers and the embedding (option tables t0: per-layer T, embedding Te,
-    prefix sums pre, pre_e), stage K-1 b layers and the head (t1: T, Th, suffix sums suf, suf_h),
+    prefix sums pre, pre_e, T's arcs `slice_arcs`), stage K-1 b layers and the head (t1: T, Th,
+    suffix sums suf, suf_h),
     the L - a - b middle layers each at least `mid` (the least per-layer f + b of a middle option
     per slice; None: no middle stage; or `sums`, each row's least middle sum per arc), every hop
     down and back `hop` per unit of the slice. The
@@ -1351,10 +1360,10 @@ def slice_paths(a: np.ndarray, b: np.ndarray, L: int, n: int, t0: dict, t1: dict
     those after k on stage K-1 likewise (`prefix_sums`, `suffix_sums`), so each path's term reads
     only slice k's ends (x', x); the least over the cuts of the largest term is a bottleneck path
     over the unit positions: V_0[x] = c_0(0, x), V_k[x] = min_{x' < x} max(V_{k-1}[x'], c_k(x', x)),
-    the answer V_{n-1}[U]. Each term is evaluated on the arcs alone (`slice_arcs` of t0's T, or
-    `arcs`: x' < x where T is finite), each end's least over its arcs in one reduceat."""
+    the answer V_{n-1}[U]. Each term is evaluated on the arcs alone (x' < x where T is finite),
+    each end's least over its arcs in one reduceat."""
     U = len(t0["T"]) - 1
-    src, dst, xs, runs = slice_arcs(t0["T"]) if arcs is None else arcs
+    src, dst, xs, runs = t0["arcs"]
     on = lambda x: x[src, dst]                                                   # noqa: E731
     a_, b_ = a[:, None].astype(float), b[:, None].astype(float)
     ends = a_ * on(t0["T"]) + on(t0["Te"]) + b_ * on(t1["T"]) + on(t1["Th"]) + hop * (dst - src)
@@ -1642,8 +1651,7 @@ def quick_bound(inst: Instance, limits: Limits, fix: str, where: list | None = N
         elif stage == 3:
             cells = work.cells
             got, _ = work.config(coef, cb, min(final, unrefined), paths=True, split=False)
-            dl.charge(QUICK_WORK_PER_OPTION * len(coef.options) + (work.cells - cells) * PATH_SECONDS_PER_CELL +
-                      len(coef.options) ** 2 * PATH_WORK_PER_PAIR)
+            dl.charge(paths_work(len(coef.options), work.cells - cells))
         else:
             full = full or ConfigBounds(inst, limits, range(2, units + 1))
             got = full.full(coef, final)

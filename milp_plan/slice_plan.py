@@ -382,8 +382,7 @@ def _raised(what: str, coef, bounds: slice_bounds.ConfigBounds, objective: float
         dl.charge(options * slice_bounds.QUICK_WORK_PER_OPTION)   # 0.14-0.68 ms a call at 1-4 options
     elif what == "paths":
         got, _ = work.config(coef, bounds, objective, paths=True, split=False)
-        dl.charge(WORK.bound + options * slice_bounds.QUICK_WORK_PER_OPTION + options ** 2 *
-                  slice_bounds.PATH_WORK_PER_PAIR + (work.cells - cells) * slice_bounds.PATH_SECONDS_PER_CELL)
+        dl.charge(WORK.bound + slice_bounds.paths_work(options, work.cells - cells))
     else:
         got, _ = work.config(coef, bounds, objective, paths=True)
         # per count and option, and the paths' cells (without them GPT-3 175B on mixed-128, batch
