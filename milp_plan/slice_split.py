@@ -66,6 +66,7 @@ class SplitSearch:
         self.cb, self.coef = cb, coef
         inst = cb.inst
         self.K, self.L = coef.cfg.pp, inst.model.num_layers
+        self.mid = max(self.K - 1, 1)    # the stages fixed one by one after the last (K = 1: the one stage)
         self.m = coef.cfg.num_microbatches(inst.job.global_batch_size)
         self.nodes = self.leaves = 0
         self.best = math.inf          # the least leaf bound so far
@@ -93,10 +94,12 @@ class SplitSearch:
         self.e0, self.h1 = self.e[:, 0], self.h[ar, last]
         self.ph0, self.ph1 = self.ph[:, 0], self.ph[ar, last]
         self.amin = np.min([self.a[o] for o in usable], axis=0)        # rows x U: the least alpha
-        one = self.amin + self.ph + self.h                                # the last stage, one layer
-        self.suf_last = np.cumsum(one[:, ::-1], axis=1)[:, ::-1] - one    # ... its slices after k
-        self.amin1 = self.amin[ar, last]
-        self.G = np.where(valid, self.h + self.suf_last, -np.inf)   # _slice_bound's terms of the rows alone
+        self.amin0, self.amin1 = self.amin[:, 0], self.amin[ar, last]
+        # per option, row and slice k: the share of a layer's f + b on slices k.. and ..k (_slice_bound)
+        self.suf = {o: np.cumsum(self.a[o][:, ::-1], axis=1)[:, ::-1] / self.A[o][:, None] for o in usable}
+        self.pre = {o: np.cumsum(self.a[o], axis=1) / self.A[o][:, None] for o in usable}
+        self.mask = np.where(valid, 0.0, -np.inf)
+        self.ar, self.last_slice = ar, last
         self.pool_list = sorted({coef.pool_of[o] for o in usable})
         self.pool_inv = np.stack([np.max([1.0 / self.A[o] for o in usable if coef.pool_of[o] == q], axis=0)
                                   for q in self.pool_list])               # pools x rows: the fastest option's
@@ -110,6 +113,8 @@ class SplitSearch:
         self.hop = {(p, q): c[p][q] / seq for p in range(len(c)) for q in range(len(c))}   # per token, both ways
         self.hop_least = min(self.hop.values())
         self.Q = self.ph + self.hop_least * self.tok
+        self.ph_suf = np.cumsum(self.ph[:, ::-1], axis=1)[:, ::-1]
+        self.ph_pre = np.cumsum(self.ph, axis=1)
         self.sync = _embedding_sync(coef, cb.limits)
         self.price = _least_price(coef, self.K)
         self.dp0 = {o: [max(0.0, coef.dp_time(o, 0)[0](n)) for n in range(self.L + 1)] for o in usable}
@@ -149,43 +154,34 @@ class SplitSearch:
     def _time_cut(self, cutoff: float) -> float:
         return self.cb._time_cutoff(self.coef, cutoff)
 
-    def _rest_speed(self, g: dict, stages: int, used: dict[int, int], last: int) -> np.ndarray:
-        """Per row (of the view `g`), the most sum_t 1 / A_{o_t} over the `stages` stages not
-        fixed: the last stage at its option `last` (its pool's stage taken in `used`), the others
-        within the pools' stages left (the fastest pools first; each pool at its fastest usable
-        option): z' = L' / it (module docstring)."""
-        got = 1.0 / g["A", last]
-        if stages == 1:
-            return got
+    def _rest_speed(self, g: dict, stages: int, used: dict[int, int]) -> np.ndarray:
+        """Per row (of the view `g`), the most sum_t 1 / A_{o_t} over the `stages` middle stages
+        not fixed, within the pools' stages left (the fastest pools first; each pool at its
+        fastest usable option): z' = L' / it (module docstring)."""
         room = np.array([self.caps[q] - used.get(q, 0) for q in self.pool_list], dtype=float)
         inv = g["inv"]
         idx = np.argsort(-inv, axis=1, kind="stable")
         inv_s, room_s = np.take_along_axis(inv, idx, axis=1), room[idx]
-        take = np.minimum(room_s, np.maximum(stages - 1 - (np.cumsum(room_s, axis=1) - room_s), 0))
-        return got + (inv_s * take).sum(axis=1)
+        take = np.minimum(room_s, np.maximum(stages - (np.cumsum(room_s, axis=1) - room_s), 0))
+        return (inv_s * take).sum(axis=1)
 
-    def _whole(self, z: np.ndarray, g: dict, used: dict[int, int], last: int, head: bool = False) -> np.ndarray:
-        """z' raised to the least whole-layer time n A_o >= z' of an option o of a stage not fixed
-        (the last stage's, or one whose pool has a stage left): the heaviest stage not fixed holds
-        whole layers; 1e-6 of a layer of slack against the rounding of z'. head: z' counts the
-        last stage's head (its time n A_last + H)."""
+    def _whole(self, z: np.ndarray, g: dict, used: dict[int, int]) -> np.ndarray:
+        """z' raised to the least whole-layer time n A_o >= z' of an option o whose pool has a
+        stage left: the heaviest middle stage not fixed holds whole layers; 1e-6 of a layer of
+        slack against the rounding of z'."""
         best = np.full(z.shape, np.inf)
         for o in self.usable:
             q = self.coef.pool_of[o]
-            if o == last and head:
-                A, H = g["A", o], g["H"]
-                best = np.minimum(best, np.ceil((z - H) / A - 1e-6) * A + H)
-            if (o == last and not head) or used.get(q, 0) < self.caps[q]:
+            if used.get(q, 0) < self.caps[q]:
                 A = g["A", o]
                 best = np.minimum(best, np.ceil(z / A - 1e-6) * A)
         return np.where(np.isfinite(best), best, z)
 
-    def _rest_room(self, stages: int, used: dict[int, int], last: int) -> int:
-        """The most layers the `stages` stages not fixed hold: the last stage's room at its option,
-        the others' within the pools' stages left (the largest rooms first); -1 when they do not
-        fit the pools."""
+    def _rest_room(self, stages: int, used: dict[int, int]) -> int:
+        """The most layers the `stages` middle stages not fixed hold within the pools' stages left
+        (the largest rooms first); -1 when they do not fit the pools."""
         left = {q: self.caps[q] - used.get(q, 0) for q in self.caps}
-        total, stages = self.rooms[last], stages - 1
+        total = 0
         for o in sorted(self.usable, key=lambda o: -self.rooms[o]):
             q = self.coef.pool_of[o]
             k = min(left[q], stages)
@@ -213,14 +209,64 @@ class SplitSearch:
         if not self.usable:
             return
         n = len(self.cb.rows)
-        U = self.valid.shape[1]
-        # the last stage's option first (it fixes the tied embedding's all-reduce), then stage 0, 1, ...
-        lasts = [o for o in self.usable if self.caps[self.coef.pool_of[o]] > 0] if self.K > 1 else [None]
-        for last in lasts:
-            used = {} if last is None else {self.coef.pool_of[last]: 1}
-            root = _Node((), (), used, np.arange(n), np.zeros(n), np.full(n, -np.inf), self.opt_least, 0.0, 0.0,
-                         np.zeros((n, U)), np.zeros(n), last)
+        if self.K == 1:
+            z, no = np.zeros(n), np.full(self.valid.shape, -np.inf)
+            root = _Node((), (), {}, np.arange(n), z, np.full(n, -np.inf), self.opt_least, 0.0, 0.0, no, no, no,
+                         z, None, 0, z, z)
             yield from self._expand(root, cutoff, leaf)
+            return
+        # the last stage's option and layers first (they fix the tied embedding's all-reduce and
+        # the last stage's share of every path), the least bound first; then stage 0, 1, ...
+        for low, T, root in self._roots():
+            cut = self._time_cut(cutoff()) * (1 - REL_EPS)
+            if low >= cut:
+                break
+            yield from self._expand(root.restrict(T < cut), cutoff, leaf)
+
+    def _roots(self) -> list:
+        """(least bound, bound per row, root) of every last stage (option, layers), sorted: per
+        row the largest of its machine path M(K-1) (stage 0..K-2's first slices at the least,
+        module docstring), M(t) of the heaviest middle stage and the paths P(0, s, K-1, k) (stage
+        0's slices before k left out) and P(t, s, K-1, k), + the config's least tail and the
+        optimizer term."""
+        n, K, L, m = len(self.cb.rows), self.K, self.L, self.m
+        rows = np.arange(n)
+        g = self._view(rows)
+        out = []
+        for o in self.usable:
+            q = self.coef.pool_of[o]
+            if self.caps[q] < 1:
+                continue
+            used = {q: 1}
+            room = self._rest_room(K - 1, used)
+            if room < 0:
+                continue
+            speed = self._rest_speed(g, K - 1, used)
+            for nl in range(max(1, L - room), min(self.rooms[o], L - (K - 1)) + 1):
+                left = L - nl
+                Wl = nl * self.A[o] + self.Phi + self.H
+                pl = nl * self.a[o] + self.ph + self.h
+                Pl1 = pl[self.ar, self.last_slice]
+                # C_k's last stage and the hop into it, and the last stage's slices after k
+                Lk = np.cumsum(pl[:, ::-1], axis=1)[:, ::-1] + self.hop_least * self.tok + self.mask
+                opt = max(self.opt_least, self._opt(o, K - 1, nl))
+                z = self._whole(left / speed, g, used)
+                T = np.maximum(m * Wl + left * self.amin0 + (K - 1) * (self.ph0 + self.hop_least * self.t0),
+                               m * (z + self.Phi) + (K - 2) * g["q"] + Pl1 + (K - 1) * g["ends"])
+                # the middle stages: a phi each, a least hop into each but stage 0
+                cross = (Lk + left * self.amin + (K - 1) * self.ph + (K - 2) * self.hop_least * self.tok).max(axis=1)
+                heavy = np.maximum(Wl, z + self.Phi)
+                T = np.maximum(T, cross + (m - 1) * heavy)
+                # from the heaviest middle stage t's slices ..k (_slice_bound's third path)
+                other = (K - 2) * np.minimum(g["above"][:, None], self.Q)
+                t_first = (z[:, None] * self._share(self.pre, rows, used) + self.ph_pre + other + Lk).max(axis=1)
+                T = np.maximum(T, t_first + (m - 1) * heavy) + self.sync + opt
+                self.dl.charge(T.size * CELL_OPS * SECONDS_PER_CELL * self.valid.shape[1])
+                z0, no = np.zeros(n), np.full(self.valid.shape, -np.inf)
+                out.append((float(T.min()), T, _Node((), (), used, rows, z0, np.full(n, -np.inf), opt, 0.0, 0.0,
+                                                     no, no, Lk, z0, o, nl, Wl, Pl1)))
+        out.sort(key=lambda r: (r[0], r[2].last, r[2].nlast))
+        return out
 
     def _expand(self, nd: "_Node", cutoff, leaf: Leaf):
         """Bound the children of `nd` (every usable option, every layer count) and search those
@@ -232,47 +278,44 @@ class SplitSearch:
         self.nodes += 1
         dl.charge(NODE_WORK)
         m, rows, j = self.m, nd.rows, len(nd.opts)
-        left, rest = self.L - sum(nd.layers), self.K - j - 1
+        left, rest = self.L - sum(nd.layers) - nd.nlast, self.mid - j - 1
+        end = nd.last is None      # K = 1: the one stage holds the head
         g = self._view(rows)
         kids = []
         for o in self.usable:
             q = self.coef.pool_of[o]
-            if nd.last is not None and rest == 0:     # the last stage: its option, its pool's stage taken
-                if o != nd.last:
-                    continue
-                used = nd.used
-            elif nd.used.get(q, 0) >= self.caps[q]:
+            if nd.used.get(q, 0) >= self.caps[q]:
                 continue
-            else:
-                used = {**nd.used, q: nd.used.get(q, 0) + 1}
+            used = {**nd.used, q: nd.used.get(q, 0) + 1}
             lo, hi = (left, left) if rest == 0 else (1, left - rest)
             hi = min(hi, self.rooms[o])
             if rest:
-                room = self._rest_room(rest, used, nd.last)
+                room = self._rest_room(rest, used)
                 lo = max(lo, left - room) if room >= 0 else hi + 1
             if hi < lo:
                 continue
             ns = np.arange(lo, hi + 1)
             n_ = ns[:, None].astype(float)                               # layer counts x rows
             p0 = n_ * g["a0", o] + g["ph0"] + (g["e0"] if j == 0 else 0.0)
-            p1 = n_ * g["a1", o] + g["ph1"] + (g["h1"] if rest == 0 else 0.0)
-            W = n_ * g["A", o] + g["Phi"] + (g["E"] if j == 0 else 0.0) + (g["H"] if rest == 0 else 0.0)
+            p1 = n_ * g["a1", o] + g["ph1"] + (g["h1"] if end else 0.0)
+            W = n_ * g["A", o] + g["Phi"] + (g["E"] if j == 0 else 0.0) + (g["H"] if end else 0.0)
             hop = self.hop[(self.coef.pool_of[nd.opts[-1]], q)] if j else 0.0
             F = nd.F + hop * g["t0"]                                    # the first slice down to stage j
             Mx = np.maximum(nd.Mx + p1 + hop * g["t1"], m * W + F)       # M(s), s <= j, with stage j's last
-            # the stages not fixed, below: their layers left at the least alpha on the last slice, a phi
-            # each, the head, the hops at the least
-            T = Mx + ((left - n_) * g["amin1"] + rest * g["below"] + (g["h1"] if rest else 0.0))
             F_next = F + p0
+            # the middle stages not fixed, below: their layers left at the least alpha on the last
+            # slice, a phi and a least hop each; then the last stage
+            T = Mx + ((left - n_) * g["amin1"] + rest * g["below"])
+            if not end:    # the last stage's last slice below every M(s), and its own machine path M(K-1)
+                hl = self.hop[(q, self.coef.pool_of[nd.last])] if rest == 0 else self.hop_least
+                T = np.maximum(T + nd.Pl1 + hl * g["t1"],
+                               m * nd.Wl + F_next + (left - n_) * g["amin0"] + rest * g["above"] + hl * g["t0"])
             z = np.zeros_like(T)
-            if rest:     # M(t) of the heaviest stage not fixed, t > j, by its layers, then with the head
-                speed = self._rest_speed(g, rest, used, nd.last)
-                z = self._whole((left - n_) / speed, g, used, nd.last)
-                ramp = F_next + rest * g["ends"] + (rest - 1) * g["q"]
-                T = np.maximum(T, m * (z + g["Phi"]) + ramp + g["h1"])
-                zh = self._whole((left - n_ + g["H"] / g["A", nd.last]) / speed, g, used, nd.last, head=True)
-                T = np.maximum(T, m * (zh + g["Phi"]) + ramp)
-                z = np.maximum(z, zh)
+            if rest:     # M(t) of the heaviest middle stage not fixed, t > j
+                speed = self._rest_speed(g, rest, used)
+                z = self._whole((left - n_) / speed, g, used)
+                T = np.maximum(T, m * (z + g["Phi"]) + F_next + (rest + 1) * g["ends"] + (rest - 1) * g["q"]
+                               + nd.Pl1)
             # stage 0's tail: its reduction at its layers, then the tied embedding's all-reduce
             o0 = nd.opts[0] if j else o
             sync = self._sync_below(o0, used, nd.last) if self.K > 1 else 0.0
@@ -283,16 +326,16 @@ class SplitSearch:
             dl.charge(T.size * CELL_OPS * SECONDS_PER_CELL)
             for i, n in enumerate(ns.tolist()):
                 kids.append((float(T[i].min()), o, n, used, T[i], F_next[i], Mx[i], float(opt[i]), float(dp0[i]),
-                             float(tail[i]), np.maximum(nd.W, W[i]), z[i]))
+                             float(tail[i]), W[i], z[i]))
         kids.sort(key=lambda k: k[0])
-        for low, o, n, used, T, F, Mx, opt, dp0, tail, Wmax, z in kids:
+        for low, o, n, used, T, F, Mx, opt, dp0, tail, Wj, z in kids:
             cut = self._time_cut(cutoff()) * (1 - REL_EPS)
             if low >= cut:
                 break
             keep = T < cut
-            child = self._child(nd, o, n, used, keep, F, Mx, opt, dp0, tail, Wmax)
+            child = self._child(nd, o, n, used, keep, F, Mx, opt, dp0, tail, Wj)
             dl = self.dl
-            dl.charge(child.B.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
+            dl.charge(child.D.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
             if rest:
                 keep = self._slice_bound(child, z[keep], rest) < cut    # the paths P(0, s, K-1, k)
                 if not keep.any():
@@ -303,60 +346,98 @@ class SplitSearch:
             got = self._leaf_bound(child, T[keep])      # every stage fixed: the paths P(a, s, b, k) too
             if got < cut:
                 self.leaves += 1
-                self.best = min(self.best, leaf(child.opts, child.layers, _value(got, self.price, self.cb.limits)))
+                self.best = min(self.best, leaf(*child.plan(), _value(got, self.price, self.cb.limits)))
             while self.dl.expired():
                 yield
 
     def _view(self, rows: np.ndarray) -> dict:
         """The per-row terms of `rows`, gathered once for a node's children."""
         g = {name: getattr(self, name)[rows] for name in ("ph0", "ph1", "e0", "h1", "Phi", "E", "H", "t0", "t1",
-                                                          "amin1")}
+                                                          "amin0", "amin1")}
         for o in self.usable:
             g["a0", o], g["a1", o], g["A", o] = self.a0[o][rows], self.a1[o][rows], self.A[o][rows]
         g["below"] = g["ph1"] + self.hop_least * g["t1"]
+        g["above"] = g["ph0"] + self.hop_least * g["t0"]
         g["ends"] = np.minimum(g["t0"], g["t1"]) * self.hop_least
         g["q"] = np.minimum(self.q0[rows], self.q1[rows])
         g["inv"] = self.pool_inv[:, rows].T                          # rows x pools
         return g
 
     def _child(self, nd: "_Node", o: int, n: int, used: dict, keep: np.ndarray, F, Mx, opt: float, dp0: float,
-               tail: float, Wmax) -> "_Node":
+               tail: float, Wj) -> "_Node":
         """`nd` with stage j run as option o on n layers, on the rows kept: C and stage 0's
         prefix gain the stage's slices (and the hop above it, both ways)."""
         j, rows = len(nd.opts), nd.rows[keep]
-        p = n * self.a[o][rows] + self.ph[rows]
-        if j == 0:     # C and stage 0's slices before k: the inclusive prefix sum
-            B = np.cumsum(p + self.e[rows], axis=1)
-        else:
-            B = nd.B[keep] + p + self.hop[(self.coef.pool_of[nd.opts[-1]], self.coef.pool_of[o])] * self.tok[rows]
-        return _Node((*nd.opts, o), (*nd.layers, n), used, rows, F[keep], Mx[keep], opt, dp0, tail, B,
-                     Wmax[keep], nd.last)
+        p = n * self.a[o][rows] + self.ph[rows] + (self.e[rows] if j == 0 else 0.0)
+        hop = self.hop[(self.coef.pool_of[nd.opts[-1]], self.coef.pool_of[o])] if j else 0.0
+        # D: the paths from a fixed stage a (down slice 0 to a, a's slices before k) through stage j on slice k
+        D = np.maximum(nd.D[keep] + hop * self.tok[rows], (nd.F[keep] + hop * self.t0[rows])[:, None]
+                       + np.cumsum(p, axis=1) - p) + p
+        # E: the same paths with (m - 1) W_s of a fixed stage s between a and j (every path's s is at or after its a)
+        Wj = Wj[keep]
+        E = np.maximum(nd.E[keep] + hop * self.tok[rows] + p, (self.m - 1) * Wj[:, None] + D)
+        return _Node((*nd.opts, o), (*nd.layers, n), used, rows, F[keep], Mx[keep], opt, dp0, tail, D, E,
+                     nd.Lk[keep], np.maximum(nd.W[keep], Wj), nd.last, nd.nlast, nd.Wl[keep], nd.Pl1[keep])
+
+    def _share(self, table: dict, rows: np.ndarray, used: dict[int, int]) -> np.ndarray:
+        """Per row (of `rows`) and slice: the least of `table` (self.suf or self.pre) over the
+        options whose pool has a stage left."""
+        got = None
+        for o in self.usable:
+            q = self.coef.pool_of[o]
+            if used.get(q, 0) < self.caps[q]:
+                x = table[o][rows]
+                got = x if got is None else np.minimum(got, x)
+        return got
 
     def _slice_bound(self, nd: "_Node", z: np.ndarray, rest: int) -> np.ndarray:
-        """Per row of `nd` (stage 0 fixed, `rest` >= 1 stages not): at least the path P(0, s, K-1, k)
-        of every plan below it, max over k: (m - 1) W_s (the heaviest: a fixed stage's, or z' +
-        Phi) + stage 0's slices before k + C_k (the fixed stages' p_{s,k} and hops, the layers
-        left at the least alpha_k, one phi, the head and a least hop per stage not fixed) + the
-        last stage's slices after k (one layer at the least alpha, phi and the head), + stage 0's
-        tail and the optimizer term (seconds)."""
-        rows, left = nd.rows, self.L - sum(nd.layers)
-        cross = (nd.B + left * self.amin[rows] + rest * self.Q[rows] + self.G[rows]).max(axis=1)
-        heavy = np.maximum(nd.W, z + self.Phi[rows])
-        return cross + (self.m - 1) * heavy + nd.tail + nd.opt
+        """Per row of `nd` (the last stage and stages 0..j fixed, `rest` >= 1 middle stages not):
+        at least the paths P(a, s, b, k) of every plan below it, max over k, + stage 0's tail and
+        the optimizer term (seconds), for
+
+          * a fixed, b = K - 1: D_k (down slice 0 to a, a's slices before k, the fixed stages' p_{s,k}
+            from a and their hops) + (m - 1) W_s, s after j (z' + Phi, or the last stage's), or E_k
+            (the same with s fixed, at or after a), + the layers left at the least alpha_k, one phi
+            and a least hop per middle stage not fixed + the last stage's p_{K-1,k}, its slices
+            after k and a least hop into it;
+          * a fixed, b = t, the heaviest middle stage not fixed (n_t A_t >= z'): D_k + (m - 1)
+            (z' + Phi), or E_k, + t's slices k.. (at least z' times the least share of a layer's
+            time on them, and their phis) + the other middle stages not fixed (a phi and a least
+            hop each, on slice k or the last) + the last stage's last slice, the hops;
+          * a = t, b = K - 1: (m - 1) max(z' + Phi, W_{K-1}) + the fixed stages' first slices and
+            hops (F) + t's slices ..k + the others (on slice 0 or k) + the last stage's part.
+        """
+        rows, left, m = nd.rows, self.L - sum(nd.layers) - nd.nlast, self.m
+        amin, Q, tok, Phi = self.amin[rows], self.Q[rows], self.tok[rows], self.Phi[rows]
+        zs, Wt = z[:, None], z + Phi
+        # s fixed (E), or s after stage j (D and the heaviest such W)
+        later = (m - 1) * np.maximum(nd.Wl, Wt)
+        got = (np.maximum(nd.E, nd.D + later[:, None]) + left * amin + rest * Q + nd.Lk).max(axis=1)
+        below = (self.ph1 + self.hop_least * self.t1)[rows]
+        t_last = (np.maximum(nd.E, nd.D + (m - 1) * Wt[:, None]) + self.hop_least * tok
+                  + zs * self._share(self.suf, rows, nd.used) + self.ph_suf[rows]
+                  + (rest - 1) * np.minimum(Q, below[:, None]) + self.mask[rows]).max(axis=1)
+        got = np.maximum(got, t_last + nd.Pl1 + self.hop_least * self.t1[rows])
+        above = (self.ph0 + self.hop_least * self.t0)[rows]
+        t_first = (zs * self._share(self.pre, rows, nd.used) + self.ph_pre[rows]
+                   + (rest - 1) * np.minimum(Q, above[:, None]) + nd.Lk).max(axis=1)
+        got = np.maximum(got, nd.F + self.hop_least * self.t0[rows] + t_first + (m - 1) * np.maximum(Wt, nd.Wl))
+        return got + nd.tail + nd.opt
 
     def _leaf_bound(self, nd: "_Node", T: np.ndarray) -> float:
         """The least over the node's rows of max(T, the plan's paths P(a, s, b, k) + stage 0's
         tail + the optimizer term) (seconds)."""
         rows, K = nd.rows, self.K
+        opts, layers = nd.plan()
         P = []
-        for s, (o, n) in enumerate(zip(nd.opts, nd.layers)):
+        for s, (o, n) in enumerate(zip(opts, layers)):
             p = n * self.a[o][rows] + self.ph[rows]
             if s == 0:
                 p = p + self.e[rows]
             if s == K - 1:
                 p = p + self.h[rows]
             P.append(p)
-        pool = [self.coef.pool_of[o] for o in nd.opts]
+        pool = [self.coef.pool_of[o] for o in opts]
         Hk = [0.5 * self.hop[(pool[h], pool[h + 1])] * self.tok[rows] for h in range(K - 1)]
         paths = gathered_paths(P, Hk, self.m, self.valid[rows]) + nd.tail + nd.opt
         return float(np.maximum(T, paths).min())
@@ -366,18 +447,31 @@ class SplitSearch:
 class _Node:
     opts: tuple[int, ...]        # stages 0..j-1: option
     layers: tuple[int, ...]      # ... and layers
-    used: dict                   # pool -> stages taken
+    used: dict                   # pool -> stages taken (the last stage's too)
     rows: np.ndarray             # the slicing rows left (indices into ConfigBounds.rows)
     F: np.ndarray                # per row: sum_{s<j} p_{s,0} + the hops between them on slice 0
     Mx: np.ndarray               # per row: max_{s<j} M(s) with the fixed stages below s
     opt: float                   # the optimizer term at least
     dp0: float                   # stage 0's reduction at least (0 before stage 0 is fixed)
     tail: float                  # ... and the tied embedding's all-reduce after it
-    B: np.ndarray                # per row and slice k: sum_{s<j} p_{s,k} + the hops between them, both
-    #                              ways, + sum_{i<k} p_{0,i} (stage 0 fixed)
-    W: np.ndarray                # per row: max_{s<j} W_s
-    last: int | None             # the last stage's option (pp >= 2; its pool's stage is in `used`)
+    D: np.ndarray                # per row and slice k: max over fixed a of the path down slice 0 to a,
+    #                              a's slices before k, p_{s,k} of a..j-1 and the hops between, both ways
+    E: np.ndarray                # ... the same with (m - 1) W_s of a fixed s, a <= s <= j-1 (max over both)
+    Lk: np.ndarray               # per row and k: the last stage's sum_{i>=k} p_{K-1,i} and a least hop
+    #                              into it (-inf past the row's slices)
+    W: np.ndarray                # per row: max W_s of the fixed middle stages (0 at the root)
+    last: int | None             # the last stage's option (pp >= 2; its pool's stage is in `used`) ...
+    nlast: int                   # ... its layers (0 at pp 1)
+    Wl: np.ndarray               # per row: the last stage's W
+    Pl1: np.ndarray              # per row: the last stage's p on the row's last slice (its head's too)
+
+    def plan(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(options, layers) of the stages fixed, in stage order (the last stage's last)."""
+        if self.last is None:
+            return self.opts, self.layers
+        return (*self.opts, self.last), (*self.layers, self.nlast)
 
     def restrict(self, keep: np.ndarray) -> "_Node":
         return _Node(self.opts, self.layers, self.used, self.rows[keep], self.F[keep], self.Mx[keep], self.opt,
-                     self.dp0, self.tail, self.B[keep], self.W[keep], self.last)
+                     self.dp0, self.tail, self.D[keep], self.E[keep], self.Lk[keep], self.W[keep], self.last, self.nlast,
+                     self.Wl[keep], self.Pl1[keep])
