@@ -49,12 +49,14 @@ from milp_plan.solvers.driver import REL_EPS
 from milp_plan.slice_bounds import (SECONDS_PER_CELL, ConfigBounds, _embedding_sync, _gather, _hop_costs,
                                     _least_price, _value, gathered_paths)
 
-# work charged (deadline.py units, about CPU seconds; calibrated on the default's pp 4 and pp 8 configs and
-# GPT-3 175B's pp 16 on 16 x 8 A100):
-CELL_OPS = 1.2     # per bounded cell (row x layer count) of a node, at SECONDS_PER_CELL each
-SLICE_OPS = 0.6    # per row x slice of a child's slice path (`_child`, `_slice_bound`) ...
+# work charged (deadline.py units, about CPU seconds; fitted by least squares on the CPU of 36 config searches:
+# the default's pp 3, 4 and 8 configs, GPT-3 175B's pp 16 on 16 x 8 A100 and on mixed-128):
+CELL_OPS = 1.4     # per bounded cell (row x layer count) of a node, at SECONDS_PER_CELL each
+SLICE_OPS = 1.3    # per row x slice of a child's paths (`_child`, `_slice_bound`) ...
 LEAF_OPS = 1.2     # ... and per row x slice x stage of a leaf's paths (`_leaf_bound`)
-NODE_WORK = 3e-4   # per node beside its cells: Python's and numpy's per-call cost (0.3-0.6 ms a node)
+NODE_WORK = 2.5e-4   # per node beside its cells: Python's and numpy's per-call cost ...
+CHILD_WORK = 1.7e-4  # ... and per child searched
+ROOT_OPS = 0.6     # per row (`_roots`) and per row x slice (`_root`) of a last stage's bounds
 Leaf = Callable[[tuple[int, ...], tuple[int, ...], float], float]
 
 
@@ -99,6 +101,7 @@ class SplitSearch:
         self.suf = {o: np.cumsum(self.a[o][:, ::-1], axis=1)[:, ::-1] / self.A[o][:, None] for o in usable}
         self.pre = {o: np.cumsum(self.a[o], axis=1) / self.A[o][:, None] for o in usable}
         self.mask = np.where(valid, 0.0, -np.inf)
+        self.shares: dict = {}
         self.ar, self.last_slice = ar, last
         self.pool_list = sorted({coef.pool_of[o] for o in usable})
         self.pool_inv = np.stack([np.max([1.0 / self.A[o] for o in usable if coef.pool_of[o] == q], axis=0)
@@ -113,8 +116,12 @@ class SplitSearch:
         self.hop = {(p, q): c[p][q] / seq for p in range(len(c)) for q in range(len(c))}   # per token, both ways
         self.hop_least = min(self.hop.values())
         self.Q = self.ph + self.hop_least * self.tok
-        self.ph_suf = np.cumsum(self.ph[:, ::-1], axis=1)[:, ::-1]
+        # _slice_bound's terms of the rows alone: t's phis on slices k.. with a least hop into t, and
+        # ..k; a middle stage not fixed on slice k or the last (or the first)
+        self.t_last = np.cumsum(self.ph[:, ::-1], axis=1)[:, ::-1] + self.hop_least * self.tok + self.mask
         self.ph_pre = np.cumsum(self.ph, axis=1)
+        self.Q_below = np.minimum(self.Q, (self.ph1 + self.hop_least * self.t1)[:, None])
+        self.Q_above = np.minimum(self.Q, (self.ph0 + self.hop_least * self.t0)[:, None])
         self.sync = _embedding_sync(coef, cb.limits)
         self.price = _least_price(coef, self.K)
         self.dp0 = {o: [max(0.0, coef.dp_time(o, 0)[0](n)) for n in range(self.L + 1)] for o in usable}
@@ -217,21 +224,49 @@ class SplitSearch:
             return
         # the last stage's option and layers first (they fix the tied embedding's all-reduce and
         # the last stage's share of every path), the least bound first; then stage 0, 1, ...
-        for low, T, root in self._roots():
+        for low, T, z, o, nl, used, opt in self._roots():
             cut = self._time_cut(cutoff()) * (1 - REL_EPS)
             if low >= cut:
                 break
-            yield from self._expand(root.restrict(T < cut), cutoff, leaf)
+            root = self._root(np.flatnonzero(T < cut), z, o, nl, used, opt, cut)
+            if root is not None:
+                yield from self._expand(root, cutoff, leaf)
+
+    def _root(self, rows: np.ndarray, z: np.ndarray, o: int, nl: int, used: dict, opt: float, cut: float
+              ) -> "_Node | None":
+        """The root of the last stage run as o on nl layers, on the rows whose paths P(0, s, K-1, k)
+        (stage 0's slices before k left out) and P(t, s, K-1, k) of the heaviest middle stage t
+        (_slice_bound's first and third) stay under `cut`; z: per row (of every row) the middle
+        stages' bottleneck z'."""
+        K, m, left = self.K, self.m, self.L - nl
+        pl = nl * self.a[o][rows] + self.ph[rows] + self.h[rows]
+        # C_k's last stage and the hop into it, and the last stage's slices after k
+        Lk = np.cumsum(pl[:, ::-1], axis=1)[:, ::-1] + self.hop_least * self.tok[rows] + self.mask[rows]
+        Wl = nl * self.A[o][rows] + self.Phi[rows] + self.H[rows]
+        Wt = z[rows] + self.Phi[rows]
+        heavy = (m - 1) * np.maximum(Wl, Wt)
+        ph, hop = self.ph[rows], self.hop_least * self.tok[rows]
+        # the middle stages: a phi each, a least hop into each but stage 0
+        got = (Lk + left * self.amin[rows] + (K - 1) * ph + (K - 2) * hop).max(axis=1)
+        # from t's slices ..k, the others on slice 0 or k
+        other = (K - 2) * np.minimum((self.ph0 + self.hop_least * self.t0)[rows][:, None], ph + hop)
+        t_first = (z[rows][:, None] * self._share("pre", rows, used) + self.ph_pre[rows] + other + Lk).max(axis=1)
+        keep = np.maximum(got, t_first) + heavy + self.sync + opt < cut
+        self.dl.charge(Lk.size * ROOT_OPS * SECONDS_PER_CELL)
+        if not keep.any():
+            return None
+        rows, Lk, Wl = rows[keep], Lk[keep], Wl[keep]
+        zero, no = np.zeros(len(rows)), np.full(Lk.shape, -np.inf)
+        return _Node((), (), used, rows, zero, np.full(len(rows), -np.inf), opt, 0.0, 0.0, no, no, Lk, zero, o, nl,
+                     Wl, pl[keep][np.arange(len(rows)), self.last_slice[rows]])
 
     def _roots(self) -> list:
-        """(least bound, bound per row, root) of every last stage (option, layers), sorted: per
-        row the largest of its machine path M(K-1) (stage 0..K-2's first slices at the least,
-        module docstring), M(t) of the heaviest middle stage and the paths P(0, s, K-1, k) (stage
-        0's slices before k left out) and P(t, s, K-1, k), + the config's least tail and the
-        optimizer term."""
+        """(least bound, bound per row, z' per row, option, layers, pools used, optimizer term) of every last
+        stage (option, layers), sorted: per row the larger of its machine path M(K-1) (stages
+        0..K-2's first slices at the least, module docstring) and M(t) of the heaviest middle
+        stage, + the config's least tail and the optimizer term."""
         n, K, L, m = len(self.cb.rows), self.K, self.L, self.m
-        rows = np.arange(n)
-        g = self._view(rows)
+        g = self._view(np.arange(n))
         out = []
         for o in self.usable:
             q = self.coef.pool_of[o]
@@ -245,27 +280,14 @@ class SplitSearch:
             for nl in range(max(1, L - room), min(self.rooms[o], L - (K - 1)) + 1):
                 left = L - nl
                 Wl = nl * self.A[o] + self.Phi + self.H
-                pl = nl * self.a[o] + self.ph + self.h
-                Pl1 = pl[self.ar, self.last_slice]
-                # C_k's last stage and the hop into it, and the last stage's slices after k
-                Lk = np.cumsum(pl[:, ::-1], axis=1)[:, ::-1] + self.hop_least * self.tok + self.mask
+                Pl1 = nl * self.a1[o] + self.ph1 + self.h1
                 opt = max(self.opt_least, self._opt(o, K - 1, nl))
                 z = self._whole(left / speed, g, used)
-                T = np.maximum(m * Wl + left * self.amin0 + (K - 1) * (self.ph0 + self.hop_least * self.t0),
-                               m * (z + self.Phi) + (K - 2) * g["q"] + Pl1 + (K - 1) * g["ends"])
-                # the middle stages: a phi each, a least hop into each but stage 0
-                cross = (Lk + left * self.amin + (K - 1) * self.ph + (K - 2) * self.hop_least * self.tok).max(axis=1)
-                heavy = np.maximum(Wl, z + self.Phi)
-                T = np.maximum(T, cross + (m - 1) * heavy)
-                # from the heaviest middle stage t's slices ..k (_slice_bound's third path)
-                other = (K - 2) * np.minimum(g["above"][:, None], self.Q)
-                t_first = (z[:, None] * self._share(self.pre, rows, used) + self.ph_pre + other + Lk).max(axis=1)
-                T = np.maximum(T, t_first + (m - 1) * heavy) + self.sync + opt
-                self.dl.charge(T.size * CELL_OPS * SECONDS_PER_CELL * self.valid.shape[1])
-                z0, no = np.zeros(n), np.full(self.valid.shape, -np.inf)
-                out.append((float(T.min()), T, _Node((), (), used, rows, z0, np.full(n, -np.inf), opt, 0.0, 0.0,
-                                                     no, no, Lk, z0, o, nl, Wl, Pl1)))
-        out.sort(key=lambda r: (r[0], r[2].last, r[2].nlast))
+                T = np.maximum(m * Wl + left * self.amin0 + (K - 1) * g["above"],
+                               m * (z + self.Phi) + (K - 2) * g["q"] + Pl1 + (K - 1) * g["ends"]) + self.sync + opt
+                self.dl.charge(T.size * ROOT_OPS * SECONDS_PER_CELL)
+                out.append((float(T.min()), T, z, o, nl, used, opt))
+        out.sort(key=lambda r: (r[0], r[3], r[4]))
         return out
 
     def _expand(self, nd: "_Node", cutoff, leaf: Leaf):
@@ -335,7 +357,7 @@ class SplitSearch:
             keep = T < cut
             child = self._child(nd, o, n, used, keep, F, Mx, opt, dp0, tail, Wj)
             dl = self.dl
-            dl.charge(child.D.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
+            dl.charge(CHILD_WORK + child.D.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
             if rest:
                 keep = self._slice_bound(child, z[keep], rest) < cut    # the paths P(0, s, K-1, k)
                 if not keep.any():
@@ -379,16 +401,15 @@ class SplitSearch:
         return _Node((*nd.opts, o), (*nd.layers, n), used, rows, F[keep], Mx[keep], opt, dp0, tail, D, E,
                      nd.Lk[keep], np.maximum(nd.W[keep], Wj), nd.last, nd.nlast, nd.Wl[keep], nd.Pl1[keep])
 
-    def _share(self, table: dict, rows: np.ndarray, used: dict[int, int]) -> np.ndarray:
-        """Per row (of `rows`) and slice: the least of `table` (self.suf or self.pre) over the
-        options whose pool has a stage left."""
-        got = None
-        for o in self.usable:
-            q = self.coef.pool_of[o]
-            if used.get(q, 0) < self.caps[q]:
-                x = table[o][rows]
-                got = x if got is None else np.minimum(got, x)
-        return got
+    def _share(self, name: str, rows: np.ndarray, used: dict[int, int]) -> np.ndarray:
+        """Per row (of `rows`) and slice: the least of self.suf or self.pre (`name`) over the
+        options whose pool has a stage left (the least over every row kept per set of options)."""
+        opts = tuple(o for o in self.usable if used.get(self.coef.pool_of[o], 0) < self.caps[self.coef.pool_of[o]])
+        got = self.shares.get((name, opts))
+        if got is None:
+            table = getattr(self, name)
+            got = self.shares[name, opts] = np.min([table[o] for o in opts], axis=0)
+        return got[rows]
 
     def _slice_bound(self, nd: "_Node", z: np.ndarray, rest: int) -> np.ndarray:
         """Per row of `nd` (the last stage and stages 0..j fixed, `rest` >= 1 middle stages not):
@@ -408,19 +429,16 @@ class SplitSearch:
             hops (F) + t's slices ..k + the others (on slice 0 or k) + the last stage's part.
         """
         rows, left, m = nd.rows, self.L - sum(nd.layers) - nd.nlast, self.m
-        amin, Q, tok, Phi = self.amin[rows], self.Q[rows], self.tok[rows], self.Phi[rows]
-        zs, Wt = z[:, None], z + Phi
+        zs, Wt = z[:, None], z + self.Phi[rows]
         # s fixed (E), or s after stage j (D and the heaviest such W)
         later = (m - 1) * np.maximum(nd.Wl, Wt)
-        got = (np.maximum(nd.E, nd.D + later[:, None]) + left * amin + rest * Q + nd.Lk).max(axis=1)
-        below = (self.ph1 + self.hop_least * self.t1)[rows]
-        t_last = (np.maximum(nd.E, nd.D + (m - 1) * Wt[:, None]) + self.hop_least * tok
-                  + zs * self._share(self.suf, rows, nd.used) + self.ph_suf[rows]
-                  + (rest - 1) * np.minimum(Q, below[:, None]) + self.mask[rows]).max(axis=1)
+        got = (np.maximum(nd.E, nd.D + later[:, None]) + left * self.amin[rows] + rest * self.Q[rows]
+               + nd.Lk).max(axis=1)
+        t_last = (np.maximum(nd.E, nd.D + (m - 1) * Wt[:, None]) + zs * self._share("suf", rows, nd.used)
+                  + self.t_last[rows] + (rest - 1) * self.Q_below[rows]).max(axis=1)
         got = np.maximum(got, t_last + nd.Pl1 + self.hop_least * self.t1[rows])
-        above = (self.ph0 + self.hop_least * self.t0)[rows]
-        t_first = (zs * self._share(self.pre, rows, nd.used) + self.ph_pre[rows]
-                   + (rest - 1) * np.minimum(Q, above[:, None]) + nd.Lk).max(axis=1)
+        t_first = (zs * self._share("pre", rows, nd.used) + self.ph_pre[rows] + (rest - 1) * self.Q_above[rows]
+                   + nd.Lk).max(axis=1)
         got = np.maximum(got, nd.F + self.hop_least * self.t0[rows] + t_first + (m - 1) * np.maximum(Wt, nd.Wl))
         return got + nd.tail + nd.opt
 
