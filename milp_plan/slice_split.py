@@ -267,6 +267,9 @@ class SplitSearch:
         stage, + the config's least tail and the optimizer term."""
         n, K, L, m = len(self.cb.rows), self.K, self.L, self.m
         g = self._view(np.arange(n))
+        # the config's bound per row (ConfigBounds.full, where it has run), the optimizer term added
+        floor = self.cb.row_bounds.get(self.coef.cfg)
+        floor = np.zeros(n) if floor is None else floor + self.cb._opt(self.coef)
         out = []
         for o in self.usable:
             q = self.coef.pool_of[o]
@@ -285,6 +288,7 @@ class SplitSearch:
                 z = self._whole(left / speed, g, used)
                 T = np.maximum(m * Wl + left * self.amin0 + (K - 1) * g["above"],
                                m * (z + self.Phi) + (K - 2) * g["q"] + Pl1 + (K - 1) * g["ends"]) + self.sync + opt
+                T = np.maximum(T, floor)
                 self.dl.charge(T.size * ROOT_OPS * SECONDS_PER_CELL)
                 out.append((float(T.min()), T, z, o, nl, used, opt))
         out.sort(key=lambda r: (r[0], r[3], r[4]))
