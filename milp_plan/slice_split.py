@@ -49,14 +49,14 @@ from milp_plan.solvers.driver import REL_EPS
 from milp_plan.slice_bounds import (SECONDS_PER_CELL, ConfigBounds, _embedding_sync, _gather, _hop_costs,
                                     _least_price, _value, gathered_paths)
 
-# work charged (deadline.py units, about CPU seconds; fitted by least squares on the CPU of 36 config searches:
+# work charged (deadline.py units, about CPU seconds; fitted by least squares on the CPU of 36 config searches,
 # the default's pp 3, 4 and 8 configs, GPT-3 175B's pp 16 on 16 x 8 A100 and on mixed-128):
-CELL_OPS = 1.4     # per bounded cell (row x layer count) of a node, at SECONDS_PER_CELL each
-SLICE_OPS = 1.3    # per row x slice of a child's paths (`_child`, `_slice_bound`) ...
+CELL_OPS = 0.25    # per bounded cell (row x layer count) of a node, at SECONDS_PER_CELL each
+SLICE_OPS = 1.8    # per row x slice of a child's paths (`_child`, `_slice_bound`) ...
 LEAF_OPS = 1.2     # ... and per row x slice x stage of a leaf's paths (`_leaf_bound`)
-NODE_WORK = 2.5e-4   # per node beside its cells: Python's and numpy's per-call cost ...
-CHILD_WORK = 1.7e-4  # ... and per child searched
-ROOT_OPS = 0.6     # per row (`_roots`) and per row x slice (`_root`) of a last stage's bounds
+NODE_WORK = 9e-4   # per node beside its cells: Python's and numpy's per-call cost (its children's too)
+ROOT_OPS = 0.6     # per row of a last stage's bound (`_roots`) ...
+ROOT_PATH_OPS = 1.5   # ... and per row x slice x pool of its paths (`_root`)
 Leaf = Callable[[tuple[int, ...], tuple[int, ...], float], float]
 
 
@@ -255,7 +255,7 @@ class SplitSearch:
         other = (K - 2) * np.minimum((self.ph0 + self.hop_least * self.t0)[rows][:, None], ph + hop)
         t_first = (z[rows][:, None] * self._share("pre", rows, used) + self.ph_pre[rows] + other + Lk).max(axis=1)
         keep = np.maximum(got, t_first) + heavy + self.sync + opt < cut
-        self.dl.charge(Lk.size * ROOT_OPS * SECONDS_PER_CELL)
+        self.dl.charge(Lk.size * len(self.pool_list) * ROOT_PATH_OPS * SECONDS_PER_CELL)
         if not keep.any():
             return None
         rows, Lk, Wl = rows[keep], Lk[keep], Wl[keep]
@@ -364,7 +364,7 @@ class SplitSearch:
             keep = T < cut
             child = self._child(nd, o, n, used, keep, F, Mx, opt, dp0, tail, Wj)
             dl = self.dl
-            dl.charge(CHILD_WORK + child.D.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
+            dl.charge(child.D.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
             if rest:
                 keep = self._slice_bound(child, z[keep], rest) < cut    # the paths P(0, s, K-1, k)
                 if not keep.any():
