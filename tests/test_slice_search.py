@@ -987,7 +987,9 @@ def test_split_search_finds_the_enumerated_least(tmp_path_factory, make, batch, 
     slicings), against enumeration of every plan of every GPipe config of pp <= 4 that fits
     memory: with no cutoff and with cutoffs just above and just below the least plan bound it
     returns the least (or, below it, nothing under the cutoff), and every leaf's bound is at most
-    the plan's. The 8-block instance has configs of 2,000+ plans whose rooms bind."""
+    the plan's; the first run without the config's bound per row (ConfigBounds.full), the others
+    with it, as the sliced search runs it. The 8-block instance has configs of 2,000+ plans whose
+    rooms bind."""
     from milp_plan.deadline import Deadline
     from milp_plan.slice_split import SplitSearch
     inst = {"tiny": tiny, "two_speed": two_speed, "eight": eight}[make](str(tmp_path_factory.mktemp("t")), batch)
@@ -1010,6 +1012,7 @@ def test_split_search_finds_the_enumerated_least(tmp_path_factory, make, batch, 
                 return exact[opts, layers]
             got, done = SplitSearch(cb, coef).run(lambda: cutoff, leaf, Deadline(math.inf))
             assert done
+            cb.full(coef)     # the cutoffs after the first: the roots' rows start at the config's bound per row
             if least < cutoff:
                 assert got == pytest.approx(least, rel=1e-12), (coef.cfg.label(), cutoff)
             else:
