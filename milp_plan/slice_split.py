@@ -1,28 +1,39 @@
 """The exact search over one GPipe config's sliced plans (slice_plan._examine): branch and bound
 over the stage options and layer counts, every slicing row at once.
 
-The last stage's option is fixed first (it sets the tied embedding's all-reduce between the end
-stages), then stage 0, 1, ...: a node fixes stages 0..j-1 (option o_s within its pool's stages,
-n_s layers within the option's room). Its bound, per slicing row, is at least the step of every
-plan below it cut by that row (slice_bounds' module docstring: the machine paths M(s) and the
-paths P(a, s, b, k)), plus stage 0's reduction and the end pair's least all-reduce, and the
-optimizer term; the largest of
+The last stage's option and layers are fixed first (a root each, taken in increasing bound: they
+set the tied embedding's all-reduce between the end stages and the last stage's share of every
+path), then stage 0, 1, ..., K-2: a node fixes stages 0..j-1 (option o_s within its pool's
+stages, n_s layers within the option's room). Its bound, per slicing row, is at least the step
+of every plan below it cut by that row (slice_bounds' module docstring: the machine paths M(s)
+and the paths P(a, s, b, k)), plus stage 0's reduction and the end pair's least all-reduce, and
+the optimizer term; the largest of
 
+  * the config's bound of the row (ConfigBounds.full, where it has run: the roots start there);
   * M(s) of each fixed stage:  m W_s + sum_{r<s} p_{r,0} + sum_{r>s} p_{r,last} + the hops on
     the first slice above s and on the last below it, each down and back (slice_bounds._hop_costs:
     twice the forward transfer), with p_{s,k} >= n_s alpha_{o_s,k} (the option's least per-layer
     f + b over the block kinds), the embedding's on stage 0 and the head's on stage K-1 (least
     over the options), a recomputed block's forward phi under full recompute (recompute at its
-    least: time only grows with it); the stages not fixed below s: their layers at the least
-    alpha of the last slice, a phi and a least hop each, the head;
-  * M(t) of the heaviest stage not fixed: W_t >= z', the fractional bottleneck of the L' layers
-    left over the K - j stages left (sum_t z / A_{o_t} >= L', the fastest pools first within
-    their stages left, the last stage at its option), raised to the least whole-layer time
-    n A_o >= z' of an option a stage left may run; once more with the head in the last stage's
-    time (n A_last + H);
-  * the path P(0, s, K-1, k) of every slice k (`_slice_bound`: (m - 1) W of the heaviest, stage
-    0's slices before k, C_k with the layers left at the least alpha_k, one layer's slices after
-    k on the last stage);
+    least: time only grows with it); the middle stages not fixed below s: their layers at the
+    least alpha of the last slice, a phi and a least hop each; the last stage's last slice;
+  * M(K-1), the last stage's: m W_{K-1} + the stages above it on the first slice (the middle
+    ones not fixed as above, on the first slice);
+  * M(t) of the heaviest middle stage not fixed: W_t >= z', the fractional bottleneck of the L'
+    layers left over the middle stages left (sum_t z / A_{o_t} >= L', the fastest pools first
+    within their stages left), raised to the least whole-layer time n A_o >= z' of an option a
+    stage left may run;
+  * the paths P(a, s, b, k) of every slice k (`_slice_bound`, `_root`) with a fixed (D_k: down
+    the first slice to a, a's slices before k, the fixed stages' p_{s,k} from a; E_k: the same
+    with (m - 1) W_s of a fixed s at or after a) and b the last stage (its p_{K-1,k} and slices
+    after k), the middle layers left at their least sum on slice k within the pools' stages and
+    rooms (`_layer_sums`); with a fixed and b = t, the heaviest middle stage not fixed (its
+    slices k.. at least z' times the least share of a layer's time on them); with a = t and b
+    the last stage. A path that starts and ends at the heavy middle stages, not at the light
+    ends, is what the leaves of GPT-3 175B's pp 16 configs reach: with P(0, s, K-1, k) alone
+    the deepest nodes of one (16 x 8 A100, batch 8) bounded at 1.61-1.65 s, its leaves at 1.66
+    s and more, and the search ran 70,000 nodes in 120 work units without one leaf under the
+    incumbent; now it ends in 138;
   * at a leaf (every stage fixed) the plan's paths P(a, s, b, k) (slice_bounds.gathered_paths).
 
 A row whose bound reaches the incumbent leaves the node's subtree; a node with no row left is
@@ -103,7 +114,7 @@ class SplitSearch:
         self.mask = np.where(valid, 0.0, -np.inf)
         self.shares: dict = {}
         self.sorted_a: dict = {}     # _layer_sums: per set of pools
-        self.ar, self.last_slice = ar, last
+        self.last_slice = last
         self.pool_list = sorted({coef.pool_of[o] for o in usable})
         self.pool_inv = np.stack([np.max([1.0 / self.A[o] for o in usable if coef.pool_of[o] == q], axis=0)
                                   for q in self.pool_list])               # pools x rows: the fastest option's
@@ -264,10 +275,11 @@ class SplitSearch:
                      Wl, pl[keep][np.arange(len(rows)), self.last_slice[rows]])
 
     def _roots(self) -> list:
-        """(least bound, bound per row, z' per row, option, layers, pools used, optimizer term) of every last
-        stage (option, layers), sorted: per row the larger of its machine path M(K-1) (stages
-        0..K-2's first slices at the least, module docstring) and M(t) of the heaviest middle
-        stage, + the config's least tail and the optimizer term."""
+        """(least bound, bound per row, z' per row, option, layers, pools used, optimizer term) of
+        every last stage (option, layers), sorted: per row the larger of its machine path M(K-1)
+        (stages 0..K-2's first slices at the least, module docstring) and M(t) of the heaviest
+        middle stage, + the config's least tail and the optimizer term, and at least the
+        config's bound of the row."""
         n, K, L, m = len(self.cb.rows), self.K, self.L, self.m
         g = self._view(np.arange(n))
         # the config's bound per row (ConfigBounds.full, where it has run), the optimizer term added
@@ -366,7 +378,7 @@ class SplitSearch:
             dl = self.dl
             dl.charge(child.D.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
             if rest:
-                keep = self._slice_bound(child, z[keep], rest) < cut    # the paths P(0, s, K-1, k)
+                keep = self._slice_bound(child, z[keep], rest) < cut    # the paths P(a, s, b, k)
                 if not keep.any():
                     continue
                 child = child.restrict(keep)
@@ -394,8 +406,8 @@ class SplitSearch:
 
     def _child(self, nd: "_Node", o: int, n: int, used: dict, keep: np.ndarray, F, Mx, opt: float, dp0: float,
                tail: float, Wj) -> "_Node":
-        """`nd` with stage j run as option o on n layers, on the rows kept: C and stage 0's
-        prefix gain the stage's slices (and the hop above it, both ways)."""
+        """`nd` with stage j run as option o on n layers (Wj: its W per row of `nd`), on the rows
+        kept: the paths D and E gain the stage's slices (and the hop above it, both ways)."""
         j, rows = len(nd.opts), nd.rows[keep]
         p = n * self.a[o][rows] + self.ph[rows] + (self.e[rows] if j == 0 else 0.0)
         hop = self.hop[(self.coef.pool_of[nd.opts[-1]], self.coef.pool_of[o])] if j else 0.0
@@ -423,8 +435,9 @@ class SplitSearch:
         middle stages not fixed holding `left` layers: pool q's share n_q at most min(its stages
         left, rest) rooms and at least one layer per stage it must take (rest beyond the other
         pools' stages left), the rest at the least alpha_k first (a relaxation of the placements:
-        a valid bound; on mixed-128's pp 16 config of GPT-3 175B at batch 8 it drops 93% of the
-        slicing rows a root keeps, where the least alpha drops none)."""
+        a valid bound; on mixed-128's pp 16 config of GPT-3 175B at batch 8 the first root keeps
+        1,597 of the 14,153 rows the config's bound leaves it, and its children one or two on
+        average, against 13,635 with every layer at the least alpha)."""
         pools = tuple(q for q in self.pool_list if self.caps[q] - used.get(q, 0) > 0)
         got = self.sorted_a.get(pools)
         if got is None:   # the pools' alphas, sorted per row and slice, and their order
@@ -450,9 +463,9 @@ class SplitSearch:
 
           * a fixed, b = K - 1: D_k (down slice 0 to a, a's slices before k, the fixed stages' p_{s,k}
             from a and their hops) + (m - 1) W_s, s after j (z' + Phi, or the last stage's), or E_k
-            (the same with s fixed, at or after a), + the layers left at the least alpha_k, one phi
-            and a least hop per middle stage not fixed + the last stage's p_{K-1,k}, its slices
-            after k and a least hop into it;
+            (the same with s fixed, at or after a), + the layers left at their least sum
+            (`_layer_sums`), one phi and a least hop per middle stage not fixed + the last stage's
+            p_{K-1,k}, its slices after k and a least hop into it;
           * a fixed, b = t, the heaviest middle stage not fixed (n_t A_t >= z'): D_k + (m - 1)
             (z' + Phi), or E_k, + t's slices k.. (at least z' times the least share of a layer's
             time on them, and their phis) + the other middle stages not fixed (a phi and a least
@@ -464,8 +477,8 @@ class SplitSearch:
         zs, Wt = z[:, None], z + self.Phi[rows]
         # s fixed (E), or s after stage j (D and the heaviest such W)
         later = (m - 1) * np.maximum(nd.Wl, Wt)
-        got = (np.maximum(nd.E, nd.D + later[:, None]) + self._layer_sums(rows, left, rest, nd.used) + rest * self.Q[rows]
-               + nd.Lk).max(axis=1)
+        got = (np.maximum(nd.E, nd.D + later[:, None]) + self._layer_sums(rows, left, rest, nd.used)
+               + rest * self.Q[rows] + nd.Lk).max(axis=1)
         t_last = (np.maximum(nd.E, nd.D + (m - 1) * Wt[:, None]) + zs * self._share("suf", rows, nd.used)
                   + self.t_last[rows] + (rest - 1) * self.Q_below[rows]).max(axis=1)
         got = np.maximum(got, t_last + nd.Pl1 + self.hop_least * self.t1[rows])
@@ -523,5 +536,5 @@ class _Node:
 
     def restrict(self, keep: np.ndarray) -> "_Node":
         return _Node(self.opts, self.layers, self.used, self.rows[keep], self.F[keep], self.Mx[keep], self.opt,
-                     self.dp0, self.tail, self.D[keep], self.E[keep], self.Lk[keep], self.W[keep], self.last, self.nlast,
-                     self.Wl[keep], self.Pl1[keep])
+                     self.dp0, self.tail, self.D[keep], self.E[keep], self.Lk[keep], self.W[keep], self.last,
+                     self.nlast, self.Wl[keep], self.Pl1[keep])
