@@ -795,16 +795,17 @@ class ConfigBounds:
             T = np.minimum(T, bound(rows, ls, ys[j]))
         return T
 
-    def _time_cutoff(self, coef, cutoff: float) -> float:
+    def _time_cutoff(self, coef, cutoff: float, price: float | None = None) -> float:
         """The step (seconds) at and above which an objective of at least `cutoff` follows, or no
         plan meets --time-limit (`_value`: a step over it by more than 1e-6 of it; here 2e-6, so
-        that no admissible step is cut)."""
+        that no admissible step is cut). min-cost: at a $/h of at least `price` (default: the
+        config's least, `_least_price`)."""
         limit = math.inf if self.limits.time_limit_s is None else self.limits.time_limit_s * (1 + 2e-6)
         if cutoff == math.inf:
             return limit
         if self.limits.objective != "min-cost":
             return min(cutoff, limit)
-        price = _least_price(coef, coef.cfg.pp)
+        price = _least_price(coef, coef.cfg.pp) if price is None else price
         return min(cutoff * SECONDS_PER_HOUR / price if price > 0 else math.inf, limit)
 
 

@@ -58,7 +58,7 @@ import numpy as np
 from milp_plan.deadline import Deadline
 from milp_plan.solvers.driver import REL_EPS
 from milp_plan.slice_bounds import (SECONDS_PER_CELL, ConfigBounds, _embedding_sync, _gather, _hop_costs,
-                                    _least_price, _value, gathered_paths)
+                                    _value, gathered_paths)
 
 # work charged (deadline.py units, about CPU seconds; fitted by least squares on the CPU of 36 config searches,
 # the default's pp 3, 4 and 8 configs, GPT-3 175B's pp 16 on 16 x 8 A100 and on mixed-128):
@@ -80,6 +80,7 @@ class SplitSearch:
         inst = cb.inst
         self.K, self.L = coef.cfg.pp, inst.model.num_layers
         self.mid = max(self.K - 1, 1)    # the stages fixed one by one after the last (K = 1: the one stage)
+        self.min_cost = cb.limits.objective == "min-cost"
         self.m = coef.cfg.num_microbatches(inst.job.global_batch_size)
         self.nodes = self.leaves = 0
         self.best = math.inf          # the least leaf bound so far
@@ -137,7 +138,9 @@ class SplitSearch:
         self.Q_below = np.minimum(self.Q, (self.ph1 + self.hop_least * self.t1)[:, None])
         self.Q_above = np.minimum(self.Q, (self.ph0 + self.hop_least * self.t0)[:, None])
         self.sync = _embedding_sync(coef, cb.limits)
-        self.price = _least_price(coef, self.K)
+        # $/h at least: per stage option, and per pool its cheapest option's (min-cost's cut, `_cut`)
+        self.stage_price = {o: coef.stage_usd_per_hour(coef.options[o].k, coef.options[o].group) for o in usable}
+        self.pool_price = {q: min(self.stage_price[o] for o in usable if coef.pool_of[o] == q) for q in self.pool_list}
         self.dp0 = {o: [max(0.0, coef.dp_time(o, 0)[0](n)) for n in range(self.L + 1)] for o in usable}
         self.syncs: dict = {}
         self.opts = {(o, s): [coef.opt_time(o, s)(n) for n in range(self.L + 1)]
@@ -172,8 +175,20 @@ class SplitSearch:
     def _opt(self, o: int, s: int, n: int) -> float:
         return self.opts[(o, s if s in (0, self.K - 1) else max(self.K - 2, 0))][n]
 
-    def _time_cut(self, cutoff: float) -> float:
-        return self.cb._time_cutoff(self.coef, cutoff)
+    def _cut(self, cutoff: float, price: float) -> float:
+        """The step (seconds) every row kept stays under: no plan at or above it beats the
+        incumbent's objective `cutoff` (min-cost: at a $/h of at least `price`) or meets
+        --time-limit (ConfigBounds._time_cutoff), less REL_EPS."""
+        return self.cb._time_cutoff(self.coef, cutoff, price) * (1 - REL_EPS)
+
+    def _rest_price(self, stages: int, used: dict[int, int]) -> float:
+        """At least the $/h of `stages` middle stages within the pools' stages left (the cheapest
+        pools first)."""
+        total = 0.0
+        for price, q in sorted((self.pool_price[q], q) for q in self.pool_list):
+            k = min(self.caps[q] - used.get(q, 0), stages)
+            total, stages = total + k * price, stages - k
+        return total
 
     def _rest_speed(self, g: dict, stages: int, used: dict[int, int]) -> np.ndarray:
         """Per row (of the view `g`), the most sum_t 1 / A_{o_t} over the `stages` middle stages
@@ -233,15 +248,15 @@ class SplitSearch:
         if self.K == 1:
             z, no = np.zeros(n), np.full(self.valid.shape, -np.inf)
             root = _Node((), (), {}, np.arange(n), z, np.full(n, -np.inf), self.opt_least, 0.0, 0.0, no, no, no,
-                         z, None, 0, z, z)
+                         z, None, 0, z, z, 0.0)
             yield from self._expand(root, cutoff, leaf)
             return
         # the last stage's option and layers first (they fix the tied embedding's all-reduce and
         # the last stage's share of every path), the least bound first; then stage 0, 1, ...
-        for low, T, z, o, nl, used, opt in self._roots():
-            cut = self._time_cut(cutoff()) * (1 - REL_EPS)
+        for _, low, T, z, o, nl, used, opt in self._roots():
+            cut = self._cut(cutoff(), self.stage_price[o] + self._rest_price(self.K - 1, used))
             if low >= cut:
-                break
+                continue
             root = self._root(np.flatnonzero(T < cut), z, o, nl, used, opt, cut)
             if root is not None:
                 yield from self._expand(root, cutoff, leaf)
@@ -272,11 +287,11 @@ class SplitSearch:
         rows, Lk, Wl = rows[keep], Lk[keep], Wl[keep]
         zero, no = np.zeros(len(rows)), np.full(Lk.shape, -np.inf)
         return _Node((), (), used, rows, zero, np.full(len(rows), -np.inf), opt, 0.0, 0.0, no, no, Lk, zero, o, nl,
-                     Wl, pl[keep][np.arange(len(rows)), self.last_slice[rows]])
+                     Wl, pl[keep][np.arange(len(rows)), self.last_slice[rows]], self.stage_price[o])
 
     def _roots(self) -> list:
-        """(least bound, bound per row, z' per row, option, layers, pools used, optimizer term) of
-        every last stage (option, layers), sorted: per row the larger of its machine path M(K-1)
+        """(sort key, least bound, bound per row, z' per row, option, layers, pools used, optimizer
+        term) of every last stage (option, layers), sorted by the objective's least bound: per row the larger of its machine path M(K-1)
         (stages 0..K-2's first slices at the least, module docstring) and M(t) of the heaviest
         middle stage, + the config's least tail and the optimizer term, and at least the
         config's bound of the row."""
@@ -305,8 +320,11 @@ class SplitSearch:
                                m * (z + self.Phi) + (K - 2) * g["q"] + Pl1 + (K - 1) * g["ends"]) + self.sync + opt
                 T = np.maximum(T, floor)
                 self.dl.charge(T.size * ROOT_OPS * SECONDS_PER_CELL)
-                out.append((float(T.min()), T, z, o, nl, used, opt))
-        out.sort(key=lambda r: (r[0], r[3], r[4]))
+                low = float(T.min())
+                # min-cost: in the order of the objective's bound (the step's times the least $/h)
+                key = low * (self.stage_price[o] + self._rest_price(K - 1, used)) if self.min_cost else low
+                out.append((key, low, T, z, o, nl, used, opt))
+        out.sort(key=lambda r: (r[0], r[4], r[5]))
         return out
 
     def _expand(self, nd: "_Node", cutoff, leaf: Leaf):
@@ -365,14 +383,16 @@ class SplitSearch:
             opt = np.array([max(nd.opt, self._opt(o, j, n)) for n in ns])
             T = T + (tail + opt)[:, None]
             dl.charge(T.size * CELL_OPS * SECONDS_PER_CELL)
+            price = nd.price + self.stage_price[o] + self._rest_price(rest, used)   # $/h at least below
             for i, n in enumerate(ns.tolist()):
-                kids.append((float(T[i].min()), o, n, used, T[i], F_next[i], Mx[i], float(opt[i]), float(dp0[i]),
-                             float(tail[i]), W[i], z[i]))
+                low = float(T[i].min())
+                kids.append((low * price if self.min_cost else low, low, price, o, n, used, T[i], F_next[i], Mx[i],
+                             float(opt[i]), float(dp0[i]), float(tail[i]), W[i], z[i]))
         kids.sort(key=lambda k: k[0])
-        for low, o, n, used, T, F, Mx, opt, dp0, tail, Wj, z in kids:
-            cut = self._time_cut(cutoff()) * (1 - REL_EPS)
+        for _, low, price, o, n, used, T, F, Mx, opt, dp0, tail, Wj, z in kids:
+            cut = self._cut(cutoff(), price)
             if low >= cut:
-                break
+                continue
             keep = T < cut
             child = self._child(nd, o, n, used, keep, F, Mx, opt, dp0, tail, Wj)
             dl = self.dl
@@ -387,7 +407,7 @@ class SplitSearch:
             got = self._leaf_bound(child, T[keep])      # every stage fixed: the paths P(a, s, b, k) too
             if got < cut:
                 self.leaves += 1
-                self.best = min(self.best, leaf(*child.plan(), _value(got, self.price, self.cb.limits)))
+                self.best = min(self.best, leaf(*child.plan(), _value(got, child.price, self.cb.limits)))
             while self.dl.expired():
                 yield
 
@@ -418,7 +438,8 @@ class SplitSearch:
         Wj = Wj[keep]
         E = np.maximum(nd.E[keep] + hop * self.tok[rows] + p, (self.m - 1) * Wj[:, None] + D)
         return _Node((*nd.opts, o), (*nd.layers, n), used, rows, F[keep], Mx[keep], opt, dp0, tail, D, E,
-                     nd.Lk[keep], np.maximum(nd.W[keep], Wj), nd.last, nd.nlast, nd.Wl[keep], nd.Pl1[keep])
+                     nd.Lk[keep], np.maximum(nd.W[keep], Wj), nd.last, nd.nlast, nd.Wl[keep], nd.Pl1[keep],
+                     nd.price + self.stage_price[o])
 
     def _share(self, name: str, rows: np.ndarray, used: dict[int, int]) -> np.ndarray:
         """Per row (of `rows`) and slice: the least of self.suf or self.pre (`name`) over the
@@ -527,6 +548,7 @@ class _Node:
     nlast: int                   # ... its layers (0 at pp 1)
     Wl: np.ndarray               # per row: the last stage's W
     Pl1: np.ndarray              # per row: the last stage's p on the row's last slice (its head's too)
+    price: float                 # the $/h of the stages fixed at least (Coefficients.stage_usd_per_hour)
 
     def plan(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(options, layers) of the stages fixed, in stage order (the last stage's last)."""
@@ -537,4 +559,4 @@ class _Node:
     def restrict(self, keep: np.ndarray) -> "_Node":
         return _Node(self.opts, self.layers, self.used, self.rows[keep], self.F[keep], self.Mx[keep], self.opt,
                      self.dp0, self.tail, self.D[keep], self.E[keep], self.Lk[keep], self.W[keep], self.last,
-                     self.nlast, self.Wl[keep], self.Pl1[keep])
+                     self.nlast, self.Wl[keep], self.Pl1[keep], self.price)
