@@ -36,9 +36,10 @@ the optimizer term; the largest of
     incumbent; now it ends in 138;
   * at a leaf (every stage fixed) the plan's paths P(a, s, b, k) (slice_bounds.gathered_paths).
 
-A row whose bound reaches the incumbent leaves the node's subtree; a node with no row left is
-pruned. Each option's layer counts at a node are bounded in one numpy pass, the children taken
-in increasing bound. A leaf with rows left is handed to the caller (`leaf(options, layers,
+A row whose bound reaches the incumbent leaves the node's subtree (min-cost: its step priced at
+the $/h of the node's fixed stages and the least of those left, `_cut`); a node with no row left
+is pruned. Each option's layer counts at a node are bounded in one numpy pass, the children taken
+in increasing bound (min-cost: of their $/step). A leaf with rows left is handed to the caller (`leaf(options, layers,
 bound)`), which bounds the plan exactly over every slicing, slices it and returns its bound; the
 config's bound is the least leaf bound (inf where every leaf was pruned). `run` stops where its
 deadline expires and a later call goes on from there (the search is a generator).
