@@ -535,9 +535,11 @@ class ConfigBounds:
         if not full:
             got = self.sums.get(key)
             if got is None:
-                alpha, _, _, phi, _ = self._arcs_of(key, coef)
+                alpha, _, _, phi, per = self._arcs_of(key, coef)
                 got = self.sums[key] = dict(A=_gather(alpha, self.rows).sum(axis=1),
                                             Phi=_gather(phi, self.rows).sum(axis=1))
+                if self.limits.objective == "min-cost":   # `_cost_work`'s: each option's A
+                    got["per"] = {o: _gather(v, self.rows).sum(axis=1) for o, v in per.items()}
             return got
         got = self.memo.get(key)
         if got is not None:
@@ -645,11 +647,28 @@ class ConfigBounds:
         return got
 
     def cheap(self, coef) -> float | None:
-        """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term."""
+        """T >= m (ceil(L / K) A + Phi) + stage 0's reduction at one layer + the optimizer term;
+        under min-cost at least `_cost_work` too."""
         K, L = coef.cfg.pp, self.inst.model.num_layers
         m = coef.cfg.num_microbatches(self.inst.job.global_batch_size)
         t = self._terms(coef, full=False)
-        return self._finish(coef, m * (-(-L // K) * t["A"] + t["Phi"]) + self._dp(coef, 1 if K > 1 else L), K)
+        got = self._finish(coef, m * (-(-L // K) * t["A"] + t["Phi"]) + self._dp(coef, 1 if K > 1 else L), K)
+        if got is None or self.limits.objective != "min-cost":
+            return got
+        return max(got, self._cost_work(coef, m, t))
+
+    def _cost_work(self, coef, m: int, t: dict) -> float:
+        """min-cost: at least the $/step of every sliced plan of the config from its stages' work.
+        Each stage s runs m W_s within the step (its machine path M(s)) and rents at least
+        Coefficients.stage_usd_per_hour, so T sum_s $/h_s >= m sum_s $/h_s (n_s A_{o_s} + Phi) >=
+        m (L min_o $/h_o A_o + K min_o $/h_o Phi): every layer on the option of least $/h x
+        time (the rooms and the pools' stage counts relaxed), on the least slicing row. The
+        config bound prices the least step at the cheapest stages instead, far under plans whose
+        cheap stages are slow."""
+        K, L = coef.cfg.pp, self.inst.model.num_layers
+        prices = {(o.k, o.tp, o.mbs, o.group): coef.stage_usd_per_hour(o.k, o.group) for o in coef.options}
+        layer = np.min([p * t["per"][k[:3]] for k, p in prices.items()], axis=0)
+        return float((m * (L * layer + K * min(prices.values()) * t["Phi"])).min()) / SECONDS_PER_HOUR
 
     def full(self, coef, cutoff: float = math.inf) -> float | None:
         """The config's bound (module docstring): at least `cheap` and the work bound
