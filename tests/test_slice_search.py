@@ -1256,3 +1256,38 @@ def test_split_search_of_a_deep_homogeneous_config_ends():
     got, done = search.run(lambda: 1.7, leaf, Deadline(math.inf, work=10))
     assert done and search.nodes <= 2000, search.nodes
     assert min(leaves)[1] == (6,) * 16 and got == min(leaves)[0] < 1.7
+
+
+def test_priced_work_bound_under_min_cost():
+    """ConfigBounds._cost_work (min-cost: every stage's m W_s priced at its $/h, every layer on
+    the option of least $/h x time) on the shipped default's GPT-3 2.7B at batch 80, every
+    one-stage GPipe config: at most the $/step of each of its plans cut into 2 and 16 equal
+    slices, and, where tensor parallelism fills each 8-GPU node (the default bills whole nodes,
+    the bound the stage's GPUs alone; and the data-parallel all-reduce is small), at least 85%
+    of the least of them (one stage's step is its m W plus the reduction and the optimizer:
+    0.88-0.97 measured; 0.70-0.76 at dp 8-16, 0.16 for 2 GPUs of an 8-GPU node); the config's
+    cheap bound is at least it."""
+    from milp_plan.deadline import Deadline
+    from milp_plan.instance import InstanceSpec, build_instance
+    from milp_plan.slice_plan import _fitting_plan
+    inst = build_instance(InstanceSpec(cluster="default", model="gpt3-2.7b", global_batch_size=80))
+    limits = Limits("min-cost")
+    prepared = driver.prepare(inst, parse_fix("schedule=gpipe,pp=1"), "megatron", Deadline(math.inf))
+    cb = sb.ConfigBounds(inst, limits, range(2, units_for(inst.job.seq_length) + 1))
+    seq, checked = inst.job.seq_length, 0
+    for i, cfg in enumerate(prepared.configs):
+        coef = prepared.coef(i)
+        work = cb._cost_work(coef, cfg.num_microbatches(80), cb._terms(coef, full=False))
+        values = []
+        for o in range(len(coef.options)):
+            plan = _fitting_plan(inst, coef, (o,), (inst.model.num_layers,))
+            for n in (2, 16) if plan is not None else ():
+                p = plan.with_(slices=(seq // n,) * n)
+                values.append(objective_of(p.with_(predicted=predict.evaluate(inst, p)), limits))
+        if values:
+            assert work <= min(values) * (1 + 1e-9), cfg.label()
+            if all(o.tp == 8 for o in coef.options):
+                assert work >= 0.85 * min(values), cfg.label()
+                checked += 1
+            assert cb.cheap(coef) >= work
+    assert checked >= 20, checked
