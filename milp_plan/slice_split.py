@@ -66,7 +66,8 @@ from milp_plan.slice_bounds import (SECONDS_PER_CELL, ConfigBounds, _embedding_s
 CELL_OPS = 0.25    # per bounded cell (row x layer count) of a node, at SECONDS_PER_CELL each
 SLICE_OPS = 1.8    # per row x slice of a child's paths (`_child`, `_slice_bound`) ...
 LEAF_OPS = 1.2     # ... and per row x slice x stage of a leaf's paths (`_leaf_bound`)
-NODE_WORK = 9e-4   # per node beside its cells: Python's and numpy's per-call cost (its children's too)
+NODE_WORK = 9e-4   # per node beside its cells: Python's and numpy's per-call cost ...
+CHILD_WORK = 1.7e-4  # ... and per child bounded (GPT-3 175B's pp 16 on mixed-128: 25 a node, most cut)
 ROOT_OPS = 0.6     # per row of a last stage's bound (`_roots`) ...
 ROOT_PATH_OPS = 1.5   # ... and per row x slice x pool of its paths (`_root`)
 Leaf = Callable[[tuple[int, ...], tuple[int, ...], float], float]
@@ -116,7 +117,8 @@ class SplitSearch:
         self.mask = np.where(valid, 0.0, -np.inf)
         self.shares: dict = {}
         self.sorted_a: dict = {}     # _layer_sums: per set of pools
-        self.last_slice = last
+        self.others: dict = {}       # _others: per set of pools
+        self.ar, self.last_slice = ar, last
         self.pool_list = sorted({coef.pool_of[o] for o in usable})
         self.pool_inv = np.stack([np.max([1.0 / self.A[o] for o in usable if coef.pool_of[o] == q], axis=0)
                                   for q in self.pool_list])               # pools x rows: the fastest option's
@@ -397,7 +399,7 @@ class SplitSearch:
             keep = T < cut
             child = self._child(nd, o, n, used, keep, F, Mx, opt, dp0, tail, Wj)
             dl = self.dl
-            dl.charge(child.D.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
+            dl.charge(CHILD_WORK + child.D.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
             if rest:
                 keep = self._slice_bound(child, z[keep], rest) < cut    # the paths P(a, s, b, k)
                 if not keep.any():
@@ -478,6 +480,19 @@ class SplitSearch:
         take = np.clip(left - lo.sum() - start, 0, cap) + lo[idx]
         return (take * al_s).sum(axis=0)
 
+    def _others(self, rows: np.ndarray, left: int, used: dict[int, int]) -> tuple[int, np.ndarray, np.ndarray]:
+        """(the layers the middle stages not fixed hold beside the heaviest, t: at least `left`
+        less the largest room of a pool with a stage left; per row and slice k the least alpha of
+        those pools on slice k or the last, and on slice k or the first): _slice_bound's paths
+        through t pass them on one of those slices."""
+        pools = tuple(q for q in self.pool_list if self.caps[q] - used.get(q, 0) > 0)
+        got = self.others.get(pools)
+        if got is None:
+            al = np.min([self.pool_a[q] for q in pools], axis=0)
+            got = self.others[pools] = (np.minimum(al, al[self.ar, self.last_slice][:, None]),
+                                        np.minimum(al, al[:, :1]), max(self.pool_room[q] for q in pools))
+        return max(0, left - got[2]), got[0][rows], got[1][rows]
+
     def _slice_bound(self, nd: "_Node", z: np.ndarray, rest: int) -> np.ndarray:
         """Per row of `nd` (the last stage and stages 0..j fixed, `rest` >= 1 middle stages not):
         at least the paths P(a, s, b, k) of every plan below it, max over k, + stage 0's tail and
@@ -501,11 +516,12 @@ class SplitSearch:
         later = (m - 1) * np.maximum(nd.Wl, Wt)
         got = (np.maximum(nd.E, nd.D + later[:, None]) + self._layer_sums(rows, left, rest, nd.used)
                + rest * self.Q[rows] + nd.Lk).max(axis=1)
+        others, below, above = self._others(rows, left, nd.used)
         t_last = (np.maximum(nd.E, nd.D + (m - 1) * Wt[:, None]) + zs * self._share("suf", rows, nd.used)
-                  + self.t_last[rows] + (rest - 1) * self.Q_below[rows]).max(axis=1)
+                  + self.t_last[rows] + (rest - 1) * self.Q_below[rows] + others * below).max(axis=1)
         got = np.maximum(got, t_last + nd.Pl1 + self.hop_least * self.t1[rows])
         t_first = (zs * self._share("pre", rows, nd.used) + self.ph_pre[rows] + (rest - 1) * self.Q_above[rows]
-                   + nd.Lk).max(axis=1)
+                   + others * above + nd.Lk).max(axis=1)
         got = np.maximum(got, nd.F + self.hop_least * self.t0[rows] + t_first + (m - 1) * np.maximum(Wt, nd.Wl))
         return got + nd.tail + nd.opt
 
