@@ -29,11 +29,12 @@ the optimizer term; the largest of
     after k), the middle layers left at their least sum on slice k within the pools' stages and
     rooms (`_layer_sums`); with a fixed and b = t, the heaviest middle stage not fixed (its
     slices k.. at least z' times the least share of a layer's time on them); with a = t and b
-    the last stage. A path that starts and ends at the heavy middle stages, not at the light
-    ends, is what the leaves of GPT-3 175B's pp 16 configs reach: with P(0, s, K-1, k) alone
-    the deepest nodes of one (16 x 8 A100, batch 8) bounded at 1.61-1.65 s, its leaves at 1.66
-    s and more, and the search ran 70,000 nodes in 120 work units without one leaf under the
-    incumbent; now it ends in 138;
+    the last stage (on both paths through t, the other middle stages' layers: at least the
+    layers left less the largest room, `_others`). A path that starts and ends at the heavy
+    middle stages, not at the light ends, is what the leaves of GPT-3 175B's pp 16 configs
+    reach: with P(0, s, K-1, k) alone the deepest nodes of one (16 x 8 A100, batch 8) bounded
+    at 1.61-1.65 s, its leaves at 1.66 s and more, and the search ran 70,000 nodes in 120 work
+    units without one leaf under the incumbent; now it ends in 138;
   * at a leaf (every stage fixed) the plan's paths P(a, s, b, k) (slice_bounds.gathered_paths).
 
 A row whose bound reaches the incumbent leaves the node's subtree (min-cost: its step priced at
@@ -294,10 +295,10 @@ class SplitSearch:
 
     def _roots(self) -> list:
         """(sort key, least bound, bound per row, z' per row, option, layers, pools used, optimizer
-        term) of every last stage (option, layers), sorted by the objective's least bound: per row the larger of its machine path M(K-1)
-        (stages 0..K-2's first slices at the least, module docstring) and M(t) of the heaviest
-        middle stage, + the config's least tail and the optimizer term, and at least the
-        config's bound of the row."""
+        term) of every last stage (option, layers), sorted by the objective's least bound: per
+        row the larger of its machine path M(K-1) (stages 0..K-2's first slices at the least,
+        module docstring) and M(t) of the heaviest middle stage, + the config's least tail and
+        the optimizer term, and at least the config's bound of the row."""
         n, K, L, m = len(self.cb.rows), self.K, self.L, self.m
         g = self._view(np.arange(n))
         # the config's bound per row (ConfigBounds.full, where it has run), the optimizer term added
@@ -506,9 +507,11 @@ class SplitSearch:
           * a fixed, b = t, the heaviest middle stage not fixed (n_t A_t >= z'): D_k + (m - 1)
             (z' + Phi), or E_k, + t's slices k.. (at least z' times the least share of a layer's
             time on them, and their phis) + the other middle stages not fixed (a phi and a least
-            hop each, on slice k or the last) + the last stage's last slice, the hops;
+            hop each, and their layers, `_others`, on slice k or the last) + the last stage's last
+            slice, the hops;
           * a = t, b = K - 1: (m - 1) max(z' + Phi, W_{K-1}) + the fixed stages' first slices and
-            hops (F) + t's slices ..k + the others (on slice 0 or k) + the last stage's part.
+            hops (F) + t's slices ..k + the others (on slice 0 or k, `_others`) + the last stage's
+            part.
         """
         rows, left, m = nd.rows, self.L - sum(nd.layers) - nd.nlast, self.m
         zs, Wt = z[:, None], z + self.Phi[rows]
