@@ -34,7 +34,7 @@ the optimizer term; the largest of
     middle stages, not at the light ends, is what the leaves of GPT-3 175B's pp 16 configs
     reach: with P(0, s, K-1, k) alone the deepest nodes of one (16 x 8 A100, batch 8) bounded
     at 1.61-1.65 s, its leaves at 1.66 s and more, and the search ran 70,000 nodes in 120 work
-    units without one leaf under the incumbent; now it ends in 138;
+    units without one leaf under the incumbent; now it ends in 62;
   * at a leaf (every stage fixed) the plan's paths P(a, s, b, k) (slice_bounds.gathered_paths).
 
 A row whose bound reaches the incumbent leaves the node's subtree (min-cost: its step priced at

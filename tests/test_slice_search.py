@@ -1231,7 +1231,7 @@ def test_a_time_limit_cuts_the_sliced_search_and_keeps_it_exact(tiny_sliced, sha
 def test_split_search_of_a_deep_homogeneous_config_ends():
     """GPT-3 175B on 16 x 8 A100 at batch 8 (TeraPipe's regime), the GPipe config pp 16, tp 4,
     dp 2, one sequence a micro-batch (m = 4), no recompute, under a cutoff of 1.7 s: the search
-    ends within 2,000 nodes (1,041 today), and its least leaf is the balanced split, 6 layers a
+    ends within 2,000 nodes (611 today), and its least leaf is the balanced split, 6 layers a
     stage. Before its nodes were bounded by the paths from any fixed stage and through the
     heaviest stage not fixed, with the last stage's layers fixed first (slice_split's module
     docstring), the same search ran 23,339 nodes in the same 10 units without ending (and, under
