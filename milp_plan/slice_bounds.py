@@ -487,7 +487,7 @@ def _placement(A: dict[int, float], rooms: dict[int, int], caps: dict[int, int],
 
 def _least_price(coef, K: int) -> float:
     """At least the $/h of any plan of the config: K stages at its cheapest stage price."""
-    return min(coef.types[o.k].usd_per_gpu_hour * o.group for o in coef.options) * K
+    return min(coef.stage_usd_per_hour(o.k, o.group) for o in coef.options) * K
 
 
 class ConfigBounds:
@@ -1372,8 +1372,7 @@ def slice_paths(a: np.ndarray, b: np.ndarray, L: int, n: int, t0: dict, t1: dict
         sum_{i<=k} p_{0,i} + sum_{0<r<K-1} p_{r,k} + sum_{i>=k} p_{K-1,i} + 2 sum_h hop_{h,k},
     stage 0 holding a layers and the embedding (option tables t0: per-layer T, embedding Te,
     prefix sums pre, pre_e, T's arcs `slice_arcs`), stage K-1 b layers and the head (t1: T, Th,
-    suffix sums suf, suf_h),
-    the L - a - b middle layers each at least `mid` (the least per-layer f + b of a middle option
+    suffix sums suf, suf_h), the L - a - b middle layers each at least `mid` (the least per-layer f + b of a middle option
     per slice; None: no middle stage; or `sums`, each row's least middle sum per arc), every hop
     down and back `hop` per unit of the slice. The
     slices before k on stage 0 take at least the least sum of k slices covering their units, and

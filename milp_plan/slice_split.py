@@ -144,7 +144,8 @@ class SplitSearch:
         self.sync = _embedding_sync(coef, cb.limits)
         # $/h at least: per stage option, and per pool its cheapest option's (min-cost's cut, `_cut`)
         self.stage_price = {o: coef.stage_usd_per_hour(coef.options[o].k, coef.options[o].group) for o in usable}
-        self.pool_price = {q: min(self.stage_price[o] for o in usable if coef.pool_of[o] == q) for q in self.pool_list}
+        self.by_price = sorted((min(self.stage_price[o] for o in usable if coef.pool_of[o] == q), q)
+                               for q in self.pool_list)            # (its cheapest option's $/h, pool)
         self.dp0 = {o: [max(0.0, coef.dp_time(o, 0)[0](n)) for n in range(self.L + 1)] for o in usable}
         self.syncs: dict = {}
         self.opts = {(o, s): [coef.opt_time(o, s)(n) for n in range(self.L + 1)]
@@ -171,8 +172,8 @@ class SplitSearch:
         key = (o0, last, tuple(sorted(used.items())))
         got = self.syncs.get(key)
         if got is None:
-            ends = [last] if last is not None else [o for o in self.usable
-                                                    if used.get(self.coef.pool_of[o], 0) < self.caps[self.coef.pool_of[o]]]
+            pools = self._pools_left(used)
+            ends = [last] if last is not None else [o for o in self.usable if self.coef.pool_of[o] in pools]
             got = self.syncs[key] = min((self._pair_sync(o0, o1) for o1 in ends), default=self.sync)
         return got
 
@@ -189,7 +190,7 @@ class SplitSearch:
         """At least the $/h of `stages` middle stages within the pools' stages left (the cheapest
         pools first)."""
         total = 0.0
-        for price, q in sorted((self.pool_price[q], q) for q in self.pool_list):
+        for price, q in self.by_price:
             k = min(self.caps[q] - used.get(q, 0), stages)
             total, stages = total + k * price, stages - k
         return total
@@ -257,8 +258,8 @@ class SplitSearch:
             return
         # the last stage's option and layers first (they fix the tied embedding's all-reduce and
         # the last stage's share of every path), the least bound first; then stage 0, 1, ...
-        for _, low, T, z, o, nl, used, opt in self._roots():
-            cut = self._cut(cutoff(), self.stage_price[o] + self._rest_price(self.K - 1, used))
+        for _, low, T, z, o, nl, used, opt, price in self._roots():
+            cut = self._cut(cutoff(), price)
             if low >= cut:
                 continue
             root = self._root(np.flatnonzero(T < cut), z, o, nl, used, opt, cut)
@@ -278,12 +279,12 @@ class SplitSearch:
         Wl = nl * self.A[o][rows] + self.Phi[rows] + self.H[rows]
         Wt = z[rows] + self.Phi[rows]
         heavy = (m - 1) * np.maximum(Wl, Wt)
-        ph, hop = self.ph[rows], self.hop_least * self.tok[rows]
         # the middle stages: a phi each, a least hop into each but stage 0
-        got = (Lk + self._layer_sums(rows, left, K - 1, used) + (K - 1) * ph + (K - 2) * hop).max(axis=1)
+        got = (Lk + self._layer_sums(rows, left, K - 1, used) + (K - 1) * self.ph[rows]
+               + (K - 2) * self.hop_least * self.tok[rows]).max(axis=1)
         # from t's slices ..k, the others on slice 0 or k
-        other = (K - 2) * np.minimum((self.ph0 + self.hop_least * self.t0)[rows][:, None], ph + hop)
-        t_first = (z[rows][:, None] * self._share("pre", rows, used) + self.ph_pre[rows] + other + Lk).max(axis=1)
+        t_first = (z[rows][:, None] * self._share("pre", rows, used) + self.ph_pre[rows]
+                   + (K - 2) * self.Q_above[rows] + Lk).max(axis=1)
         keep = np.maximum(got, t_first) + heavy + self.sync + opt < cut
         self.dl.charge(Lk.size * len(self.pool_list) * ROOT_PATH_OPS * SECONDS_PER_CELL)
         if not keep.any():
@@ -295,10 +296,10 @@ class SplitSearch:
 
     def _roots(self) -> list:
         """(sort key, least bound, bound per row, z' per row, option, layers, pools used, optimizer
-        term) of every last stage (option, layers), sorted by the objective's least bound: per
-        row the larger of its machine path M(K-1) (stages 0..K-2's first slices at the least,
-        module docstring) and M(t) of the heaviest middle stage, + the config's least tail and
-        the optimizer term, and at least the config's bound of the row."""
+        term, least $/h below) of every last stage (option, layers), sorted by the objective's
+        least bound: per row the larger of its machine path M(K-1) (stages 0..K-2's first slices
+        at the least, module docstring) and M(t) of the heaviest middle stage, + the config's
+        least tail and the optimizer term, and at least the config's bound of the row."""
         n, K, L, m = len(self.cb.rows), self.K, self.L, self.m
         g = self._view(np.arange(n))
         # the config's bound per row (ConfigBounds.full, where it has run), the optimizer term added
@@ -314,6 +315,7 @@ class SplitSearch:
             if room < 0:
                 continue
             speed = self._rest_speed(g, K - 1, used)
+            price = self.stage_price[o] + self._rest_price(K - 1, used)
             for nl in range(max(1, L - room), min(self.rooms[o], L - (K - 1)) + 1):
                 left = L - nl
                 Wl = nl * self.A[o] + self.Phi + self.H
@@ -326,8 +328,7 @@ class SplitSearch:
                 self.dl.charge(T.size * ROOT_OPS * SECONDS_PER_CELL)
                 low = float(T.min())
                 # min-cost: in the order of the objective's bound (the step's times the least $/h)
-                key = low * (self.stage_price[o] + self._rest_price(K - 1, used)) if self.min_cost else low
-                out.append((key, low, T, z, o, nl, used, opt))
+                out.append((low * price if self.min_cost else low, low, T, z, o, nl, used, opt, price))
         out.sort(key=lambda r: (r[0], r[4], r[5]))
         return out
 
@@ -445,10 +446,15 @@ class SplitSearch:
                      nd.Lk[keep], np.maximum(nd.W[keep], Wj), nd.last, nd.nlast, nd.Wl[keep], nd.Pl1[keep],
                      nd.price + self.stage_price[o])
 
+    def _pools_left(self, used: dict[int, int]) -> tuple[int, ...]:
+        """The pools with a stage left (`used`: stages taken per pool)."""
+        return tuple(q for q in self.pool_list if used.get(q, 0) < self.caps[q])
+
     def _share(self, name: str, rows: np.ndarray, used: dict[int, int]) -> np.ndarray:
         """Per row (of `rows`) and slice: the least of self.suf or self.pre (`name`) over the
         options whose pool has a stage left (the least over every row kept per set of options)."""
-        opts = tuple(o for o in self.usable if used.get(self.coef.pool_of[o], 0) < self.caps[self.coef.pool_of[o]])
+        pools = self._pools_left(used)
+        opts = tuple(o for o in self.usable if self.coef.pool_of[o] in pools)
         got = self.shares.get((name, opts))
         if got is None:
             table = getattr(self, name)
@@ -463,7 +469,7 @@ class SplitSearch:
         a valid bound; on mixed-128's pp 16 config of GPT-3 175B at batch 8 the first root keeps
         1,597 of the 14,153 rows the config's bound leaves it, and its children one or two on
         average, against 13,635 with every layer at the least alpha)."""
-        pools = tuple(q for q in self.pool_list if self.caps[q] - used.get(q, 0) > 0)
+        pools = self._pools_left(used)
         got = self.sorted_a.get(pools)
         if got is None:   # the pools' alphas, sorted per row and slice, and their order
             al = np.stack([self.pool_a[q] for q in pools])
@@ -486,7 +492,7 @@ class SplitSearch:
         less the largest room of a pool with a stage left; per row and slice k the least alpha of
         those pools on slice k or the last, and on slice k or the first): _slice_bound's paths
         through t pass them on one of those slices."""
-        pools = tuple(q for q in self.pool_list if self.caps[q] - used.get(q, 0) > 0)
+        pools = self._pools_left(used)
         got = self.others.get(pools)
         if got is None:
             al = np.min([self.pool_a[q] for q in pools], axis=0)
