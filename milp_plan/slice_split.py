@@ -69,6 +69,8 @@ SLICE_OPS = 1.8    # per row x slice of a child's paths (`_child`, `_slice_bound
 LEAF_OPS = 1.2     # ... and per row x slice x stage of a leaf's paths (`_leaf_bound`)
 NODE_WORK = 9e-4   # per node beside its cells: Python's and numpy's per-call cost ...
 CHILD_WORK = 1.7e-4  # ... and per child bounded (GPT-3 175B's pp 16 on mixed-128: 25 a node, most cut)
+HEAVY_OPS = 2.0    # per candidate x row x pool of `_heavy`
+HEAVY_STEPS = 2    # `_heavy`: breakpoints of each pool taken at or above z'
 ROOT_OPS = 0.6     # per row of a last stage's bound (`_roots`) ...
 ROOT_PATH_OPS = 1.5   # ... and per row x slice x pool of its paths (`_root`)
 Leaf = Callable[[tuple[int, ...], tuple[int, ...], float], float]
@@ -119,12 +121,17 @@ class SplitSearch:
         self.shares: dict = {}
         self.sorted_a: dict = {}     # _layer_sums: per set of pools
         self.others: dict = {}       # _others: per set of pools
+        self.heavies: dict = {}      # _heavy: per set of pools
         self.ar, self.last_slice = ar, last
         self.pool_list = sorted({coef.pool_of[o] for o in usable})
         self.pool_inv = np.stack([np.max([1.0 / self.A[o] for o in usable if coef.pool_of[o] == q], axis=0)
                                   for q in self.pool_list])               # pools x rows: the fastest option's
         self.pool_a = {q: np.min([self.a[o] for o in usable if coef.pool_of[o] == q], axis=0) for q in self.pool_list}
         self.pool_room = {q: max(self.rooms[o] for o in usable if coef.pool_of[o] == q) for q in self.pool_list}
+        # `_heavy`: per pool and row, its fastest option's A and the least a of its options on the first or last slice
+        self.pool_A = 1.0 / self.pool_inv
+        self.pool_end_a = np.stack([np.minimum(self.pool_a[q][:, 0], self.pool_a[q][ar, last]) for q in self.pool_list])
+        self.ph_end = np.minimum(self.ph0, self.ph1)
         least0 = np.min([self.a0[o] for o in usable], axis=0)
         least1 = np.min([self.a1[o] for o in usable], axis=0)
         self.q0, self.q1 = least0 + self.ph0, least1 + self.ph1   # a stage not fixed: one layer
@@ -258,7 +265,7 @@ class SplitSearch:
             return
         # the last stage's option and layers first (they fix the tied embedding's all-reduce and
         # the last stage's share of every path), the least bound first; then stage 0, 1, ...
-        for _, low, T, z, o, nl, used, opt, price in self._roots():
+        for _, low, T, z, o, nl, used, opt, price in self._roots(cutoff):
             cut = self._cut(cutoff(), price)
             if low >= cut:
                 continue
@@ -294,7 +301,7 @@ class SplitSearch:
         return _Node((), (), used, rows, zero, np.full(len(rows), -np.inf), opt, 0.0, 0.0, no, no, Lk, zero, o, nl,
                      Wl, pl[keep][np.arange(len(rows)), self.last_slice[rows]], self.stage_price[o])
 
-    def _roots(self) -> list:
+    def _roots(self, cutoff) -> list:
         """(sort key, least bound, bound per row, z' per row, option, layers, pools used, optimizer
         term, least $/h below) of every last stage (option, layers), sorted by the objective's
         least bound: per row the larger of its machine path M(K-1) (stages 0..K-2's first slices
@@ -316,6 +323,7 @@ class SplitSearch:
                 continue
             speed = self._rest_speed(g, K - 1, used)
             price = self.stage_price[o] + self._rest_price(K - 1, used)
+            cut = self._cut(cutoff(), price)
             for nl in range(max(1, L - room), min(self.rooms[o], L - (K - 1)) + 1):
                 left = L - nl
                 Wl = nl * self.A[o] + self.Phi + self.H
@@ -326,6 +334,11 @@ class SplitSearch:
                                m * (z + self.Phi) + (K - 2) * g["q"] + Pl1 + (K - 1) * g["ends"]) + self.sync + opt
                 T = np.maximum(T, floor)
                 self.dl.charge(T.size * ROOT_OPS * SECONDS_PER_CELL)
+                keep = np.flatnonzero(T < cut)
+                if len(keep):   # M(t) with the others' layers under the heaviest stage (`_heavy`)
+                    T[keep] = np.maximum(T[keep], m * self.Phi[keep] + self._heavy(keep, left, K - 1, used, z[keep])
+                                         + (K - 2) * self.ph_end[keep] + Pl1[keep] + (K - 1) * g["ends"][keep]
+                                         + self.sync + opt)
                 low = float(T.min())
                 # min-cost: in the order of the objective's bound (the step's times the least $/h)
                 out.append((low * price if self.min_cost else low, low, T, z, o, nl, used, opt, price))
@@ -403,7 +416,7 @@ class SplitSearch:
             dl = self.dl
             dl.charge(CHILD_WORK + child.D.size * (SLICE_OPS if rest else LEAF_OPS * self.K) * SECONDS_PER_CELL)
             if rest:
-                keep = self._slice_bound(child, z[keep], rest) < cut    # the paths P(a, s, b, k)
+                keep = self._slice_bound(child, z[keep], rest, cut) < cut    # the paths P(a, s, b, k)
                 if not keep.any():
                     continue
                 child = child.restrict(keep)
@@ -500,7 +513,57 @@ class SplitSearch:
                                         np.minimum(al, al[:, :1]), max(self.pool_room[q] for q in pools))
         return max(0, left - got[2]), got[0][rows], got[1][rows]
 
-    def _slice_bound(self, nd: "_Node", z: np.ndarray, rest: int) -> np.ndarray:
+    def _heavy(self, rows: np.ndarray, left: int, rest: int, used: dict[int, int], z: np.ndarray) -> np.ndarray:
+        """Per row (of `rows`): at least m W_t + sum_s n_s a_s over the other middle stages not fixed
+        (on their first or last slice), t the heaviest of the `rest` middle stages not fixed
+        holding `left` layers, less m Phi and the others' phis: min over Z >= z (z': per row) of m Z
+        + the least sum of the others' layers when every stage holds n A <= Z (`_least_others`).
+        That sum is a step function of Z, constant between the breakpoints j A_q of the pools, so
+        the least is at z or at a breakpoint: the first HEAVY_STEPS of each pool at or above z, and
+        past them at least m times the next one + the sum without the caps (Z unbounded). The
+        coupling is what a heaviest stage forces: a plan whose middle stages are all light needs
+        its layers on the slow pools too. On GPT-3 175B's pp 16 config on mixed-128 at batch 8
+        (m = 1, 16 stages on 4 types of 4 stages each) it lifts the roots' least bounds from 1.18 s
+        to 1.24-1.45 s; with one layer a stage (`q`) the roots' M(t) counted 14 of 84 layers."""
+        pools = self._pools_left(used)
+        got = self.heavies.get(pools)
+        if got is None:   # per row, the pools with a stage left by their a (least first): order, A, a, room
+            idx = [self.pool_list.index(q) for q in pools]
+            al = self.pool_end_a[idx]
+            order = np.argsort(al, axis=0, kind="stable")
+            room = np.array([self.pool_room[q] for q in pools], dtype=float)
+            got = self.heavies[pools] = (order, np.take_along_axis(self.pool_A[idx], order, axis=0),
+                                         np.take_along_axis(al, order, axis=0), room[order])
+        order, A, al, room = (x[:, rows] for x in got)                   # pools x rows, by a
+        capleft = np.array([self.caps[q] - used.get(q, 0) for q in pools], dtype=float)
+        lo = np.maximum(0.0, (rest - 1) - (capleft.sum() - capleft))    # stages a pool must give the others
+        hi = np.minimum(capleft, rest - 1)                                # ... and may give them
+        lo, hi = lo[order], hi[order]
+        j0 = np.maximum(np.ceil(z / A - 1e-9), 1.0)                      # pools x rows: the first breakpoints
+        steps = [np.where(j0 + i <= room, (j0 + i) * A, np.inf) for i in range(HEAVY_STEPS)]
+        beyond = np.where(j0 + HEAVY_STEPS <= room, (j0 + HEAVY_STEPS) * A, np.inf).min(axis=0)
+        Z = np.concatenate([z[None, :], *steps, np.full((1, len(rows)), np.inf)], axis=0)   # candidates x rows
+        sums = self._least_others(Z, A, al, room, lo, hi, left)
+        self.dl.charge(Z.size * len(pools) * HEAVY_OPS * SECONDS_PER_CELL)
+        return np.minimum((self.m * Z[:-1] + sums[:-1]).min(axis=0), self.m * beyond + sums[-1])
+
+    @staticmethod
+    def _least_others(Z: np.ndarray, A: np.ndarray, al: np.ndarray, room: np.ndarray, lo: np.ndarray,
+                      hi: np.ndarray, left: int) -> np.ndarray:
+        """Per candidate Z and row (Z: candidates x rows; the rest pools x rows, the pools in
+        increasing a per row): at least sum_s n_s a_s over the other stages (pool q at least lo_q
+        and at most hi_q of them, each one layer at least and at most cap_q = min(room_q,
+        floor(Z / A_q))), which hold `left` less the heaviest stage's, at most max_q cap_q; the
+        least a first (a relaxation: a valid bound); inf where they cannot hold it."""
+        cap = np.minimum(room[:, None, :], np.floor(Z[None] / A[:, None, :] + 1e-9))   # pools x Z x rows
+        need = left - cap.max(axis=0) - lo.sum(axis=0)
+        spare = np.maximum(hi[:, None, :] * cap - lo[:, None, :], 0.0)   # beyond one layer a stage it must give
+        bad = ((lo[:, None, :] > 0) & (cap < 1)).any(axis=0) | (need > spare.sum(axis=0))
+        take = np.clip(need[None] - (np.cumsum(spare, axis=0) - spare), 0.0, spare)
+        got = (take * al[:, None, :]).sum(axis=0) + (lo * al).sum(axis=0)
+        return np.where(bad, np.inf, got)
+
+    def _slice_bound(self, nd: "_Node", z: np.ndarray, rest: int, cut: float) -> np.ndarray:
         """Per row of `nd` (the last stage and stages 0..j fixed, `rest` >= 1 middle stages not):
         at least the paths P(a, s, b, k) of every plan below it, max over k, + stage 0's tail and
         the optimizer term (seconds), for
@@ -532,7 +595,14 @@ class SplitSearch:
         t_first = (zs * self._share("pre", rows, nd.used) + self.ph_pre[rows] + (rest - 1) * self.Q_above[rows]
                    + others * above + nd.Lk).max(axis=1)
         got = np.maximum(got, nd.F + self.hop_least * self.t0[rows] + t_first + (m - 1) * np.maximum(Wt, nd.Wl))
-        return got + nd.tail + nd.opt
+        got = got + nd.tail + nd.opt
+        at = np.flatnonzero(got < cut)
+        if len(at):   # M(t) with the others' layers under the heaviest stage (`_heavy`), on the rows still under the cut
+            r = rows[at]
+            got[at] = np.maximum(got[at], nd.F[at] + m * self.Phi[r] + self._heavy(r, left, rest, nd.used, z[at])
+                                 + (rest - 1) * self.ph_end[r] + (rest + 1) * self.hop_least
+                                 * np.minimum(self.t0[r], self.t1[r]) + nd.Pl1[at] + nd.tail + nd.opt)
+        return got
 
     def _leaf_bound(self, nd: "_Node", T: np.ndarray) -> float:
         """The least over the node's rows of max(T, the plan's paths P(a, s, b, k) + stage 0's
