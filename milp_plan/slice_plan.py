@@ -240,7 +240,9 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
     incumbent (at the least recompute that fits, `_fitting_plan`): the config's bound becomes
     the least plan bound. Where it is cut short, `lb` stays, and (the first time) the config's
     other heuristic plans and the placements that balance the per-type times on the slicings of
-    least bound (ConfigBounds.balanced) are sliced for an incumbent. Slicing all of those first
+    least bound (ConfigBounds.balanced) are sliced for an incumbent, within EXACT_SHARE of what
+    is left (unbounded, they took 14.6 of the 20 units of a pp 27 config's first examination on
+    GPT-3 175B on mixed-128 at batch 8, and found nothing). Slicing all of those first
     took 5 of the 35 work units that proved the shipped default's `--slices auto`, and found
     nothing the exact search did not; slicing none first took GPT-3 175B on 16 x 8 A100 from 2 s
     to 32 s (its pp 16 tree is too large, its first heuristic plan meets its bound)."""
@@ -250,18 +252,18 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
     from milp_plan.slice_split import SplitSearch
     r = 1 if coef.cfg.shared_recompute else 0
 
-    def slice_heuristic(plans) -> None:
+    def slice_heuristic(plans, within: Deadline) -> None:
         for opts, layers, rs in plans:
-            if dl.expired():
+            if within.expired():
                 break
             try:
                 plan = build_plan(inst, coef.cfg, [coef.options[o] for o in opts], layers, rs, None)
             except ValueError:   # the stages do not pack onto the cluster's nodes
                 continue
             if matches_pins(inst, coef.pins, plan):
-                found.offer(_best_sliced(inst, plan, limits, counts, found.objective, dl)[0])
+                found.offer(_best_sliced(inst, plan, limits, counts, found.objective, within)[0])
     heuristic = [] if again else warmstart.candidates(coef, dl)
-    slice_heuristic(heuristic[:1])
+    slice_heuristic(heuristic[:1], dl)
     if lb >= found.objective * (1 - REL_EPS):
         return lb, True
     if coef.cfg.vpp == 1:
@@ -281,7 +283,7 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
         if again:
             return lb, False
     balanced = [(opts, layers, (r,) * coef.cfg.pp) for opts, layers in bounds.balanced(coef)]
-    slice_heuristic([*heuristic[1:], *balanced])
+    slice_heuristic([*heuristic[1:], *balanced], dl.share(EXACT_SHARE))
     return lb, coef.cfg.vpp != 1
 
 

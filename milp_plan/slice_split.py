@@ -69,7 +69,8 @@ SLICE_OPS = 1.8    # per row x slice of a child's paths (`_child`, `_slice_bound
 LEAF_OPS = 1.2     # ... and per row x slice x stage of a leaf's paths (`_leaf_bound`)
 NODE_WORK = 9e-4   # per node beside its cells: Python's and numpy's per-call cost ...
 CHILD_WORK = 1.7e-4  # ... and per child bounded (GPT-3 175B's pp 16 on mixed-128: 25 a node, most cut)
-HEAVY_OPS = 2.0    # per candidate x row x pool of `_heavy`
+HEAVY_WORK = 1e-4  # per call of `_heavy` (most have a few rows) ...
+HEAVY_OPS = 0.5    # ... and per candidate x row x pool (the roots': 14,000 rows)
 HEAVY_STEPS = 2    # `_heavy`: breakpoints of each pool taken at or above z'
 ROOT_OPS = 0.6     # per row of a last stage's bound (`_roots`) ...
 ROOT_PATH_OPS = 1.5   # ... and per row x slice x pool of its paths (`_root`)
@@ -544,7 +545,7 @@ class SplitSearch:
         beyond = np.where(j0 + HEAVY_STEPS <= room, (j0 + HEAVY_STEPS) * A, np.inf).min(axis=0)
         Z = np.concatenate([z[None, :], *steps, np.full((1, len(rows)), np.inf)], axis=0)   # candidates x rows
         sums = self._least_others(Z, A, al, room, lo, hi, left)
-        self.dl.charge(Z.size * len(pools) * HEAVY_OPS * SECONDS_PER_CELL)
+        self.dl.charge(HEAVY_WORK + Z.size * len(pools) * HEAVY_OPS * SECONDS_PER_CELL)
         return np.minimum((self.m * Z[:-1] + sums[:-1]).min(axis=0), self.m * beyond + sums[-1])
 
     @staticmethod
