@@ -22,7 +22,9 @@ the optimizer term; the largest of
   * M(t) of the heaviest middle stage not fixed: W_t >= z', the fractional bottleneck of the L'
     layers left over the middle stages left (sum_t z / A_{o_t} >= L', the fastest pools first
     within their stages left), raised to the least whole-layer time n A_o >= z' of an option a
-    stage left may run;
+    stage left may run; and with the other stages not fixed holding the layers t does not, each
+    within n A <= W_t (`_heavy`: the least over W_t >= z', at the roots and in every child's
+    paths);
   * the paths P(a, s, b, k) of every slice k (`_slice_bound`, `_root`) with a fixed (D_k: down
     the first slice to a, a's slices before k, the fixed stages' p_{s,k} from a; E_k: the same
     with (m - 1) W_s of a fixed s at or after a) and b the last stage (its p_{K-1,k} and slices
