@@ -275,7 +275,9 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
             cand, b = _best_sliced(inst, plan, limits, counts, found.objective, dl)
             found.offer(cand)
             return max(b, bound)
-        search = found.cut_short.pop(coef.cfg, None) or SplitSearch(bounds, coef)
+        made = bounds.made if bounds.made[0] == coef.cfg else (None, None)
+        bounds.made = (None, None)
+        search = found.cut_short.pop(coef.cfg, None) or made[1] or SplitSearch(bounds, coef)
         got, done = search.run(lambda: found.objective, leaf, dl.share(EXACT_SHARE))
         if done:
             return max(got, lb), True
@@ -366,7 +368,8 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
 # ConfigBounds.full (every slicing enumerated). Without the first two, that instance (batch 8)
 # spent its 30 work units on 397 configs' split paths and left its sliced plans at >= 0.40
 # (gap 73%), although the rooms alone lift 90% of its 2,680 configs past the unsliced optimum.
-RAISES = ("rooms", "paths", "split", "full")
+RAISES = ("rooms", "paths", "split", "full", "heaviest")
+HEAVIEST_WORK = 0.13   # _raised: a SplitSearch made for its `heaviest` (GPT-3 175B on mixed-128, batch 8: 0.17 s a config)
 EXAMINE, CUT_SHORT = len(RAISES), len(RAISES) + 1   # the stages after: examined; examined once and cut short
 
 
@@ -378,6 +381,14 @@ def _raised(what: str, coef, bounds: slice_bounds.ConfigBounds, objective: float
         got = bounds.full(coef, objective)
         dl.charge(WORK.bound + bounds.work)
         return got
+    if what == "heaviest":
+        if bounds.limits.objective != "min-cost":
+            return 0.0     # min-time: the exact search's roots bound the same paths, each last stage fixed
+        from milp_plan.slice_split import SplitSearch
+        dl.charge(HEAVIEST_WORK)
+        search = SplitSearch(bounds, coef)
+        bounds.made = (coef.cfg, search)   # _examine's, where the config is examined next
+        return search.heaviest(objective, dl)
     work, cells, options = bounds.work_bounds, bounds.work_bounds.cells, len(coef.options)
     if what == "rooms":
         got, _ = work.config(coef, bounds, objective, ends=False)

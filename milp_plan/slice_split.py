@@ -241,6 +241,30 @@ class SplitSearch:
             stages -= k
         return total if stages == 0 else -1
 
+    def heaviest(self, cutoff: float, dl: Deadline) -> float:
+        """A bound on the objective of every sliced plan of the config (inf: none): per row, the
+        config's bound of the row (ConfigBounds.full, where it has run) and, on the rows under the
+        incumbent's objective `cutoff`, M(t) of the row's heaviest stage t (the most n A of any of
+        the K stages) with the other K - 1 stages' layers under it (`_heavy`), their phis and least
+        hops, the embedding's first slice and the head's last (in W_t where t holds them), the end
+        pair's least all-reduce and the optimizer term; the least over the rows, at the config's
+        least $/h. sliced_search raises a config to it after ConfigBounds.full."""
+        if not self.usable:
+            return math.inf
+        self.dl = dl
+        K, m, L = self.K, self.m, self.L
+        floor = self.cb.row_bounds.get(self.coef.cfg)
+        T = np.zeros(len(self.cb.rows)) if floor is None else floor + self.opt_least
+        price = self._rest_price(K, {})
+        rows = np.flatnonzero(T < self._cut(cutoff, price))
+        if len(rows):
+            g = self._view(rows)
+            z = self._whole(L / self._rest_speed(g, K, {}), g, {})
+            T[rows] = np.maximum(T[rows], m * self.Phi[rows] + self._heavy(rows, L, K, {}, z)
+                                 + (K - 1) * self.ph_end[rows] + self.e0[rows] + self.h1[rows] + (K - 1) * g["ends"]
+                                 + self.sync + self.opt_least)
+        return float(_value(T, price, self.cb.limits).min())
+
     def run(self, cutoff: Callable[[], float], leaf: Leaf, dl: Deadline) -> tuple[float, bool]:
         """(the least leaf bound so far (the objective's), inf where every leaf was pruned; whether
         the search has ended). `cutoff()`: the incumbent's objective, read at every node: a row
