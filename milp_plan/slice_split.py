@@ -248,7 +248,7 @@ class SplitSearch:
         the K stages) with the other K - 1 stages' layers under it (`_heavy`), their phis and least
         hops, the embedding's first slice and the head's last (in W_t where t holds them), the end
         pair's least all-reduce and the optimizer term; the least over the rows, at the config's
-        least $/h. sliced_search raises a config to it after ConfigBounds.full."""
+        least $/h. sliced_search raises a min-cost config to it after ConfigBounds.full."""
         if not self.usable:
             return math.inf
         self.dl = dl
