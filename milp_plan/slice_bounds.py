@@ -511,7 +511,6 @@ class ConfigBounds:
         self.work = 0.0                # work units (deadline.py) of the last `full`, beyond WORK.bound
         self.work_bounds = WorkBounds(inst, limits, counts)
         self.tails: dict = {}          # _dp by config (and its options), layers and memory
-        self.made: tuple = (None, None)   # (config, its slice_split.SplitSearch) last made to bound it (slice_plan._raised)
 
     @staticmethod
     def _terms_key(coef) -> tuple:

@@ -146,6 +146,7 @@ class SlicedSearch:
     examined: int = 0
     pruned: int = 0
     cut_short: dict = field(default_factory=dict)   # config -> its exact search, stopped by the deadline
+    made: dict = field(default_factory=dict)   # the last config bounded by a search made for it (_raised): that search
 
     def offer(self, cand: Candidate | None) -> None:
         if cand is not None and cand.objective < self.objective * (1 - REL_EPS):
@@ -275,9 +276,7 @@ def _examine(inst: Instance, coef, limits: Limits, counts: list[int], lb: float,
             cand, b = _best_sliced(inst, plan, limits, counts, found.objective, dl)
             found.offer(cand)
             return max(b, bound)
-        made = bounds.made if bounds.made[0] == coef.cfg else (None, None)
-        bounds.made = (None, None)
-        search = found.cut_short.pop(coef.cfg, None) or made[1] or SplitSearch(bounds, coef)
+        search = found.cut_short.pop(coef.cfg, None) or found.made.pop(coef.cfg, None) or SplitSearch(bounds, coef)
         got, done = search.run(lambda: found.objective, leaf, dl.share(EXACT_SHARE))
         if done:
             return max(got, lb), True
@@ -346,7 +345,7 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
             break
         heapq.heappop(heap)
         if stage < EXAMINE:
-            got = _raised(RAISES[stage], prepared.coef(i), bounds, found.objective, dl)
+            got = _raised(RAISES[stage], prepared.coef(i), bounds, found, dl)
             if got is not None:
                 heapq.heappush(heap, (max(got, lb), i, stage + 1))
             continue
@@ -370,14 +369,16 @@ def sliced_search(inst: Instance, req, limits: Limits, counts: list[int], cutoff
 # spent its 30 work units on 397 configs' split paths and left its sliced plans at >= 0.40
 # (gap 73%), although the rooms alone lift 90% of its 2,680 configs past the unsliced optimum.
 RAISES = ("rooms", "paths", "split", "full", "heaviest")
-HEAVIEST_WORK = 0.13   # _raised: a SplitSearch made for its `heaviest` (GPT-3 175B on mixed-128, batch 8: 0.17 s a config)
+HEAVIEST_WORK = 0.13   # _raised: a SplitSearch made for `heaviest` (GPT-3 175B, mixed-128, batch 8: 0.17 s)
 EXAMINE, CUT_SHORT = len(RAISES), len(RAISES) + 1   # the stages after: examined; examined once and cut short
 
 
-def _raised(what: str, coef, bounds: slice_bounds.ConfigBounds, objective: float, dl: Deadline) -> float | None:
-    """The config's bound `what` (RAISES), below `objective` whole, else at least it (None: no
-    plan), its work charged to `dl`: per config option, per pair of end options and per array
-    cell its paths touched (the constants of slice_bounds, each measured on its own call)."""
+def _raised(what: str, coef, bounds: slice_bounds.ConfigBounds, found: SlicedSearch, dl: Deadline) -> float | None:
+    """The config's bound `what` (RAISES), below the incumbent's objective (`found`'s) whole, else
+    at least it (None: no plan), its work charged to `dl`: per config option, per pair of end
+    options and per array cell its paths touched (the constants of slice_bounds, each measured
+    on its own call)."""
+    objective = found.objective
     if what == "full":
         got = bounds.full(coef, objective)
         dl.charge(WORK.bound + bounds.work)
@@ -388,7 +389,7 @@ def _raised(what: str, coef, bounds: slice_bounds.ConfigBounds, objective: float
         from milp_plan.slice_split import SplitSearch
         dl.charge(HEAVIEST_WORK)
         search = SplitSearch(bounds, coef)
-        bounds.made = (coef.cfg, search)   # _examine's, where the config is examined next
+        found.made = {coef.cfg: search}   # _examine's, where the config is examined next
         return search.heaviest(objective, dl)
     work, cells, options = bounds.work_bounds, bounds.work_bounds.cells, len(coef.options)
     if what == "rooms":

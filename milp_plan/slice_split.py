@@ -144,6 +144,7 @@ class SplitSearch:
         c = _hop_costs(coef) if self.K > 1 else ((0.0,),)
         self.hop = {(p, q): c[p][q] / seq for p in range(len(c)) for q in range(len(c))}   # per token, both ways
         self.hop_least = min(self.hop.values())
+        self.ends = np.minimum(self.t0, self.t1) * self.hop_least   # per row: a least hop on the first or last slice
         self.Q = self.ph + self.hop_least * self.tok
         # _slice_bound's terms of the rows alone: t's phis on slices k.. with a least hop into t, and
         # ..k; a middle stage not fixed on slice k or the last (or the first)
@@ -252,7 +253,7 @@ class SplitSearch:
         if not self.usable:
             return math.inf
         self.dl = dl
-        K, m, L = self.K, self.m, self.L
+        K, L = self.K, self.L
         floor = self.cb.row_bounds.get(self.coef.cfg)
         T = np.zeros(len(self.cb.rows)) if floor is None else floor + self.opt_least
         price = self._rest_price(K, {})
@@ -260,9 +261,8 @@ class SplitSearch:
         if len(rows):
             g = self._view(rows)
             z = self._whole(L / self._rest_speed(g, K, {}), g, {})
-            T[rows] = np.maximum(T[rows], m * self.Phi[rows] + self._heavy(rows, L, K, {}, z)
-                                 + (K - 1) * self.ph_end[rows] + self.e0[rows] + self.h1[rows] + (K - 1) * g["ends"]
-                                 + self.sync + self.opt_least)
+            T[rows] = np.maximum(T[rows], self._heavy(rows, L, K, {}, z) + self.e0[rows] + self.h1[rows]
+                                 + (K - 1) * g["ends"] + self.sync + self.opt_least)
         return float(_value(T, price, self.cb.limits).min())
 
     def run(self, cutoff: Callable[[], float], leaf: Leaf, dl: Deadline) -> tuple[float, bool]:
@@ -363,9 +363,8 @@ class SplitSearch:
                 self.dl.charge(T.size * ROOT_OPS * SECONDS_PER_CELL)
                 keep = np.flatnonzero(T < cut)
                 if len(keep):   # M(t) with the others' layers under the heaviest stage (`_heavy`)
-                    T[keep] = np.maximum(T[keep], m * self.Phi[keep] + self._heavy(keep, left, K - 1, used, z[keep])
-                                         + (K - 2) * self.ph_end[keep] + Pl1[keep] + (K - 1) * g["ends"][keep]
-                                         + self.sync + opt)
+                    T[keep] = np.maximum(T[keep], self._heavy(keep, left, K - 1, used, z[keep]) + Pl1[keep]
+                                         + (K - 1) * g["ends"][keep] + self.sync + opt)
                 low = float(T.min())
                 # min-cost: in the order of the objective's bound (the step's times the least $/h)
                 out.append((low * price if self.min_cost else low, low, T, z, o, nl, used, opt, price))
@@ -464,7 +463,7 @@ class SplitSearch:
             g["a0", o], g["a1", o], g["A", o] = self.a0[o][rows], self.a1[o][rows], self.A[o][rows]
         g["below"] = g["ph1"] + self.hop_least * g["t1"]
         g["above"] = g["ph0"] + self.hop_least * g["t0"]
-        g["ends"] = np.minimum(g["t0"], g["t1"]) * self.hop_least
+        g["ends"] = self.ends[rows]
         g["q"] = np.minimum(self.q0[rows], self.q1[rows])
         g["inv"] = self.pool_inv[:, rows].T                          # rows x pools
         return g
@@ -541,10 +540,11 @@ class SplitSearch:
         return max(0, left - got[2]), got[0][rows], got[1][rows]
 
     def _heavy(self, rows: np.ndarray, left: int, rest: int, used: dict[int, int], z: np.ndarray) -> np.ndarray:
-        """Per row (of `rows`): at least m W_t + sum_s n_s a_s over the other middle stages not fixed
+        """Per row (of `rows`): at least m W_t + sum_s p_s over the other middle stages not fixed
         (on their first or last slice), t the heaviest of the `rest` middle stages not fixed
-        holding `left` layers, less m Phi and the others' phis: min over Z >= z (z': per row) of m Z
-        + the least sum of the others' layers when every stage holds n A <= Z (`_least_others`).
+        holding `left` layers: m Phi, a phi of each other stage, and the least over Z >= z (z': per
+        row) of m Z + the least sum of the others' layers when every stage holds n A <= Z
+        (`_least_others`).
         That sum is a step function of Z, constant between the breakpoints j A_q of the pools, so
         the least is at z or at a breakpoint: the first HEAVY_STEPS of each pool at or above z, and
         past them at least m times the next one + the sum without the caps (Z unbounded). The
@@ -572,7 +572,8 @@ class SplitSearch:
         Z = np.concatenate([z[None, :], *steps, np.full((1, len(rows)), np.inf)], axis=0)   # candidates x rows
         sums = self._least_others(Z, A, al, room, lo, hi, left)
         self.dl.charge(HEAVY_WORK + Z.size * len(pools) * HEAVY_OPS * SECONDS_PER_CELL)
-        return np.minimum((self.m * Z[:-1] + sums[:-1]).min(axis=0), self.m * beyond + sums[-1])
+        least = np.minimum((self.m * Z[:-1] + sums[:-1]).min(axis=0), self.m * beyond + sums[-1])
+        return self.m * self.Phi[rows] + (rest - 1) * self.ph_end[rows] + least
 
     @staticmethod
     def _least_others(Z: np.ndarray, A: np.ndarray, al: np.ndarray, room: np.ndarray, lo: np.ndarray,
@@ -624,11 +625,10 @@ class SplitSearch:
         got = np.maximum(got, nd.F + self.hop_least * self.t0[rows] + t_first + (m - 1) * np.maximum(Wt, nd.Wl))
         got = got + nd.tail + nd.opt
         at = np.flatnonzero(got < cut)
-        if len(at):   # M(t) with the others' layers under the heaviest stage (`_heavy`), on the rows still under the cut
+        if len(at):   # M(t) with the others' layers under the heaviest stage (`_heavy`), on the rows under the cut
             r = rows[at]
-            got[at] = np.maximum(got[at], nd.F[at] + m * self.Phi[r] + self._heavy(r, left, rest, nd.used, z[at])
-                                 + (rest - 1) * self.ph_end[r] + (rest + 1) * self.hop_least
-                                 * np.minimum(self.t0[r], self.t1[r]) + nd.Pl1[at] + nd.tail + nd.opt)
+            got[at] = np.maximum(got[at], nd.F[at] + self._heavy(r, left, rest, nd.used, z[at])
+                                 + (rest + 1) * self.ends[r] + nd.Pl1[at] + nd.tail + nd.opt)
         return got
 
     def _leaf_bound(self, nd: "_Node", T: np.ndarray) -> float:
