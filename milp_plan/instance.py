@@ -5,6 +5,7 @@ records its arguments (`InstanceSpec`) so that the same instance can be rebuilt.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -60,7 +61,14 @@ class Instance:
     gpu_map: tuple[tuple[str, str], ...] = ()
 
     def inputs_record(self) -> dict[str, Any]:
-        """What plan.json records: the build arguments, the full cluster/model/job, and hashes."""
+        """What plan.json records: the build arguments, the full cluster/model/job, and hashes.
+        Made once per instance (its content hashes took a third of every plan's build in the
+        brute-force enumeration) and shared by the plans built on it: read it, never change it
+        in place (Plan.to_dict copies it)."""
+        return self._inputs_record
+
+    @functools.cached_property
+    def _inputs_record(self) -> dict[str, Any]:
         return {
             "spec": {**{k: v for k, v in asdict(self.spec).items() if k != "overlap" or v is not None},
                      "profile_gpu_map": dict(self.spec.profile_gpu_map)},

@@ -32,7 +32,7 @@ REL = 1e-9  # bounds are float sums of the cost model's own coefficients; plans 
 def config_optimum(inst, coef, limits, fix=None) -> float:
     """Best admitted plan of one complete config (math.inf when none)."""
     best = math.inf
-    for plan in bruteforce.candidate_plans(inst, coef.cfg, fix):
+    for plan in bruteforce.config_plans(inst, coef.cfg, fix):
         if limits.admit(plan):
             best = min(best, objective_of(plan, limits))
     return best
@@ -42,7 +42,7 @@ def least_largest_stage(inst, coef, limits, fix=None) -> float:
     """The least, over the admitted plans of one complete config, of the plan's largest stage
     time f + b (math.inf when none)."""
     return min((max(st.fwd_ms + st.bwd_ms for st in plan.predicted.stages) / 1000
-                for plan in bruteforce.candidate_plans(inst, coef.cfg, fix) if limits.admit(plan)), default=math.inf)
+                for plan in bruteforce.config_plans(inst, coef.cfg, fix) if limits.admit(plan)), default=math.inf)
 
 
 def assert_bounds_valid(inst, prepared, coef, limits, mode, fix=None) -> float:

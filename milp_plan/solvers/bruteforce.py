@@ -181,6 +181,34 @@ def candidate_plans(inst: Instance, cfg: Config, fix: dict | None = None) -> Ite
                     yield plan
 
 
+KEPT_PLANS = 20_000   # candidates kept (config_plans) for one instance's next solves, at most
+
+
+class _Kept:
+    """The evaluated candidates of one instance (held, so that its identity is not reused) by
+    (config, pins), KEPT_PLANS in all at most."""
+    inst: Instance | None = None
+    plans: dict = {}
+    count = 0
+
+
+def config_plans(inst: Instance, cfg: Config, fix: dict | None = None) -> list[Plan]:
+    """candidate_plans as a list, kept for the next call on the same instance, config and pins
+    while the instance's kept candidates number at most KEPT_PLANS: the solves of one instance
+    under other limits (a Pareto sweep's, a reference and its cross-checks) evaluate each plan
+    once, the limits being applied after."""
+    if _Kept.inst is not inst:
+        _Kept.inst, _Kept.plans, _Kept.count = inst, {}, 0
+    key = (cfg, repr(fix))
+    got = _Kept.plans.get(key)
+    if got is None:
+        got = list(candidate_plans(inst, cfg, fix))
+        if _Kept.count + len(got) <= KEPT_PLANS:
+            _Kept.plans[key] = got
+            _Kept.count += len(got)
+    return got
+
+
 def solve(inst: Instance, limits: Limits, fix: dict | None = None, mode: str = "megatron"):
     t0 = time.perf_counter()
     configs = solved_configs(inst, fix, mode)
@@ -192,7 +220,7 @@ def solve(inst: Instance, limits: Limits, fix: dict | None = None, mode: str = "
                              "smaller instance, --fix, or an exact solver (--solver cpsat)", field="solver")
     best, best_key = None, None
     for cfg in configs:
-        for plan in candidate_plans(inst, cfg, fix):
+        for plan in config_plans(inst, cfg, fix) if total <= KEPT_PLANS else candidate_plans(inst, cfg, fix):
             if not limits.admit(plan):
                 continue
             key = (objective_of(plan, limits), plan.predicted.step_time_s)
