@@ -146,6 +146,36 @@ def test_brute_force_refuses_large_instances():
         bruteforce.solve(inst, Limits())
 
 
+def test_brute_force_keeps_one_instance_s_candidates_and_answers_as_a_fresh_enumeration(tmp_path, monkeypatch):
+    """bruteforce.config_plans keeps the evaluated candidates of the last instance only. The hand
+    instance of test_hand_derived_min_cost_under_time_limit and the same with the slow type 4x
+    slower: under 65 ms/step the first rents the slow node alone, the second cannot (its slow
+    layers take 24 ms each), so candidates kept across the two would change an answer."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    fast = build_instance(write_instance(tmp_path / "a"))
+    slow = build_instance(write_instance(tmp_path / "b", slow_ms=(8.0, 16.0)))
+    limits = (Limits(), Limits("min-cost", time_limit_s=0.065))
+
+    def answers():
+        return [(r.objective, [(s.gpu, s.num_layers) for s in r.plan.stages])
+                for r in (bruteforce.solve(i, lim) for i in (fast, slow, fast) for lim in limits)]
+    kept = answers()
+    cfg = bruteforce.solved_configs(fast)[0]
+    assert bruteforce.config_plans(fast, cfg) is bruteforce.config_plans(fast, cfg)
+    monkeypatch.setattr(bruteforce, "KEPT_PLANS", 0)   # nothing kept: every solve enumerates
+    assert kept == answers()
+    assert {g for g, _ in kept[1][1]} == {"A10"} and "A10" not in {g for g, _ in kept[3][1]}
+
+
+def test_plans_share_their_instance_s_inputs_record_and_write_a_copy(tmp_path):
+    inst = build_instance(write_instance(tmp_path))
+    plan = bruteforce.solve(inst, Limits()).plan
+    assert plan.inputs is inst.inputs_record()
+    written = plan.to_dict()
+    written["inputs"]["model"]["name"] = "changed"
+    assert inst.inputs_record()["model"]["name"] != "changed"
+
+
 @pytest.mark.parametrize("mode", ["megatron", "free"])
 @pytest.mark.parametrize("third", [False, True])
 @pytest.mark.parametrize("gpn", [1, 2, 4])
