@@ -156,15 +156,18 @@ def test_brute_force_keeps_one_instance_s_candidates_and_answers_as_a_fresh_enum
     slow = build_instance(write_instance(tmp_path / "b", slow_ms=(8.0, 16.0)))
     limits = (Limits(), Limits("min-cost", time_limit_s=0.065))
 
-    def answers():
+    def answers():   # and the fast one at pp 2, its layers pinned 1 + 3 (its optimum: 3 + 1), and not
         return [(r.objective, [(s.gpu, s.num_layers) for s in r.plan.stages])
-                for r in (bruteforce.solve(i, lim) for i in (fast, slow, fast) for lim in limits)]
+                for r in [bruteforce.solve(i, lim) for i in (fast, slow, fast) for lim in limits] +
+                [bruteforce.solve(fast, Limits(), fix={"pp": 2, "layers": (1, 3)}),
+                 bruteforce.solve(fast, Limits(), fix={"pp": 2})]]
     kept = answers()
     cfg = bruteforce.solved_configs(fast)[0]
     assert bruteforce.config_plans(fast, cfg) is bruteforce.config_plans(fast, cfg)
     monkeypatch.setattr(bruteforce, "KEPT_PLANS", 0)   # nothing kept: every solve enumerates
     assert kept == answers()
     assert {g for g, _ in kept[1][1]} == {"A10"} and "A10" not in {g for g, _ in kept[3][1]}
+    assert [n for _, n in kept[6][1]] == [1, 3] and [n for _, n in kept[7][1]] == [3, 1]
 
 
 def test_plans_share_their_instance_s_inputs_record_and_write_a_copy(tmp_path):

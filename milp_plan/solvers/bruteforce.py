@@ -19,7 +19,9 @@ model's coefficients. Candidates per config:
 
 It refuses instances with more than MAX_PLANS candidates (counted in closed form, an
 upper bound where recompute counts are involved): it exists to prove the formulations
-right on small instances, not to plan real clusters.
+right on small instances, not to plan real clusters. The evaluated candidates of the last
+instance (at most KEPT_PLANS) are kept for its next solves (`config_plans`): a Pareto sweep
+by brute force evaluates each plan once (tests/test_trust.py's front: 57 s -> 4 s).
 """
 from __future__ import annotations
 
