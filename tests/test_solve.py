@@ -151,7 +151,8 @@ def test_brute_force_keeps_one_instance_s_candidates_and_answers_as_a_fresh_enum
     instance of test_hand_derived_min_cost_under_time_limit and the same with the slow type 4x
     slower: under 65 ms/step the first rents the slow node alone, the second cannot (its slow
     layers take 24 ms each), so candidates kept across the two would change an answer."""
-    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    for name in "ab":
+        (tmp_path / name).mkdir()
     fast = build_instance(write_instance(tmp_path / "a"))
     slow = build_instance(write_instance(tmp_path / "b", slow_ms=(8.0, 16.0)))
     limits = (Limits(), Limits("min-cost", time_limit_s=0.065))

@@ -198,7 +198,7 @@ def config_plans(inst: Instance, cfg: Config, fix: dict | None = None) -> list[P
     """candidate_plans as a list, kept for the next call on the same instance, config and pins
     while the instance's kept candidates number at most KEPT_PLANS: the solves of one instance
     under other limits (a Pareto sweep's, a reference and its cross-checks) evaluate each plan
-    once, the limits being applied after."""
+    once, the limits being applied after. The list is shared: read it, never change it."""
     if _Kept.inst is not inst:
         _Kept.inst, _Kept.plans, _Kept.count = inst, {}, 0
     key = (cfg, repr(fix))
