@@ -284,12 +284,14 @@ class Coefficients:
         if cfg.uniform is not None:
             options, self.pools, self.pool_of = shared.get(key, lambda: self._pooled(stage_options(inst, cfg, fix)))
             self.options: list[StageOption] = list(options)
+            self.options_key: tuple = key   # what fixes `options` (a memo's key for what reads them alone)
         else:
             options = list(shared.get(key, lambda: tuple(stage_options(inst, cfg, fix))))
             # what is left of them reads their memory at the positions `_undominated` checks: configs
             # whose positions there hold as many micro-batches share it, and the pools
             worst = frozenset(self._position(s) for s in self._worst()) if cfg.complete else None
-            kept, pools, pool_of = shared.get(("free options", key, worst), lambda: tuple(
+            self.options_key = ("free options", key, worst)
+            kept, pools, pool_of = shared.get(self.options_key, lambda: tuple(
                 map(tuple, self._pooled(self._undominated(options) if cfg.complete else options))))
             self.options, self.pools, self.pool_of = list(kept), list(pools), list(pool_of)
         # Megatron: one r for every stage (a model variable); free: each full-recompute stage its own

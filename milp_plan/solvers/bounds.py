@@ -12,11 +12,12 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from milp_plan import costmodel as cm
 from milp_plan.formulations.coefficients import (Affine, Coefficients, OptionTermsKey, PlacementKey,
                                                   TiedSyncKey)
 from milp_plan.deadline import WORK
 from milp_plan.predict import SIMULATED
-from milp_plan.formulations.space import Config
+from milp_plan.formulations.space import Config, StageOption
 from milp_plan.job import Limits
 from milp_plan.schedules import PathTerms
 from milp_plan.units import SECONDS_PER_HOUR
@@ -786,6 +787,77 @@ def _least_at_inf(slots: list[SlotType], pp: int, L: int, unit: int, coupled: bo
     return _least_layer_sum(math.inf, slots, pp, L, unit, coupled), _least_usd_per_hour(math.inf, slots, L, unit)
 
 
+class LayerCeiling(NamedTuple):
+    """At most the layers the stages of a config hold within memory, whatever the schedule, the
+    micro-batches in flight and the layer split (`layer_ceiling`): by its positions' ends
+    (pp = 1: the one stage; pp = 2: the first and the last; pp >= 3: those and each middle
+    stage), and by the node types' GPUs."""
+    ends: int       # the end stages together (pp = 1: its one stage)
+    middle: int     # one middle stage (0 where pp < 3)
+    by_gpus: int    # every stage, within the node types' GPUs
+
+
+def layer_ceiling(coef: Coefficients, pp: int) -> LayerCeiling:
+    """`LayerCeiling` of a config of these options and pp, from each option's state room
+    (`state_room`: its most layers by its model states alone, at a position with given ends;
+    activations only add): a stage at the first (last, a middle) position holds at most the
+    largest state room of any option there, and a stage of g GPUs of node type k at most g x
+    d_k layers, d_k the most layers per GPU of any option of k at any of the positions, so the
+    stages on k hold at most floor(G_k d_k) (G_k its GPUs; a mixed-type bundle's stages share
+    their members' GPUs, counted again: only larger). Memoised per options, the distributed
+    optimizer and the kinds of position pp has (1, 2, more)."""
+    kinds = min(pp, 3)
+    key = ("layer ceiling", coef.options_key, coef.cfg.distributed_optimizer, kinds)
+    return coef.shared.get(key, lambda: _layer_ceiling(coef, kinds))
+
+
+def _layer_ceiling(coef: Coefficients, kinds: int) -> LayerCeiling:
+    ends = [(True, True, True)] if kinds == 1 else [(True, False, False), (False, True, False)]
+    middle = [(False, False, False)] if kinds == 3 else []
+    rooms = {pos: [state_room(coef, opt, *pos) for opt in coef.options] for pos in ends + middle}
+    density: dict[int, float] = {}
+    for o, opt in enumerate(coef.options):
+        density[opt.k] = max(density.get(opt.k, 0.0), max(r[o] for r in rooms.values()) / opt.group)
+    by_gpus = sum(math.floor(coef.types[k].count * coef.types[k].gpus_per_node * d * (1 + 1e-12))
+                  for k, d in density.items())
+    return LayerCeiling(sum(max(rooms[pos], default=0) for pos in ends),
+                        max(rooms[middle[0]], default=0) if middle else 0, by_gpus)
+
+
+def state_room(coef: Coefficients, opt: StageOption, first: bool, last: bool, single: bool) -> int:
+    """The most layers (0 to L) a stage of option `opt` at a position with these ends holds
+    within its GPUs' usable memory by its model states alone (costmodel.stage_state_bytes:
+    weights, gradients, optimizer; they grow with the layers), found by bisection on the cost
+    model itself; memoised per option, ends and the distributed optimizer."""
+    distopt = coef.cfg.distributed_optimizer
+
+    def room() -> tuple[int]:
+        inst, L = coef.inst, coef.inst.model.num_layers
+        cap = cm.usable_memory_bytes(inst, coef.types[opt.k])
+
+        def fits(n: int) -> bool:
+            return sum(cm.stage_state_bytes(inst, [coef.kind] * n, first, last, single, opt.tp, opt.dp,
+                                            distopt)) <= cap
+        if not fits(1):
+            return (0,)
+        lo, hi = 1, L + 1   # fits(lo), not fits(hi) (L + 1: beyond every stage)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return (lo,)
+    return coef.shared.get(("state room", opt, first, last, single, distopt), room)[0]
+
+
+def may_hold_layers(coef: Coefficients, pp: int | None = None) -> bool:
+    """False when no pp stages of the config's options (pp: the config's, or that of a config
+    with the same options) hold the model's L layers within memory (`layer_ceiling`): a proof
+    that the config has no plan. GPT-3 175B on the default 32 GPUs: every config, which the
+    full bounds ruled out one by one (formulations/pipeline.md, "The layer ceiling")."""
+    pp = coef.cfg.pp if pp is None else pp
+    L, c = coef.inst.model.num_layers, layer_ceiling(coef, pp)
+    return c.ends + max(pp - 2, 0) * c.middle >= L and (pp == 1 or c.by_gpus >= L)
+
+
 def usable_options(coef: Coefficients, limits: Limits, memory: bool = True, type_caps: dict[int, int] | None = None
                    ) -> tuple[dict[int, int], list[int], dict[int, int], list[int]] | None:
     """(most stages per pool within the limits, the options with a stage to offer, the most
@@ -1451,6 +1523,8 @@ def family_lower_bound(coef: Coefficients, limits: Limits, variants: list[Config
     are each below one pair of every variant (transfers counted only where all count them)."""
     if weak:
         return WeakFamilyBounds(limits).bound(coef.cfg, variants, coef)
+    if not may_hold_layers(coef):   # the family's options and pp: its memory rules out every variant
+        return None
     pairs, vpps = _family_terms(coef, variants)
     return config_lower_bound(coef, limits, memory=False, variants=None, _family=(pairs, vpps))
 

@@ -43,7 +43,7 @@ from milp_plan.cluster import MixedNodeType
 from milp_plan.formulations.coefficients import Coefficients
 from milp_plan.job import Limits
 from milp_plan.solvers.bounds import (_least_hops, _tied_sync_lower_bound, _type_gpus, bounded_objective,
-                                      shared_option_terms, usable_options)
+                                      may_hold_layers, shared_option_terms, usable_options)
 
 Z_TOL = 1e-4     # _least_over_z: stop when the least interval bound is within this share of a value at a point
 Z_SPLITS = 48    # ... or after this many splits
@@ -163,7 +163,7 @@ def gpu_budget_bound(coef: Coefficients, limits: Limits, enough: float = math.in
     this one is not: without a time limit or a $/step budget."""
     cfg, L, pp = coef.cfg, coef.inst.model.num_layers, coef.cfg.pp
     found = usable_options(coef, limits, memory=False)
-    if found is None:
+    if found is None or not may_hold_layers(coef):   # the second: memory rules out every plan below
         return None
     caps, O, _, usable = found
     terms = shared_option_terms(coef, O, usable)
