@@ -80,6 +80,21 @@ def test_gpt3_13b_by_hand_three_stages_of_one_gpu_hold_37_layers():
     assert not may_hold_layers(coefs[3]) and may_hold_layers(coefs[4])
 
 
+def test_a_config_at_its_ceiling_keeps_its_plans(tmp_path):
+    """Two one-GPU nodes, a fast one of 3.8 MiB (3 layers of states) and a slow one of 1.4 MiB
+    (1 layer), a 4-layer model: at tp 1, dp 1, pp 2 the GPUs hold 1 x 3 + 1 x 1 = 4 layers,
+    exactly L, and brute force finds the plans of 3 + 1 layers; the ceiling must let them be."""
+    spec = write_instance(tmp_path, layers=4, gpn=1, counts=(1, 1), memory_gib=(0.0038, 0.0014, None))
+    inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 2}))
+    coef = next(c for c in prepare(inst, None, "megatron").coefs
+                if (c.cfg.uniform.tp, c.cfg.uniform.dp, c.cfg.uniform.mbs, c.cfg.pp, c.cfg.uniform.recompute,
+                    c.cfg.schedule) == (1, 1, 1, 2, "none", "1f1b"))
+    assert layer_ceiling(coef, 2) == (6, 0, 4)
+    plans = [p for p in bruteforce.config_plans(inst, coef.cfg) if Limits().admit(p)]
+    assert sorted(sorted(st.num_layers for st in p.stages) for p in plans) == [[1, 3], [1, 3]]
+    assert may_hold_layers(coef)
+
+
 def test_gpt3_175b_on_the_default_cluster_is_infeasible_at_once():
     """Before the ceiling the search ruled out each of the configs by its full bound: 8.10 work
     units (Megatron mode), 9.60 (free mode)."""
