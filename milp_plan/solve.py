@@ -14,7 +14,7 @@ from milp_plan import planners
 from milp_plan.deadline import WORK, Deadline
 from milp_plan.errors import Infeasible, InputError
 from milp_plan.job import Limits
-from milp_plan.formulations.space import parse_fix, plan_fills
+from milp_plan.formulations.space import Config, parse_fix, plan_fills
 from milp_plan.instance import Instance
 from milp_plan.result import SolveResult
 from milp_plan.units import format_duration, format_duration_up
@@ -197,15 +197,19 @@ def _least_rent(inst: Instance, req: SolveRequest, limits: Limits, known: float,
     return f"at least {lo:.2f} $/h (a plan at {hi:.2f} $/h exists)"
 
 
-def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short: bool = False) -> str | None:
-    """The smallest per-GPU memory a plan needs (most sharding, full recompute) vs the largest GPU.
-    only_if_short: None unless every configuration was scanned and none fits in memory."""
+def least_plan_memory(inst: Instance, dl: Deadline | None = None) -> tuple[float, Config, bool] | None:
+    """(bytes, config, complete): at most the per-GPU memory of the fullest GPU of any plan, and
+    the config that gives it; complete is False where `dl` cut the scan short (the figure then
+    holds for the configs scanned only); None where no config passes the rules. Each config of
+    micro-batch 1 under 1F1B (the fewest activations: they grow with the micro-batch, and the
+    last stage holds one micro-batch in flight, the fewest of any schedule), any recompute: some
+    stage holds n = ceil(L / pp) layers or more, and needs at least the least memory of n layers
+    at any position, on any of the config's options, with its best recomputed-layer count."""
     from milp_plan.formulations.coefficients import Coefficients, SharedCoefficients
     from milp_plan.formulations.space import enumerate_configs
     from milp_plan.schedules import OneFOneB
     best, complete, shared = None, True, SharedCoefficients(inst)
-    # the fewest micro-batches in flight of any schedule the planner searches
-    for cfg in enumerate_configs(inst, {"mbs": 1, "recompute": "full", "schedule": OneFOneB.name}):
+    for cfg in enumerate_configs(inst, {"mbs": 1, "schedule": OneFOneB.name}):
         if dl is not None and dl.expired():
             complete = False
             break
@@ -214,23 +218,31 @@ def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short:
         coef = Coefficients(inst, cfg, shared)
         n = math.ceil(inst.model.num_layers / cfg.pp)
         for k in range(len(coef.options)):
-            need = max(coef.memory(k, s)(n if s else max(1, n), 1) for s in range(cfg.pp))
+            rs = (1, n) if coef.full(k) else (0,)   # memory is affine in r: its least at an end
+            need = min(coef.memory(k, s)(n, r) for s in range(cfg.pp) for r in rs)
             if best is None or need < best[0]:
-                best = (need, cfg, k)
+                best = (need, cfg)
+    return None if best is None else (*best, complete)
+
+
+def _memory_diagnosis(inst: Instance, dl: Deadline | None = None, only_if_short: bool = False) -> str | None:
+    """The smallest per-GPU memory a plan needs (least_plan_memory) vs the largest GPU.
+    only_if_short: None unless every configuration was scanned and none fits in memory."""
+    got = least_plan_memory(inst, dl)
     cap = max(nt.memory_gib * (1 - inst.job.memory_headroom) for nt in inst.cluster.node_types)
-    if best is None:
+    if got is None:
         return None if only_if_short else "no tp/dp/pp combination fits the cluster's GPU counts"
-    need, cfg, k = best
+    need, cfg, complete = got
     if only_if_short and (not complete or need / 2**30 <= cap):
         return None
-    if complete and need / 2**30 <= cap:  # memory is not what rules every plan out
-        return ("no plan passes the configuration rules under these limits and pins; relax --fix, the "
-                "limits, or give the cluster more GPUs")
+    if complete and need / 2**30 <= cap:  # the bound does not show that memory alone rules every plan out
+        return ("no plan passes the configuration rules and fits in memory under these limits and pins; relax "
+                "--fix, the limits, or give the cluster more GPUs")
     if not complete:
         return ("no plan fits the limits; the memory scan ran out of time before it could say whether memory is "
                 "the reason: allow more --max-solve-time")
-    return (f"the smallest per-GPU memory any plan needs is {need / 2**30:.1f} GiB ({cfg.label()}, "
-            f"full recompute, micro-batch 1) but the largest GPU offers {cap:.1f} GiB after the "
+    return (f"the smallest per-GPU memory any plan needs is {need / 2**30:.1f} GiB ({cfg.label()}) "
+            f"but the largest GPU offers {cap:.1f} GiB after the "
             f"{inst.job.memory_headroom:.0%} headroom; use more GPUs, a smaller model or a shorter sequence")
 
 
