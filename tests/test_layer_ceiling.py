@@ -193,3 +193,23 @@ def test_the_diagnosis_memory_is_at_most_every_plans_fullest_gpu(tmp_path_factor
     fullest = min(max(st.peak_memory_gib for st in plan.predicted.stages)
                   for cfg in bruteforce.solved_configs(inst, None) for plan in bruteforce.config_plans(inst, cfg))
     assert need / 2**30 <= fullest * (1 + 1e-9), (need / 2**30, fullest)
+
+
+def test_the_diagnosis_memory_of_a_long_sequence_is_a_plans_by_hand():
+    """GPT-3 175B at 2^20 tokens a sequence on the default: no plan fits. The plan of tp 8, dp 1,
+    pp 4, 24 layers a stage, every layer recomputed, needs 437.5, 358.1, 286.1 and 246.0 GiB a
+    GPU (stage 0 holds four micro-batches in flight under 1F1B, the last one). The diagnosis
+    reads that config's least position with all 24 layers recomputed: exactly the last stage's
+    246.0 GiB, the least any plan needs. Before, it read the fullest position with one layer
+    recomputed, 4,853.5 GiB: more than this plan needs anywhere."""
+    from milp_plan.formulations.placement import build_plan
+    from milp_plan.formulations.space import Config
+    inst = build_instance(InstanceSpec(model="gpt3-175b", global_batch_size=8, seq_length=2**20))
+    need, cfg, complete = least_plan_memory(inst)
+    assert complete and cfg.label() == "tp=8 dp=1 pp=4 mbs=1 recompute=full 1f1b sp"
+    coef = Coefficients(inst, cfg)
+    a100, a10 = (next(o for o in coef.options if coef.types[o.k].gpu.name == name) for name in ("A100-80GB", "A10"))
+    plan = build_plan(inst, cfg, [a10, a10, a100, a100], [24] * 4, [24] * 4, None)
+    memory = [st.peak_memory_gib for st in plan.predicted.stages]
+    assert [round(m, 1) for m in memory] == [437.5, 358.1, 286.1, 246.0]
+    assert math.isclose(need / 2**30, memory[-1], rel_tol=1e-9)
