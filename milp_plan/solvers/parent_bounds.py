@@ -151,7 +151,8 @@ def least_step(w_z: float, w_sum: float, rest: float, extra: float, C: float, a_
 
 def gpu_budget_bound(coef: Coefficients, limits: Limits, enough: float = math.inf) -> float | None:
     """A lower bound on the objective of every plan of the config (module docstring), or None
-    when no plan meets the limits. The fixed terms are config_lower_bound's, from the same
+    when no plan meets the limits or its stages' model states leave no room for the layers
+    (bounds.may_hold_layers). The fixed terms are config_lower_bound's, from the same
     helpers: E (ends, least recompute), stage 0's least reduction at vpp layers and the tied
     all-reduce, the largest stage's least optimizer step, the least transfers, and the least
     $/h of pp stages (min-cost: $ >= that $/h x T / 3600). `enough` (the search's incumbent):
