@@ -2,8 +2,10 @@
 that a config's stages cannot hold the model's layers by their model states alone, which the
 family bounds (Megatron mode) and the GPU-budget bounds (free parents) read.
 
-- state_room against a scan of the cost model's state bytes over every layer count, and the
-  hand case: GPT-3 175B at tp 8, dp 1 holds 18 layers on an A100-80GB, 5 on an A10;
+- state_room against a scan of the cost model's state bytes over every layer count, and two
+  hand cases: GPT-3 175B at tp 8, dp 1 holds 18 layers on an A100-80GB, 5 on an A10; GPT-3 13B
+  at tp 1, dp 1 holds 12 + 13 + 12 = 37 < 40 layers in three stages;
+- a config exactly at its ceiling (its GPUs hold L layers) keeps its plans;
 - nothing with a plan is ruled out: on random small instances whose memory binds on the model
   states (both modes), every admitted plan's stages hold at most their state rooms, every
   config with an admitted plan passes may_hold_layers, and a Megatron family whose family
