@@ -205,7 +205,6 @@ def test_the_diagnosis_memory_of_a_long_sequence_is_a_plans_by_hand():
     246.0 GiB, the least any plan needs. Before, it read the fullest position with one layer
     recomputed, 4,853.5 GiB: more than this plan needs anywhere."""
     from milp_plan.formulations.placement import build_plan
-    from milp_plan.formulations.space import Config
     inst = build_instance(InstanceSpec(model="gpt3-175b", global_batch_size=8, seq_length=2**20))
     need, cfg, complete = least_plan_memory(inst)
     assert complete and cfg.label() == "tp=8 dp=1 pp=4 mbs=1 recompute=full 1f1b sp"
