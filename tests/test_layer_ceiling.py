@@ -64,7 +64,7 @@ def test_gpt3_175b_does_not_fit_the_default_cluster_by_hand():
     for pos in POSITIONS:
         assert state_room(coef, a100, *pos) == 18 == math.floor(72 * 2**30 / per_layer)
         assert state_room(coef, a10, *pos) == 5 == math.floor(21.6 * 2**30 / per_layer)
-    assert layer_ceiling(coef, 4) == (36, 18, 46)
+    assert layer_ceiling(coef) == (36, 18, 46)
     assert not may_hold_layers(coef)
     assert not any(may_hold_layers(c) for c in prepared.coefs)   # every tp, dp, pp: 6,400 configs
 
@@ -82,7 +82,7 @@ def test_gpt3_13b_by_hand_three_stages_of_one_gpu_hold_37_layers():
     a100 = next(o for o in coefs[3].options if coefs[3].types[o.k].gpu.name == "A100-80GB")
     assert [state_room(coefs[3], a100, *pos) for pos in POSITIONS[:3]] == [12, 13, 12]
     # the A10s (21.6 GiB) hold 3, 4, 3; the GPUs: 16 x 13 + 16 x 4 = 272 layers
-    assert layer_ceiling(coefs[3], 3) == (24, 13, 272)
+    assert layer_ceiling(coefs[3]) == (24, 13, 272)
     assert not may_hold_layers(coefs[3]) and may_hold_layers(coefs[4])
 
 
@@ -95,7 +95,7 @@ def test_a_config_at_its_ceiling_keeps_its_plans(tmp_path):
     coef = next(c for c in prepare(inst, None, "megatron").coefs
                 if (c.cfg.uniform.tp, c.cfg.uniform.dp, c.cfg.uniform.mbs, c.cfg.pp, c.cfg.uniform.recompute,
                     c.cfg.schedule) == (1, 1, 1, 2, "none", "1f1b"))
-    assert layer_ceiling(coef, 2) == (6, 0, 4)
+    assert layer_ceiling(coef) == (6, 0, 4)
     plans = [p for p in bruteforce.config_plans(inst, coef.cfg) if Limits().admit(p)]
     assert sorted(sorted(st.num_layers for st in p.stages) for p in plans) == [[1, 3], [1, 3]]
     assert may_hold_layers(coef)

@@ -797,8 +797,8 @@ class LayerCeiling(NamedTuple):
     by_gpus: int    # every stage, within the node types' GPUs
 
 
-def layer_ceiling(coef: Coefficients, pp: int) -> LayerCeiling:
-    """`LayerCeiling` of a config of these options and pp, from each option's state room
+def layer_ceiling(coef: Coefficients) -> LayerCeiling:
+    """`LayerCeiling` of the config, from each option's state room
     (`state_room`: its most layers by its model states alone, at a position with given ends;
     activations only add): a stage at the first (last, a middle) position holds at most the
     largest state room of any option there, and a stage of g GPUs of node type k at most g x
@@ -806,7 +806,7 @@ def layer_ceiling(coef: Coefficients, pp: int) -> LayerCeiling:
     stages on k hold at most floor(G_k d_k) (G_k its GPUs; a mixed-type bundle's stages share
     their members' GPUs, counted again: only larger). Memoised per options, the distributed
     optimizer and the kinds of position pp has (1, 2, more)."""
-    kinds = min(pp, 3)
+    kinds = min(coef.cfg.pp, 3)
     key = ("layer ceiling", coef.options_key, coef.cfg.distributed_optimizer, kinds)
     return coef.shared.get(key, lambda: _layer_ceiling(coef, kinds))
 
@@ -848,13 +848,12 @@ def state_room(coef: Coefficients, opt: StageOption, first: bool, last: bool, si
     return coef.shared.get(("state room", opt, first, last, single, distopt), room)[0]
 
 
-def may_hold_layers(coef: Coefficients, pp: int | None = None) -> bool:
-    """False when no pp stages of the config's options (pp: the config's, or that of a config
-    with the same options) hold the model's L layers within memory (`layer_ceiling`): a proof
-    that the config has no plan. GPT-3 175B on the default 32 GPUs: every config, which the
-    full bounds ruled out one by one (formulations/pipeline.md, "The layer ceiling")."""
-    pp = coef.cfg.pp if pp is None else pp
-    L, c = coef.inst.model.num_layers, layer_ceiling(coef, pp)
+def may_hold_layers(coef: Coefficients) -> bool:
+    """False when the config's pp stages cannot hold the model's L layers within memory
+    (`layer_ceiling`): a proof that the config has no plan. GPT-3 175B on the default 32 GPUs:
+    every config, which the full bounds ruled out one by one (formulations/pipeline.md, "The
+    layer ceiling")."""
+    pp, L, c = coef.cfg.pp, coef.inst.model.num_layers, layer_ceiling(coef)
     return c.ends + max(pp - 2, 0) * c.middle >= L and (pp == 1 or c.by_gpus >= L)
 
 
