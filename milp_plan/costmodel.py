@@ -395,7 +395,7 @@ def stage_params(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_
     """Parameters a stage holds (before tp sharding). A tied output projection is counted
     on both the first and the last stage unless one stage holds both."""
     m = inst.model
-    p = float(sum(m.layer_params(k) for k in kinds))
+    p = float(sum(m.layer_params(k) * n for k, n in Counter(kinds).items()))   # whole numbers: exact
     if has_embedding:
         p += m.layer_params("embedding")
     if has_head:

@@ -440,9 +440,17 @@ class Coefficients:
             return sum(cm.stage_state_bytes(self.inst, [self.kind] * n, first, last, single, opt.tp, opt.dp,
                                             cfg.distributed_optimizer))
 
+        # what the activations read (not dp): the options of other dp share their values
+        acts = self.shared.get(("activation bytes", gpu, first, last, opt.tp, opt.mbs, cfg.sequence_parallel,
+                                opt.recompute), dict)
+
         def act(n: int, r: int, inflight: float, emb: float = 0.0, head: float = 0.0) -> float:
-            return cm.stage_activation_bytes(self.inst, [self.kind] * n, first, last, opt.tp, opt.mbs,
-                                             cfg.sequence_parallel, opt.recompute, r, inflight, emb, head, gpu=gpu)
+            got = acts.get((n, r, inflight, emb, head))
+            if got is None:
+                got = acts[n, r, inflight, emb, head] = cm.stage_activation_bytes(
+                    self.inst, [self.kind] * n, first, last, opt.tp, opt.mbs, cfg.sequence_parallel, opt.recompute,
+                    r, inflight, emb, head, gpu=gpu)
+            return got
         r0 = 1 if full else 0
         idle = act(1, r0, 0.0)
         return MemoryParts(_affine(lambda n, r: states(n) + act(n, r, 0.0), full),

@@ -828,7 +828,8 @@ def state_room(coef: Coefficients, opt: StageOption, first: bool, last: bool, si
     """The most layers (0 to L) a stage of option `opt` at a position with these ends holds
     within its GPUs' usable memory by its model states alone (costmodel.stage_state_bytes:
     weights, gradients, optimizer; they grow with the layers), found by bisection on the cost
-    model itself; memoised per option, ends and the distributed optimizer."""
+    model itself; memoised per what the states read: the option's node type, tp and dp (not its
+    micro-batch or recompute), the ends and the distributed optimizer."""
     distopt = coef.cfg.distributed_optimizer
 
     def room() -> tuple[int]:
@@ -845,7 +846,7 @@ def state_room(coef: Coefficients, opt: StageOption, first: bool, last: bool, si
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         return (lo,)
-    return coef.shared.get(("state room", opt, first, last, single, distopt), room)[0]
+    return coef.shared.get(("state room", opt.k, opt.tp, opt.dp, first, last, single, distopt), room)[0]
 
 
 def may_hold_layers(coef: Coefficients) -> bool:
