@@ -814,6 +814,17 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             # of it (bounds.full_bound); a sweep's later solves read it whole (Prepared.proven)
             floor = max(lb, carried) if cfg.complete else lb
             enough = budget_enough * (1 - REL_EPS)
+            if not cfg.complete:
+                # a parent's cheap bound before its full one: at a fifth of the cost, it prunes
+                # about half of the parents the full bound prunes (their GPU-budget bound is below)
+                dl.charge(WORK.bound)
+                cheap_lb = config_lower_bound(coef, limits, memory=False, enough=enough)
+                if cheap_lb is None or cheap_lb >= inc.objective * (1 - REL_EPS):
+                    if cheap_lb is None:
+                        ruled_out += 1
+                    else:
+                        pruned += 1
+                    continue
             got = None
             if bounders is not None and not cfg.complete:   # the next parents' bounds, in the workers
                 bounders.ahead(heap, enough, dl, lifted)
