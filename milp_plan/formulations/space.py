@@ -194,6 +194,16 @@ class StageOption:
     mbs: int
     recompute: str
 
+    def __hash__(self) -> int:  # cached: the coefficient cache's keys hold tuples of many options
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.k, self.tp, self.dp, self.mbs, self.recompute))
+
+    def __reduce__(self):  # pickled without the cached hash: another process salts str hashes anew
+        return StageOption, (self.k, self.tp, self.dp, self.mbs, self.recompute)
+
     @property
     def group(self) -> int:
         return self.tp * self.dp
