@@ -161,11 +161,17 @@ def _stop_when_stale(incumbent, cutoff: float):
 
 def _full_bound(cfg, floor, enough):
     """In a BoundWorkers process: (bounds.full_bound of `cfg` from `floor`, asked for `enough`,),
-    or None when it raised (the search then bounds it itself, and raises the same)."""
-    from milp_plan.solvers.bounds import full_bound
+    or None when it raised (the search then bounds it itself, and raises the same). Not where
+    the parent's cheap bound reaches `enough`: the search, whose incumbent is no larger, prunes
+    it by that bound before it reads a full one (driver._solve), so the answer is the cheap one."""
+    from milp_plan.solvers.bounds import config_lower_bound, full_bound
     prep, limits, _ = _BOUNDS
     try:
-        return (full_bound(Coefficients(prep.inst, cfg, prep.shared, prep.fix), limits, floor, enough),)
+        coef = Coefficients(prep.inst, cfg, prep.shared, prep.fix)
+        cheap = config_lower_bound(coef, limits, memory=False, enough=enough)
+        if cheap is None or cheap >= enough:
+            return (cheap,)
+        return (full_bound(coef, limits, floor, enough),)
     except Exception:  # noqa: BLE001 - the search's own bound raises it again
         return None
 
