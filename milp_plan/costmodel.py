@@ -395,7 +395,10 @@ def stage_params(inst: Instance, kinds: Sequence[str], has_embedding: bool, has_
     """Parameters a stage holds (before tp sharding). A tied output projection is counted
     on both the first and the last stage unless one stage holds both."""
     m = inst.model
-    p = float(sum(m.layer_params(k) * n for k, n in Counter(kinds).items()))   # whole numbers: exact
+    if kinds and kinds.count(kinds[0]) == len(kinds):   # one kind (every block of all but T5): exact, whole numbers
+        p = float(m.layer_params(kinds[0]) * len(kinds))
+    else:
+        p = float(sum(m.layer_params(k) for k in kinds))
     if has_embedding:
         p += m.layer_params("embedding")
     if has_head:
