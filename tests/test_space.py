@@ -225,3 +225,24 @@ def test_free_children_from_the_parents_options_are_those_from_scratch(cluster, 
         options = stage_options(inst, cfg, fix)
         assert list(free_children(inst, cfg, fix, options)) == list(free_children(inst, cfg, fix))
         assert list(free_completions(inst, cfg, fix, options)) == list(free_completions(inst, cfg, fix))
+
+
+def test_a_stage_option_pickled_by_one_process_is_found_by_another(tmp_path):
+    """StageOption caches its hash (the coefficient cache's keys hold tuples of many options);
+    a process with another string-hash salt (a spawned Ray or multiprocessing worker) must not
+    read the cached one: unpickled, the option is found among its own equal options."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    from milp_plan.formulations.space import StageOption
+    opt = StageOption(1, 2, 4, 1, "full")
+    hash(opt)   # cached here
+    path = tmp_path / "opt.pkl"
+    path.write_bytes(pickle.dumps(opt))
+    code = ("import pickle, sys; from milp_plan.formulations.space import StageOption as S; "
+            f"o = pickle.load(open({str(path)!r}, 'rb')); "
+            "sys.exit(0 if o in {S(1, 2, 4, 1, 'full'): 0} and hash(o) == hash(S(1, 2, 4, 1, 'full')) else 1)")
+    for seed in ("1", "2", "3"):
+        got = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed})
+        assert got.returncode == 0, seed
