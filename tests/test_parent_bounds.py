@@ -15,11 +15,12 @@ import math
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
+import milp_plan.solvers.driver as drv
+from milp_plan.deadline import Deadline
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.job import Limits
 from milp_plan.solvers import bruteforce
 from milp_plan.solvers.bounds import config_lower_bound
-from milp_plan.solvers.driver import prepare
 from milp_plan.solvers.parent_bounds import gpu_budget_bound, least_layer_sum, least_step
 from instances import EXAMPLES, limits_for, small_free_instances, write_instance
 from test_bounds import REL, config_optimum
@@ -132,7 +133,7 @@ def test_budget_bound_never_exceeds_what_lies_below(tmp_path_factory, case):
     fastest = bruteforce.solve(inst, Limits(), mode="free")
     assume(fastest.plan is not None)
     limits = limits_for(objective, fastest.plan)
-    prepared = prepare(inst, None, "free")
+    prepared = drv.prepare(inst, None, "free")
     for coef in prepared.coefs:
         assert_budget_bound_valid(inst, prepared, coef, limits)
 
@@ -146,7 +147,7 @@ def test_budget_bound_lifts_a_deep_parent_to_its_optimum(tmp_path):
     vertex split of 8 layers over 8 stages is one each: S >= (7 + sqrt 1)^2 / C = 8 w = 192 ms."""
     spec = write_instance(tmp_path, layers=8, gpn=1, counts=(4, 4), fast_ms=(1.0, 2.0), slow_ms=(1.0, 2.0))
     inst = build_instance(InstanceSpec(**{**spec.__dict__, "global_batch_size": 8}))
-    prepared = prepare(inst, {"pp": 8}, "free")
+    prepared = drv.prepare(inst, {"pp": 8}, "free")
     parent = next(c for c in prepared.coefs if c.cfg.samples == 8 and c.cfg.schedule == "1f1b")
     limits = Limits()
     # (every plan below the parent is at 192 ms plus 3 us of transfers: the hand optimum; its brute
@@ -163,7 +164,7 @@ def test_budget_bound_asked_for_enough_is_exact_below_it(cluster, model, gbs):
     bound's) the exact bound whatever E. On the simulated basis (the default: several weight
     pairs) and the closed form (scale-1024: one); the early exit takes place."""
     inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
-    parents = [c for c in prepare(inst, None, "free").coefs if not c.cfg.complete][::7]
+    parents = [c for c in drv.prepare(inst, None, "free").coefs if not c.cfg.complete][::7]
     short = 0
     for coef in parents:
         exact = gpu_budget_bound(coef, Limits())
@@ -187,7 +188,7 @@ def test_capacity_is_at_least_what_any_option_per_type_achieves():
     efficient); a_min is the least per-layer time of any option."""
     from milp_plan.solvers.parent_bounds import capacity
     inst = build_instance(InstanceSpec())
-    prepared = prepare(inst, None, "free")
+    prepared = drv.prepare(inst, None, "free")
     coef = next(c for c in prepared.coefs if c.cfg.pp == 4)
     C, a_min = capacity(coef, Limits())
     ends = sorted({0, 1, coef.cfg.pp - 1})
@@ -209,8 +210,6 @@ def test_a_popped_parent_is_pruned_by_its_cheap_bound_exactly_at_the_incumbent(m
     parent where that bound reaches the incumbent, and full-bounds it where it does not. On the
     default instance (GPT-3 6.7B, batch 256) 10 of its 285 parents' cheap bounds reach the
     incumbent and 4 lie within 3% below it, so a rule that pruned 3% early, or never, fails."""
-    import milp_plan.solvers.driver as drv
-    from milp_plan.deadline import Deadline
     calls = []
     cheap, full = drv.config_lower_bound, drv.full_bound
 

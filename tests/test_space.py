@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pickle
+import subprocess
+import sys
 
 import jsonschema
 import pytest
@@ -17,7 +21,7 @@ import pytest
 from milp_plan import analytic, check
 from milp_plan.errors import InputError
 from milp_plan.job import Limits
-from milp_plan.formulations.space import enumerate_configs, parse_fix, plan_fills, with_space_options
+from milp_plan.formulations.space import StageOption, enumerate_configs, parse_fix, plan_fills, with_space_options
 from milp_plan.instance import InstanceSpec, build_instance
 from milp_plan.plan import plan_from_dict, read_plan, schema
 from milp_plan.solvers import bruteforce
@@ -231,11 +235,6 @@ def test_a_stage_option_pickled_by_one_process_is_found_by_another(tmp_path):
     """StageOption caches its hash (the coefficient cache's keys hold tuples of many options);
     a process with another string-hash salt (a spawned Ray or multiprocessing worker) must not
     read the cached one: unpickled, the option is found among its own equal options."""
-    import os
-    import pickle
-    import subprocess
-    import sys
-    from milp_plan.formulations.space import StageOption
     opt = StageOption(1, 2, 4, 1, "full")
     hash(opt)   # cached here
     path = tmp_path / "opt.pkl"
