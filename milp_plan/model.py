@@ -64,6 +64,9 @@ class Model:
     def _hash(self) -> int:
         return hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
 
+    def __reduce__(self):  # pickled without the cached hash: another process salts str hashes anew
+        return Model, tuple(getattr(self, f) for f in self.__dataclass_fields__)
+
     # ---- structure -------------------------------------------------------------
     @functools.cached_property
     def head_dim(self) -> int:

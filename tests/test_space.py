@@ -23,6 +23,7 @@ from milp_plan.errors import InputError
 from milp_plan.job import Limits
 from milp_plan.formulations.space import StageOption, enumerate_configs, parse_fix, plan_fills, with_space_options
 from milp_plan.instance import InstanceSpec, build_instance
+from milp_plan.model import load_model
 from milp_plan.plan import plan_from_dict, read_plan, schema
 from milp_plan.solvers import bruteforce
 from milp_plan.solvers.driver import solve
@@ -231,17 +232,21 @@ def test_free_children_from_the_parents_options_are_those_from_scratch(cluster, 
         assert list(free_completions(inst, cfg, fix, options)) == list(free_completions(inst, cfg, fix))
 
 
-def test_a_stage_option_pickled_by_one_process_is_found_by_another(tmp_path):
-    """StageOption caches its hash (the coefficient cache's keys hold tuples of many options);
-    a process with another string-hash salt (a spawned Ray or multiprocessing worker) must not
-    read the cached one: unpickled, the option is found among its own equal options."""
-    opt = StageOption(1, 2, 4, 1, "full")
-    hash(opt)   # cached here
-    path = tmp_path / "opt.pkl"
-    path.write_bytes(pickle.dumps(opt))
-    code = ("import pickle, sys; from milp_plan.formulations.space import StageOption as S; "
-            f"o = pickle.load(open({str(path)!r}, 'rb')); "
-            "sys.exit(0 if o in {S(1, 2, 4, 1, 'full'): 0} and hash(o) == hash(S(1, 2, 4, 1, 'full')) else 1)")
+@pytest.mark.parametrize("make, expr", [(lambda: StageOption(1, 2, 4, 1, "full"), "StageOption(1, 2, 4, 1, 'full')"),
+                                        (lambda: load_model("gpt3-1.3b"), "load_model('gpt3-1.3b')")])
+def test_an_object_of_cached_hash_pickled_by_one_process_is_found_by_another(tmp_path, make, expr):
+    """StageOption and Model cache their hash (the coefficient cache's keys hold tuples of many
+    options; the per-layer functions are memoised on the model); a process with another
+    string-hash salt (a spawned Ray or multiprocessing worker) must not read the cached one:
+    unpickled, the object is found among its own equals."""
+    obj = make()
+    hash(obj)   # cached here
+    path = tmp_path / "obj.pkl"
+    path.write_bytes(pickle.dumps(obj))
+    code = ("import pickle, sys; from milp_plan.formulations.space import StageOption; "
+            "from milp_plan.model import load_model; "
+            f"o, fresh = pickle.load(open({str(path)!r}, 'rb')), {expr}; "
+            "sys.exit(0 if o in {fresh: 0} and hash(o) == hash(fresh) else 1)")
     for seed in ("1", "2", "3"):
         got = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed})
         assert got.returncode == 0, seed
