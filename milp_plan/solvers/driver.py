@@ -815,8 +815,9 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             floor = max(lb, carried) if cfg.complete else lb
             enough = budget_enough * (1 - REL_EPS)
             if not cfg.complete:
-                # a parent's cheap bound before its full one: at a fifth of the cost, it prunes
-                # about half of the parents the full bound prunes (their GPU-budget bound is below)
+                # a parent's cheap bound before its full one, at a fifth of the cost: its GPU-budget
+                # bound is below the incumbent, and on scale-1024 this one reaches it on 755 of the
+                # 1,726 parents the full bound pruned (formulations/pipeline.md, "Decomposition")
                 dl.charge(WORK.bound)
                 cheap_lb = config_lower_bound(coef, limits, memory=False, enough=enough)
                 if cheap_lb is None or cheap_lb >= inc.objective * (1 - REL_EPS):
