@@ -40,19 +40,23 @@ def bounds_of(coef: Coefficients, limits: Limits, variants) -> list:
     return got
 
 
-@pytest.mark.parametrize("mode", ["megatron", "free"])
+@pytest.mark.parametrize("mode", ["megatron", "free", "both"])
 @pytest.mark.parametrize("limits", LIMITS, ids=["min-time", "min-cost", "budget-h", "budget-step"])
 def test_shared_terms_give_the_bound_of_a_fresh_cache(mode, limits):
+    """both: free mode's configs with its Megatron-mode start's (driver.prepare gives them one
+    cache, so the free search reads what the start computed) in one random order."""
     inst = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256))
-    prepared = prepare(inst, None, mode)
-    families = prepared.families()
     rng = random.Random(19)
-    picked = rng.sample(families, min(60, len(families)))
-    if mode == "free":  # parents with open stage sizes, and their children
-        kids = [[k.cfg] for i in picked[:10] for k in prepared.children(prepared.coef(i[0]))]
-    else:
-        kids = []
-    cases = [[prepared.configs[i] for i in members] for members in picked] + kids
+    cases = []
+    for space in (["megatron", "free"] if mode == "both" else [mode]):
+        prepared = prepare(inst, None, space)
+        families = prepared.families()
+        picked = rng.sample(families, min(60, len(families)))
+        if space == "free":  # parents with open stage sizes, and their children
+            kids = [[k.cfg] for i in picked[:10] for k in prepared.children(prepared.coef(i[0]))]
+        else:
+            kids = []
+        cases += [[prepared.configs[i] for i in members] for members in picked] + kids
     warm = SharedCoefficients(inst)
     # warm the shared cache in a random order first, so each config finds terms another made
     order = list(range(len(cases)))
