@@ -221,15 +221,17 @@ def test_free_children_from_the_parents_options_are_those_from_scratch(cluster, 
     """free_children and free_completions given a parent's options (the search's Prepared.children
     passes its Coefficients'; each child gets the parent's of the size it settles) list the same
     configs, in order, as from stage_options: two node types (children complete) and four
-    (children that are parents again)."""
+    (children that are parents again); free_completions lists the leaves of free_children's tree."""
     from milp_plan.formulations.space import free_children, free_completions, stage_options
     inst = build_instance(InstanceSpec(cluster=cluster, model=model, global_batch_size=gbs))
     parents = [c for c in enumerate_configs(inst, fix, mode="free") if not c.complete][::5]
     assert parents
+    def leaves(c):   # the tree free_children branches, walked depth first: free_completions' definition
+        return [c] if c.complete else [leaf for child in free_children(inst, c, fix) for leaf in leaves(child)]
     for cfg in parents:
         options = stage_options(inst, cfg, fix)
         assert list(free_children(inst, cfg, fix, options)) == list(free_children(inst, cfg, fix))
-        assert list(free_completions(inst, cfg, fix, options)) == list(free_completions(inst, cfg, fix))
+        assert list(free_completions(inst, cfg, fix, options)) == list(free_completions(inst, cfg, fix)) == leaves(cfg)
 
 
 @pytest.mark.parametrize("make, expr", [(lambda: StageOption(1, 2, 4, 1, "full"), "StageOption(1, 2, 4, 1, 'full')"),

@@ -30,6 +30,7 @@ communication, so it is on whenever dp > 1.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -331,14 +332,20 @@ def free_children(inst: Instance, cfg: Config, fix: dict[str, object] | None = N
 
 def free_completions(inst: Instance, cfg: Config, fix: dict[str, object] | None = None,
                      options: list[StageOption] | None = None) -> Iterator[Config]:
-    """Every complete config below `cfg` (the brute force's space). `options`: cfg's
-    stage_options where known (a child's are its parent's of the size it settles)."""
+    """Every complete config below `cfg` (the brute force's space), in the order of the tree
+    `free_children` branches: each open node type takes 0 or a size its options offer (settling
+    one type leaves every other type's options as they were), node types in order, and a
+    completion keeps at least one and at most pp types with a stage (the children's test, which
+    only tightens down the tree). `options`: cfg's stage_options where known."""
     if cfg.complete:
         yield cfg
         return
     options = stage_options(inst, cfg, fix) if options is None else options
-    for child in free_children(inst, cfg, fix, options):
-        yield from free_completions(inst, child, fix, [o for o in options if child.sizes[o.k] in (OPEN, o.group)])
+    choices = [[size] if size != OPEN else [0] + sorted({o.group for o in options if o.k == k})
+               for k, size in enumerate(cfg.sizes)]
+    for settled in itertools.product(*choices):
+        if any(settled) and sum(1 for x in settled if x > 0) <= cfg.pp:
+            yield replace(cfg, sizes=settled)
 
 
 def recompute_choices(inst: Instance) -> tuple[str, ...]:
