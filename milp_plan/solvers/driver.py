@@ -11,8 +11,8 @@ is honest even when the time limit cuts the search short.
 
 Free mode: the configs (samples per micro-batch, pp, schedule, no uniform rule) whose
 node types' stage sizes are open. The Megatron-mode optimum comes first (megatron_mode_start,
-on the same coefficient cache: `prepare`), then their bounding (with --workers, in worker processes beside it: parallel.BoundWorkers).
-Configs are kept in one heap by bound: a config with an open
+on the same coefficient cache: `prepare`), then their bounding (with --workers, in worker
+processes beside it: parallel.BoundWorkers). Configs are kept in one heap by bound: a config with an open
 size goes in at its GPU-budget bound (parent_bounds.gpu_budget_bound: the stages share the
 cluster's GPUs; one the bounding did not reach is lifted by it when popped, back into the heap
 where that is higher), then full-bounded and

