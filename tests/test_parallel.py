@@ -30,19 +30,26 @@ def counted(monkeypatch):
 
 @pytest.fixture
 def bounded(monkeypatch):
-    """Each free solve's (root bounds, full bounds) its BoundWorkers' processes gave the search."""
+    """Each free solve's (root bounds, full bounds, parents opened with their children) its
+    BoundWorkers' processes gave the search."""
     seen = []
-    root_bounds, close = parallel.BoundWorkers.root_bounds, parallel.BoundWorkers.close
+    root_bounds, take, close = parallel.BoundWorkers.root_bounds, parallel.BoundWorkers.take, parallel.BoundWorkers.close
 
     def roots(self, dl):
         got = root_bounds(self, dl)
-        seen.append([len(got), 0])
+        seen.append([len(got), 0, 0])
+        return got
+
+    def taken(self, cfg, floor, dl):
+        got = take(self, cfg, floor, dl)
+        seen[-1][2] += got is not None and got.kids is not None
         return got
 
     def record(self):
         seen[-1][1] = self.taken
         close(self)
     monkeypatch.setattr(parallel.BoundWorkers, "root_bounds", roots)
+    monkeypatch.setattr(parallel.BoundWorkers, "take", taken)
     monkeypatch.setattr(parallel.BoundWorkers, "close", record)
     return seen
 
@@ -83,12 +90,13 @@ def free_default():
 def test_free_bounds_ahead_give_the_same_answer(free_default, bounded):
     """Free mode on the default, cut short after its Megatron-mode start, its parents' root
     bounds and some of their full bounds (4.0 work units): the same plan, bound and work with 2
-    processes, whose workers computed every root bound and full bounds the search took."""
+    processes, whose workers computed every root bound and full bounds the search took, and
+    opened parents into their children for it (parallel.Opened)."""
     inst, one = free_default
     assert one[0] == "feasible" and one[5] > 0   # cut short, after configs were solved
     assert _outcome(inst, None, 2, 4.0, inst.objective.limits()) == one
-    (roots, taken), = bounded
-    assert roots == 637 and taken > 20            # every root parent (3,186 configs with their children)
+    (roots, taken, opened), = bounded
+    assert roots == 637 and taken > 20 and opened > 10   # every root parent (3,186 configs with their children)
 
 
 def _raised(*args):
@@ -102,7 +110,7 @@ def test_a_bound_worker_that_fails_leaves_the_bound_to_the_search(free_default, 
     monkeypatch.setattr(parallel, broken, _raised)   # the forked workers inherit it
     inst, one = free_default
     assert _outcome(inst, None, 2, 4.0, inst.objective.limits()) == one
-    (roots, taken), = bounded
+    (roots, taken, _), = bounded
     assert (roots, taken > 0) == ((0, True) if broken == "_root_bounds" else (637, False))
 
 
@@ -115,6 +123,23 @@ def test_cli_plan_json_bytes_do_not_depend_on_workers(tmp_path, capsys):
         assert code == 0, err
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
+
+
+def test_a_full_bound_goes_to_whoever_claims_it_first(monkeypatch):
+    """parallel._claim: the worker that begins a full bound and the search that takes it back
+    (BoundWorkers.take: not begun when its parent is popped) each claim it; only the first
+    computes it, and a lock not had (a worker killed holding it) claims nothing."""
+    import multiprocessing
+    claims = multiprocessing.RawArray("b", 4)
+    lock = multiprocessing.Lock()
+    monkeypatch.setattr(parallel, "_CLAIMS", (claims, lock))
+    assert parallel._claim(0, parallel.STARTED) and not parallel._claim(0, parallel.TAKEN_BACK)
+    assert parallel._claim(1, parallel.TAKEN_BACK) and not parallel._claim(1, parallel.STARTED)
+    assert list(claims) == [parallel.STARTED, parallel.TAKEN_BACK, 0, 0]
+    assert parallel._full_bound(None, 0.0, 1.0, 1.0, 1) is None   # taken back: the worker does not start it
+    lock.acquire()
+    monkeypatch.setattr(lock, "acquire", lambda timeout: False)   # (no wait of a second here)
+    assert not parallel._claim(2, parallel.STARTED) and claims[2] == 0
 
 
 class _Done:

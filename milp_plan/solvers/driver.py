@@ -125,6 +125,7 @@ class Prepared:
     _families: list | None = field(default=None, repr=False)
     _twins: dict = field(default_factory=dict)   # Config -> its dominating twin or None (twin)
     _index: dict = field(default_factory=dict)   # Config -> its index in configs (filled on first use)
+    kids: dict = field(default_factory=dict)     # Config -> the Coefficients of a child a worker opened (`kid`)
     # later solves read what each proves (a Pareto sweep): the search records every popped config's
     # exact full bound, not one cut short at the incumbent (bounds.full_bound's `enough`)
     sweep: bool = False
@@ -221,6 +222,24 @@ class Prepared:
         if len(kids) > FREE_COMPLETIONS:
             kids = list(free_children(coef.inst, coef.cfg, self.fix, coef.options))
         return [Coefficients(coef.inst, child, self.shared, self.fix) for child in kids]
+
+    def open(self, coef: Coefficients, limits: Limits, enough: float) -> list[tuple[Coefficients, float | None]]:
+        """Free mode: the children of the parent `coef` (`children`), each with the bound it goes
+        into the heap at (before the parent's): a complete one its cheap bound, one with open
+        sizes its GPU-budget bound (exact below `enough`: its sizes settled so far change its
+        capacity, so siblings no longer tie at the parent's bound); None: no plan of it meets
+        the limits. --workers' processes open the parents they full-bound
+        (parallel.BoundWorkers.ahead) by this same function."""
+        return [(kid, config_lower_bound(kid, limits, memory=False) if kid.cfg.complete
+                 else gpu_budget_bound(kid, limits, enough)) for kid in self.children(coef)]
+
+    def kid(self, cfg: Config) -> Coefficients:
+        """The coefficients of a child a worker opened (parallel.Opened: it goes into the heap
+        without them, and most are never popped), made on first use."""
+        got = self.kids.get(cfg)
+        if got is None:
+            got = self.kids[cfg] = Coefficients(self.inst, cfg, self.shared, self.fix)
+        return got
 
 
 def admits_fewer(new: Limits, old: Limits) -> bool:
@@ -523,7 +542,7 @@ class _Heap:
             if not heap:
                 return None
         lb, cfg, _, coef = heapq.heappop(heap)
-        return lb, cfg, coef
+        return lb, cfg, coef if coef is not None else prep.kid(cfg)
 
     def pop_config(self) -> tuple[float, Config, Coefficients] | None:
         """The config of least bound, or None when the heap holds only families without a plan
@@ -818,26 +837,28 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             # of it (bounds.full_bound); a sweep's later solves read it whole (Prepared.proven)
             floor = max(lb, carried) if cfg.complete else lb
             enough = budget_enough * (1 - REL_EPS)
+            got = None
+            if bounders is not None and not cfg.complete:   # the next parents' bounds, in the workers
+                bounders.ahead(heap, enough, dl, lifted, budget_enough)
+                got = bounders.take(cfg, floor, dl)
             if not cfg.complete:
                 # a parent's cheap bound before its full one, at a fifth of the cost: its GPU-budget
                 # bound is below the incumbent, and on scale-1024 this one reaches it on 755 of the
-                # 1,726 parents the full bound pruned (formulations/pipeline.md, "Decomposition")
+                # 1,726 parents the full bound pruned (formulations/pipeline.md, "Decomposition");
+                # a worker's where it was asked under this incumbent (what it reaches depends on it)
                 dl.charge(WORK.bound)
-                cheap_lb = config_lower_bound(coef, limits, memory=False, enough=enough)
+                cheap_lb = got.cheap if got is not None and got.enough == enough else \
+                    config_lower_bound(coef, limits, memory=False, enough=enough)
                 if cheap_lb is None or cheap_lb >= inc.objective * (1 - REL_EPS):
                     if cheap_lb is None:
                         ruled_out += 1
                     else:
                         pruned += 1
                     continue
-            got = None
-            if bounders is not None and not cfg.complete:   # the next parents' bounds, in the workers
-                bounders.ahead(heap, enough, dl, lifted)
-                got = bounders.take(cfg, floor, dl)
             if cfg in fully:   # back in the heap at its full bound (below): known
                 full_lb = fully.pop(cfg)
             else:
-                full_lb = got[0] if got is not None else full_bound(coef, limits, floor, enough=enough)
+                full_lb = got.full if got is not None else full_bound(coef, limits, floor, enough=enough)
                 dl.charge(full_bound_work(coef, limits))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 if cfg.complete:  # what the bound proved, for later solves (a sweep's: too_slow, carried)
@@ -864,23 +885,23 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                 continue
             if not cfg.complete:
                 opened += 1
-                for kid in prepared.children(coef):
-                    # a kid with open sizes: this bound and its own GPU-budget bound (its sizes
-                    # settled so far change its capacity), so siblings no longer tie at this one
-                    if kid.cfg.complete:
-                        kid_lb = config_lower_bound(kid, limits, memory=False)
-                    else:
-                        kid_lb = gpu_budget_bound(kid, limits, budget_enough)
-                        lifted.add(kid.cfg)
+                # the children at the larger of their own bound and this one; a worker's where it
+                # opened this parent with the same incumbent (the GPU-budget bounds read it)
+                taken = got is not None and got.kids is not None and got.budget_enough == budget_enough
+                kids = got.kids if taken else [(kid.cfg, kid_lb, kid) for kid, kid_lb in
+                                               prepared.open(coef, limits, budget_enough)]
+                for kid_cfg, kid_lb, *kid in kids:   # a worker's without their Coefficients (Prepared.kid)
+                    if not kid_cfg.complete:
+                        lifted.add(kid_cfg)
                     dl.charge(WORK.bound)
                     if kid_lb is not None:
-                        heap.push((max(lb, kid_lb), kid.cfg, 0, kid))
+                        heap.push((max(lb, kid_lb), kid_cfg, 0, kid[0] if kid else None))
                         total += 1
                 continue
             if ahead is not None:
                 ahead.dispatch(heap, inputs_of, inc.objective, dl, REL_EPS)
             if bounders is not None:
-                bounders.ahead(heap, enough, dl, lifted)
+                bounders.ahead(heap, enough, dl, lifted, budget_enough)
             cutoff = inc.objective if inc.plan is not None else None
             plan, open_lb = _solve_or_take(ahead, coef, limits, backend, inputs_of(coef), dl, seed, lb)
             # what it proved: its bound, or (no plan under the cutoff) that none beats the incumbent
