@@ -886,7 +886,9 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if not cfg.complete:
                 opened += 1
                 # the children at the larger of their own bound and this one; a worker's where it
-                # opened this parent with the same incumbent (the GPU-budget bounds read it)
+                # opened this parent under the same incumbent (a GPU-budget bound reads it: where
+                # it differs only a child at or above the incumbent can differ, never popped, but
+                # one None here and not there would change the counts)
                 taken = got is not None and got.kids is not None and got.budget_enough == budget_enough
                 kids = got.kids if taken else [(kid.cfg, kid_lb, kid) for kid, kid_lb in
                                                prepared.open(coef, limits, budget_enough)]
