@@ -16,13 +16,13 @@ add_contiguity).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from milp_plan import costmodel as cm
 from milp_plan.cluster import MixedNodeType
-from milp_plan.formulations.space import (LIST_KEYS, Config, Placement, StageOption, host_types, placement,
-                                          stage_options)
+from milp_plan.formulations.space import (LIST_KEYS, OPEN, Config, Placement, StageOption, host_types, placement,
+                                          stage_options, within_sizes)
 from milp_plan.instance import Instance
 from milp_plan.predict import SIMULATED, seed_paths, step_basis
 from milp_plan.schedules import ForwardShare, PathTerms, Schedule
@@ -280,13 +280,17 @@ class Coefficients:
         # the options depend on the uniform choice, the samples per micro-batch, the stage sizes
         # and --fix alone (space.stage_options): configs of other pp, schedules and switches share
         # them, and their pools where no option is dropped as dominated (a uniform config has no twins)
-        key = OptionsKey(cfg.uniform, cfg.samples, cfg.sizes, tuple(sorted((k, repr(v)) for k, v in (fix or {}).items())))
+        fixed = tuple(sorted((k, repr(v)) for k, v in (fix or {}).items()))
+        key = OptionsKey(cfg.uniform, cfg.samples, cfg.sizes, fixed)
         if cfg.uniform is not None:
             options, self.pools, self.pool_of = shared.get(key, lambda: self._pooled(stage_options(inst, cfg, fix)))
             self.options: list[StageOption] = list(options)
             self.options_key: tuple = key   # what fixes `options` (a memo's key for what reads them alone)
         else:
-            options = list(shared.get(key, lambda: tuple(stage_options(inst, cfg, fix))))
+            # those of every size, made once per samples per micro-batch, filtered by the config's sizes
+            every = ("every size", cfg.samples, fixed)
+            options = list(shared.get(key, lambda: tuple(within_sizes(shared.get(every, lambda: tuple(
+                stage_options(inst, replace(cfg, sizes=(OPEN,) * len(cfg.sizes)), fix))), cfg.sizes))))
             # what is left of them reads their memory at the positions `_undominated` checks: configs
             # whose positions there hold as many micro-batches share it, and the pools
             worst = frozenset(self._position(s) for s in self._worst()) if cfg.complete else None

@@ -309,12 +309,19 @@ def stage_options(inst: Instance, cfg: Config, fix: dict[str, object] | None = N
                     continue
                 if not _packs(nt, tp * dp, tp) or not covered(inst, nt.gpu.name, tp, mbs, fix):
                     continue
-                if cfg.sizes and cfg.sizes[k] not in (OPEN, tp * dp):
-                    continue
                 for rec in ([u.recompute] if u else [fix["recompute"]] if "recompute" in fix
                             else recompute_choices(inst)):
                     out.append(StageOption(k, tp, dp, mbs, rec))
-    return sorted(out, key=lambda o: (o.k, o.group, o.tp, o.recompute))
+    out.sort(key=lambda o: (o.k, o.group, o.tp, o.recompute))
+    return within_sizes(out, cfg.sizes) if cfg.sizes else out
+
+
+def within_sizes(options: list[StageOption], sizes: tuple) -> list[StageOption]:
+    """The options a config of stage sizes `sizes` keeps of `options` (the same config's with
+    other sizes, or open ones): on each node type those of its size (tp x dp), every one where
+    its size is open, none where it is 0. `stage_options` reads the sizes here alone, so a
+    child's options are its parent's, filtered (Coefficients)."""
+    return [o for o in options if sizes[o.k] in (OPEN, o.group)]
 
 
 def free_children(inst: Instance, cfg: Config, fix: dict[str, object] | None = None,
