@@ -33,7 +33,8 @@ def bounded(monkeypatch):
     """Each free solve's (root bounds, full bounds, parents opened with their children) its
     BoundWorkers' processes gave the search."""
     seen = []
-    root_bounds, take, close = parallel.BoundWorkers.root_bounds, parallel.BoundWorkers.take, parallel.BoundWorkers.close
+    workers = parallel.BoundWorkers
+    root_bounds, take, close = workers.root_bounds, workers.take, workers.close
 
     def roots(self, dl):
         got = root_bounds(self, dl)

@@ -53,8 +53,8 @@ alone; tests/test_bound_memo.py checks a memoised bound against a fresh one):
   it), and makes the children's coefficients only when it pops one (Prepared.kid). A bound
   that no worker has begun when the search pops its parent is taken back (`_claim`) and
   computed by the search itself rather than waited for. On mixed-128 (free mode, 2 processes)
-  this took the search's own process from 10.4 to 7.4 s of CPU and its wall time from 13.1
-  to 11.9 s.
+  this took the search's own process from 10.1 to 7.1 s of CPU and its wall time from 12.7
+  to 11.9 s (README, "Speed").
 - Each config goes to the worker of its samples per micro-batch B (`BoundWorkers.worker`):
   the configs of one B share their stage options, so most of the terms a bound memoises
   (the options' memory fits, their time terms, the recompute pieces). A worker fills its own
@@ -90,7 +90,7 @@ STALE_POLL_S = 0.05  # how often a worker's solve ahead reads whether the search
 _FORKED = None   # (Prepared, driver._solve_config, the shared incumbent) of the search a forked worker serves
 _BOUNDS = None   # (Prepared, Limits, driver._cheap_bound) of the bounding a forked BoundWorkers process serves
 BOUND_QUEUE = 32 # full bounds handed to a BoundWorkers process at most (3-10 ms each at 1024 GPUs)
-CLAIM_SLOTS = 4096   # BoundWorkers' claims on the full bounds asked, a ring (at most 2 BOUND_QUEUE a worker wait)
+CLAIM_SLOTS = 4096   # BoundWorkers' claims on the full bounds asked: a ring, far longer than the queues (BOUND_QUEUE)
 _CLAIMS = None   # (the claims, their lock) a forked BoundWorkers process shares with the search
 
 
@@ -442,7 +442,8 @@ class Ahead:
             if (kind != 0 or not cfg.complete or cfg in self.pending or self.prepared.carried(cfg, self.limits) > lb
                     or self.prepared.too_slow(cfg, self.limits)):
                 continue
-            coef = coef if coef is not None else self.prepared.kid(cfg)   # a child a worker opened: its coefficients made now
+            if coef is None:   # a child a worker opened: its coefficients made now (Prepared.kid)
+                coef = self.prepared.kid(cfg)
             full = self.full.get(cfg, False)
             if full is False:   # exact below the limit, which only falls: all a later call reads of it
                 full = self.full[cfg] = full_bound(coef, self.limits, enough=limit)
