@@ -841,14 +841,15 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if bounders is not None and not cfg.complete:   # the next parents' bounds, in the workers
                 bounders.ahead(heap, enough, dl, lifted, budget_enough)
                 got = bounders.take(cfg, floor, dl)
+            # a worker's cheap bound and children are this search's where it asked under this
+            # incumbent (which bound reaches it, and the children's GPU-budget bounds, read it)
+            same = got is not None and got.budget_enough == budget_enough
             if not cfg.complete:
                 # a parent's cheap bound before its full one, at a fifth of the cost: its GPU-budget
                 # bound is below the incumbent, and on scale-1024 this one reaches it on 755 of the
-                # 1,726 parents the full bound pruned (formulations/pipeline.md, "Decomposition");
-                # a worker's where it was asked under this incumbent (what it reaches depends on it)
+                # 1,726 parents the full bound pruned (formulations/pipeline.md, "Decomposition")
                 dl.charge(WORK.bound)
-                cheap_lb = got.cheap if got is not None and got.enough == enough else \
-                    config_lower_bound(coef, limits, memory=False, enough=enough)
+                cheap_lb = got.cheap if same else config_lower_bound(coef, limits, memory=False, enough=enough)
                 if cheap_lb is None or cheap_lb >= inc.objective * (1 - REL_EPS):
                     if cheap_lb is None:
                         ruled_out += 1
@@ -885,19 +886,18 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                 continue
             if not cfg.complete:
                 opened += 1
-                # the children at the larger of their own bound and this one; a worker's where it
-                # opened this parent under the same incumbent (a GPU-budget bound reads it: where
-                # it differs only a child at or above the incumbent can differ, never popped, but
-                # one None here and not there would change the counts)
-                taken = got is not None and got.kids is not None and got.budget_enough == budget_enough
-                kids = got.kids if taken else [(kid.cfg, kid_lb, kid) for kid, kid_lb in
-                                               prepared.open(coef, limits, budget_enough)]
-                for kid_cfg, kid_lb, *kid in kids:   # a worker's without their Coefficients (Prepared.kid)
+                # the children at the larger of their own bound and this one; a worker's without
+                # their coefficients (Prepared.kid makes them when popped). Under another incumbent
+                # only a child at or above it could differ, never popped, but one None here and
+                # not there would change the counts: `same`
+                kids = ([(kid_cfg, kid_lb, None) for kid_cfg, kid_lb in got.kids] if same and got.kids is not None
+                        else [(kid.cfg, kid_lb, kid) for kid, kid_lb in prepared.open(coef, limits, budget_enough)])
+                for kid_cfg, kid_lb, kid in kids:
                     if not kid_cfg.complete:
                         lifted.add(kid_cfg)
                     dl.charge(WORK.bound)
                     if kid_lb is not None:
-                        heap.push((max(lb, kid_lb), kid_cfg, 0, kid[0] if kid else None))
+                        heap.push((max(lb, kid_lb), kid_cfg, 0, kid))
                         total += 1
                 continue
             if ahead is not None:

@@ -193,9 +193,8 @@ def _claim(slot: int, who: int) -> bool:
 @dataclass
 class Opened:
     """A parent's bounds from a BoundWorkers process (`_full_bound`), as the search computes them
-    (driver._solve), asked under the search's incumbent of then (`enough`, `budget_enough`)."""
-    enough: float                  # the incumbent less REL_EPS: both bounds are exact below it
-    budget_enough: float           # the incumbent, or inf in a sweep: the children's bounds read it
+    (driver._solve), asked under the search's incumbent of then (`budget_enough`)."""
+    budget_enough: float           # the incumbent, or inf in a sweep: what every bound here reads
     cheap: float | None            # bounds.config_lower_bound without the memory rooms
     full: float | None             # bounds.full_bound; `cheap` where that reaches `enough` (or is None)
     kids: list | None = None       # Prepared.open's (config, bound) of each child, where `full` is below `enough`
@@ -217,12 +216,12 @@ def _full_bound(cfg, floor, enough, budget_enough, slot):
         coef = Coefficients(prep.inst, cfg, prep.shared, prep.fix)
         cheap = config_lower_bound(coef, limits, memory=False, enough=enough)
         if cheap is None or cheap >= enough:
-            return Opened(enough, budget_enough, cheap, cheap)
+            return Opened(budget_enough, cheap, cheap)
         full = full_bound(coef, limits, floor, enough)
         if full is None or full >= enough:
-            return Opened(enough, budget_enough, cheap, full)
+            return Opened(budget_enough, cheap, full)
         kids = [(kid.cfg, lb) for kid, lb in prep.open(coef, limits, budget_enough)]
-        return Opened(enough, budget_enough, cheap, full, kids)
+        return Opened(budget_enough, cheap, full, kids)
     except Exception:  # noqa: BLE001 - the search's own bound raises it again
         return None
 
