@@ -123,15 +123,20 @@ def _raised(*args):
     return None   # what a bound worker answers when its bound raised
 
 
-@pytest.mark.parametrize("broken", ["_root_bounds", "_full_bound"])
-def test_a_bound_worker_that_fails_leaves_the_bound_to_the_search(free_default, bounded, monkeypatch, broken):
-    """A worker whose bound raised answers None (parallel._root_bounds, _full_bound): the search
-    computes those bounds itself, with the same answer."""
+@pytest.mark.parametrize("broken, roots, taken", [
+    ("_root_bounds", 0, True),    # then no guesses either (they follow the root bounds); the full bounds asked ahead
+    ("_guess", 637, True),        # the full bounds asked ahead
+    ("_bounds", 637, False),      # every full bound: asked ahead or guessed
+])
+def test_a_bound_worker_that_fails_leaves_the_bound_to_the_search(free_default, bounded, monkeypatch, broken, roots,
+                                                                  taken):
+    """A worker whose bound raised answers None (parallel._root_bounds, _guess, _bounds): the
+    search computes those bounds itself, with the same answer."""
     monkeypatch.setattr(parallel, broken, _raised)   # the forked workers inherit it
     inst, one = free_default
     assert _outcome(inst, None, 2, 4.0, inst.objective.limits()) == one
-    (roots, taken, _), = bounded
-    assert (roots, taken > 0) == ((0, True) if broken == "_root_bounds" else (637, False))
+    (got_roots, got_taken, _), = bounded
+    assert (got_roots, got_taken > 0) == (roots, taken)
 
 
 def test_cli_plan_json_bytes_do_not_depend_on_workers(tmp_path, capsys):

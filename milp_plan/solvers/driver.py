@@ -838,18 +838,22 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             floor = max(lb, carried) if cfg.complete else lb
             enough = budget_enough * (1 - REL_EPS)
             got = None
-            if bounders is not None and not cfg.complete:   # the next parents' bounds, in the workers
-                bounders.ahead(heap, enough, dl, lifted, budget_enough)
+            if bounders is not None and cfg not in fully:   # the next configs' bounds, in the workers
+                bounders.ahead(heap, enough, dl, lifted, budget_enough, fully)
                 got = bounders.take(cfg, floor, dl)
-            # a worker's cheap bound and children are this search's where it asked under this
-            # incumbent (which bound reaches it, and the children's GPU-budget bounds, read it)
+            # a worker's children are this search's where it asked under this incumbent (the
+            # children's GPU-budget bounds read it); its bounds where it did, or where they are not
+            # None: asked under an incumbent no smaller (or none: a guess, parallel._guess), a
+            # bound is exact below it, so below this one too, and reaches this one where the exact
+            # one does; its None could be a bound at or above this one here (pruned, not ruled out)
             same = got is not None and got.budget_enough == budget_enough
             if not cfg.complete:
                 # a parent's cheap bound before its full one, at a fifth of the cost: its GPU-budget
                 # bound is below the incumbent, and on scale-1024 this one reaches it on 755 of the
                 # 1,726 parents the full bound pruned (formulations/pipeline.md, "Decomposition")
                 dl.charge(WORK.bound)
-                cheap_lb = got.cheap if same else config_lower_bound(coef, limits, memory=False, enough=enough)
+                cheap_lb = got.cheap if same or (got is not None and got.cheap is not None) else \
+                    config_lower_bound(coef, limits, memory=False, enough=enough)
                 if cheap_lb is None or cheap_lb >= inc.objective * (1 - REL_EPS):
                     if cheap_lb is None:
                         ruled_out += 1
@@ -859,7 +863,11 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if cfg in fully:   # back in the heap at its full bound (below): known
                 full_lb = fully.pop(cfg)
             else:
-                full_lb = got.full if got is not None else full_bound(coef, limits, floor, enough=enough)
+                # a complete config's under this incumbent alone: the work it charges reads it too
+                if got is not None and (same or (not cfg.complete and got.full is not None)):
+                    full_lb, coef.bound_work = got.full, got.work
+                else:
+                    full_lb = full_bound(coef, limits, floor, enough=enough)
                 dl.charge(full_bound_work(coef, limits))
             if full_lb is None or full_lb >= inc.objective * (1 - REL_EPS):
                 if cfg.complete:  # what the bound proved, for later solves (a sweep's: too_slow, carried)
@@ -890,7 +898,7 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                 # their coefficients (Prepared.kid makes them when popped). Under another incumbent
                 # only a child at or above it could differ, never popped, but one None here and
                 # not there would change the counts: `same`
-                kids = ([(kid_cfg, kid_lb, None) for kid_cfg, kid_lb in got.kids] if same and got.kids is not None
+                kids = ([(kid_cfg, kid_lb, None) for kid_cfg, kid_lb in got.kids] if got is not None and got.kids is not None
                         else [(kid.cfg, kid_lb, kid) for kid, kid_lb in prepared.open(coef, limits, budget_enough)])
                 for kid_cfg, kid_lb, kid in kids:
                     if not kid_cfg.complete:
@@ -903,7 +911,7 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if ahead is not None:
                 ahead.dispatch(heap, inputs_of, inc.objective, dl, REL_EPS)
             if bounders is not None:
-                bounders.ahead(heap, enough, dl, lifted, budget_enough)
+                bounders.ahead(heap, enough, dl, lifted, budget_enough, fully)
             cutoff = inc.objective if inc.plan is not None else None
             plan, open_lb = _solve_or_take(ahead, coef, limits, backend, inputs_of(coef), dl, seed, lb)
             # what it proved: its bound, or (no plan under the cutoff) that none beats the incumbent

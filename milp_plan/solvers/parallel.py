@@ -92,6 +92,8 @@ _BOUNDS = None   # (Prepared, Limits, driver._cheap_bound) of the bounding a for
 BOUND_QUEUE = 32 # full bounds handed to a BoundWorkers process at most (3-10 ms each at 1024 GPUs)
 CLAIM_SLOTS = 4096   # BoundWorkers' claims on the full bounds asked: a ring, far longer than the queues (BOUND_QUEUE)
 _CLAIMS = None   # (the claims, their lock) a forked BoundWorkers process shares with the search
+GUESSES = 8      # parents a root process bounds per job once its root bounds are done (`_guess`)
+_RANKED = None   # in a root process: (root bound, config index) of its parents, least first (`_guess`)
 
 
 @dataclass
@@ -198,40 +200,70 @@ class Opened:
     cheap: float | None            # bounds.config_lower_bound without the memory rooms
     full: float | None             # bounds.full_bound; `cheap` where that reaches `enough` (or is None)
     kids: list | None = None       # Prepared.open's (config, bound) of each child, where `full` is below `enough`
+    work: float = 0.0              # Coefficients.bound_work after the full bound (a complete config's few-stage bound)
 
 
 def _full_bound(cfg, floor, enough, budget_enough, slot):
-    """In a BoundWorkers process: the parent `cfg`'s Opened, its full bound from `floor`, or None
-    when it raised (the search then bounds it itself, and raises the same). Not where the
-    parent's cheap bound reaches `enough`: the search, whose incumbent is no larger, prunes it by
-    that bound before it reads a full one (driver._solve), so the answer is the cheap one. Where
-    the full bound is below `enough` the search opens the parent: then also its children with
-    their bounds. None without a start where the search has taken it back (claim `slot`:
-    BoundWorkers.take)."""
+    """In a BoundWorkers process: the parent `cfg`'s Opened (`_bounds`, its full bound from
+    `floor`), or None when it raised (the search then bounds it itself, and raises the same).
+    None without a start where the search has taken it back (claim `slot`: BoundWorkers.take)."""
     if not _claim(slot, STARTED):
         return None   # the search took it back (BoundWorkers.take) and bounds it itself
-    from milp_plan.solvers.bounds import config_lower_bound, full_bound
-    prep, limits, _ = _BOUNDS
+    prep = _BOUNDS[0]
     try:
-        coef = Coefficients(prep.inst, cfg, prep.shared, prep.fix)
-        cheap = config_lower_bound(coef, limits, memory=False, enough=enough)
-        if cheap is None or cheap >= enough:
-            return Opened(budget_enough, cheap, cheap)
-        full = full_bound(coef, limits, floor, enough)
-        if full is None or full >= enough:
-            return Opened(budget_enough, cheap, full)
-        kids = [(kid.cfg, lb) for kid, lb in prep.open(coef, limits, budget_enough)]
-        return Opened(budget_enough, cheap, full, kids)
+        return _bounds(Coefficients(prep.inst, cfg, prep.shared, prep.fix), floor, enough, budget_enough)
     except Exception:  # noqa: BLE001 - the search's own bound raises it again
         return None
 
 
+def _bounds(coef: Coefficients, floor: float, enough: float, budget_enough: float, kids: bool = True) -> Opened:
+    """A config's Opened as the search computes it (driver._solve). A complete config: its full
+    bound from `floor` and the work it charges. A parent: its cheap bound, then its full bound,
+    not where the cheap one reaches `enough` (the search, whose incumbent is no larger, prunes
+    it by that bound before it reads a full one, so the answer is the cheap one); where the
+    full bound is below `enough` the search opens the parent: then also (`kids`) its children
+    with their bounds."""
+    from milp_plan.solvers.bounds import config_lower_bound, full_bound
+    prep, limits, _ = _BOUNDS
+    if coef.cfg.complete:
+        full = full_bound(coef, limits, floor, enough)
+        return Opened(budget_enough, None, full, work=coef.bound_work)
+    cheap = config_lower_bound(coef, limits, memory=False, enough=enough)
+    if cheap is None or cheap >= enough:
+        return Opened(budget_enough, cheap, cheap)
+    full = full_bound(coef, limits, floor, enough)
+    if not kids or full is None or full >= enough:
+        return Opened(budget_enough, cheap, full)
+    return Opened(budget_enough, cheap, full, [(kid.cfg, lb) for kid, lb in prep.open(coef, limits, budget_enough)])
+
+
 def _root_bounds(indices: list[int]):
     """In a BoundWorkers process: the root bound of each config `indices` names (by its index
-    in the Prepared), or None when one raised."""
+    in the Prepared), or None when one raised. Its parents, least root bound first, are left
+    for the guesses that follow (`_guess`)."""
+    global _RANKED
     prep, limits, bound = _BOUNDS
     try:
-        return [bound(prep.coef(i), limits) for i in indices]
+        got = [bound(prep.coef(i), limits) for i in indices]
+    except Exception:  # noqa: BLE001 - the search's own bound raises it again
+        return None
+    _RANKED = sorted((lb, i) for lb, i in zip(got, indices) if lb is not None and not prep.configs[i].complete)
+    return got
+
+
+def _guess(part: int):
+    """In a BoundWorkers process, after its root bounds (`_root_bounds`, the job before): the
+    Opened of its parents ranked part x GUESSES on by root bound (the first the search pops),
+    asked for no incumbent, since the search's is not known yet (exact bounds: the search
+    reads of them what it reads of its own, driver._solve), as [(config index, root bound,
+    Opened)]; None where one raised. They use a root process's idle time while the search's
+    own solves the Megatron-mode start (BoundWorkers.root)."""
+    if _RANKED is None:
+        return None
+    prep = _BOUNDS[0]
+    try:
+        return [(i, lb, _bounds(prep.coef(i), lb, math.inf, math.inf))
+                for lb, i in _RANKED[part * GUESSES:(part + 1) * GUESSES]]
     except Exception:  # noqa: BLE001 - the search's own bound raises it again
         return None
 
@@ -279,7 +311,9 @@ class BoundWorkers:
         self.asked: dict = {}                   # Config -> (floor, AsyncResult)
         self.running: list[list] = []
         self.roots: list = []                   # (indices, AsyncResult, pool)
-        self.taken = 0
+        self.guesses: list = []                 # the root processes' `_guess` jobs, in order
+        self.guessed: dict = {}                 # Config -> (root bound, Opened) of the guesses done in time
+        self.taken = 0                          # full bounds the search took (asked ahead or guessed)
         self.slots = 0                          # full bounds asked (their claims: slots % CLAIM_SLOTS)
 
     def _fork(self, processes: int) -> list:
@@ -308,6 +342,11 @@ class BoundWorkers:
             mine[by_samples.setdefault(configs[i].samples, len(by_samples) % n)].append(i)
         pools = self._fork(n)
         self.roots = [(ix, pool.apply_async(_root_bounds, (ix,)), pool) for ix, pool in zip(mine, pools) if ix]
+        # then each process's parents, least root bound first, until the search needs the bounds
+        # (root_bounds: those done go to the search, the rest are dropped)
+        for ix, _, pool in self.roots:
+            parents = sum(not configs[i].complete for i in ix)
+            self.guesses += [pool.apply_async(_guess, (part,)) for part in range(-(-parents // GUESSES))]
 
     def root_bounds(self, dl: Deadline) -> dict[int, float | None]:
         """Config index -> its root bound, of the workers done when all are or `dl` expires (the
@@ -319,17 +358,21 @@ class BoundWorkers:
             got = _answer(job) if job.ready() else None
             if got is not None:
                 out.update(zip(ix, got))
+        for job in self.guesses:
+            for i, lb, opened in (_answer(job) if job.ready() else None) or ():
+                self.guessed[self.prepared.configs[i]] = lb, opened
         _close([pool for _, _, pool in self.roots])
-        self.roots = []
+        self.roots, self.guesses = [], []
         return out
 
-    def ahead(self, heap, enough: float, dl: Deadline, lifted, budget_enough: float) -> None:
-        """Hand each worker, up to BOUND_QUEUE, the next parents of `heap` the search would
-        full-bound (kind 0, open stage sizes, in `lifted`: their GPU-budget bound read, below
-        `enough`: the incumbent less REL_EPS, or inf in a sweep), each from its heap key and
-        asked for `enough` (bounds.full_bound: exact below it). The search's `enough` when it
-        takes one is no larger (its incumbent only falls), so it reads the same of it: the
-        exact bound below its own, a bound at least its own where the exact one is."""
+    def ahead(self, heap, enough: float, dl: Deadline, lifted, budget_enough: float, known=()) -> None:
+        """Hand each worker, up to BOUND_QUEUE, the next configs of `heap` the search would
+        full-bound (kind 0 below `enough`: the incumbent less REL_EPS, or inf in a sweep; a
+        parent in `lifted`, its GPU-budget bound read; a complete config not in `known`, whose
+        full bound the search has), each from its heap key and asked for `enough`
+        (bounds.full_bound: exact below it). The search's `enough` when it takes one is no
+        larger (its incumbent only falls), so it reads the same of it: the exact bound below its
+        own, a bound at least its own where the exact one is (driver._solve)."""
         if not self.forked:
             self.pools, self.forked = self._fork(self.size), True
             self.running = [[] for _ in self.pools]
@@ -342,7 +385,8 @@ class BoundWorkers:
         for lb, cfg, kind, _ in smallest(heap.entries, LOOKAHEAD):
             if lb >= enough:
                 break
-            if kind != 0 or cfg.complete or cfg in self.asked or cfg not in lifted:
+            if kind != 0 or cfg in self.asked or cfg in self.guessed or (cfg in known if cfg.complete else
+                                                                         cfg not in lifted):
                 continue
             w = self.worker(cfg)
             if len(self.running[w]) >= BOUND_QUEUE:
@@ -355,8 +399,13 @@ class BoundWorkers:
             self.running[w].append(job)
 
     def take(self, cfg, floor: float, dl: Deadline) -> Opened | None:
-        """The bounds of `cfg` (its full bound from `floor`) where a worker was asked for them
-        (`ahead`) and has begun, else None (the search bounds it itself)."""
+        """The bounds of `cfg` (its full bound from `floor`) where a root process guessed them
+        (`root`) or a worker was asked for them (`ahead`) and has begun, else None (the search
+        bounds it itself)."""
+        guess = self.guessed.pop(cfg, None)
+        if guess is not None and guess[0] == floor and guess[1] is not None:
+            self.taken += 1
+            return guess[1]
         got = self.asked.pop(cfg, None)
         if got is None or got[0] != floor or _claim(got[2], TAKEN_BACK):
             return None   # not asked, or asked and not begun: the search's own bound is as soon
