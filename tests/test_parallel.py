@@ -55,6 +55,24 @@ def bounded(monkeypatch):
     return seen
 
 
+@pytest.fixture
+def guessed(monkeypatch):
+    """The root processes' first guesses (parallel._guess: 4 jobs each) done before the search
+    starts, as on a machine where the Megatron-mode start outlasts them; each free solve's
+    count of parents guessed."""
+    seen = []
+    root_bounds = parallel.BoundWorkers.root_bounds
+
+    def patient(self, dl):
+        for job in self.guesses[:4]:
+            job.wait()
+        got = root_bounds(self, dl)
+        seen.append(len(self.guessed))
+        return got
+    monkeypatch.setattr(parallel.BoundWorkers, "root_bounds", patient)
+    return seen
+
+
 def _outcome(inst, fix: str, workers: int, work: float, mode_limits=None):
     r = solving.run(inst, solving.SolveRequest("cpsat", fix, 600.0, 1, workers, work), mode_limits)
     return (r.status, r.objective, r.best_bound, r.gap, r.work, r.configs_solved, r.configs_pruned,
@@ -100,23 +118,41 @@ def test_free_bounds_ahead_give_the_same_answer(free_default, bounded):
     assert roots == 637 and taken > 20 and opened > 10   # every root parent (3,186 configs with their children)
 
 
-def test_free_search_whose_incumbent_moves_gives_the_same_answer(bounded):
+@pytest.fixture(scope="module")
+def moving_job():
+    inst = build_instance(InstanceSpec(model="gpt3-2.7b", global_batch_size=80), Objective(mode="free"))
+    return inst, _moving_outcome(inst, 1)
+
+
+def _moving_outcome(inst, workers):
+    r = solving.run(inst, solving.SolveRequest("cpsat", "pp=3", 600.0, 1, workers, 30.0), inst.objective.limits())
+    return (r.status, r.objective, r.best_bound, r.work, r.heuristic_objective, r.configs_solved, r.configs_pruned,
+            r.configs_ruled_out, r.configs_opened, r.configs_total, json.dumps(r.plan.to_dict(), sort_keys=True))
+
+
+def test_free_search_whose_incumbent_moves_gives_the_same_answer(moving_job, bounded):
     """The shipped default's job (GPT-3 2.7B, batch 80) in free mode at pp 3: the free search
     beats its Megatron-mode start three times, so the workers bound and open parents under
-    incumbents the search has left by the time it pops them (their cheap bounds and children's
-    bounds are then its own: parallel.Opened). The same answer, and the same count of every
-    kind of config, with 2 processes."""
-    inst = build_instance(InstanceSpec(model="gpt3-2.7b", global_batch_size=80), Objective(mode="free"))
-
-    def outcome(workers):
-        r = solving.run(inst, solving.SolveRequest("cpsat", "pp=3", 600.0, 1, workers, 30.0), inst.objective.limits())
-        return (r.status, r.objective, r.best_bound, r.work, r.heuristic_objective, r.configs_solved, r.configs_pruned,
-                r.configs_ruled_out, r.configs_opened, r.configs_total, json.dumps(r.plan.to_dict(), sort_keys=True))
-    one = outcome(1)
+    incumbents the search has left by the time it pops them (parallel.Opened: their bounds and
+    children are read as the search's own where they cannot differ). The same answer, and the
+    same count of every kind of config, with 2 processes."""
+    inst, one = moving_job
     assert one[0] == "optimal" and one[1] < one[4] * (1 - 0.03)   # proven 1.3525 s/step; the start's 1.4153
-    assert outcome(2) == one
+    assert _moving_outcome(inst, 2) == one
     (_, taken, opened), = bounded
     assert taken > 10 and opened > 5
+
+
+def test_guessed_bounds_give_the_same_answer(moving_job, free_default, guessed):
+    """Parents bounded by the root processes for no incumbent, with their children, while the
+    Megatron-mode start runs (parallel._guess): the search reads them under its incumbent, which
+    then moves (the job above), or is cut short by a work limit (the default), with the same
+    answer and counts as one process."""
+    inst, one = moving_job
+    assert _moving_outcome(inst, 2) == one
+    inst, one = free_default
+    assert _outcome(inst, None, 2, 4.0, inst.objective.limits()) == one
+    assert guessed[0] == 20 and guessed[1] >= 4 * parallel.GUESSES   # every parent of pp 3; the default's first 32
 
 
 def _raised(*args):

@@ -841,11 +841,10 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if bounders is not None and cfg not in fully:   # the next configs' bounds, in the workers
                 bounders.ahead(heap, enough, dl, lifted, budget_enough, fully)
                 got = bounders.take(cfg, floor, dl)
-            # a worker's children are this search's where it asked under this incumbent (the
-            # children's GPU-budget bounds read it); its bounds where it did, or where they are not
-            # None: asked under an incumbent no smaller (or none: a guess, parallel._guess), a
-            # bound is exact below it, so below this one too, and reaches this one where the exact
-            # one does; its None could be a bound at or above this one here (pruned, not ruled out)
+            # a worker's bounds, asked under an incumbent no smaller (or none: parallel._guess), are
+            # read as this search's own where they are not None or were asked under this one: a
+            # None could be a bound at or above this incumbent here (pruned, not ruled out)
+            # (parallel's docstring, BoundWorkers.ahead)
             same = got is not None and got.budget_enough == budget_enough
             if not cfg.complete:
                 # a parent's cheap bound before its full one, at a fifth of the cost: its GPU-budget
@@ -895,10 +894,9 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if not cfg.complete:
                 opened += 1
                 # the children at the larger of their own bound and this one; a worker's without
-                # their coefficients (Prepared.kid makes them when popped). Under another incumbent
-                # only a child at or above it could differ, never popped, but one None here and
-                # not there would change the counts: `same`
-                kids = ([(kid_cfg, kid_lb, None) for kid_cfg, kid_lb in got.kids] if got is not None and got.kids is not None
+                # their coefficients (Prepared.kid makes them when popped), under any incumbent:
+                # only a child at or above this one could differ, never popped
+                kids = ([(kid_cfg, kid_lb, None) for kid_cfg, kid_lb in got.kids] if got and got.kids is not None
                         else [(kid.cfg, kid_lb, kid) for kid, kid_lb in prepared.open(coef, limits, budget_enough)])
                 for kid_cfg, kid_lb, kid in kids:
                     if not kid_cfg.complete:

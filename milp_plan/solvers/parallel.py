@@ -38,23 +38,34 @@ alone; tests/test_bound_memo.py checks a memoised bound against a fresh one):
 
 - `BoundWorkers.root`: every parent's root bound (driver._cheap_bounds) is computed in the
   workers while the search's own process solves the Megatron-mode start, which does not read
-  them; the search then charges and cuts the bounding as if it had computed them.
+  them; the search then charges and cuts the bounding as if it had computed them. A root
+  process then guesses (`_guess`): it bounds its parents, least root bound first (the order
+  the search pops them in), until the start ends, for no incumbent (exact), and the search
+  takes those done as if asked ahead (below). On the default (free mode, 2 processes) the
+  root bounds took 0.4 s of the start's 1.25 s, and the root process used to idle the rest.
 - `BoundWorkers.ahead`: while the search bounds or solves one config, the workers compute the
-  full bound (bounds.full_bound) of the next parents of the heap, from the heap key each would
+  full bound (bounds.full_bound) of the next configs of the heap, from the heap key each would
   be popped with, asked for the search's incumbent of then (bounds.full_bound's `enough`:
-  exact below it); the search takes a worker's bound when it pops that parent at that key.
-  Its incumbent may have fallen since, never risen, and all it reads of a parent's bound is
-  whether it reaches the incumbent (the parent is dropped) or else its exact value (the
-  children start from it): the same from either. The worker also computes what the search
-  computes around that bound (`Opened`): the parent's cheap bound before it, and after it,
-  where it is below the incumbent, the parent's children with their bounds
-  (driver.Prepared.open); the search takes these only where its incumbent is still the one
-  they were asked under (which bound is reached, and the children's GPU-budget bounds, read
-  it), and makes the children's coefficients only when it pops one (Prepared.kid). A bound
-  that no worker has begun when the search pops its parent is taken back (`_claim`) and
-  computed by the search itself rather than waited for. On mixed-128 (free mode, 2 processes)
-  this took the search's own process from 10.1 to 7.1 s of CPU and its wall time from 12.7
-  to 11.9 s (README, "Speed").
+  exact below it); the search takes a worker's bound when it pops that config at that key.
+  For a parent the worker also computes what the search computes around that bound
+  (`Opened`): the parent's cheap bound before it, and after it, where it is below the
+  incumbent, the parent's children with their bounds (driver.Prepared.open), whose
+  coefficients the search makes only when it pops one (Prepared.kid). The search's
+  incumbent may have fallen since, never risen, and what it reads is the same from either:
+  a bound below its incumbent is exact under both; one at or above it is pruned under both
+  (a bound cut at an incumbent reaches it where the exact one does); but a None (no plan)
+  under the older incumbent could be a bound at or above the newer one (pruned, where None
+  counts as ruled out), so the search reads a None only under the incumbent it was asked
+  under, and bounds the config itself otherwise. The children's bounds are the same under
+  any incumbent: a complete child's cheap bound reads none, and an open one's GPU-budget bound
+  is cut at one only where no limit can make it None (parent_bounds.gpu_budget_bound), so
+  they differ at or above the incumbent alone, never popped. A complete config's full bound
+  is taken only under the incumbent it was asked under: its few-stage bound's work, which the
+  search charges (Coefficients.bound_work), depends on it. A bound that no worker has begun
+  when the search pops its config is taken back (`_claim`) and computed by the search itself
+  rather than waited for. On mixed-128 (free mode, 2 processes) the parents' bounds ahead took
+  the search's own process from 10.1 to 7.1 s of CPU and its wall time from 12.7 to 11.9 s
+  (README, "Speed").
 - Each config goes to the worker of its samples per micro-batch B (`BoundWorkers.worker`):
   the configs of one B share their stage options, so most of the terms a bound memoises
   (the options' memory fits, their time terms, the recompute pieces). A worker fills its own
@@ -194,10 +205,10 @@ def _claim(slot: int, who: int) -> bool:
 
 @dataclass
 class Opened:
-    """A parent's bounds from a BoundWorkers process (`_full_bound`), as the search computes them
+    """A config's bounds from a BoundWorkers process (`_bounds`), as the search computes them
     (driver._solve), asked under the search's incumbent of then (`budget_enough`)."""
-    budget_enough: float           # the incumbent, or inf in a sweep: what every bound here reads
-    cheap: float | None            # bounds.config_lower_bound without the memory rooms
+    budget_enough: float           # the incumbent, or inf in a sweep or a guess: what every bound here reads
+    cheap: float | None            # a parent's bounds.config_lower_bound without the memory rooms
     full: float | None             # bounds.full_bound; `cheap` where that reaches `enough` (or is None)
     kids: list | None = None       # Prepared.open's (config, bound) of each child, where `full` is below `enough`
     work: float = 0.0              # Coefficients.bound_work after the full bound (a complete config's few-stage bound)
