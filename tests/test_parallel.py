@@ -61,16 +61,19 @@ def guessed(monkeypatch):
     starts, as on a machine where the Megatron-mode start outlasts them; each free solve's
     count of parents guessed."""
     seen = []
-    root_bounds = parallel.BoundWorkers.root_bounds
+    monkeypatch.setattr(parallel.BoundWorkers, "root_bounds", patient(parallel.BoundWorkers.root_bounds, seen))
+    return seen
 
-    def patient(self, dl):
+
+def patient(root_bounds, seen: list):
+    """BoundWorkers.root_bounds after the first 4 guesses of each root process (`guessed`)."""
+    def wait(self, dl):
         for job in self.guesses[:4]:
             job.wait()
         got = root_bounds(self, dl)
         seen.append(len(self.guessed))
         return got
-    monkeypatch.setattr(parallel.BoundWorkers, "root_bounds", patient)
-    return seen
+    return wait
 
 
 def _outcome(inst, fix: str, workers: int, work: float, mode_limits=None):

@@ -279,7 +279,13 @@ MUTATIONS = [
     ("milp_plan/solvers/driver.py", "a sweep's heap records nothing of the bounds it pruned",
      "                if prepared.sweep:   # for the sweep", "                if False:   # for the sweep"),
     ("milp_plan/solvers/parallel.py", "--workers' full bounds asked for less than the search's incumbent",
-     "apply_async(_full_bound, (cfg, lb, enough))", "apply_async(_full_bound, (cfg, lb, enough * 0.98))"),
+     "apply_async(_full_bound, (cfg, lb, enough, budget_enough, slot))",
+     "apply_async(_full_bound, (cfg, lb, enough * 0.98, budget_enough, slot))"),
+    ("milp_plan/solvers/driver.py", "a complete config's full bound from a worker read under another incumbent",
+     "if got is not None and (same or (not cfg.complete and got.full is not None)):",
+     "if got is not None and (same or got.full is not None):"),
+    ("milp_plan/solvers/parallel.py", "a root process's guesses bound for an incumbent below the search's",
+     "_bounds(prep.coef(i), lb, math.inf, math.inf)", "_bounds(prep.coef(i), lb, lb * 1.02, math.inf)"),
     ("milp_plan/solvers/parallel.py", "--workers' root bounds handed to the search one config off",
      "                out.update(zip(ix, got))", "                out.update(zip(ix, got[1:] + got[:1]))"),
     ("milp_plan/solvers/parent_bounds.py", "the GPU-budget bound without its fixed terms returned below enough",
@@ -434,6 +440,15 @@ _free = build_instance(InstanceSpec(model="gpt3-6.7b", global_batch_size=256), O
 assert (test_parallel._outcome(_free, None, 2, 2.5, _free.objective.limits())
         == test_parallel._outcome(_free, None, 1, 2.5, _free.objective.limits()))
 test_parallel.test_a_wall_clock_limit_that_ends_the_bounding_keeps_the_workers_bounds()
+# ... under an incumbent that moves, with the root processes' guesses read too
+_job = build_instance(InstanceSpec(model="gpt3-2.7b", global_batch_size=80), Objective(mode="free"))
+_one = test_parallel._moving_outcome(_job, 1)
+assert test_parallel._moving_outcome(_job, 2) == _one
+with pytest.MonkeyPatch.context() as mp:
+    _seen = []
+    mp.setattr(test_parallel.parallel.BoundWorkers, "root_bounds",
+               test_parallel.patient(test_parallel.parallel.BoundWorkers.root_bounds, _seen))
+    assert test_parallel._moving_outcome(_job, 2) == _one and _seen == [20]
 # the budget's cap on the dear type's stage count (tests/test_coupled_bound.py), against brute force
 import test_coupled_bound as tcb
 tcb.test_the_price_of_d_dear_stages_fills_the_rest_with_the_cheapest(Path(tempfile.mkdtemp()))
