@@ -229,7 +229,9 @@ class Prepared:
         sizes its GPU-budget bound (exact below `enough`: its sizes settled so far change its
         capacity, so siblings no longer tie at the parent's bound); None: no plan of it meets
         the limits. --workers' processes open the parents they full-bound
-        (parallel.BoundWorkers.ahead) by this same function."""
+        (parallel.BoundWorkers.ahead, parallel._guess) by this same function: under a later
+        (smaller) incumbent a GPU-budget bound differs only at or above it, never popped, and is
+        None under both or neither (gpu_budget_bound cuts it only where no limit makes it None)."""
         return [(kid, config_lower_bound(kid, limits, memory=False) if kid.cfg.complete
                  else gpu_budget_bound(kid, limits, enough)) for kid in self.children(coef)]
 
