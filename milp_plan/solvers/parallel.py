@@ -215,7 +215,7 @@ class Opened:
 
 
 def _full_bound(cfg, floor, enough, budget_enough, slot):
-    """In a BoundWorkers process: the parent `cfg`'s Opened (`_bounds`, its full bound from
+    """In a BoundWorkers process: the config `cfg`'s Opened (`_bounds`, its full bound from
     `floor`), or None when it raised (the search then bounds it itself, and raises the same).
     None without a start where the search has taken it back (claim `slot`: BoundWorkers.take)."""
     if not _claim(slot, STARTED):
@@ -227,13 +227,13 @@ def _full_bound(cfg, floor, enough, budget_enough, slot):
         return None
 
 
-def _bounds(coef: Coefficients, floor: float, enough: float, budget_enough: float, kids: bool = True) -> Opened:
+def _bounds(coef: Coefficients, floor: float, enough: float, budget_enough: float) -> Opened:
     """A config's Opened as the search computes it (driver._solve). A complete config: its full
     bound from `floor` and the work it charges. A parent: its cheap bound, then its full bound,
     not where the cheap one reaches `enough` (the search, whose incumbent is no larger, prunes
     it by that bound before it reads a full one, so the answer is the cheap one); where the
-    full bound is below `enough` the search opens the parent: then also (`kids`) its children
-    with their bounds."""
+    full bound is below `enough` the search opens the parent: then also its children with their
+    bounds."""
     from milp_plan.solvers.bounds import config_lower_bound, full_bound
     prep, limits, _ = _BOUNDS
     if coef.cfg.complete:
@@ -243,7 +243,7 @@ def _bounds(coef: Coefficients, floor: float, enough: float, budget_enough: floa
     if cheap is None or cheap >= enough:
         return Opened(budget_enough, cheap, cheap)
     full = full_bound(coef, limits, floor, enough)
-    if not kids or full is None or full >= enough:
+    if full is None or full >= enough:
         return Opened(budget_enough, cheap, full)
     return Opened(budget_enough, cheap, full, [(kid.cfg, lb) for kid, lb in prep.open(coef, limits, budget_enough)])
 
