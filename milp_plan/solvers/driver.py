@@ -618,6 +618,7 @@ class Incumbent:
     objective: float = math.inf
     hints: dict = field(default_factory=dict)
     found: list[Plan] = field(default_factory=list)   # the plans this solve found (for Prepared.found)
+    watch: Callable[[float], None] | None = None   # told each better objective (solve's `watch`)
 
     def offer(self, plan: Plan, limits: Limits) -> None:
         self.found.append(plan)
@@ -631,6 +632,8 @@ class Incumbent:
     def _take(self, plan: Plan, limits: Limits) -> None:
         if objective_of(plan, limits) < self.objective * (1 - REL_EPS):
             self.plan, self.objective = plan, objective_of(plan, limits)
+            if self.watch is not None:
+                self.watch(self.objective)
 
 
 def known(prepared: Prepared, limits: Limits) -> list[Plan]:
@@ -639,7 +642,8 @@ def known(prepared: Prepared, limits: Limits) -> list[Plan]:
     return [plan for plan in prepared.found if limits.admit(plan)]
 
 
-def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, known: list[Plan] = ()) -> Incumbent:
+def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, known: list[Plan] = (),
+                    watch: Callable[[float], None] | None = None) -> Incumbent:
     """Megatron mode's first step: the best of the `known` plans, then the heuristic's plans of
     the configs of least bound, HEURISTIC_CONFIGS of them, or on until the first plan (so that a
     short limit returns one), within HEURISTIC_SHARE of the budget from that plan on and the
@@ -657,7 +661,7 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
     in memory: the heuristic tried 29 of them before its first plan, 23.9 s against the
     optimum's 10.57 s). Under a min-time solve's $/step budget it builds no candidate whose
     GPUs cost more than the budget allows at the config's bound (warmstart.over_price)."""
-    inc, ahead = Incumbent(), heap.copy()
+    inc, ahead = Incumbent(watch=watch), heap.copy()
     inc.offer_known(known, limits)
     h0 = dl.mark() if inc.plan is not None else None   # when the first plan came: the share counts from it
     budget = limits.budget_usd_per_step is not None
@@ -698,13 +702,13 @@ def heuristic_start(inst: Instance, limits: Limits, heap: _Heap, dl: Deadline, k
 
 
 def megatron_mode_start(inst: Instance, limits: Limits, prepared: Prepared, backend: str, seed: int,
-                        workers: int, dl: Deadline) -> Incumbent:
+                        workers: int, dl: Deadline, watch: Callable[[float], None] | None = None) -> Incumbent:
     """Free mode's first step: the Megatron-mode optimum (a free plan too: uniform options)
-    within FREE_BASE_SHARE of the limit."""
+    within FREE_BASE_SHARE of the limit; `watch` is told each better objective on the way."""
     inc = Incumbent()
     sub = solve(inst, limits, backend=backend, seed=seed,
                 workers=workers, mode="megatron", prepared=prepared.base,
-                dl=dl.part(FREE_BASE_SHARE))
+                dl=dl.part(FREE_BASE_SHARE), watch=watch)
     if sub.plan is not None:
         inc.offer(sub.plan.with_(mode=prepared.mode, solver=None), limits)
     return inc
@@ -728,18 +732,19 @@ def _young_collections_only() -> Iterator[None]:
 def solve(inst: Instance, limits: Limits, *, backend: str = "cpsat", fix: dict | None = None,
           time_limit_s: float = 30.0, seed: int = 1, workers: int = 1, mode: str = "megatron",
           progress: Callable[[Progress], None] | None = None, prepared: Prepared | None = None,
-          dl: Deadline | None = None) -> SolveResult:
+          dl: Deadline | None = None, watch: Callable[[float], None] | None = None) -> SolveResult:
     """The exact search within `time_limit_s` (or the deadline `dl`, which also ends it on an
     interrupt): a first incumbent (heuristic_start, or megatron_mode_start in free mode), then
     best-first over the configs by bound, each solved by _solve_config until the next bound
-    cannot beat the incumbent. Configs left unexamined count with bound 0 (or theirs)."""
+    cannot beat the incumbent. Configs left unexamined count with bound 0 (or theirs).
+    `watch` (Megatron mode) is told each better incumbent objective as it is found."""
     with _young_collections_only():
-        return _solve(inst, limits, backend, fix, time_limit_s, seed, workers, mode, progress, prepared, dl)
+        return _solve(inst, limits, backend, fix, time_limit_s, seed, workers, mode, progress, prepared, dl, watch)
 
 
 def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_limit_s: float, seed: int,
            workers: int, mode: str, progress: Callable[[Progress], None] | None, prepared: Prepared | None,
-           dl: Deadline | None) -> SolveResult:
+           dl: Deadline | None, watch: Callable[[float], None] | None = None) -> SolveResult:
     if backend not in BACKENDS:
         raise InputError(f"unknown solver '{backend}'; use {', '.join(BACKENDS)}, auto or brute-force", field="solver")
     dl = dl or Deadline(time_limit_s)
@@ -753,13 +758,16 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
         # the Megatron-mode optimum first (it reads none of the free configs' bounds), while
         # --workers' processes bound them (parallel.BoundWorkers.root); then their bounding
         start = "Megatron-mode"
-        bounders = BoundWorkers(prepared, limits, workers, _cheap_bound) if workers > 1 else None
+        bounders = BoundWorkers(prepared, limits, workers, _cheap_bound, REL_EPS) if workers > 1 else None
         try:
             if bounders is not None:
                 # the configs _cheap_bounds bounds one by one (free ones), by the same rule
                 bounders.root(prepared.configs, [ms[0] for ms in prepared.families()
                                                  if prepared.configs[ms[0]].uniform is None])
-            inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl)
+            # the start's incumbents bound the root processes' guesses (none in a sweep, which reads
+            # every bound whole)
+            inc = megatron_mode_start(inst, limits, prepared, backend, seed, workers, dl,
+                                      bounders.bar if bounders is not None and not prepared.sweep else None)
             bounded, later, ruled_out = _cheap_bounds(prepared, limits, dl, weak,
                                                       bounders.root_bounds(dl) if bounders is not None else None,
                                                       math.inf if prepared.sweep else inc.objective)
@@ -771,7 +779,8 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
     else:
         bounded, later, ruled_out = _cheap_bounds(prepared, limits, dl, weak)
         start, bounders = "heuristic", None
-        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl, weak), dl, known(prepared, limits))
+        inc = heuristic_start(inst, limits, _Heap(prepared, limits, bounded, dl, weak), dl, known(prepared, limits),
+                              watch)
     heuristic_obj = inc.objective if inc.plan is not None else None
     warm = inc.plan if prepared.mode == "free" else None  # the Megatron-mode plan: a hint where it fits
     # the deadline cut the enumeration short: bound 0 stays open
@@ -843,17 +852,19 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             if bounders is not None and cfg not in fully:   # the next configs' bounds, in the workers
                 bounders.ahead(heap, enough, dl, lifted, budget_enough, fully)
                 got = bounders.take(cfg, floor, dl)
-            # a worker's bounds, asked under an incumbent no smaller (or none: parallel._guess), are
-            # read as this search's own where they are not None or were asked under this one: a
-            # None could be a bound at or above this incumbent here (pruned, not ruled out)
-            # (parallel's docstring, BoundWorkers.ahead)
+            # a worker's bounds, asked under an incumbent no smaller (the search's of then, or the
+            # Megatron-mode start's: parallel._guess), are read as this search's own where they are
+            # not None or were asked under this one: a None could be a bound at or above this
+            # incumbent here (pruned, not ruled out) (parallel's docstring, BoundWorkers.ahead)
+            if got is not None and got.budget_enough < budget_enough:
+                got = None
             same = got is not None and got.budget_enough == budget_enough
             if not cfg.complete:
                 # a parent's cheap bound before its full one, at a fifth of the cost: its GPU-budget
                 # bound is below the incumbent, and on scale-1024 this one reaches it on 755 of the
                 # 1,726 parents the full bound pruned (formulations/pipeline.md, "Decomposition")
                 dl.charge(WORK.bound)
-                cheap_lb = got.cheap if same or (got is not None and got.cheap is not None) else \
+                cheap_lb = got.cheap if got is not None and (same or got.cheap is not None) else \
                     config_lower_bound(coef, limits, memory=False, enough=enough)
                 if cheap_lb is None or cheap_lb >= inc.objective * (1 - REL_EPS):
                     if cheap_lb is None:

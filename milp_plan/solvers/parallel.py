@@ -105,6 +105,7 @@ CLAIM_SLOTS = 4096   # BoundWorkers' claims on the full bounds asked: a ring, fa
 _CLAIMS = None   # (the claims, their lock) a forked BoundWorkers process shares with the search
 GUESSES = 8      # parents a root process bounds per job once its root bounds are done (`_guess`)
 _RANKED = None   # in a root process: (root bound, config index) of its parents, least first (`_guess`)
+_BAR = None      # (the Megatron-mode start's incumbent objective, shared; the search's REL_EPS) (`_guess`)
 
 
 @dataclass
@@ -265,18 +266,24 @@ def _root_bounds(indices: list[int]):
 def _guess(part: int):
     """In a BoundWorkers process, after its root bounds (`_root_bounds`, the job before): the
     Opened of its parents ranked part x GUESSES on by root bound (the first the search pops),
-    asked for no incumbent, since the search's is not known yet (exact bounds: the search
-    reads of them what it reads of its own, driver._solve), as [(config index, root bound,
-    Opened)]; None where one raised. They use a root process's idle time while the search's
-    own solves the Megatron-mode start (BoundWorkers.root)."""
+    as [(config index, root bound, Opened)]; None where one raised. They use a root process's
+    idle time while the search's own solves the Megatron-mode start (BoundWorkers.root), so
+    the search's incumbent is not known yet: each is asked under the start's incumbent of then
+    (`_BAR`, inf before its first plan: exact bounds), which is at least the search's first
+    (the start's optimum), so that the search reads of them what it reads of its own
+    (driver._solve)."""
     if _RANKED is None:
         return None
     prep = _BOUNDS[0]
+    bar, rel_eps = _BAR
+    out = []
     try:
-        return [(i, lb, _bounds(prep.coef(i), lb, math.inf, math.inf))
-                for lb, i in _RANKED[part * GUESSES:(part + 1) * GUESSES]]
+        for lb, i in _RANKED[part * GUESSES:(part + 1) * GUESSES]:
+            incumbent = bar.value
+            out.append((i, lb, _bounds(prep.coef(i), lb, incumbent * (1 - rel_eps), incumbent)))
     except Exception:  # noqa: BLE001 - the search's own bound raises it again
         return None
+    return out
 
 
 def _wait(job, dl: Deadline):
@@ -312,9 +319,10 @@ class BoundWorkers:
     samples per micro-batch (module docstring): the root bounds (`root`, `root_bounds`) and the
     next parents' full bounds (`ahead`, `take`)."""
 
-    def __init__(self, prepared, limits, processes: int, root_bound):
-        """root_bound: driver._cheap_bound (passed in: this module does not import the driver)."""
-        self.prepared, self.limits, self.root_bound = prepared, limits, root_bound
+    def __init__(self, prepared, limits, processes: int, root_bound, rel_eps: float):
+        """root_bound: driver._cheap_bound, rel_eps: driver.REL_EPS (passed in: this module does
+        not import the driver)."""
+        self.prepared, self.limits, self.root_bound, self.rel_eps = prepared, limits, root_bound, rel_eps
         self.size = processes
         self.pools: list = []                   # the full bounds' workers, forked on first use
         self.forked = False
@@ -329,8 +337,10 @@ class BoundWorkers:
 
     def _fork(self, processes: int) -> list:
         """`processes` pools of one forked process each ([] where the platform cannot fork)."""
-        global _BOUNDS, _CLAIMS
+        global _BOUNDS, _CLAIMS, _BAR
         _BOUNDS = self.prepared, self.limits, self.root_bound
+        if _BAR is None:
+            _BAR = multiprocessing.RawValue("d", math.inf), self.rel_eps
         if _CLAIMS is None:   # shared memory and a lock the forks inherit
             _CLAIMS = multiprocessing.RawArray("b", CLAIM_SLOTS), multiprocessing.Lock()
         pools = [_fork_pool(1) for _ in range(processes)]
@@ -358,6 +368,11 @@ class BoundWorkers:
         for ix, _, pool in self.roots:
             parents = sum(not configs[i].complete for i in ix)
             self.guesses += [pool.apply_async(_guess, (part,)) for part in range(-(-parents // GUESSES))]
+
+    def bar(self, objective: float) -> None:
+        """The Megatron-mode start's better incumbent `objective`, for the guesses (`_guess`)."""
+        if _BAR is not None:
+            _BAR[0].value = objective
 
     def root_bounds(self, dl: Deadline) -> dict[int, float | None]:
         """Config index -> its root bound, of the workers done when all are or `dl` expires (the
@@ -425,10 +440,10 @@ class BoundWorkers:
         return answer
 
     def close(self) -> None:
-        global _BOUNDS, _CLAIMS
+        global _BOUNDS, _CLAIMS, _BAR
         _close(self.pools + [pool for _, _, pool in self.roots])
         self.pools, self.roots = [], []
-        _BOUNDS = _CLAIMS = None   # the search's configs and caches are freed with it, not at exit
+        _BOUNDS = _CLAIMS = _BAR = None   # the search's configs and caches are freed with it, not at exit
 
 
 def _close(pools: list) -> None:
