@@ -147,10 +147,10 @@ def test_free_search_whose_incumbent_moves_gives_the_same_answer(moving_job, bou
 
 
 def test_guessed_bounds_give_the_same_answer(moving_job, free_default, guessed):
-    """Parents bounded by the root processes for no incumbent, with their children, while the
-    Megatron-mode start runs (parallel._guess): the search reads them under its incumbent, which
-    then moves (the job above), or is cut short by a work limit (the default), with the same
-    answer and counts as one process."""
+    """Parents bounded by the root processes, with their children, under the Megatron-mode
+    start's incumbent (parallel._guess): the search reads them under its own, which then moves
+    (the job above), or is cut short by a work limit (the default), with the same answer and
+    counts as one process."""
     inst, one = moving_job
     assert _moving_outcome(inst, 2) == one
     inst, one = free_default

@@ -40,8 +40,9 @@ alone; tests/test_bound_memo.py checks a memoised bound against a fresh one):
   workers while the search's own process solves the Megatron-mode start, which does not read
   them; the search then charges and cuts the bounding as if it had computed them. A root
   process then guesses (`_guess`): it bounds its parents, least root bound first (the order
-  the search pops them in), until the start ends, for no incumbent (exact), and the search
-  takes those done as if asked ahead (below). On the default (free mode, 2 processes) the
+  the search pops them in), until the start ends, under the start's incumbent of the moment
+  (at least the search's first: the start's optimum), and the search takes those done as if
+  asked ahead (below). On the default (free mode, 2 processes) the
   root bounds took 0.4 s of the start's 1.25 s, and the root process used to idle the rest.
 - `BoundWorkers.ahead`: while the search bounds or solves one config, the workers compute the
   full bound (bounds.full_bound) of the next configs of the heap, from the heap key each would
@@ -208,7 +209,7 @@ def _claim(slot: int, who: int) -> bool:
 class Opened:
     """A config's bounds from a BoundWorkers process (`_bounds`), as the search computes them
     (driver._solve), asked under the search's incumbent of then (`budget_enough`)."""
-    budget_enough: float           # the incumbent, or inf in a sweep or a guess: what every bound here reads
+    budget_enough: float           # the incumbent (a guess: the start's), or inf in a sweep: what every bound here reads
     cheap: float | None            # a parent's bounds.config_lower_bound without the memory rooms
     full: float | None             # bounds.full_bound; `cheap` where that reaches `enough` (or is None)
     kids: list | None = None       # Prepared.open's (config, bound) of each child, where `full` is below `enough`
