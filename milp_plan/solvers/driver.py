@@ -849,9 +849,10 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
             floor = max(lb, carried) if cfg.complete else lb
             enough = budget_enough * (1 - REL_EPS)
             got = None
-            if bounders is not None and cfg not in fully:   # the next configs' bounds, in the workers
+            if bounders is not None:   # the next configs' bounds, in the workers (and this one's, taken)
                 bounders.ahead(heap, enough, dl, lifted, budget_enough, fully)
-                got = bounders.take(cfg, floor, dl)
+                if cfg not in fully:
+                    got = bounders.take(cfg, floor, dl)
             # a worker's bounds, asked under an incumbent no smaller (the search's of then, or the
             # Megatron-mode start's: parallel._guess), are read as this search's own where they are
             # not None or were asked under this one: a None could be a bound at or above this
@@ -909,8 +910,10 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                 # the children at the larger of their own bound and this one; a worker's without
                 # their coefficients (Prepared.kid makes them when popped), under any incumbent:
                 # only a child at or above this one could differ, never popped
-                kids = ([(kid_cfg, kid_lb, None) for kid_cfg, kid_lb in got.kids] if got and got.kids is not None
-                        else [(kid.cfg, kid_lb, kid) for kid, kid_lb in prepared.open(coef, limits, budget_enough)])
+                if got is not None and got.kids is not None:
+                    kids = [(kid_cfg, kid_lb, None) for kid_cfg, kid_lb in got.kids]
+                else:
+                    kids = [(kid.cfg, kid_lb, kid) for kid, kid_lb in prepared.open(coef, limits, budget_enough)]
                 for kid_cfg, kid_lb, kid in kids:
                     if not kid_cfg.complete:
                         lifted.add(kid_cfg)
@@ -921,8 +924,6 @@ def _solve(inst: Instance, limits: Limits, backend: str, fix: dict | None, time_
                 continue
             if ahead is not None:
                 ahead.dispatch(heap, inputs_of, inc.objective, dl, REL_EPS)
-            if bounders is not None:
-                bounders.ahead(heap, enough, dl, lifted, budget_enough, fully)
             cutoff = inc.objective if inc.plan is not None else None
             plan, open_lb = _solve_or_take(ahead, coef, limits, backend, inputs_of(coef), dl, seed, lb)
             # what it proved: its bound, or (no plan under the cutoff) that none beats the incumbent

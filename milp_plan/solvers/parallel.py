@@ -392,7 +392,7 @@ class BoundWorkers:
         self.roots, self.guesses = [], []
         return out
 
-    def ahead(self, heap, enough: float, dl: Deadline, lifted, budget_enough: float, known=()) -> None:
+    def ahead(self, heap, enough: float, dl: Deadline, lifted, budget_enough: float, known) -> None:
         """Hand each worker, up to BOUND_QUEUE, the next configs of `heap` the search would
         full-bound (kind 0 below `enough`: the incumbent less REL_EPS, or inf in a sweep; a
         parent in `lifted`, its GPU-budget bound read; a complete config not in `known`, whose
